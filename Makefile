@@ -1,0 +1,53 @@
+# The commands a person types. Each one installs what it needs first (Debian packages, the Python
+# virtualenv, generated gRPC stubs, the pinned Go binaries), and a second run skips what is done.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: up test unit integration sanity bench lint deps binaries system-deps python-deps clean
+
+up: deps binaries
+	$(PY) -m services.stack.main up
+
+test: deps binaries
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+unit: python-deps
+	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+
+integration: deps binaries
+	$(PY) -m pytest tests/integration $(PYTEST_ARGS)
+
+sanity: deps binaries
+	$(PY) -m pytest tests/csi -k sanity $(PYTEST_ARGS)
+
+bench: deps binaries
+	$(PY) -m bench.informer_sync
+
+lint: python-deps
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy controller_runtime services csi_driver
+
+deps: system-deps python-deps
+
+system-deps:
+	@bash tools/install-system-deps.sh
+
+# The stamp is newer than pyproject.toml once the venv matches it; generate.py skips itself
+# when the stubs already match tools/versions.env.
+python-deps: $(VENV)/.installed
+	@$(PY) proto/generate.py
+
+$(VENV)/.installed: pyproject.toml
+	@test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test,bench]'
+	@touch $@
+
+binaries:
+	@bash tools/build-binaries.sh
+
+clean:
+	rm -rf kubeloop_grpc .kubeloop build *.egg-info

@@ -1,0 +1,95 @@
+"""Structured logging: `key=value` text (default) or one JSON object per line (--log-format=json).
+
+Call sites pass fields as keyword arguments, `log.info("bound claim", claim="ns/name", volume=pv)`,
+so both formats carry the same fields and operators can grep or parse either.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from typing import Any
+
+_FIELDS = "kubeloop_fields"
+
+
+def _quote(value: Any) -> str:
+    text = str(value)
+    if text == "" or any(c in text for c in ' ="\n\t'):
+        return json.dumps(text)
+    return text
+
+
+class TextFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+        parts = [
+            f"ts={ts}.{int(record.msecs):03d}Z",
+            f"level={record.levelname.lower()}",
+            f"logger={record.name}",
+            f"msg={_quote(record.getMessage())}",
+        ]
+        for key, value in getattr(record, _FIELDS, {}).items():
+            parts.append(f"{key}={_quote(value)}")
+        if record.exc_info:
+            parts.append(f"error={_quote(self.formatException(record.exc_info))}")
+        return " ".join(parts)
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        doc: dict[str, Any] = {
+            "ts": record.created,
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        doc.update({k: v if isinstance(v, int | float | bool) else str(v)
+                    for k, v in getattr(record, _FIELDS, {}).items()})
+        if record.exc_info:
+            doc["error"] = self.formatException(record.exc_info)
+        return json.dumps(doc)
+
+
+class Logger:
+    """A thin wrapper over a stdlib logger that takes structured fields as keyword arguments."""
+
+    def __init__(self, name: str) -> None:
+        self._log = logging.getLogger(name)
+
+    def _emit(self, level: int, msg: str, exc_info: bool, fields: dict[str, Any]) -> None:
+        if self._log.isEnabledFor(level):
+            self._log.log(level, msg, exc_info=exc_info, extra={_FIELDS: fields}, stacklevel=3)
+
+    def debug(self, msg: str, **fields: Any) -> None:
+        self._emit(logging.DEBUG, msg, False, fields)
+
+    def info(self, msg: str, **fields: Any) -> None:
+        self._emit(logging.INFO, msg, False, fields)
+
+    def warning(self, msg: str, **fields: Any) -> None:
+        self._emit(logging.WARNING, msg, False, fields)
+
+    def error(self, msg: str, **fields: Any) -> None:
+        self._emit(logging.ERROR, msg, False, fields)
+
+    def exception(self, msg: str, **fields: Any) -> None:
+        self._emit(logging.ERROR, msg, True, fields)
+
+
+def get_logger(name: str) -> Logger:
+    return Logger(name)
+
+
+def setup_logging(log_format: str = "text", verbosity: int = 0) -> None:
+    """Configures the root logger once per process; verbosity >= 4 turns on debug (klog's -v=4)."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.DEBUG if verbosity >= 4 else logging.INFO)
+    # Library chatter (aiohttp access logs, asyncio debug) stays out unless asked for.
+    for noisy in ("aiohttp.access", "asyncio"):
+        logging.getLogger(noisy).setLevel(logging.WARNING if verbosity < 6 else logging.DEBUG)

@@ -1,0 +1,152 @@
+"""Process entry shared by every kubeloop binary: common flags, logging, uvloop, metrics/health
+server, and graceful shutdown on SIGTERM/SIGINT.
+
+A component writes `async def run(args, ctx)` and calls `process.main(...)` from its console script.
+On SIGTERM or SIGINT the task running `run` is cancelled, so `finally:` blocks and `async with`
+exits do the clean-up (stop workers, release the leader lease, close sockets) before the process
+exits 0. A second signal exits at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+
+from .health import HealthServer
+from .logs import get_logger, setup_logging
+
+log = get_logger("process")
+
+
+def duration(text: str) -> float:
+    """Parses a Go-style duration (`100ms`, `15s`, `5m`, `1h30m`, or plain seconds) into seconds."""
+    units = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+    text = text.strip()
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    total, number = 0.0, ""
+    i = 0
+    while i < len(text):
+        ch = text[i]
+        if ch.isdigit() or ch == ".":
+            number += ch
+            i += 1
+            continue
+        unit = "ms" if text.startswith("ms", i) else ch
+        if unit not in units or not number:
+            raise argparse.ArgumentTypeError(f"invalid duration {text!r} (use e.g. 100ms, 15s, 5m)")
+        total += float(number) * units[unit]
+        number = ""
+        i += len(unit)
+    if number:
+        raise argparse.ArgumentTypeError(f"invalid duration {text!r}: a number needs a unit")
+    return total
+
+
+def add_logging_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("logging")
+    group.add_argument("--log-format", choices=["text", "json"], default="text",
+                       help="text writes key=value lines; json writes one object per line (default: text)")
+    group.add_argument("-v", "--v", dest="verbosity", type=int, default=2,
+                       help="log verbosity as in klog; 4 and above include debug messages (default: 2)")
+
+
+def add_http_flags(parser: argparse.ArgumentParser, default: str = "") -> None:
+    parser.add_argument("--http-endpoint", default=default,
+                        help="host:port serving /metrics, /healthz and /readyz; empty disables it "
+                             f"(default: {default or 'disabled'})")
+
+
+def add_kube_flags(parser: argparse.ArgumentParser, qps: float = 5.0, burst: int = 10) -> None:
+    group = parser.add_argument_group("Kubernetes API")
+    group.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG", ""),
+                       help="path to a kubeconfig; empty means in-cluster configuration "
+                            "(default: $KUBECONFIG)")
+    group.add_argument("--kube-api-qps", type=float, default=qps,
+                       help=f"steady requests per second to the API server, client side (default: {qps})")
+    group.add_argument("--kube-api-burst", type=int, default=burst,
+                       help=f"requests allowed above --kube-api-qps in a burst (default: {burst})")
+
+
+def add_leader_election_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("leader election")
+    group.add_argument("--leader-election", action="store_true",
+                       help="run only while holding a coordination.k8s.io Lease, so replicas can stand by")
+    group.add_argument("--leader-election-namespace", default="kube-system",
+                       help="namespace of the Lease (default: kube-system)")
+    group.add_argument("--leader-election-lease-duration", type=duration, default=15.0,
+                       help="how long a lease is valid without renewal (default: 15s)")
+    group.add_argument("--leader-election-renew-deadline", type=duration, default=10.0,
+                       help="how long the leader keeps trying to renew before it gives up (default: 10s)")
+    group.add_argument("--leader-election-retry-period", type=duration, default=5.0,
+                       help="interval between attempts to acquire or renew (default: 5s)")
+
+
+@dataclass
+class Context:
+    """What the entry helper hands to a component's run coroutine."""
+
+    health: HealthServer | None
+    stopping: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+Run = Callable[[argparse.Namespace, Context], Awaitable[None]]
+
+
+async def _serve(run: Run, args: argparse.Namespace) -> int:
+    loop = asyncio.get_running_loop()
+    ctx = Context(health=HealthServer(args.http_endpoint) if getattr(args, "http_endpoint", "") else None)
+    task = asyncio.current_task()
+    assert task is not None
+    signals = 0
+
+    def on_signal(signum: int) -> None:
+        nonlocal signals
+        signals += 1
+        if signals > 1:
+            log.warning("second signal, exiting now", signal=signal.Signals(signum).name)
+            os._exit(1)
+        log.info("shutting down", signal=signal.Signals(signum).name)
+        ctx.stopping.set()
+        main_task.cancel()
+
+    if ctx.health is not None:
+        await ctx.health.start()
+    main_task = asyncio.ensure_future(run(args, ctx))
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal, sig)
+    try:
+        await main_task
+        return 0
+    except asyncio.CancelledError:
+        return 0 if ctx.stopping.is_set() else 1
+    except Exception:
+        log.exception("fatal error")
+        return 1
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        if ctx.health is not None:
+            with contextlib.suppress(Exception):
+                await ctx.health.stop()
+
+
+def main(parser: argparse.ArgumentParser, run: Run, argv: Sequence[str] | None = None) -> None:
+    """Parses flags, sets up logging and uvloop, runs `run` until it returns or a signal arrives."""
+    args = parser.parse_args(argv)
+    setup_logging(getattr(args, "log_format", "text"), getattr(args, "verbosity", 2))
+    try:
+        import uvloop
+
+        runner = uvloop.run
+    except ImportError:  # uvloop is a hard dependency; this only protects exotic platforms
+        runner = asyncio.run
+    sys.exit(runner(_serve(run, args)))

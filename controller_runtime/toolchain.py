@@ -1,0 +1,68 @@
+"""Where the pinned Go binaries live (see tools/versions.env and tools/build-binaries.sh)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+VERSIONS_FILE = REPO_ROOT / "tools" / "versions.env"
+BUILD_SCRIPT = REPO_ROOT / "tools" / "build-binaries.sh"
+
+
+def read_versions(path: Path = VERSIONS_FILE) -> dict[str, str]:
+    versions: dict[str, str] = {}
+    for raw in path.read_text().splitlines():
+        line = raw.strip()
+        if line and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            versions[key.strip()] = value.strip()
+    return versions
+
+
+class MissingBinaryError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    """Paths of the cached Go binaries at the pinned versions."""
+
+    cache: Path
+    versions: dict[str, str]
+
+    @classmethod
+    def default(cls) -> Toolchain:
+        cache = Path(os.environ.get("KUBELOOP_CACHE", Path.home() / ".cache" / "kubeloop"))
+        return cls(cache=cache, versions=read_versions())
+
+    def _dir(self, group: str) -> Path:
+        dirs = {
+            "kubernetes": f"kubernetes-{self.versions['KUBERNETES_VERSION']}",
+            "etcd": f"etcd-{self.versions['ETCD_VERSION']}",
+            "csi-sanity": f"csi-test-{self.versions['CSI_TEST_VERSION']}",
+        }
+        return self.cache / "bin" / dirs[group]
+
+    def binary(self, name: str) -> Path:
+        group = {
+            "kube-apiserver": "kubernetes",
+            "kube-controller-manager": "kubernetes",
+            "kube-scheduler": "kubernetes",
+            "kubectl": "kubernetes",
+            "etcd": "etcd",
+            "etcdctl": "etcd",
+            "csi-sanity": "csi-sanity",
+        }[name]
+        path = self._dir(group) / name
+        if not os.access(path, os.X_OK):
+            raise MissingBinaryError(
+                f"{name} is not built at {path}; run `bash {BUILD_SCRIPT.relative_to(REPO_ROOT)} {group}` "
+                "(or `make binaries`), which builds it through the Go module proxy"
+            )
+        return path
+
+    @property
+    def kubernetes_version(self) -> str:
+        return self.versions["KUBERNETES_VERSION"]

@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# Builds the Go binaries kubeloop runs beside itself (kube-apiserver, kube-controller-manager,
+# kube-scheduler, kubectl, etcd, etcdctl, csi-sanity) through the Go module proxy at the versions
+# pinned in tools/versions.env, and caches them by version:
+#   ${KUBELOOP_CACHE:-~/.cache/kubeloop}/bin/<component>-<version>/
+# A second run finds every binary in place and does nothing. Usage: build-binaries.sh [group...]
+# where a group is kubernetes, etcd or csi-sanity (default: all).
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=versions.env
+source "$here/versions.env"
+cache=${KUBELOOP_CACHE:-$HOME/.cache/kubeloop}
+export CGO_ENABLED=0 GOFLAGS=-mod=mod GOTOOLCHAIN=local
+
+say() { printf '[build-binaries] %s\n' "$*" >&2; }
+die() { say "error: $*"; exit 1; }
+
+command -v go >/dev/null 2>&1 || die "the Go toolchain is not on PATH; install Go >= 1.26 (https://go.dev/doc/install) and run again"
+
+have_all() { # dir binary...
+  local dir=$1; shift
+  for b in "$@"; do [ -x "$dir/$b" ] || return 1; done
+}
+
+# Runs a build in a throw-away wrapper module and moves the results into place only when all succeed,
+# so an interrupted build never leaves a half-filled cache directory that looks complete.
+build_in_wrapper() { # dest gomod_text ldflags name=pkg...
+  local dest=$1 gomod=$2 ldflags=$3; shift 3
+  local work; work=$(mktemp -d)
+  printf '%s\n' "$gomod" > "$work/go.mod"
+  mkdir -p "$work/out"
+  (
+    cd "$work"
+    say "  resolving modules (first run downloads from the Go module proxy)"
+    if ! go mod download 2>"$work/download.err"; then
+      cat "$work/download.err" >&2
+      die "could not download modules; check that the Go module proxy ($(go env GOPROXY)) is reachable"
+    fi
+    for spec in "$@"; do
+      # Each argument is name=package, naming the binary explicitly (etcd's packages end in /v3).
+      local name=${spec%%=*} pkg=${spec#*=}
+      say "  compiling $name (a cold build takes several minutes)"
+      local start=$SECONDS
+      go build -trimpath -ldflags "$ldflags" -o "out/$name" "$pkg"
+      say "  built $name in $((SECONDS - start))s"
+    done
+  )
+  mkdir -p "$dest"
+  mv "$work"/out/* "$dest"/
+  rm -rf "$work"
+}
+
+build_kubernetes() {
+  local dest=$cache/bin/kubernetes-$KUBERNETES_VERSION
+  local bins=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
+  if have_all "$dest" "${bins[@]}"; then say "kubernetes $KUBERNETES_VERSION: cached in $dest"; return; fi
+  say "kubernetes $KUBERNETES_VERSION: building ${bins[*]}"
+  # k8s.io/kubernetes replaces its staging modules with ./staging paths, which a dependency cannot
+  # use; point each of them at its published v0.x release instead.
+  local modfile
+  modfile=$(go mod download -json "k8s.io/kubernetes@$KUBERNETES_VERSION" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
+  [ -n "$modfile" ] || die "could not fetch k8s.io/kubernetes@$KUBERNETES_VERSION from the Go module proxy"
+  local replaces
+  replaces=$(sed -n 's#^[[:space:]]*\(k8s.io/[a-z0-9-]*\) => ./staging/src/.*#replace \1 => \1 '"$KUBERNETES_STAGING_VERSION"'#p' "$modfile")
+  local gomod="module kubeloop.local/kubernetes-binaries
+
+go 1.26
+
+require k8s.io/kubernetes $KUBERNETES_VERSION
+
+$replaces"
+  local minor=${KUBERNETES_VERSION#v1.}; minor=${minor%%.*}
+  local pkgver=k8s.io/component-base/version clientver=k8s.io/client-go/pkg/version
+  local ld="-s -w"
+  for p in $pkgver $clientver; do
+    ld+=" -X $p.gitVersion=$KUBERNETES_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$minor"
+    ld+=" -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"
+  done
+  build_in_wrapper "$dest" "$gomod" "$ld" \
+    kube-apiserver=k8s.io/kubernetes/cmd/kube-apiserver \
+    kube-controller-manager=k8s.io/kubernetes/cmd/kube-controller-manager \
+    kube-scheduler=k8s.io/kubernetes/cmd/kube-scheduler kubectl=k8s.io/kubernetes/cmd/kubectl
+}
+
+build_etcd() {
+  local dest=$cache/bin/etcd-$ETCD_VERSION
+  if have_all "$dest" etcd etcdctl; then say "etcd $ETCD_VERSION: cached in $dest"; return; fi
+  say "etcd $ETCD_VERSION: building etcd, etcdctl"
+  local gomod="module kubeloop.local/etcd-binaries
+
+go 1.26
+
+require (
+	go.etcd.io/etcd/server/v3 $ETCD_VERSION
+	go.etcd.io/etcd/etcdctl/v3 $ETCD_VERSION
+)"
+  build_in_wrapper "$dest" "$gomod" "-s -w" etcd=go.etcd.io/etcd/server/v3 etcdctl=go.etcd.io/etcd/etcdctl/v3
+}
+
+build_csi_sanity() {
+  local dest=$cache/bin/csi-test-$CSI_TEST_VERSION
+  if have_all "$dest" csi-sanity; then say "csi-sanity $CSI_TEST_VERSION: cached in $dest"; return; fi
+  say "csi-sanity $CSI_TEST_VERSION: building"
+  local tmp; tmp=$(mktemp -d)
+  GOFLAGS= GOBIN=$tmp go install "github.com/kubernetes-csi/csi-test/v5/cmd/csi-sanity@$CSI_TEST_VERSION"
+  mkdir -p "$dest" && mv "$tmp/csi-sanity" "$dest/" && rm -rf "$tmp"
+}
+
+groups=("$@")
+[ ${#groups[@]} -gt 0 ] || groups=(kubernetes etcd csi-sanity)
+for g in "${groups[@]}"; do
+  case $g in
+    kubernetes) build_kubernetes ;;
+    etcd) build_etcd ;;
+    csi-sanity) build_csi_sanity ;;
+    *) die "unknown group '$g' (expected kubernetes, etcd or csi-sanity)" ;;
+  esac
+done
+say "binaries ready under $cache/bin"
