@@ -47,7 +47,9 @@ class HealthServer:
         return web.Response(status=503, text=body + "\n")
 
     async def _metrics(self, _: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(self._registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+        return web.Response(
+            body=generate_latest(self._registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
+        )
 
     async def _healthz(self, _: web.Request) -> web.Response:
         return self._report(self._liveness)

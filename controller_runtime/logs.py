@@ -46,8 +46,12 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
-        doc.update({k: v if isinstance(v, int | float | bool) else str(v)
-                    for k, v in getattr(record, _FIELDS, {}).items()})
+        doc.update(
+            {
+                k: v if isinstance(v, int | float | bool) else str(v)
+                for k, v in getattr(record, _FIELDS, {}).items()
+            }
+        )
         if record.exc_info:
             doc["error"] = self.formatException(record.exc_info)
         return json.dumps(doc)

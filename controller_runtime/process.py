@@ -53,41 +53,82 @@ def duration(text: str) -> float:
 
 def add_logging_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("logging")
-    group.add_argument("--log-format", choices=["text", "json"], default="text",
-                       help="text writes key=value lines; json writes one object per line (default: text)")
-    group.add_argument("-v", "--v", dest="verbosity", type=int, default=2,
-                       help="log verbosity as in klog; 4 and above include debug messages (default: 2)")
+    group.add_argument(
+        "--log-format",
+        choices=["text", "json"],
+        default="text",
+        help="text writes key=value lines; json writes one object per line (default: text)",
+    )
+    group.add_argument(
+        "-v",
+        "--v",
+        dest="verbosity",
+        type=int,
+        default=2,
+        help="log verbosity as in klog; 4 and above include debug messages (default: 2)",
+    )
 
 
 def add_http_flags(parser: argparse.ArgumentParser, default: str = "") -> None:
-    parser.add_argument("--http-endpoint", default=default,
-                        help="host:port serving /metrics, /healthz and /readyz; empty disables it "
-                             f"(default: {default or 'disabled'})")
+    parser.add_argument(
+        "--http-endpoint",
+        default=default,
+        help="host:port serving /metrics, /healthz and /readyz; empty disables it "
+        f"(default: {default or 'disabled'})",
+    )
 
 
 def add_kube_flags(parser: argparse.ArgumentParser, qps: float = 5.0, burst: int = 10) -> None:
     group = parser.add_argument_group("Kubernetes API")
-    group.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG", ""),
-                       help="path to a kubeconfig; empty means in-cluster configuration "
-                            "(default: $KUBECONFIG)")
-    group.add_argument("--kube-api-qps", type=float, default=qps,
-                       help=f"steady requests per second to the API server, client side (default: {qps})")
-    group.add_argument("--kube-api-burst", type=int, default=burst,
-                       help=f"requests allowed above --kube-api-qps in a burst (default: {burst})")
+    group.add_argument(
+        "--kubeconfig",
+        default=os.environ.get("KUBECONFIG", ""),
+        help="path to a kubeconfig; empty means in-cluster configuration (default: $KUBECONFIG)",
+    )
+    group.add_argument(
+        "--kube-api-qps",
+        type=float,
+        default=qps,
+        help=f"steady requests per second to the API server, client side (default: {qps})",
+    )
+    group.add_argument(
+        "--kube-api-burst",
+        type=int,
+        default=burst,
+        help=f"requests allowed above --kube-api-qps in a burst (default: {burst})",
+    )
 
 
 def add_leader_election_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("leader election")
-    group.add_argument("--leader-election", action="store_true",
-                       help="run only while holding a coordination.k8s.io Lease, so replicas can stand by")
-    group.add_argument("--leader-election-namespace", default="kube-system",
-                       help="namespace of the Lease (default: kube-system)")
-    group.add_argument("--leader-election-lease-duration", type=duration, default=15.0,
-                       help="how long a lease is valid without renewal (default: 15s)")
-    group.add_argument("--leader-election-renew-deadline", type=duration, default=10.0,
-                       help="how long the leader keeps trying to renew before it gives up (default: 10s)")
-    group.add_argument("--leader-election-retry-period", type=duration, default=5.0,
-                       help="interval between attempts to acquire or renew (default: 5s)")
+    group.add_argument(
+        "--leader-election",
+        action="store_true",
+        help="run only while holding a coordination.k8s.io Lease, so replicas can stand by",
+    )
+    group.add_argument(
+        "--leader-election-namespace",
+        default="kube-system",
+        help="namespace of the Lease (default: kube-system)",
+    )
+    group.add_argument(
+        "--leader-election-lease-duration",
+        type=duration,
+        default=15.0,
+        help="how long a lease is valid without renewal (default: 15s)",
+    )
+    group.add_argument(
+        "--leader-election-renew-deadline",
+        type=duration,
+        default=10.0,
+        help="how long the leader keeps trying to renew before it gives up (default: 10s)",
+    )
+    group.add_argument(
+        "--leader-election-retry-period",
+        type=duration,
+        default=5.0,
+        help="interval between attempts to acquire or renew (default: 5s)",
+    )
 
 
 @dataclass
@@ -143,10 +184,6 @@ def main(parser: argparse.ArgumentParser, run: Run, argv: Sequence[str] | None =
     """Parses flags, sets up logging and uvloop, runs `run` until it returns or a signal arrives."""
     args = parser.parse_args(argv)
     setup_logging(getattr(args, "log_format", "text"), getattr(args, "verbosity", 2))
-    try:
-        import uvloop
+    import uvloop
 
-        runner = uvloop.run
-    except ImportError:  # uvloop is a hard dependency; this only protects exotic platforms
-        runner = asyncio.run
-    sys.exit(runner(_serve(run, args)))
+    sys.exit(uvloop.run(_serve(run, args)))

@@ -1,0 +1,314 @@
+"""A small asyncio client for the Kubernetes API that returns plain dicts.
+
+Configuration (server, CA, client certificate or token) comes from a kubeconfig or the in-cluster
+service account via kubernetes_asyncio's loader; requests go straight through aiohttp and are
+decoded once with orjson. Every request, watches included, first takes a token from the client-side
+limiter, as client-go does with --kube-api-qps/--kube-api-burst.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import orjson
+from kubernetes_asyncio import config as kube_config
+from kubernetes_asyncio.client import Configuration
+from prometheus_client import Counter, Histogram
+
+from .ratelimit import TokenBucket
+from .resources import Obj, Resource, name_of, namespace_of
+
+REQUESTS = Counter(
+    "rest_client_requests_total", "API requests by status code and method", ["code", "method", "host"]
+)
+LATENCY = Histogram(
+    "rest_client_request_duration_seconds",
+    "API request latency by verb",
+    ["verb"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+)
+RATE_LIMITER_WAIT = Histogram(
+    "rest_client_rate_limiter_duration_seconds",
+    "Time spent waiting for the client-side rate limiter",
+    ["verb"],
+)
+
+PATCH_TYPES = {
+    "merge": "application/merge-patch+json",
+    "strategic": "application/strategic-merge-patch+json",
+    "json": "application/json-patch+json",
+}
+
+
+class ApiError(Exception):
+    """A non-2xx answer from the API server, with its Status object when it sent one."""
+
+    def __init__(self, status: int, body: Obj | None, method: str = "", path: str = "") -> None:
+        self.status = status
+        self.body = body or {}
+        self.reason = str(self.body.get("reason", ""))
+        self.message = str(self.body.get("message", "")) or f"HTTP {status}"
+        super().__init__(f"{method} {path}: {status} {self.reason}: {self.message}".strip())
+
+    @property
+    def not_found(self) -> bool:
+        return self.status == 404
+
+    @property
+    def conflict(self) -> bool:
+        """An optimistic-concurrency failure (stale resourceVersion) or a name already taken."""
+        return self.status == 409
+
+    @property
+    def already_exists(self) -> bool:
+        return self.status == 409 and self.reason == "AlreadyExists"
+
+    @property
+    def gone(self) -> bool:
+        return self.status == 410
+
+    @property
+    def forbidden(self) -> bool:
+        return self.status == 403
+
+
+class WatchExpiredError(Exception):
+    """The watch's resourceVersion is older than what etcd still has (410 Gone): re-list."""
+
+
+def _ssl_context(cfg: Configuration) -> ssl.SSLContext | bool:
+    if not str(cfg.host).startswith("https"):
+        return False
+    ctx = ssl.create_default_context(cafile=cfg.ssl_ca_cert or None)
+    if not cfg.verify_ssl:
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    if cfg.cert_file and cfg.key_file:
+        ctx.load_cert_chain(cfg.cert_file, cfg.key_file)
+    return ctx
+
+
+class ApiClient:
+    def __init__(
+        self, cfg: Configuration, qps: float = 5.0, burst: int = 10, user_agent: str = "kubeloop"
+    ) -> None:
+        self.server = str(cfg.host).rstrip("/")
+        self._cfg = cfg
+        self._ssl = _ssl_context(cfg)
+        self._limiter = TokenBucket(qps, burst)
+        self._user_agent = user_agent
+        self._session: aiohttp.ClientSession | None = None
+        self._host_label = self.server.split("://", 1)[-1]
+
+    @classmethod
+    async def from_kubeconfig(
+        cls, path: str | None, qps: float = 5.0, burst: int = 10, user_agent: str = "kubeloop"
+    ) -> ApiClient:
+        """Loads `path`, or the in-cluster service account when path is empty."""
+        cfg = Configuration()
+        if path:
+            await kube_config.load_kube_config(
+                config_file=path, client_configuration=cfg, persist_config=False
+            )
+        else:
+            kube_config.load_incluster_config(client_configuration=cfg)
+        return cls(cfg, qps=qps, burst=burst, user_agent=user_agent)
+
+    def _auth(self) -> dict[str, str]:
+        # Evaluated per request: in-cluster service-account tokens are rotated on disk.
+        if self._cfg.refresh_api_key_hook is not None:
+            self._cfg.refresh_api_key_hook(self._cfg)
+        token = self._cfg.api_key.get("BearerToken") or self._cfg.api_key.get("authorization")
+        if not token:
+            return {}
+        return {"Authorization": token if token.startswith("Bearer ") else f"Bearer {token}"}
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            # No connection cap: every informer holds a long-lived watch connection.
+            connector = aiohttp.TCPConnector(ssl=self._ssl, limit=0)
+            self._session = aiohttp.ClientSession(
+                connector=connector, headers={"User-Agent": self._user_agent, "Accept": "application/json"}
+            )
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def _throttle(self, verb: str) -> None:
+        delay = self._limiter.reserve()
+        if delay > 0:
+            RATE_LIMITER_WAIT.labels(verb).observe(delay)
+            await asyncio.sleep(delay)
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: dict[str, Any] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+        timeout: float = 60.0,
+    ) -> Obj:
+        await self._throttle(method)
+        data = orjson.dumps(body) if body is not None else None
+        headers = self._auth()
+        if data is not None:
+            headers["Content-Type"] = content_type
+        start = time.perf_counter()
+        async with self.session.request(
+            method,
+            self.server + path,
+            params=_clean(params),
+            data=data,
+            headers=headers,
+            timeout=aiohttp.ClientTimeout(total=timeout),
+        ) as resp:
+            raw = await resp.read()
+        LATENCY.labels(method).observe(time.perf_counter() - start)
+        REQUESTS.labels(str(resp.status), method, self._host_label).inc()
+        decoded: Obj = orjson.loads(raw) if raw else {}
+        if resp.status >= 300:
+            raise ApiError(resp.status, decoded if isinstance(decoded, dict) else None, method, path)
+        return decoded
+
+    # -- typed verbs -------------------------------------------------------------------------
+
+    async def get(self, res: Resource, name: str, namespace: str | None = None) -> Obj:
+        return await self.request("GET", res.path(namespace, name))
+
+    async def list_page(self, res: Resource, namespace: str | None = None, **params: Any) -> Obj:
+        """One page of a list; pass `limit` and `continue_` (sent as `continue`) to page."""
+        if "continue_" in params:
+            params["continue"] = params.pop("continue_")
+        return await self.request("GET", res.path(namespace), params=params)
+
+    async def list_all(
+        self, res: Resource, namespace: str | None = None, page_size: int = 500, **params: Any
+    ) -> tuple[list[Obj], str]:
+        """Every item across pages, and the list's resourceVersion."""
+        items: list[Obj] = []
+        token = ""
+        while True:
+            page = await self.list_page(res, namespace, limit=page_size, continue_=token, **params)
+            items.extend(page.get("items") or [])
+            token = page.get("metadata", {}).get("continue", "")
+            if not token:
+                return items, str(page.get("metadata", {}).get("resourceVersion", ""))
+
+    async def create(self, res: Resource, obj: Obj, namespace: str | None = None) -> Obj:
+        ns = namespace or namespace_of(obj) or None
+        return await self.request("POST", res.path(ns), body=_with_type(res, obj))
+
+    async def update(self, res: Resource, obj: Obj) -> Obj:
+        """PUT with the object's resourceVersion: a stale one fails with 409 (ApiError.conflict)."""
+        return await self.request(
+            "PUT", res.path(namespace_of(obj) or None, name_of(obj)), body=_with_type(res, obj)
+        )
+
+    async def update_status(self, res: Resource, obj: Obj) -> Obj:
+        return await self.request(
+            "PUT", res.path(namespace_of(obj) or None, name_of(obj), "status"), body=_with_type(res, obj)
+        )
+
+    async def patch(
+        self,
+        res: Resource,
+        name: str,
+        patch: Any,
+        namespace: str | None = None,
+        patch_type: str = "merge",
+        subresource: str | None = None,
+    ) -> Obj:
+        return await self.request(
+            "PATCH", res.path(namespace, name, subresource), body=patch, content_type=PATCH_TYPES[patch_type]
+        )
+
+    async def delete(
+        self,
+        res: Resource,
+        name: str,
+        namespace: str | None = None,
+        *,
+        uid: str | None = None,
+        resource_version: str | None = None,
+        propagation: str | None = None,
+    ) -> Obj:
+        body: Obj = {"kind": "DeleteOptions", "apiVersion": "v1"}
+        pre = {k: v for k, v in (("uid", uid), ("resourceVersion", resource_version)) if v}
+        if pre:
+            body["preconditions"] = pre
+        if propagation:
+            body["propagationPolicy"] = propagation
+        return await self.request("DELETE", res.path(namespace, name), body=body)
+
+    async def watch(
+        self,
+        res: Resource,
+        namespace: str | None = None,
+        *,
+        resource_version: str = "",
+        timeout_seconds: int = 300,
+        **params: Any,
+    ) -> AsyncIterator[tuple[str, Obj]]:
+        """Yields (type, object) pairs until the server closes the watch.
+
+        Raises WatchExpiredError on 410 Gone, whether as the HTTP status or as an ERROR event.
+        """
+        await self._throttle("WATCH")
+        query = {
+            "watch": "true",
+            "resourceVersion": resource_version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(timeout_seconds),
+            **params,
+        }
+        # The server ends the watch after timeoutSeconds; the read timeout only catches a dead peer.
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=15, sock_read=timeout_seconds + 30)
+        async with self.session.get(
+            self.server + res.path(namespace), params=_clean(query), headers=self._auth(), timeout=timeout
+        ) as resp:
+            REQUESTS.labels(str(resp.status), "WATCH", self._host_label).inc()
+            if resp.status >= 300:
+                raw = await resp.read()
+                body = orjson.loads(raw) if raw else None
+                if resp.status == 410:
+                    raise WatchExpiredError(str(body))
+                raise ApiError(
+                    resp.status, body if isinstance(body, dict) else None, "WATCH", res.path(namespace)
+                )
+            buf = b""
+            async for chunk in resp.content.iter_any():
+                buf += chunk
+                while (nl := buf.find(b"\n")) >= 0:
+                    line, buf = buf[:nl], buf[nl + 1 :]
+                    if not line.strip():
+                        continue
+                    event = orjson.loads(line)
+                    kind, obj = event.get("type", ""), event.get("object") or {}
+                    if kind == "ERROR":
+                        if obj.get("code") == 410:
+                            raise WatchExpiredError(str(obj.get("message", "")))
+                        raise ApiError(int(obj.get("code") or 500), obj, "WATCH", res.path(namespace))
+                    yield kind, obj
+
+
+def _clean(params: dict[str, Any] | None) -> dict[str, str] | None:
+    if not params:
+        return None
+    return {k: str(v) for k, v in params.items() if v not in (None, "")}
+
+
+def _with_type(res: Resource, obj: Obj) -> Obj:
+    if "kind" in obj and "apiVersion" in obj:
+        return obj
+    return {"apiVersion": res.api_version, "kind": res.kind, **obj}

@@ -1,0 +1,66 @@
+"""The one shape of every kubeloop controller: workers pop a key and run an idempotent sync.
+
+A sync that raises is retried with the queue's per-key backoff; one that returns normally resets it.
+A sync may also return a delay to be called again later for that key (a poll, such as waiting for
+a VolumeAttachment to disappear) without counting as a failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Hashable
+from typing import TypeVar
+
+from prometheus_client import Counter
+
+from .logs import get_logger
+from .workqueue import ShutDown, WorkQueue
+
+log = get_logger("controller")
+K = TypeVar("K", bound=Hashable)
+
+SYNC_ERRORS = Counter("kubeloop_sync_errors_total", "Syncs that failed and were requeued", ["queue"])
+
+Sync = Callable[[K], Awaitable[float | None]]
+
+
+async def worker(queue: WorkQueue[K], sync: Sync[K]) -> None:
+    errors = SYNC_ERRORS.labels(queue.name)
+    while True:
+        try:
+            key = await queue.get()
+        except ShutDown:
+            return
+        try:
+            again = await sync(key)
+        except Exception as exc:
+            errors.inc()
+            log.warning(
+                "sync failed, requeued with backoff",
+                queue=queue.name,
+                key=str(key),
+                retries=queue.num_requeues(key),
+                error=str(exc) or type(exc).__name__,
+            )
+            queue.add_rate_limited(key)
+        else:
+            queue.forget(key)
+            if again is not None:
+                queue.add_after(key, again)
+        finally:
+            queue.done(key)
+
+
+async def run_workers(queue: WorkQueue[K], sync: Sync[K], workers: int) -> None:
+    """Runs `workers` workers until cancelled, then shuts the queue down. A sync cut short by the
+    cancellation is simply redone by the next process: syncs are level-triggered and idempotent."""
+    tasks = [
+        asyncio.create_task(worker(queue, sync), name=f"{queue.name}-worker-{i}") for i in range(workers)
+    ]
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        queue.shutdown()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.gather(*tasks, return_exceptions=True)

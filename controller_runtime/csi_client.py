@@ -1,0 +1,161 @@
+"""The sidecars' connection to a CSI driver over its unix socket.
+
+`CSIConnection.connect` waits until the socket exists and the driver's Probe says ready (logging
+while it waits, as the Go sidecars do), then reads the driver's name and capabilities once. Every
+call made through the stubs should pass `timeout=conn.timeout`; each call's latency and gRPC code
+are recorded in `csi_sidecar_operations_seconds`, the upstream metric.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from prometheus_client import Histogram
+
+from kubeloop_grpc.csi import csi_pb2, csi_pb2_grpc
+
+from .logs import get_logger
+
+log = get_logger("csi")
+
+OPERATIONS = Histogram(
+    "csi_sidecar_operations_seconds",
+    "CSI operation latency by method and gRPC code",
+    ["driver_name", "method_name", "grpc_status_code"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+)
+
+# Codes after which an operation may still be running in the driver: retry the same call (or clean
+# up with the inverse call), never treat the volume as not created.
+IN_PROGRESS_CODES = frozenset(
+    {
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.CANCELLED,
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.ABORTED,
+    }
+)
+
+
+def is_final_error(exc: BaseException) -> bool:
+    """False for errors that mean "maybe still in progress" (see IN_PROGRESS_CODES)."""
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return exc.code() not in IN_PROGRESS_CODES
+    return not isinstance(exc, asyncio.TimeoutError | ConnectionError)
+
+
+def socket_path(address: str) -> str:
+    """Accepts `unix:///path`, `unix:/path` or a bare path."""
+    if address.startswith("unix://"):
+        return address[len("unix://") :]
+    if address.startswith("unix:"):
+        return address[len("unix:") :]
+    return address
+
+
+class _Metrics(grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[misc]
+    def __init__(self, driver_name: Callable[[], str]) -> None:
+        self._driver_name = driver_name
+
+    async def intercept_unary_unary(self, continuation: Any, client_call_details: Any, request: Any) -> Any:
+        method = client_call_details.method
+        method = method.decode() if isinstance(method, bytes) else method
+        start = time.perf_counter()
+        code = grpc.StatusCode.OK
+        try:
+            call = await continuation(client_call_details, request)
+            await call
+            return call
+        except grpc.aio.AioRpcError as exc:
+            code = exc.code()
+            raise
+        finally:
+            OPERATIONS.labels(self._driver_name(), method, code.name).observe(time.perf_counter() - start)
+
+
+@dataclass
+class CSIConnection:
+    address: str
+    timeout: float
+    channel: grpc.aio.Channel
+    driver_name: str = ""
+    vendor_version: str = ""
+    plugin_capabilities: set[int] = field(default_factory=set)
+    controller_capabilities: set[int] = field(default_factory=set)
+
+    @property
+    def identity(self) -> csi_pb2_grpc.IdentityStub:
+        return csi_pb2_grpc.IdentityStub(self.channel)
+
+    @property
+    def controller(self) -> csi_pb2_grpc.ControllerStub:
+        return csi_pb2_grpc.ControllerStub(self.channel)
+
+    @property
+    def node(self) -> csi_pb2_grpc.NodeStub:
+        return csi_pb2_grpc.NodeStub(self.channel)
+
+    def has_controller_capability(self, rpc_type: int) -> bool:
+        return rpc_type in self.controller_capabilities
+
+    def has_plugin_capability(self, service_type: int) -> bool:
+        return service_type in self.plugin_capabilities
+
+    @classmethod
+    async def connect(cls, address: str, timeout: float = 10.0, wait: float | None = None) -> CSIConnection:
+        """Connects and waits (forever when wait is None) until the driver answers Probe ready."""
+        path = socket_path(address)
+        conn: CSIConnection | None = None
+        conn = cls(
+            address=path,
+            timeout=timeout,
+            channel=grpc.aio.insecure_channel(
+                f"unix:{path}",  # the unix: scheme takes relative and absolute paths
+                interceptors=[_Metrics(lambda: conn.driver_name if conn else "")],
+                options=[("grpc.enable_retries", 0)],
+            ),
+        )
+        deadline = None if wait is None else time.monotonic() + wait
+        delay, last_log = 0.1, 0.0
+        while True:
+            try:
+                probe = await conn.identity.Probe(csi_pb2.ProbeRequest(), timeout=timeout)
+                if not probe.HasField("ready") or probe.ready.value:
+                    break
+                reason = "driver reports not ready"
+            except grpc.aio.AioRpcError as exc:
+                reason = f"{exc.code().name}: {exc.details()}"
+            if deadline is not None and time.monotonic() > deadline:
+                await conn.close()
+                raise TimeoutError(f"CSI driver at {path} not ready after {wait}s: {reason}")
+            if time.monotonic() - last_log > 10:
+                log.info("still connecting to CSI driver", address=path, reason=reason)
+                last_log = time.monotonic()
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
+        await conn._read_capabilities()
+        log.info(
+            "connected to CSI driver", address=path, driver=conn.driver_name, version=conn.vendor_version
+        )
+        return conn
+
+    async def _read_capabilities(self) -> None:
+        info = await self.identity.GetPluginInfo(csi_pb2.GetPluginInfoRequest(), timeout=self.timeout)
+        self.driver_name, self.vendor_version = info.name, info.vendor_version
+        caps = await self.identity.GetPluginCapabilities(
+            csi_pb2.GetPluginCapabilitiesRequest(), timeout=self.timeout
+        )
+        self.plugin_capabilities = {c.service.type for c in caps.capabilities if c.HasField("service")}
+        if csi_pb2.PluginCapability.Service.CONTROLLER_SERVICE in self.plugin_capabilities:
+            ccaps = await self.controller.ControllerGetCapabilities(
+                csi_pb2.ControllerGetCapabilitiesRequest(), timeout=self.timeout
+            )
+            self.controller_capabilities = {c.rpc.type for c in ccaps.capabilities if c.HasField("rpc")}
+
+    async def close(self) -> None:
+        await self.channel.close()

@@ -1,0 +1,197 @@
+"""Shared informers: one reflector and one indexed Store per resource per process, fanned out to
+every registered handler, with periodic resync (handlers see on_update(obj, obj) for everything).
+
+Handlers are plain synchronous callables and must stay cheap (enqueue a key): business logic
+belongs in a controller's sync, never in a handler.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .client import ApiClient
+from .logs import get_logger
+from .reflector import Handler, Reflector
+from .resources import Obj, Resource
+from .store import IndexFunc, Store
+
+log = get_logger("informer")
+
+
+def drop_managed_fields(obj: Obj) -> Obj:
+    """Controllers never read managedFields; dropping them roughly halves the cache's memory."""
+    md = obj.get("metadata")
+    if md is not None:
+        md.pop("managedFields", None)
+    return obj
+
+
+@dataclass
+class EventHandler:
+    on_add: Callable[[Obj], None] | None = None
+    on_update: Callable[[Obj, Obj], None] | None = None
+    on_delete: Callable[[Obj], None] | None = None
+
+
+class SharedInformer(Handler):
+    def __init__(
+        self,
+        client: ApiClient,
+        resource: Resource,
+        *,
+        namespace: str | None = None,
+        resync_period: float = 0.0,
+        label_selector: str = "",
+        field_selector: str = "",
+    ) -> None:
+        self.resource = resource
+        self.store = Store()
+        self.resync_period = resync_period
+        self._handlers: list[EventHandler] = []
+        self._synced = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self.reflector = Reflector(
+            client,
+            resource,
+            self,
+            namespace=namespace,
+            label_selector=label_selector,
+            field_selector=field_selector,
+            transform=drop_managed_fields,
+        )
+
+    # -- registration -------------------------------------------------------------------------
+
+    def add_handler(self, handler: EventHandler) -> None:
+        """Registers a handler; if the cache is already filled, it first sees every object as added."""
+        self._handlers.append(handler)
+        if self._synced.is_set() and handler.on_add is not None:
+            for obj in self.store.values():
+                handler.on_add(obj)
+
+    def add_index(self, name: str, func: IndexFunc) -> None:
+        if not self.store.has_index(name):
+            self.store.add_index(name, func)
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    @property
+    def has_synced(self) -> bool:
+        return self._synced.is_set()
+
+    async def wait_for_sync(self) -> None:
+        await self._synced.wait()
+
+    def start(self) -> None:
+        if self._tasks:
+            return
+        self._tasks.append(
+            asyncio.create_task(self.reflector.run(), name=f"reflector-{self.resource.plural}")
+        )
+        if self.resync_period > 0:
+            self._tasks.append(
+                asyncio.create_task(self._resync_loop(), name=f"resync-{self.resource.plural}")
+            )
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+
+    async def _resync_loop(self) -> None:
+        await self._synced.wait()
+        while True:
+            await asyncio.sleep(self.resync_period)
+            for obj in self.store.values():
+                self._dispatch_update(obj, obj)
+
+    # -- reflector callbacks ------------------------------------------------------------------
+
+    def on_replace(self, items: list[Obj], resource_version: str) -> None:
+        added, updated, deleted = self.store.replace(items)
+        for obj in deleted:
+            self._dispatch_delete(obj)
+        for obj in added:
+            self._dispatch_add(obj)
+        for old, new in updated:
+            self._dispatch_update(old, new)
+        if not self._synced.is_set():
+            log.info(
+                "cache synced",
+                resource=self.resource.plural,
+                objects=len(self.store),
+                resource_version=resource_version,
+            )
+            self._synced.set()
+
+    def on_event(self, kind: str, obj: Obj) -> None:
+        if kind == "DELETED":
+            old = self.store.delete(self.store.key(obj))
+            self._dispatch_delete(old if old is not None else obj)
+            return
+        old = self.store.upsert(obj)
+        if old is None:
+            self._dispatch_add(obj)
+        else:
+            self._dispatch_update(old, obj)
+
+    def _dispatch_add(self, obj: Obj) -> None:
+        for h in self._handlers:
+            if h.on_add is not None:
+                self._guard(h.on_add, obj)
+
+    def _dispatch_update(self, old: Obj, new: Obj) -> None:
+        for h in self._handlers:
+            if h.on_update is not None:
+                self._guard(h.on_update, old, new)
+
+    def _dispatch_delete(self, obj: Obj) -> None:
+        for h in self._handlers:
+            if h.on_delete is not None:
+                self._guard(h.on_delete, obj)
+
+    def _guard(self, fn: Callable[..., None], *args: Obj) -> None:
+        # A failing handler must not stop the reflector or starve the other handlers.
+        try:
+            fn(*args)
+        except Exception:
+            log.exception("event handler failed", resource=self.resource.plural)
+
+
+class SharedInformerFactory:
+    """Hands out one SharedInformer per (resource, namespace) so a process watches each resource once."""
+
+    def __init__(self, client: ApiClient, resync_period: float = 0.0) -> None:
+        self.client = client
+        self.resync_period = resync_period
+        self._informers: dict[tuple[Resource, str | None], SharedInformer] = {}
+
+    def informer(self, resource: Resource, namespace: str | None = None) -> SharedInformer:
+        key = (resource, namespace)
+        if key not in self._informers:
+            self._informers[key] = SharedInformer(
+                self.client, resource, namespace=namespace, resync_period=self.resync_period
+            )
+        return self._informers[key]
+
+    def start(self) -> None:
+        for informer in self._informers.values():
+            informer.start()
+
+    async def wait_for_sync(self, timeout: float | None = None) -> None:
+        await asyncio.wait_for(
+            asyncio.gather(*(i.wait_for_sync() for i in self._informers.values())), timeout
+        )
+
+    @property
+    def has_synced(self) -> bool:
+        return all(i.has_synced for i in self._informers.values())
+
+    async def stop(self) -> None:
+        await asyncio.gather(*(i.stop() for i in self._informers.values()))

@@ -1,0 +1,34 @@
+"""Token buckets: the client-side API limiter (--kube-api-qps/--kube-api-burst) and the overall
+bucket of a workqueue's rate limiter. Both reserve a token and report how long to wait for it."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+
+class TokenBucket:
+    """Holds up to `burst` tokens refilled at `qps` per second; qps <= 0 means unlimited."""
+
+    def __init__(self, qps: float, burst: int, clock: Callable[[], float] | None = None) -> None:
+        self.qps = qps
+        self.burst = max(1, burst)
+        self._tokens = float(self.burst)
+        self._now = clock or time.monotonic
+        self._last = self._now()
+
+    def reserve(self) -> float:
+        """Takes one token (possibly going into debt) and returns the seconds to wait before using it."""
+        if self.qps <= 0:
+            return 0.0
+        now = self._now()
+        self._tokens = min(float(self.burst), self._tokens + (now - self._last) * self.qps)
+        self._last = now
+        self._tokens -= 1.0
+        return 0.0 if self._tokens >= 0 else -self._tokens / self.qps
+
+    async def acquire(self) -> None:
+        delay = self.reserve()
+        if delay > 0:
+            await asyncio.sleep(delay)

@@ -1,0 +1,87 @@
+"""The API resources kubeloop reads and writes, and helpers over plain-dict objects."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+Obj = dict[str, Any]
+"""An API object as decoded JSON. Caches hold these, never generated model classes."""
+
+
+@dataclass(frozen=True)
+class Resource:
+    group: str
+    version: str
+    plural: str
+    kind: str
+    namespaced: bool
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    def path(
+        self, namespace: str | None = None, name: str | None = None, subresource: str | None = None
+    ) -> str:
+        base = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+        if self.namespaced and namespace:
+            base += f"/namespaces/{namespace}"
+        base += f"/{self.plural}"
+        if name:
+            base += f"/{name}"
+            if subresource:
+                base += f"/{subresource}"
+        return base
+
+
+NAMESPACES = Resource("", "v1", "namespaces", "Namespace", False)
+NODES = Resource("", "v1", "nodes", "Node", False)
+PODS = Resource("", "v1", "pods", "Pod", True)
+EVENTS = Resource("", "v1", "events", "Event", True)
+SECRETS = Resource("", "v1", "secrets", "Secret", True)
+PERSISTENT_VOLUMES = Resource("", "v1", "persistentvolumes", "PersistentVolume", False)
+PERSISTENT_VOLUME_CLAIMS = Resource("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim", True)
+STORAGE_CLASSES = Resource("storage.k8s.io", "v1", "storageclasses", "StorageClass", False)
+VOLUME_ATTACHMENTS = Resource("storage.k8s.io", "v1", "volumeattachments", "VolumeAttachment", False)
+CSI_DRIVERS = Resource("storage.k8s.io", "v1", "csidrivers", "CSIDriver", False)
+CSI_NODES = Resource("storage.k8s.io", "v1", "csinodes", "CSINode", False)
+CSI_STORAGE_CAPACITIES = Resource("storage.k8s.io", "v1", "csistoragecapacities", "CSIStorageCapacity", True)
+LEASES = Resource("coordination.k8s.io", "v1", "leases", "Lease", True)
+VOLUME_SNAPSHOTS = Resource("snapshot.storage.k8s.io", "v1", "volumesnapshots", "VolumeSnapshot", True)
+VOLUME_SNAPSHOT_CONTENTS = Resource(
+    "snapshot.storage.k8s.io", "v1", "volumesnapshotcontents", "VolumeSnapshotContent", False
+)
+
+
+def meta(obj: Obj) -> Obj:
+    m: Obj = obj.setdefault("metadata", {})
+    return m
+
+
+def name_of(obj: Obj) -> str:
+    return str(obj.get("metadata", {}).get("name", ""))
+
+
+def namespace_of(obj: Obj) -> str:
+    return str(obj.get("metadata", {}).get("namespace", ""))
+
+
+def resource_version(obj: Obj) -> str:
+    return str(obj.get("metadata", {}).get("resourceVersion", ""))
+
+
+def key_of(obj: Obj) -> str:
+    """The cache key client-go uses: `namespace/name`, or `name` for cluster-scoped objects."""
+    md = obj.get("metadata", {})
+    ns = md.get("namespace")
+    return f"{ns}/{md['name']}" if ns else str(md["name"])
+
+
+def split_key(key: str) -> tuple[str | None, str]:
+    ns, sep, name = key.partition("/")
+    return (ns, name) if sep else (None, key)
+
+
+def annotations_of(obj: Obj) -> dict[str, str]:
+    return dict(obj.get("metadata", {}).get("annotations") or {})
