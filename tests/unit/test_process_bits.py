@@ -1,0 +1,57 @@
+"""Small pieces of the process entry: durations, log formats, token bucket, endpoints."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+
+from controller_runtime.health import parse_endpoint
+from controller_runtime.logs import JsonFormatter, TextFormatter
+from controller_runtime.process import duration
+from controller_runtime.ratelimit import TokenBucket
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("100ms", 0.1), ("15s", 15), ("5m", 300), ("1h30m", 5400), ("2.5", 2.5), ("1m0.5s", 60.5)],
+)
+def test_duration(text: str, seconds: float) -> None:
+    assert duration(text) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("bad", ["5x", "m", "10 parsecs", "1h5"])
+def test_bad_duration(bad: str) -> None:
+    with pytest.raises(Exception, match="duration"):
+        duration(bad)
+
+
+def _record(**fields: object) -> logging.LogRecord:
+    rec = logging.LogRecord("pv-controller", logging.INFO, __file__, 1, "bound claim", None, None)
+    rec.kubeloop_fields = fields
+    return rec
+
+
+def test_text_and_json_logs_carry_fields() -> None:
+    text = TextFormatter().format(_record(claim="ns/data", volume="pv 1"))
+    assert 'msg="bound claim"' in text and "claim=ns/data" in text and 'volume="pv 1"' in text
+    doc = json.loads(JsonFormatter().format(_record(claim="ns/data", count=3)))
+    assert doc["msg"] == "bound claim" and doc["claim"] == "ns/data" and doc["count"] == 3
+
+
+def test_token_bucket() -> None:
+    now = [0.0]
+    bucket = TokenBucket(qps=2, burst=2, clock=lambda: now[0])
+    assert [bucket.reserve(), bucket.reserve()] == [0, 0]
+    assert bucket.reserve() == pytest.approx(0.5)
+    now[0] = 10
+    assert bucket.reserve() == 0
+    assert TokenBucket(qps=0, burst=1).reserve() == 0, "qps 0 means unlimited"
+
+
+def test_endpoint() -> None:
+    assert parse_endpoint(":8080") == ("127.0.0.1", 8080)
+    assert parse_endpoint("127.0.0.1:0") == ("127.0.0.1", 0)
+    with pytest.raises(ValueError, match="host:port"):
+        parse_endpoint("8080")
