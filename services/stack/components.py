@@ -1,0 +1,216 @@
+"""The kubeloop processes `make up` starts after the control plane, as a declarative registry.
+
+Adding a component is one `Component(...)` entry in `REGISTRY`, for example:
+
+    Component(
+        name="pv-controller",
+        argv=lambda c: python_module(
+            "services.pv_controller.main",
+            f"--kubeconfig={c.kubeconfig}",
+            f"--http-endpoint={c.http_endpoint}",
+        ),
+        identity=service_account_identity("kubeloop-pv-controller"),
+        http_port=18081,
+        manifests=("deploy/rbac/pv-controller.yaml",),
+    )
+
+The launcher then writes a client certificate and kubeconfig for the identity (so the component runs
+under its ServiceAccount's RBAC, never as admin), applies the manifests as admin (its RBAC), checks
+the port is free, starts the process (once per node when `per_node`), and waits for its health URL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from controller_runtime.logs import get_logger
+from controller_runtime.toolchain import REPO_ROOT
+
+from .certs import Identity
+from .controlplane import ControlPlane, Ports, StatusCallback, UnexpectedExitCallback, log_unexpected_exit
+from .proc import ManagedProcess, wait_healthy
+
+log = get_logger("stack")
+
+
+@dataclass(frozen=True)
+class ComponentContext:
+    """What a component's argv factory is given: where the stack is and what belongs to this instance."""
+
+    name: str  # the instance name: the component's, or `<component>-<node>` for per-node ones
+    home: Path
+    server: str  # the apiserver URL
+    ca_file: Path  # the stack CA (verifies the apiserver)
+    kubeconfig: Path | None  # the component identity's kubeconfig, None if it has no identity
+    node: str | None  # the node name for a per-node component
+    state_dir: Path  # a directory of its own under home, created before start
+    http_endpoint: str  # `127.0.0.1:<port>` for its --http-endpoint, or "" without http_port
+    ports: Ports
+    repo_root: Path
+
+
+ArgvFactory = Callable[[ComponentContext], list[str]]
+
+
+@dataclass(frozen=True)
+class Component:
+    name: str
+    argv: ArgvFactory
+    # Who it authenticates as (a ServiceAccount identity, see certs.service_account_identity);
+    # None for a process that never talks to the API server (e.g. the CSI driver itself).
+    identity: Identity | None = None
+    # Base port of its --http-endpoint; a per-node component's instance i (0-based) gets port + i.
+    http_port: int | None = None
+    # Path on the http endpoint that answers 200 once the component is ready; None: started = ready.
+    health_path: str | None = "/readyz"
+    per_node: bool = False
+    # Manifests (relative to the repository root) applied as admin before it starts: its RBAC.
+    manifests: tuple[str, ...] = ()
+
+
+# Components in start order: a component may rely on those listed before it being healthy.
+REGISTRY: tuple[Component, ...] = ()
+
+
+def python_module(module: str, *args: str) -> list[str]:
+    """argv running a kubeloop module with the launcher's own interpreter (the venv's)."""
+    return [sys.executable, "-m", module, *args]
+
+
+@dataclass(frozen=True)
+class Instance:
+    component: Component
+    name: str
+    node: str | None
+    http_port: int | None
+
+
+def node_names(count: int) -> list[str]:
+    return [f"node-{i}" for i in range(1, count + 1)]
+
+
+def instances(components: Sequence[Component], nodes: Sequence[str]) -> list[Instance]:
+    out: list[Instance] = []
+    for comp in components:
+        if comp.per_node:
+            for i, node in enumerate(nodes):
+                port = comp.http_port + i if comp.http_port is not None else None
+                out.append(Instance(comp, f"{comp.name}-{node}", node, port))
+        else:
+            out.append(Instance(comp, comp.name, None, comp.http_port))
+    return out
+
+
+def instance_ports(components: Sequence[Component], nodes: Sequence[str]) -> dict[str, int]:
+    """Port by purpose for the port check, like Ports.described()."""
+    return {
+        f"{inst.name} (--http-endpoint)": inst.http_port
+        for inst in instances(components, nodes)
+        if inst.http_port is not None
+    }
+
+
+class ComponentError(RuntimeError):
+    pass
+
+
+class Components:
+    """Starts and stops the registry's processes against a running ControlPlane."""
+
+    def __init__(
+        self,
+        control_plane: ControlPlane,
+        components: Sequence[Component] = REGISTRY,
+        nodes: Sequence[str] = ("node-1",),
+        *,
+        startup_timeout: float = 60.0,
+        stop_timeout: float = 15.0,
+        on_status: StatusCallback | None = None,
+        on_unexpected_exit: UnexpectedExitCallback | None = None,
+    ) -> None:
+        self.cp = control_plane
+        self.components = tuple(components)
+        self.nodes = tuple(nodes)
+        self.startup_timeout = startup_timeout
+        self.stop_timeout = stop_timeout
+        self._on_status = on_status
+        self._on_unexpected_exit = on_unexpected_exit or log_unexpected_exit
+        self.processes: dict[str, ManagedProcess] = {}
+        self.startup_seconds: dict[str, float] = {}
+
+    def context(self, inst: Instance) -> ComponentContext:
+        comp = inst.component
+        state_dir = self.cp.home / "components" / inst.name
+        return ComponentContext(
+            name=inst.name,
+            home=self.cp.home,
+            server=self.cp.server,
+            ca_file=self.cp.ca_file,
+            kubeconfig=self.cp.kubeconfig_for(comp.identity) if comp.identity is not None else None,
+            node=inst.node,
+            state_dir=state_dir,
+            http_endpoint=f"127.0.0.1:{inst.http_port}" if inst.http_port is not None else "",
+            ports=self.cp.ports,
+            repo_root=REPO_ROOT,
+        )
+
+    async def apply_manifests(self, comp: Component) -> None:
+        if not comp.manifests:
+            return
+        kubectl = str(self.cp.toolchain.binary("kubectl"))
+        args = [kubectl, f"--kubeconfig={self.cp.admin_kubeconfig}", "apply"]
+        for m in comp.manifests:
+            args += ["-f", str(REPO_ROOT / m)]
+        proc = await asyncio.create_subprocess_exec(
+            *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+        )
+        out, _ = await proc.communicate()
+        if proc.returncode != 0:
+            raise ComponentError(
+                f"applying the manifests of {comp.name} failed:\n{out.decode(errors='replace')}"
+            )
+        log.info("applied manifests", component=comp.name, manifests=",".join(comp.manifests))
+
+    async def _start_instance(self, inst: Instance) -> None:
+        ctx = self.context(inst)
+        ctx.state_dir.mkdir(parents=True, exist_ok=True)
+        log_path = self.cp.log_path(inst.name)
+        if log_path.exists():
+            log_path.replace(log_path.with_name(f"{inst.name}.previous.log"))
+        proc = ManagedProcess(
+            name=inst.name,
+            argv=inst.component.argv(ctx),
+            log_path=log_path,
+            cwd=REPO_ROOT,
+            on_unexpected_exit=self._on_unexpected_exit,
+        )
+        self.processes[inst.name] = proc
+        await proc.start()
+        seconds = 0.0
+        if inst.component.health_path is not None and inst.http_port is not None:
+            url = f"http://127.0.0.1:{inst.http_port}{inst.component.health_path}"
+            seconds = await wait_healthy(proc, url, timeout=self.startup_timeout)
+        self.startup_seconds[inst.name] = seconds
+        log.info("healthy", component=inst.name, took=f"{seconds:.2f}s", pid=proc.pid, log=str(log_path))
+        if self._on_status is not None:
+            self._on_status(inst.name, seconds)
+
+    async def start(self) -> None:
+        try:
+            for comp in self.components:
+                await self.apply_manifests(comp)
+                # A component's node instances come up together; the next component waits for them.
+                await asyncio.gather(*(self._start_instance(i) for i in instances([comp], self.nodes)))
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def stop(self) -> None:
+        for name, proc in reversed(list(self.processes.items())):
+            code = await proc.stop(self.stop_timeout)
+            log.info("stopped", component=name, exit_code=code)
+        self.processes.clear()

@@ -1,0 +1,244 @@
+"""`kubeloop-stack up` (what `make up` runs): the local Kubernetes storage stack in the foreground.
+
+It starts etcd, kube-apiserver, kube-controller-manager (storage controllers off) and kube-scheduler
+on 127.0.0.1, then the kubeloop components of services/stack/components.py, prints a line as each
+becomes healthy and how to use kubectl, and runs until Ctrl-C or SIGTERM, which stop everything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from controller_runtime import process
+from controller_runtime.logs import get_logger
+from controller_runtime.toolchain import MissingBinaryError, Toolchain
+
+from .components import REGISTRY, ComponentError, Components, instance_ports, node_names
+from .controlplane import ControlPlane, Ports, StackLockedError, default_home
+from .proc import ManagedProcess, PortInUseError, UnhealthyError, check_ports_free, tail
+
+log = get_logger("stack")
+
+# Errors with a message written for the person at the terminal: print it, no traceback.
+_EXPECTED = (MissingBinaryError, PortInUseError, StackLockedError, UnhealthyError, ComponentError)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    defaults = Ports()
+    parser = argparse.ArgumentParser(
+        prog="kubeloop-stack",
+        description=(
+            "Runs the kubeloop local storage stack on this machine: etcd, kube-apiserver, "
+            "kube-controller-manager (its storage controllers switched off), kube-scheduler, and the "
+            "kubeloop components, all on 127.0.0.1 and in the foreground. Ctrl-C stops everything."
+        ),
+        epilog=(
+            "State (certificates, kubeconfigs, etcd data, logs) lives in $KUBELOOP_HOME "
+            "(default: .kubeloop/ in the checkout); the admin kubeconfig is $KUBELOOP_HOME/kubeconfig. "
+            "See docs/local-stack.md."
+        ),
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    up = sub.add_parser(
+        "up",
+        help="start the stack and keep it running until Ctrl-C / SIGTERM",
+        description="Start the stack in the foreground; Ctrl-C or SIGTERM stops every process it started.",
+    )
+    up.add_argument(
+        "--home",
+        type=Path,
+        default=default_home(),
+        help="state directory (default: $KUBELOOP_HOME, else .kubeloop/ in the checkout)",
+    )
+    ports = up.add_argument_group("ports (all on 127.0.0.1)")
+    ports.add_argument(
+        "--apiserver-port",
+        type=int,
+        default=defaults.apiserver,
+        help=f"kube-apiserver secure port (default: {defaults.apiserver})",
+    )
+    ports.add_argument(
+        "--etcd-port",
+        type=int,
+        default=defaults.etcd_client,
+        help=f"etcd client port (default: {defaults.etcd_client})",
+    )
+    ports.add_argument(
+        "--etcd-peer-port",
+        type=int,
+        default=defaults.etcd_peer,
+        help=f"etcd peer port (default: {defaults.etcd_peer})",
+    )
+    ports.add_argument(
+        "--kcm-port",
+        type=int,
+        default=defaults.kube_controller_manager,
+        help=f"kube-controller-manager secure port (default: {defaults.kube_controller_manager})",
+    )
+    ports.add_argument(
+        "--scheduler-port",
+        type=int,
+        default=defaults.kube_scheduler,
+        help=f"kube-scheduler secure port (default: {defaults.kube_scheduler})",
+    )
+    up.add_argument(
+        "--nodes",
+        type=int,
+        default=1,
+        help="number of simulated nodes (node-1..node-N) for per-node components (default: 1)",
+    )
+    up.add_argument(
+        "--etcd-unsafe-no-fsync",
+        action="store_true",
+        help="run etcd without fsync: faster, but a crash can lose or corrupt data; for tests",
+    )
+    up.add_argument(
+        "--startup-timeout",
+        type=process.duration,
+        default=90.0,
+        help="how long each component may take to become healthy (default: 90s)",
+    )
+    up.add_argument(
+        "--stop-timeout",
+        type=process.duration,
+        default=15.0,
+        help="how long a component may take to exit after SIGTERM before SIGKILL (default: 15s)",
+    )
+    process.add_logging_flags(up)
+    return parser
+
+
+def _ports(args: argparse.Namespace) -> Ports:
+    return Ports(
+        etcd_client=args.etcd_port,
+        etcd_peer=args.etcd_peer_port,
+        apiserver=args.apiserver_port,
+        kube_controller_manager=args.kcm_port,
+        kube_scheduler=args.scheduler_port,
+    )
+
+
+def _say(line: str) -> None:
+    """Status lines for the person at the terminal go to stdout; logs go to stderr."""
+    print(line, flush=True)
+
+
+def _status(name: str, seconds: float) -> None:
+    _say(f"  ok  {name:<28} healthy in {seconds:5.2f}s")
+
+
+def _died(proc: ManagedProcess, code: int) -> None:
+    # Loud on purpose: nothing is restarted behind the user's back, so a dead component must be seen.
+    log.error(
+        "COMPONENT DIED; it is not restarted", component=proc.name, exit_code=code, log=str(proc.log_path)
+    )
+    print(
+        f"\n!!! {proc.name} (pid {proc.pid}) exited with code {code}; it is NOT restarted.\n"
+        f"!!! last lines of {proc.log_path}:\n{tail(proc.log_path, 15)}\n"
+        "!!! The rest of the stack keeps running; press Ctrl-C to stop it.\n",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def preflight(args: argparse.Namespace) -> str | None:
+    """The checks that need no event loop; returns a message for the user, or None when all pass."""
+    if os.geteuid() != 0:
+        return (
+            "kubeloop-stack up must run as root: the node plugins attach loop devices (losetup) and "
+            "mount filesystems. Run it with sudo (e.g. `sudo make up`)."
+        )
+    try:
+        tc = Toolchain.default()
+        for name in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl"):
+            tc.binary(name)
+    except MissingBinaryError as e:
+        return str(e)
+    if args.nodes < 1:
+        return "--nodes must be at least 1"
+    try:
+        check_ports_free(
+            {
+                **_ports(args).described(),
+                **instance_ports(REGISTRY, node_names(args.nodes)),
+            }
+        )
+    except PortInUseError as e:
+        return str(e)
+    return None
+
+
+class _Outcome:
+    failed = False
+
+
+async def _up(args: argparse.Namespace, ctx: process.Context) -> None:
+    started = time.monotonic()
+    home: Path = args.home.resolve()
+    cp = ControlPlane(
+        home,
+        _ports(args),
+        etcd_unsafe_no_fsync=args.etcd_unsafe_no_fsync,
+        startup_timeout=args.startup_timeout,
+        stop_timeout=args.stop_timeout,
+        on_status=_status,
+        on_unexpected_exit=_died,
+    )
+    components = Components(
+        cp,
+        REGISTRY,
+        node_names(args.nodes),
+        startup_timeout=args.startup_timeout,
+        stop_timeout=args.stop_timeout,
+        on_status=_status,
+        on_unexpected_exit=_died,
+    )
+    _say(f"kubeloop: starting the local stack in {home}")
+    try:
+        await cp.start()
+        await components.start()
+        kubectl = cp.toolchain.binary("kubectl")
+        _say(
+            f"\nkubeloop stack is ready in {time.monotonic() - started:.1f}s "
+            f"(apiserver {cp.server}, logs in {cp.logs_dir}/)\n"
+            "Use it with:\n"
+            f"  export KUBECONFIG={cp.admin_kubeconfig}\n"
+            f"  export PATH={kubectl.parent}:$PATH   # kubectl {cp.toolchain.kubernetes_version}\n"
+            "  kubectl get --raw /readyz\n"
+            "Press Ctrl-C to stop the stack."
+        )
+        await ctx.stopping.wait()
+    except _EXPECTED as e:
+        _Outcome.failed = True
+        print(f"kubeloop-stack: {e}", file=sys.stderr, flush=True)
+    finally:
+        _say("kubeloop: stopping the stack")
+        await components.stop()
+        await cp.stop()
+        _say("kubeloop: stopped")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    problem = preflight(args)
+    if problem is not None:
+        print(f"kubeloop-stack: {problem}", file=sys.stderr)
+        sys.exit(2)
+    try:
+        process.main(parser, _up, argv)
+    except SystemExit as e:
+        # process.main exits 0 after a clean stop; a start-up failure already explained itself
+        # above and must still give a failing exit status to `make up` and to scripts.
+        if _Outcome.failed and e.code in (0, None):
+            sys.exit(1)
+        raise
+
+
+if __name__ == "__main__":
+    main()
