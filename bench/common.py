@@ -1,0 +1,78 @@
+"""Helpers every benchmark shares: percentiles, RSS, tables, JSON results, a throw-away control plane."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import platform
+import statistics
+import tempfile
+import time
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from controller_runtime.toolchain import REPO_ROOT
+from services.stack.controlplane import ControlPlane
+from services.stack.testing import start_test_control_plane
+
+RESULTS_DIR = REPO_ROOT / "bench" / "results"
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100) of a non-empty sample."""
+    ordered = sorted(values)
+    rank = max(0, min(len(ordered) - 1, round(q / 100 * len(ordered) + 0.5) - 1))
+    return ordered[rank]
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values)
+
+
+def rss_bytes(pid: int | None = None) -> int:
+    """Resident set size from /proc (no psutil needed in the measured child)."""
+    path = f"/proc/{pid or 'self'}/status"
+    for line in Path(path).read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS in {path}")
+
+
+def print_table(title: str, header: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    cells = [list(map(str, header))] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    print(f"\n{title}")
+    for n, row in enumerate(cells):
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)))
+        if n == 0:
+            print("  ".join("-" * w for w in widths))
+
+
+def write_results(name: str, data: dict[str, Any]) -> Path:
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    path = RESULTS_DIR / f"{name}.json"
+    doc = {
+        "benchmark": name,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": {"python": platform.python_version(), "cpus": _cpus()},
+        **data,
+    }
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+    return path
+
+
+def _cpus() -> int:
+    import os
+
+    return os.cpu_count() or 0
+
+
+@contextlib.asynccontextmanager
+async def control_plane(**kwargs: Any) -> AsyncIterator[ControlPlane]:
+    with tempfile.TemporaryDirectory(prefix="kubeloop-bench-") as tmp:
+        cp = await start_test_control_plane(Path(tmp), **kwargs)
+        try:
+            yield cp
+        finally:
+            await cp.stop()
