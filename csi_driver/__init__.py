@@ -1,0 +1,23 @@
+"""kubeloop's CSI plugin `loop.csi.kubeloop.dev`: volumes are sparse files in a pool directory,
+attached as Linux loop devices on the node that stages them."""
+
+from __future__ import annotations
+
+import os
+from importlib import metadata
+
+# The driver forks a tool (losetup, mkfs, mount) for almost every RPC. gRPC's fork handlers are
+# meant for processes that keep using gRPC in the child; ours exec at once, and with the handlers
+# on a child forked while gRPC threads are busy can crash before it execs. Must be set before
+# grpc is imported, hence here.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
+DRIVER_NAME = "loop.csi.kubeloop.dev"
+TOPOLOGY_KEY = "topology.loop.csi.kubeloop.dev/node"
+
+
+def driver_version() -> str:
+    try:
+        return metadata.version("kubeloop")
+    except metadata.PackageNotFoundError:  # running from a checkout that was never installed
+        return "0.0.0-dev"

@@ -1,0 +1,82 @@
+"""Durable records: one JSON file per record, replaced atomically (temp file, fsync, rename, fsync
+of the directory). A kill -9 at any instant leaves either the old or the new record, never a torn
+one, so a restarted driver knows every volume, snapshot and staging that any RPC acknowledged."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Any, Generic, Protocol, TypeVar
+
+from controller_runtime.logs import get_logger
+
+from .files import fsync_dir
+
+log = get_logger("csi.store")
+
+
+class _Dataclass(Protocol):
+    __dataclass_fields__: dict[str, Any]
+
+
+R = TypeVar("R", bound=_Dataclass)
+
+
+def write_json_atomic(path: Path, doc: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    data = json.dumps(doc, sort_keys=True, indent=1).encode()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.rename(tmp, path)
+    fsync_dir(str(path.parent))
+
+
+class RecordStore(Generic[R]):
+    """Records of one dataclass type, keyed by a validated id (never a path component from a user)."""
+
+    def __init__(self, directory: Path, cls: type[R]) -> None:
+        self.directory = directory
+        self._cls = cls
+        self._fields = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+
+    def _path(self, key: str) -> Path:
+        return self.directory / f"{key}.json"
+
+    def load(self) -> dict[str, R]:
+        """Reads every record; called once at start (blocking, before serving)."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        records: dict[str, R] = {}
+        for path in sorted(self.directory.iterdir()):
+            if path.name.startswith(".") and path.name.endswith(".tmp"):
+                path.unlink()  # a write interrupted before its rename; the old record still stands
+                continue
+            if path.suffix != ".json":
+                continue
+            try:
+                doc = json.loads(path.read_text())
+                record = self._cls(**{k: v for k, v in doc.items() if k in self._fields})
+            except (ValueError, TypeError) as e:
+                log.error("unreadable state record, ignoring it", path=str(path), error=str(e))
+                continue
+            records[path.stem] = record
+        return records
+
+    async def put(self, key: str, record: R) -> None:
+        doc = dataclasses.asdict(record)  # type: ignore[call-overload]
+        await asyncio.to_thread(write_json_atomic, self._path(key), doc)
+
+    async def delete(self, key: str) -> None:
+        def _delete() -> None:
+            with contextlib.suppress(FileNotFoundError):
+                self._path(key).unlink()
+                fsync_dir(str(self.directory))
+
+        await asyncio.to_thread(_delete)

@@ -1,0 +1,61 @@
+"""Runs the system tools (losetup, mkfs, mount, ...) as asyncio subprocesses."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from dataclasses import dataclass
+
+from controller_runtime.logs import get_logger
+
+log = get_logger("csi.tools")
+
+# The tools live in /sbin on Debian; a process started from a user shell may not have it in PATH.
+_PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/local/sbin", "/usr/sbin", "/sbin"])
+
+
+class ToolError(RuntimeError):
+    """A tool exited non-zero; the message carries its stderr, which is what an operator needs."""
+
+    def __init__(self, argv: list[str], returncode: int, stderr: str) -> None:
+        self.argv = argv
+        self.returncode = returncode
+        self.stderr = stderr.strip()
+        super().__init__(f"{' '.join(argv)} failed (exit {returncode}): {self.stderr or 'no output'}")
+
+
+@dataclass(frozen=True)
+class Result:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+async def run(*argv: str, check: bool = True, timeout: float = 300.0) -> Result:
+    """Runs argv (never through a shell) and returns its output.
+
+    The child is not killed when the calling task is cancelled: an interrupted mkfs or mount would
+    leave a worse state than a finished one, so cancellation waits for the tool to exit.
+    """
+    proc = await asyncio.create_subprocess_exec(
+        *argv,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "PATH": _PATH, "LC_ALL": "C"},
+    )
+    communicate = asyncio.ensure_future(proc.communicate())
+    try:
+        out, err = await asyncio.wait_for(asyncio.shield(communicate), timeout)
+    except TimeoutError:
+        proc.kill()
+        await communicate
+        raise ToolError(list(argv), -9, f"timed out after {timeout:.0f}s") from None
+    except asyncio.CancelledError:
+        await communicate
+        raise
+    result = Result(proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace"))
+    log.debug("ran tool", argv=" ".join(argv), rc=result.returncode)
+    if check and result.returncode != 0:
+        raise ToolError(list(argv), result.returncode, result.stderr or result.stdout)
+    return result

@@ -1,0 +1,590 @@
+"""The CSI Controller service: backing files in the pool, snapshots, and which node a volume is
+published to. It never touches loop devices or mounts; that is the node service's job."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import grpc
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from controller_runtime.logs import get_logger
+from kubeloop_grpc.csi import csi_pb2, csi_pb2_grpc
+
+from . import TOPOLOGY_KEY
+from .backend import files
+from .backend.fs import DEFAULT_FS, SUPPORTED
+from .capabilities import Capability, parse_capability, unsupported_reason
+from .errors import CsiError, already_exists, exhausted, failed_precondition, invalid, not_found, out_of_range
+from .state import DriverState, SnapshotRecord, VolumeRecord
+from .validation import MIN_UNIT, check_id, check_name, choose_size, fits, format_size, paginate
+
+log = get_logger("csi.controller")
+
+RPC = csi_pb2.ControllerServiceCapability.RPC
+CAPABILITIES = (
+    RPC.CREATE_DELETE_VOLUME,
+    RPC.PUBLISH_UNPUBLISH_VOLUME,
+    RPC.LIST_VOLUMES,
+    RPC.LIST_VOLUMES_PUBLISHED_NODES,
+    RPC.GET_CAPACITY,
+    RPC.EXPAND_VOLUME,
+    RPC.CLONE_VOLUME,
+    RPC.CREATE_DELETE_SNAPSHOT,
+    RPC.LIST_SNAPSHOTS,
+    RPC.GET_SNAPSHOT,
+    RPC.GET_VOLUME,
+    RPC.VOLUME_CONDITION,
+    RPC.SINGLE_NODE_MULTI_WRITER,
+    RPC.PUBLISH_READONLY,
+)
+
+FSTYPE_PARAMETERS = ("csi.storage.k8s.io/fstype", "fsType")
+# external-provisioner passes its own metadata (pvc name, namespace, ...) under this prefix.
+PROVISIONER_PREFIX = "csi.storage.k8s.io/"
+
+# publish_context keys, read by the node service.
+CTX_BACKING_FILE = "loop.csi.kubeloop.dev/backing-file"
+CTX_READONLY = "loop.csi.kubeloop.dev/readonly"
+CTX_FS_TYPE = "fsType"
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    max_volume_size: int
+    capacity: int  # 0: the pool filesystem's free space is the capacity
+    local_node_id: str = ""  # in --mode all, the node served by this same process
+
+
+def _timestamp(seconds: float) -> Timestamp:
+    ts = Timestamp()
+    ts.FromNanoseconds(int(seconds * 1e9))
+    return ts
+
+
+def _access_type(caps: Iterable[Capability]) -> str:
+    kinds = {c.access_type for c in caps}
+    if len(kinds) > 1:
+        raise invalid("volume_capabilities mix mount and block; a volume is one or the other")
+    return kinds.pop()
+
+
+class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
+    def __init__(self, state: DriverState, config: ControllerConfig) -> None:
+        self.state = state
+        self.config = config
+
+    # --- start-up -------------------------------------------------------------------------------
+    async def reconcile(self) -> None:
+        """Compares the records with the pool: leftovers of interrupted copies go, and a volume
+        whose backing file vanished is reported (its condition turns abnormal), never invented."""
+
+        def scan() -> tuple[set[str], set[str]]:
+            names: dict[str, set[str]] = {"volumes": set(), "snapshots": set()}
+            for kind, directory in (
+                ("volumes", self.state.volumes_dir),
+                ("snapshots", self.state.snapshots_dir),
+            ):
+                for entry in os.scandir(directory):
+                    if entry.name.endswith(".tmp"):
+                        os.unlink(entry.path)
+                    elif entry.name.endswith(".img"):
+                        names[kind].add(entry.name.removesuffix(".img"))
+            return names["volumes"], names["snapshots"]
+
+        volume_files, snapshot_files = await asyncio.to_thread(scan)
+        for vid, vol in self.state.volumes.items():
+            if vol.ready and vid not in volume_files:
+                log.error("backing file of a volume is missing", volume=vid, name=vol.name)
+        for sid, snap in self.state.snapshots.items():
+            if snap.ready and sid not in snapshot_files:
+                log.error("backing file of a snapshot is missing", snapshot=sid, name=snap.name)
+        for orphan in sorted(volume_files - self.state.volumes.keys()):
+            log.warning("backing file without a volume record; leaving it for an operator", volume=orphan)
+        for orphan in sorted(snapshot_files - self.state.snapshots.keys()):
+            log.warning("backing file without a snapshot record; leaving it for an operator", snapshot=orphan)
+
+    # --- helpers --------------------------------------------------------------------------------
+    def _volume(self, volume_id: str) -> VolumeRecord:
+        check_id(volume_id, "volume_id")
+        vol = self.state.volumes.get(volume_id)
+        if vol is None or not vol.ready:
+            raise not_found(f"volume {volume_id} does not exist")
+        return vol
+
+    def _allocated(self) -> int:
+        return sum(v.capacity for v in self.state.volumes.values()) + sum(
+            s.size for s in self.state.snapshots.values()
+        )
+
+    async def _available(self) -> int:
+        if self.config.capacity:
+            return max(0, self.config.capacity - self._allocated())
+        return await asyncio.to_thread(files.free_bytes, str(self.state.pool_dir))
+
+    async def _check_room(self, size: int) -> None:
+        available = await self._available()
+        if size > available:
+            where = (
+                "configured --capacity" if self.config.capacity else f"pool filesystem {self.state.pool_dir}"
+            )
+            raise exhausted(
+                f"not enough space for {format_size(size)}: {available} bytes are free in the {where}"
+            )
+
+    def _fs_type(self, params: dict[str, str], caps: list[Capability]) -> str:
+        unknown = sorted(
+            k for k in params if k not in FSTYPE_PARAMETERS and not k.startswith(PROVISIONER_PREFIX)
+        )
+        if unknown:
+            raise invalid(
+                f"unknown parameters {', '.join(unknown)}; this driver accepts {', '.join(FSTYPE_PARAMETERS)}"
+            )
+        from_params = next((params[k] for k in FSTYPE_PARAMETERS if params.get(k)), "")
+        if from_params and from_params not in SUPPORTED:
+            raise invalid(f"filesystem {from_params!r} is not supported; use one of {', '.join(SUPPORTED)}")
+        requested = {c.fs_type for c in caps if c.fs_type}
+        if from_params:
+            requested.add(from_params)
+        if len(requested) > 1:
+            raise invalid(f"conflicting filesystem types requested: {', '.join(sorted(requested))}")
+        return requested.pop() if requested else DEFAULT_FS
+
+    def _topology(self, req: csi_pb2.CreateVolumeRequest) -> list[dict[str, str]]:
+        """A volume is pinned to the node its requirements prefer, like a local volume; without
+        requirements it is reachable from every node that shares the pool."""
+        if not req.HasField("accessibility_requirements"):
+            return []
+        reqs = req.accessibility_requirements
+        for segment in [*reqs.preferred, *reqs.requisite]:
+            node = segment.segments.get(TOPOLOGY_KEY)
+            if node:
+                return [{TOPOLOGY_KEY: node}]
+        if reqs.requisite:
+            raise exhausted(f"no requisite topology segment names a node with key {TOPOLOGY_KEY}")
+        return []
+
+    def _csi_volume(self, vol: VolumeRecord) -> csi_pb2.Volume:
+        source = None
+        if vol.source_kind == "snapshot":
+            source = csi_pb2.VolumeContentSource(
+                snapshot=csi_pb2.VolumeContentSource.SnapshotSource(snapshot_id=vol.source_id)
+            )
+        elif vol.source_kind == "volume":
+            source = csi_pb2.VolumeContentSource(
+                volume=csi_pb2.VolumeContentSource.VolumeSource(volume_id=vol.source_id)
+            )
+        context = {CTX_FS_TYPE: vol.fs_type} if vol.access_type == "mount" else {}
+        return csi_pb2.Volume(
+            volume_id=vol.volume_id,
+            capacity_bytes=vol.capacity,
+            volume_context=context,
+            content_source=source,
+            accessible_topology=[csi_pb2.Topology(segments=t) for t in vol.topology],
+        )
+
+    def _condition(self, vol: VolumeRecord) -> csi_pb2.VolumeCondition:
+        try:
+            size = os.stat(self.state.volume_file(vol.volume_id)).st_size
+        except OSError as e:
+            return csi_pb2.VolumeCondition(abnormal=True, message=f"backing file unavailable: {e.strerror}")
+        if size < vol.capacity:
+            return csi_pb2.VolumeCondition(
+                abnormal=True,
+                message=f"backing file is {size} bytes, smaller than the volume's {vol.capacity}",
+            )
+        return csi_pb2.VolumeCondition(abnormal=False, message="backing file present")
+
+    async def _fill(self, path: str, size: int, source: str | None) -> None:
+        try:
+            if source is None:
+                await asyncio.to_thread(files.create_sparse, path, size)
+            else:
+                await asyncio.to_thread(files.copy_sparse, source, path, size)
+        except OSError as e:
+            await asyncio.to_thread(files.remove, path)
+            if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise exhausted(f"the pool {self.state.pool_dir} is full: {e.strerror}") from e
+            raise
+
+    # --- volumes --------------------------------------------------------------------------------
+    async def CreateVolume(
+        self, req: csi_pb2.CreateVolumeRequest, _: grpc.aio.ServicerContext
+    ) -> csi_pb2.CreateVolumeResponse:
+        name = check_name(req.name)
+        if not req.volume_capabilities:
+            raise invalid("volume_capabilities are required")
+        caps = [parse_capability(c, "volume_capabilities") for c in req.volume_capabilities]
+        access_type = _access_type(caps)
+        fs_type = self._fs_type(dict(req.parameters), caps) if access_type == "mount" else ""
+        required, limit = req.capacity_range.required_bytes, req.capacity_range.limit_bytes
+        topology = self._topology(req)
+
+        source_kind, source_id, source_path, source_size = "", "", None, 0
+        if req.HasField("volume_content_source"):
+            src = req.volume_content_source
+            if src.HasField("snapshot"):
+                source_kind, source_id = "snapshot", check_id(src.snapshot.snapshot_id, "source snapshot_id")
+                snap = self.state.snapshots.get(source_id)
+                if snap is None or not snap.ready:
+                    raise not_found(f"source snapshot {source_id} does not exist")
+                source_path, source_size = self.state.snapshot_file(source_id), snap.size
+            elif src.HasField("volume"):
+                source_kind, source_id = "volume", check_id(src.volume.volume_id, "source volume_id")
+                source_vol = self.state.volumes.get(source_id)
+                if source_vol is None or not source_vol.ready:
+                    raise not_found(f"source volume {source_id} does not exist")
+                source_path, source_size = self.state.volume_file(source_id), source_vol.capacity
+            else:
+                raise invalid("volume_content_source must name a snapshot or a volume")
+
+        if source_size and not required and not limit:
+            size = source_size
+        else:
+            size = choose_size(required, limit, self.config.max_volume_size)
+        if size < source_size:
+            raise out_of_range(
+                f"the {source_kind} {source_id} holds {format_size(source_size)}, more than the requested "
+                f"capacity of at most {format_size(size)}"
+            )
+
+        async with self.state.locks.hold(f"name/{name}"):
+            vol = self.state.volume_by_name(name)
+            if vol is not None:
+                mismatch = []
+                if not fits(vol.capacity, required, limit):
+                    mismatch.append(f"capacity {vol.capacity} is outside the requested range")
+                if (vol.source_kind, vol.source_id) != (source_kind, source_id):
+                    mismatch.append("content source differs")
+                if vol.access_type != access_type:
+                    mismatch.append(f"it is a {vol.access_type} volume")
+                if vol.fs_type != fs_type:
+                    mismatch.append(f"its filesystem is {vol.fs_type or 'none'}")
+                if mismatch:
+                    raise already_exists(
+                        f"a volume named {name!r} already exists ({vol.volume_id}) and is incompatible: "
+                        + "; ".join(mismatch)
+                    )
+                if vol.ready:
+                    return csi_pb2.CreateVolumeResponse(volume=self._csi_volume(vol))
+                log.info("resuming an interrupted CreateVolume", volume=vol.volume_id, name=name)
+            else:
+                await self._check_room(size)
+                # The record goes first (not ready): a crash before the file is complete leaves a
+                # record that the CO's retry by name finishes, never an unaccounted file.
+                vol = VolumeRecord(
+                    volume_id=f"vol-{uuid.uuid4().hex}",
+                    name=name,
+                    capacity=size,
+                    seq=self.state.next_seq(),
+                    access_type=access_type,
+                    fs_type=fs_type,
+                    parameters=dict(req.parameters),
+                    source_kind=source_kind,
+                    source_id=source_id,
+                    topology=topology,
+                )
+                await self.state.put_volume(vol)
+            async with self.state.locks.hold(vol.volume_id):
+                if source_path is not None:
+                    # Holding the source's lock keeps it from being deleted or grown mid-copy.
+                    async with self.state.locks.hold(source_id):
+                        await self._fill(self.state.volume_file(vol.volume_id), vol.capacity, source_path)
+                else:
+                    await self._fill(self.state.volume_file(vol.volume_id), vol.capacity, None)
+                vol.ready = True
+                await self.state.put_volume(vol)
+        log.info(
+            "created volume",
+            volume=vol.volume_id,
+            name=name,
+            size=vol.capacity,
+            access_type=access_type,
+            source=f"{source_kind}:{source_id}" if source_kind else "",
+        )
+        return csi_pb2.CreateVolumeResponse(volume=self._csi_volume(vol))
+
+    async def DeleteVolume(
+        self, req: csi_pb2.DeleteVolumeRequest, _: grpc.aio.ServicerContext
+    ) -> csi_pb2.DeleteVolumeResponse:
+        volume_id = check_id(req.volume_id, "volume_id")
+        async with self.state.locks.hold(volume_id):
+            vol = self.state.volumes.get(volume_id)
+            if vol is None:
+                return csi_pb2.DeleteVolumeResponse()
+            if vol.published:
+                raise failed_precondition(
+                    f"volume {volume_id} is still published to node(s) {', '.join(sorted(vol.published))}; "
+                    "unpublish it first"
+                )
+            # File first, record last: a crash in between leaves a record whose retry deletes nothing.
+            await asyncio.to_thread(files.remove, self.state.volume_file(volume_id))
+            await self.state.delete_volume(volume_id)
+        log.info("deleted volume", volume=volume_id, name=vol.name)
+        return csi_pb2.DeleteVolumeResponse()
+
+    async def ControllerPublishVolume(
+        self, req: csi_pb2.ControllerPublishVolumeRequest, _: grpc.aio.ServicerContext
+    ) -> csi_pb2.ControllerPublishVolumeResponse:
+        volume_id = check_id(req.volume_id, "volume_id")
+        if not req.node_id:
+            raise invalid("node_id is required")
+        if not req.HasField("volume_capability"):
+            raise invalid("volume_capability is required")
+        cap = parse_capability(req.volume_capability)
+        async with self.state.locks.hold(volume_id):
+            vol = self._volume(volume_id)
+            node_id = req.node_id
+            node = self.state.known_node(node_id)
+            if node is None and node_id != self.config.local_node_id:
+                raise not_found(
+                    f"node {node_id} is unknown: no node plugin with that --node-id uses this pool"
+                )
+            if vol.topology and all(t.get(TOPOLOGY_KEY) != node_id for t in vol.topology):
+                raise failed_precondition(
+                    f"volume {volume_id} is only accessible from node {vol.topology[0].get(TOPOLOGY_KEY)}"
+                )
+            readonly = req.readonly
+            existing = vol.published.get(node_id)
+            if existing is not None and existing != readonly:
+                raise already_exists(
+                    f"volume {volume_id} is already published to node {node_id} with readonly={existing}"
+                )
+            if existing is None:
+                others = sorted(n for n in vol.published if n != node_id)
+                if cap.single_node and others:
+                    raise failed_precondition(
+                        f"volume {volume_id} has single-node access mode "
+                        f"{csi_pb2.VolumeCapability.AccessMode.Mode.Name(cap.mode)} and is already published "
+                        f"to node {others[0]}"
+                    )
+                limit = node.max_volumes_per_node if node is not None else 0
+                if limit and sum(node_id in v.published for v in self.state.volumes.values()) >= limit:
+                    raise exhausted(f"node {node_id} already has its maximum of {limit} volumes published")
+                vol.published[node_id] = readonly
+                await self.state.put_volume(vol)
+                log.info("published volume", volume=volume_id, node=node_id, readonly=readonly)
+        return csi_pb2.ControllerPublishVolumeResponse(
+            publish_context={
+                CTX_BACKING_FILE: f"volumes/{volume_id}.img",
+                CTX_READONLY: "true" if readonly else "false",
+                **({CTX_FS_TYPE: vol.fs_type} if vol.fs_type else {}),
+            }
+        )
+
+    async def ControllerUnpublishVolume(
+        self, req: csi_pb2.ControllerUnpublishVolumeRequest, _: grpc.aio.ServicerContext
+    ) -> csi_pb2.ControllerUnpublishVolumeResponse:
+        volume_id = check_id(req.volume_id, "volume_id")
+        async with self.state.locks.hold(volume_id):
+            vol = self.state.volumes.get(volume_id)
+            if vol is not None:
+                # An empty node_id means "from every node" (CSI spec).
+                nodes = [req.node_id] if req.node_id else list(vol.published)
+                if any(n in vol.published for n in nodes):
+                    for n in nodes:
+                        vol.published.pop(n, None)
+                    await self.state.put_volume(vol)
+                    log.info("unpublished volume", volume=volume_id, nodes=",".join(nodes))
+        return csi_pb2.ControllerUnpublishVolumeResponse()
+
+    async def ValidateVolumeCapabilities(
+        self, req: csi_pb2.ValidateVolumeCapabilitiesRequest, _: grpc.aio.ServicerContext
+    ) -> csi_pb2.ValidateVolumeCapabilitiesResponse:
+        volume_id = check_id(req.volume_id, "volume_id")
+        if not req.volume_capabilities:
+            raise invalid("volume_capabilities are required")
+        vol = self._volume(volume_id)
+        for cap in req.volume_capabilities:
+            reason = unsupported_reason(cap)
+            if (
+                reason is None
+                and cap.HasField("mount")
+                and cap.mount.fs_type
+                and vol.fs_type
+                and (cap.mount.fs_type != vol.fs_type)
+            ):
+                reason = f"volume {volume_id} is formatted as {vol.fs_type}, not {cap.mount.fs_type}"
+            if reason is not None:
+                return csi_pb2.ValidateVolumeCapabilitiesResponse(message=reason)
+        return csi_pb2.ValidateVolumeCapabilitiesResponse(
+            confirmed=csi_pb2.ValidateVolumeCapabilitiesResponse.Confirmed(
+                volume_context=req.volume_context,
+                volume_capabilities=req.volume_capabilities,
+                parameters=req.parameters,
+            )
+        )
+
+    async def ListVolumes(
+        self, req: csi_pb2.ListVolumesRequest, _: grpc.aio.ServicerContext
+    ) -> csi_pb2.ListVolumesResponse:
+        vols = sorted((v.seq, v) for v in self.state.volumes.values() if v.ready)
+        page = paginate([(seq, v) for seq, v in vols], req.starting_token, req.max_entries)
+        return csi_pb2.ListVolumesResponse(
+            entries=[
+                csi_pb2.ListVolumesResponse.Entry(
+                    volume=self._csi_volume(v),
+                    status=csi_pb2.ListVolumesResponse.VolumeStatus(
+                        published_node_ids=sorted(v.published), volume_condition=self._condition(v)
+                    ),
+                )
+                for v in page.entries
+            ],
+            next_token=page.next_token,
+        )
+
+    async def GetCapacity(
+        self, req: csi_pb2.GetCapacityRequest, _: grpc.aio.ServicerContext
+    ) -> csi_pb2.GetCapacityResponse:
+        for cap in req.volume_capabilities:
+            if unsupported_reason(cap) is not None:
+                return csi_pb2.GetCapacityResponse(available_capacity=0)
+        available = await self._available()
+        return csi_pb2.GetCapacityResponse(
+            available_capacity=available,
+            maximum_volume_size={"value": min(available, self.config.max_volume_size)},
+            minimum_volume_size={"value": MIN_UNIT},
+        )
+
+    async def ControllerGetCapabilities(
+        self, req: csi_pb2.ControllerGetCapabilitiesRequest, _: grpc.aio.ServicerContext
+    ) -> csi_pb2.ControllerGetCapabilitiesResponse:
+        return csi_pb2.ControllerGetCapabilitiesResponse(
+            capabilities=[
+                csi_pb2.ControllerServiceCapability(rpc=csi_pb2.ControllerServiceCapability.RPC(type=t))
+                for t in CAPABILITIES
+            ]
+        )
+
+    async def ControllerGetVolume(
+        self, req: csi_pb2.ControllerGetVolumeRequest, _: grpc.aio.ServicerContext
+    ) -> csi_pb2.ControllerGetVolumeResponse:
+        vol = self._volume(req.volume_id)
+        return csi_pb2.ControllerGetVolumeResponse(
+            volume=self._csi_volume(vol),
+            status=csi_pb2.ControllerGetVolumeResponse.VolumeStatus(
+                published_node_ids=sorted(vol.published), volume_condition=self._condition(vol)
+            ),
+        )
+
+    async def ControllerExpandVolume(
+        self, req: csi_pb2.ControllerExpandVolumeRequest, _: grpc.aio.ServicerContext
+    ) -> csi_pb2.ControllerExpandVolumeResponse:
+        volume_id = check_id(req.volume_id, "volume_id")
+        if not req.HasField("capacity_range"):
+            raise invalid("capacity_range is required")
+        size = choose_size(
+            req.capacity_range.required_bytes, req.capacity_range.limit_bytes, self.config.max_volume_size
+        )
+        async with self.state.locks.hold(volume_id):
+            vol = self._volume(volume_id)
+            access_type = vol.access_type
+            if req.HasField("volume_capability"):
+                access_type = parse_capability(req.volume_capability).access_type
+            if size > vol.capacity:
+                if self.config.capacity:
+                    await self._check_room(size - vol.capacity)
+                await asyncio.to_thread(files.grow, self.state.volume_file(volume_id), size)
+                old, vol.capacity = vol.capacity, size
+                await self.state.put_volume(vol)
+                log.info("expanded volume", volume=volume_id, old=old, new=size)
+            # A filesystem must be grown on the node; a raw block volume only needs the node's loop
+            # device refreshed, which matters only while it is attached somewhere.
+            node_expansion = access_type == "mount" or bool(vol.published)
+            return csi_pb2.ControllerExpandVolumeResponse(
+                capacity_bytes=vol.capacity, node_expansion_required=node_expansion
+            )
+
+    # --- snapshots ------------------------------------------------------------------------------
+    def _csi_snapshot(self, snap: SnapshotRecord) -> csi_pb2.Snapshot:
+        return csi_pb2.Snapshot(
+            size_bytes=snap.size,
+            snapshot_id=snap.snapshot_id,
+            source_volume_id=snap.source_volume_id,
+            creation_time=_timestamp(snap.created_at),
+            ready_to_use=snap.ready,
+        )
+
+    async def CreateSnapshot(
+        self, req: csi_pb2.CreateSnapshotRequest, _: grpc.aio.ServicerContext
+    ) -> csi_pb2.CreateSnapshotResponse:
+        name = check_name(req.name)
+        source_id = check_id(req.source_volume_id, "source_volume_id")
+        unknown = sorted(k for k in req.parameters if not k.startswith(PROVISIONER_PREFIX))
+        if unknown:
+            raise invalid(f"unknown snapshot parameters {', '.join(unknown)}; this driver takes none")
+        async with self.state.locks.hold(f"snapshot-name/{name}"):
+            snap = self.state.snapshot_by_name(name)
+            if snap is not None and snap.source_volume_id != source_id:
+                raise already_exists(
+                    f"a snapshot named {name!r} already exists ({snap.snapshot_id}) "
+                    f"of volume {snap.source_volume_id}"
+                )
+            if snap is not None and snap.ready:
+                return csi_pb2.CreateSnapshotResponse(snapshot=self._csi_snapshot(snap))
+            async with self.state.locks.hold(source_id):
+                vol = self._volume(source_id)
+                if snap is None:
+                    if self.config.capacity:
+                        await self._check_room(vol.capacity)
+                    snap = SnapshotRecord(
+                        snapshot_id=f"snap-{uuid.uuid4().hex}",
+                        name=name,
+                        source_volume_id=source_id,
+                        size=vol.capacity,
+                        seq=self.state.next_seq(),
+                    )
+                    await self.state.put_snapshot(snap)
+                await self._fill(
+                    self.state.snapshot_file(snap.snapshot_id), snap.size, self.state.volume_file(source_id)
+                )
+            snap.ready = True
+            await self.state.put_snapshot(snap)
+        log.info("created snapshot", snapshot=snap.snapshot_id, name=name, volume=source_id)
+        return csi_pb2.CreateSnapshotResponse(snapshot=self._csi_snapshot(snap))
+
+    async def DeleteSnapshot(
+        self, req: csi_pb2.DeleteSnapshotRequest, _: grpc.aio.ServicerContext
+    ) -> csi_pb2.DeleteSnapshotResponse:
+        snapshot_id = check_id(req.snapshot_id, "snapshot_id")
+        async with self.state.locks.hold(snapshot_id):
+            if snapshot_id in self.state.snapshots:
+                await asyncio.to_thread(files.remove, self.state.snapshot_file(snapshot_id))
+                await self.state.delete_snapshot(snapshot_id)
+                log.info("deleted snapshot", snapshot=snapshot_id)
+        return csi_pb2.DeleteSnapshotResponse()
+
+    async def ListSnapshots(
+        self, req: csi_pb2.ListSnapshotsRequest, _: grpc.aio.ServicerContext
+    ) -> csi_pb2.ListSnapshotsResponse:
+        snaps = sorted((s.seq, s) for s in self.state.snapshots.values() if s.ready)
+        if req.snapshot_id:
+            snaps = [(q, s) for q, s in snaps if s.snapshot_id == req.snapshot_id]
+        if req.source_volume_id:
+            snaps = [(q, s) for q, s in snaps if s.source_volume_id == req.source_volume_id]
+        page = paginate(snaps, req.starting_token, req.max_entries)
+        return csi_pb2.ListSnapshotsResponse(
+            entries=[
+                csi_pb2.ListSnapshotsResponse.Entry(snapshot=self._csi_snapshot(s)) for s in page.entries
+            ],
+            next_token=page.next_token,
+        )
+
+    async def GetSnapshot(
+        self, req: csi_pb2.GetSnapshotRequest, _: grpc.aio.ServicerContext
+    ) -> csi_pb2.GetSnapshotResponse:
+        snapshot_id = check_id(req.snapshot_id, "snapshot_id")
+        snap = self.state.snapshots.get(snapshot_id)
+        if snap is None or not snap.ready:
+            raise not_found(f"snapshot {snapshot_id} does not exist")
+        return csi_pb2.GetSnapshotResponse(snapshot=self._csi_snapshot(snap))
+
+    async def ControllerModifyVolume(
+        self, req: csi_pb2.ControllerModifyVolumeRequest, _: grpc.aio.ServicerContext
+    ) -> csi_pb2.ControllerModifyVolumeResponse:
+        raise CsiError(grpc.StatusCode.UNIMPLEMENTED, "this driver has no mutable volume parameters")

@@ -1,0 +1,40 @@
+"""The CSI Identity service: who the plugin is, what it can do, and whether it is ready."""
+
+from __future__ import annotations
+
+import grpc
+from google.protobuf.wrappers_pb2 import BoolValue
+
+from kubeloop_grpc.csi import csi_pb2, csi_pb2_grpc
+
+from . import DRIVER_NAME, driver_version
+from .state import DriverState
+
+Service = csi_pb2.PluginCapability.Service
+Expansion = csi_pb2.PluginCapability.VolumeExpansion
+
+
+class IdentityServer(csi_pb2_grpc.IdentityServicer):  # type: ignore[misc]
+    def __init__(self, state: DriverState, controller: bool) -> None:
+        self.state = state
+        self.controller = controller
+
+    async def GetPluginInfo(
+        self, req: csi_pb2.GetPluginInfoRequest, _: grpc.aio.ServicerContext
+    ) -> csi_pb2.GetPluginInfoResponse:
+        return csi_pb2.GetPluginInfoResponse(name=DRIVER_NAME, vendor_version=driver_version())
+
+    async def GetPluginCapabilities(
+        self, req: csi_pb2.GetPluginCapabilitiesRequest, _: grpc.aio.ServicerContext
+    ) -> csi_pb2.GetPluginCapabilitiesResponse:
+        caps = [csi_pb2.PluginCapability(service=Service(type=Service.VOLUME_ACCESSIBILITY_CONSTRAINTS))]
+        if self.controller:
+            caps.append(csi_pb2.PluginCapability(service=Service(type=Service.CONTROLLER_SERVICE)))
+        caps += [
+            csi_pb2.PluginCapability(volume_expansion=Expansion(type=Expansion.ONLINE)),
+            csi_pb2.PluginCapability(volume_expansion=Expansion(type=Expansion.OFFLINE)),
+        ]
+        return csi_pb2.GetPluginCapabilitiesResponse(capabilities=caps)
+
+    async def Probe(self, req: csi_pb2.ProbeRequest, _: grpc.aio.ServicerContext) -> csi_pb2.ProbeResponse:
+        return csi_pb2.ProbeResponse(ready=BoolValue(value=self.state.ready))

@@ -1,0 +1,208 @@
+"""`kubeloop-csi-driver`: the CSI plugin loop.csi.kubeloop.dev as a process.
+
+    kubeloop-csi-driver --mode all --endpoint unix:///run/kubeloop/csi.sock --node-id node-1 \\
+        --pool-dir /var/lib/kubeloop/pool --state-dir /var/lib/kubeloop/state
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import socket
+from collections.abc import Sequence
+from pathlib import Path
+
+import grpc
+
+from controller_runtime import process
+from controller_runtime.logs import get_logger
+from kubeloop_grpc.csi import csi_pb2_grpc
+from kubeloop_grpc.pluginregistration import api_pb2_grpc
+
+from . import DRIVER_NAME, driver_version
+from .controller import ControllerConfig, ControllerServer
+from .identity import IdentityServer
+from .node import NodeConfig, NodeServer
+from .registration import RegistrationServer
+from .server import socket_path, start_unix_server, stop_unix_server
+from .state import DriverState, NodeInfo
+from .validation import TiB, check_id, parse_size
+
+log = get_logger("csi.main")
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from e
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kubeloop-csi-driver",
+        description=f"CSI plugin {DRIVER_NAME}: volumes are sparse files in a pool directory, attached as "
+        "loop devices on the node that stages them.",
+    )
+    parser.add_argument(
+        "--endpoint",
+        default="unix:///run/kubeloop/csi.sock",
+        help="CSI socket, unix:///path or a path (default: unix:///run/kubeloop/csi.sock)",
+    )
+    parser.add_argument(
+        "--mode",
+        choices=["controller", "node", "all"],
+        default="all",
+        help="controller serves Identity+Controller, node serves Identity+Node, all serves "
+        "both (default: all)",
+    )
+    parser.add_argument(
+        "--node-id",
+        default=socket.gethostname(),
+        help="this node's id, reported by NodeGetInfo (default: the host name)",
+    )
+    parser.add_argument(
+        "--pool-dir",
+        type=Path,
+        default=Path("/var/lib/kubeloop/pool"),
+        help="directory of the sparse backing files, shared by the controller and the node "
+        "plugins of this machine (default: /var/lib/kubeloop/pool)",
+    )
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        default=Path("/var/lib/kubeloop/csi-state"),
+        help="where the driver keeps its durable records (default: /var/lib/kubeloop/csi-state)",
+    )
+    parser.add_argument(
+        "--max-volume-size",
+        type=_size,
+        default=TiB,
+        help="largest volume CreateVolume accepts, e.g. 100Gi (default: 1Ti)",
+    )
+    parser.add_argument(
+        "--capacity",
+        type=_size,
+        default=0,
+        help="capacity the pool offers, e.g. 50Gi; 0 reports the pool filesystem's free space (default: 0)",
+    )
+    parser.add_argument(
+        "--max-volumes-per-node",
+        type=int,
+        default=256,
+        help="volumes a node accepts, reported by NodeGetInfo; 0 is unlimited (default: 256)",
+    )
+    parser.add_argument(
+        "--direct-io",
+        choices=["on", "off"],
+        default="on",
+        help="attach loop devices with direct I/O where the pool's filesystem supports it, "
+        "so data is not cached twice (default: on)",
+    )
+    parser.add_argument(
+        "--kubelet-registration-dir",
+        default="",
+        help="kubelet's plugins_registry directory; when set (node and all modes) the plugin "
+        f"serves the registration API on <dir>/{DRIVER_NAME}-reg.sock",
+    )
+    parser.add_argument(
+        "--kubelet-root-dir",
+        default="",
+        help="kubelet's root directory; shorthand for --kubelet-registration-dir <root>/plugins_registry",
+    )
+    parser.add_argument(
+        "--kubelet-registration-path",
+        default="",
+        help="the CSI socket path as kubelet sees it, reported by GetInfo (default: the --endpoint path)",
+    )
+    parser.add_argument(
+        "--grace-period",
+        type=process.duration,
+        default=10.0,
+        help="how long SIGTERM waits for in-flight RPCs (default: 10s)",
+    )
+    process.add_http_flags(parser)
+    process.add_logging_flags(parser)
+    return parser
+
+
+async def run(args: argparse.Namespace, ctx: process.Context) -> None:
+    # grpc's own debug chatter (one line per call) would drown the driver's -v=4 messages.
+    logging.getLogger("grpc").setLevel(logging.WARNING if args.verbosity < 6 else logging.DEBUG)
+    controller_mode = args.mode in ("controller", "all")
+    node_mode = args.mode in ("node", "all")
+    if node_mode:
+        check_id(args.node_id, "--node-id")
+    state = DriverState(args.pool_dir, args.state_dir)
+    if ctx.health is not None:
+        ctx.health.add_readiness_check("driver", lambda: None if state.ready else state.not_ready_reason)
+    await state.load()
+
+    identity = IdentityServer(state, controller=controller_mode)
+    controller = node = None
+    if controller_mode:
+        controller = ControllerServer(
+            state,
+            ControllerConfig(
+                max_volume_size=args.max_volume_size,
+                capacity=args.capacity,
+                local_node_id=args.node_id if node_mode else "",
+            ),
+        )
+        await controller.reconcile()
+    if node_mode:
+        node = NodeServer(
+            state,
+            NodeConfig(
+                node_id=args.node_id,
+                max_volumes_per_node=args.max_volumes_per_node,
+                direct_io=args.direct_io == "on",
+            ),
+        )
+        await node.reconcile()
+        await state.announce_node(NodeInfo(args.node_id, args.max_volumes_per_node))
+    state.mark_ready()
+
+    def register(server: grpc.aio.Server) -> None:
+        csi_pb2_grpc.add_IdentityServicer_to_server(identity, server)
+        if controller is not None:
+            csi_pb2_grpc.add_ControllerServicer_to_server(controller, server)
+        if node is not None:
+            csi_pb2_grpc.add_NodeServicer_to_server(node, server)
+
+    path = socket_path(args.endpoint)
+    server = await start_unix_server(path, register)
+    reg_server, reg_path = None, ""
+    try:
+        reg_dir = args.kubelet_registration_dir or (
+            os.path.join(args.kubelet_root_dir, "plugins_registry") if args.kubelet_root_dir else ""
+        )
+        if node_mode and reg_dir:
+            reg_path = socket_path(os.path.join(reg_dir, f"{DRIVER_NAME}-reg.sock"))
+            registration = RegistrationServer(args.kubelet_registration_path or path)
+            reg_server = await start_unix_server(
+                reg_path, lambda s: api_pb2_grpc.add_RegistrationServicer_to_server(registration, s)
+            )
+        log.info(
+            "CSI driver ready",
+            driver=DRIVER_NAME,
+            version=driver_version(),
+            mode=args.mode,
+            node=args.node_id if node_mode else "",
+            endpoint=path,
+        )
+        await server.wait_for_termination()
+    finally:
+        # Runs on SIGTERM (the run task is cancelled): finish in-flight RPCs, remove the sockets.
+        if reg_server is not None:
+            await stop_unix_server(reg_server, reg_path, 1.0)
+        await stop_unix_server(server, path, args.grace_period)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    process.main(build_parser(), run, argv)
+
+
+if __name__ == "__main__":
+    main()

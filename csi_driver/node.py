@@ -1,0 +1,381 @@
+"""The CSI Node service: attach a volume's backing file to a loop device, put a filesystem on it
+only when it has none, mount it at the staging path, and bind-mount it into targets."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from dataclasses import dataclass
+
+import grpc
+
+from controller_runtime.logs import get_logger
+from kubeloop_grpc.csi import csi_pb2, csi_pb2_grpc
+
+from . import TOPOLOGY_KEY
+from .backend import fs, loop, mounts
+from .capabilities import Capability, Mode, require_capability
+from .controller import CTX_BACKING_FILE, CTX_FS_TYPE, CTX_READONLY
+from .errors import already_exists, failed_precondition, invalid, not_found
+from .state import DriverState, StagingRecord
+from .validation import check_abs_path, check_id
+
+log = get_logger("csi.node")
+
+NodeRPC = csi_pb2.NodeServiceCapability.RPC
+CAPABILITIES = (
+    NodeRPC.STAGE_UNSTAGE_VOLUME,
+    NodeRPC.GET_VOLUME_STATS,
+    NodeRPC.EXPAND_VOLUME,
+    NodeRPC.VOLUME_CONDITION,
+    NodeRPC.SINGLE_NODE_MULTI_WRITER,
+)
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    node_id: str
+    max_volumes_per_node: int
+    direct_io: bool = True
+
+
+def _remove_target(path: str) -> None:
+    """Removes a target the driver created (CSI: the SP deletes it on unpublish). Never recursive:
+    a directory that still has content after unmounting is not ours to wipe."""
+    with contextlib.suppress(FileNotFoundError):
+        if os.path.isdir(path) and not os.path.islink(path):
+            os.rmdir(path)
+        else:
+            os.unlink(path)
+
+
+def _create_file(path: str) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "a"):
+        pass
+
+
+class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
+    def __init__(self, state: DriverState, config: NodeConfig) -> None:
+        self.state = state
+        self.config = config
+
+    # --- start-up -------------------------------------------------------------------------------
+    async def reconcile(self) -> None:
+        """Rebuilds what this node has attached and mounted from the kernel, not from memory: the
+        loop device of each staged volume is looked up by its backing file (`losetup -J`), and
+        targets that are no longer mounted (/proc/self/mountinfo) are forgotten."""
+        devices = await loop.list_devices()
+        table = mounts.read_mounts()
+        claimed = {r.device for r in self.state.stagings.values() if r.device}
+        for rec in list(self.state.stagings.values()):
+            backing = self.state.volume_file(rec.volume_id)
+            attached = [d.name for d in devices if d.back_file == backing]
+            device = rec.device
+            if device not in attached:
+                # The recorded device is gone (reboot) or was never written (a crash right after
+                # losetup): adopt an attached device no other staging claims, else restage later.
+                device = next((d for d in attached if d not in claimed), "")
+                claimed.add(device)
+            targets = {t: ro for t, ro in rec.targets.items() if mounts.is_mounted(t, table)}
+            if device != rec.device or targets != rec.targets:
+                log.info(
+                    "reconciled staging with the kernel",
+                    volume=rec.volume_id,
+                    device=device or "none",
+                    was=rec.device or "none",
+                    targets=len(targets),
+                )
+                rec.device, rec.targets = device, targets
+                await self.state.put_staging(rec)
+            if rec.access_type == "mount" and not mounts.is_mounted(rec.staging_path, table):
+                log.warning(
+                    "staged volume is not mounted; NodeStageVolume will mount it again",
+                    volume=rec.volume_id,
+                    staging=rec.staging_path,
+                )
+
+    # --- helpers --------------------------------------------------------------------------------
+    def _backing_file(self, volume_id: str, publish_context: dict[str, str]) -> str:
+        backing = self.state.volume_file(volume_id)
+        hint = publish_context.get(CTX_BACKING_FILE)
+        # The controller names the file relative to its pool; a node must resolve it to the very
+        # same file in its own pool, or the two plugins were configured with different pools.
+        if hint and os.path.normpath(os.path.join(self.state.pool_dir, hint)) != backing:
+            raise failed_precondition(
+                f"publish_context names backing file {hint!r}, which is not {backing} in this node's "
+                f"--pool-dir {self.state.pool_dir}"
+            )
+        if not os.path.exists(backing):
+            raise not_found(f"volume {volume_id} does not exist: no backing file {backing}")
+        return backing
+
+    async def _ensure_device(self, rec: StagingRecord, backing: str) -> str:
+        if rec.device:
+            current = await loop.devices_for(backing)
+            if any(d.name == rec.device for d in current):
+                return rec.device
+        dev = await loop.attach(backing, direct_io=self.config.direct_io)
+        rec.device = dev.name
+        await self.state.put_staging(rec)
+        return dev.name
+
+    async def _ensure_filesystem(self, volume_id: str, device: str, requested: str) -> str:
+        sig = await fs.probe(device)
+        if sig.fs_type:
+            if requested and sig.fs_type != requested:
+                raise failed_precondition(
+                    f"volume {volume_id} already holds a {sig.fs_type} filesystem but {requested} was "
+                    "requested; kubeloop never reformats a volume that has data"
+                )
+            return sig.fs_type
+        if not sig.blank:
+            raise failed_precondition(
+                f"volume {volume_id} has a {sig.pt_type} partition table and no filesystem; "
+                "refusing to format it"
+            )
+        fs_type = requested or fs.DEFAULT_FS
+        await fs.mkfs(device, fs_type)
+        return fs_type
+
+    def _staged(self, volume_id: str) -> StagingRecord:
+        rec = self.state.stagings.get(volume_id)
+        if rec is None:
+            raise not_found(f"volume {volume_id} is not staged on node {self.config.node_id}")
+        return rec
+
+    def _volume_path(self, rec: StagingRecord, path: str) -> str:
+        """Checks that a volume_path from a request is where this volume is staged or published."""
+        if path.startswith("/"):
+            path = os.path.normpath(path)
+        if path != rec.staging_path and path not in rec.targets:
+            raise not_found(f"volume {rec.volume_id} is not staged or published at {path!r}")
+        if not os.path.exists(path):
+            raise not_found(f"{path} does not exist")
+        return path
+
+    async def _condition(self, rec: StagingRecord, path: str) -> csi_pb2.VolumeCondition:
+        backing = self.state.volume_file(rec.volume_id)
+        if not await asyncio.to_thread(os.path.exists, backing):
+            return csi_pb2.VolumeCondition(abnormal=True, message=f"backing file {backing} is missing")
+        if not rec.device or not any(d.name == rec.device for d in await loop.devices_for(backing)):
+            return csi_pb2.VolumeCondition(
+                abnormal=True, message="loop device is not attached; restage the volume"
+            )
+        if not mounts.is_mounted(path):
+            return csi_pb2.VolumeCondition(abnormal=True, message=f"{path} is not mounted")
+        return csi_pb2.VolumeCondition(abnormal=False, message=f"attached as {rec.device}")
+
+    # --- stage / unstage ------------------------------------------------------------------------
+    async def NodeStageVolume(
+        self, req: csi_pb2.NodeStageVolumeRequest, _: grpc.aio.ServicerContext
+    ) -> csi_pb2.NodeStageVolumeResponse:
+        volume_id = check_id(req.volume_id, "volume_id")
+        staging = check_abs_path(req.staging_target_path, "staging_target_path")
+        cap = require_capability(req)
+        context = dict(req.publish_context)
+        read_only = context.get(CTX_READONLY) == "true" or cap.read_only
+        async with self.state.locks.hold(volume_id):
+            backing = self._backing_file(volume_id, context)
+            rec = self.state.stagings.get(volume_id)
+            if rec is not None and (rec.staging_path != staging or rec.access_type != cap.access_type):
+                raise already_exists(
+                    f"volume {volume_id} is already staged as {rec.access_type} at {rec.staging_path}"
+                )
+            if rec is None:
+                if len(self.state.stagings) >= self.config.max_volumes_per_node > 0:
+                    raise failed_precondition(
+                        f"node {self.config.node_id} already has {len(self.state.stagings)} volumes staged, "
+                        "its --max-volumes-per-node"
+                    )
+                # Intent first: after a crash the record tells reconcile and NodeUnstage what to undo.
+                rec = StagingRecord(
+                    volume_id=volume_id,
+                    staging_path=staging,
+                    access_type=cap.access_type,
+                    mount_flags=list(cap.mount_flags),
+                    read_only=read_only,
+                    access_mode=cap.mode,
+                )
+                await self.state.put_staging(rec)
+            device = await self._ensure_device(rec, backing)
+            if cap.access_type == "mount" and not mounts.is_mounted(staging):
+                requested = cap.fs_type or req.volume_context.get(CTX_FS_TYPE) or context.get(CTX_FS_TYPE, "")
+                fs_type = await self._ensure_filesystem(volume_id, device, requested)
+                await asyncio.to_thread(os.makedirs, staging, exist_ok=True)
+                options = [*cap.mount_flags, *(["ro"] if read_only else [])]
+                await mounts.mount(device, staging, fs_type, options)
+                rec.fs_type = fs_type
+                await self.state.put_staging(rec)
+        log.info(
+            "staged volume", volume=volume_id, device=device, staging=staging, access_type=cap.access_type
+        )
+        return csi_pb2.NodeStageVolumeResponse()
+
+    async def NodeUnstageVolume(
+        self, req: csi_pb2.NodeUnstageVolumeRequest, _: grpc.aio.ServicerContext
+    ) -> csi_pb2.NodeUnstageVolumeResponse:
+        volume_id = check_id(req.volume_id, "volume_id")
+        staging = check_abs_path(req.staging_target_path, "staging_target_path")
+        async with self.state.locks.hold(volume_id):
+            rec = self.state.stagings.get(volume_id)
+            if rec is None:
+                return csi_pb2.NodeUnstageVolumeResponse()
+            if rec.staging_path != staging:
+                raise not_found(f"volume {volume_id} is staged at {rec.staging_path}, not at {staging}")
+            busy = [t for t in rec.targets if mounts.is_mounted(t)]
+            if busy:
+                raise failed_precondition(f"volume {volume_id} is still published at {', '.join(busy)}")
+            if rec.access_type == "mount":
+                await mounts.unmount(staging)
+            backing = self.state.volume_file(volume_id)
+            for dev in await loop.devices_for(backing):
+                if dev.name == rec.device:
+                    await loop.detach(dev.name)
+            await self.state.delete_staging(volume_id)
+        log.info("unstaged volume", volume=volume_id, staging=staging)
+        return csi_pb2.NodeUnstageVolumeResponse()
+
+    # --- publish / unpublish --------------------------------------------------------------------
+    async def NodePublishVolume(
+        self, req: csi_pb2.NodePublishVolumeRequest, _: grpc.aio.ServicerContext
+    ) -> csi_pb2.NodePublishVolumeResponse:
+        volume_id = check_id(req.volume_id, "volume_id")
+        if not req.staging_target_path:
+            raise invalid(
+                "staging_target_path is required: this driver stages volumes (STAGE_UNSTAGE_VOLUME)"
+            )
+        staging = check_abs_path(req.staging_target_path, "staging_target_path")
+        target = check_abs_path(req.target_path, "target_path")
+        cap: Capability = require_capability(req)
+        read_only = req.readonly or req.publish_context.get(CTX_READONLY) == "true"
+        async with self.state.locks.hold(volume_id):
+            rec = self.state.stagings.get(volume_id)
+            if rec is None or rec.staging_path != staging:
+                raise failed_precondition(
+                    f"volume {volume_id} is not staged at {staging}; call NodeStageVolume first"
+                )
+            if rec.access_type != cap.access_type:
+                raise failed_precondition(
+                    f"volume {volume_id} was staged as {rec.access_type}, not {cap.access_type}"
+                )
+            if target in rec.targets and mounts.is_mounted(target):
+                if rec.targets[target] != read_only:
+                    raise already_exists(
+                        f"volume {volume_id} is already published at {target} "
+                        f"with readonly={rec.targets[target]}"
+                    )
+                return csi_pb2.NodePublishVolumeResponse()
+            if cap.mode == Mode.SINGLE_NODE_SINGLE_WRITER:
+                others = [t for t in rec.targets if t != target and mounts.is_mounted(t)]
+                if others:
+                    raise failed_precondition(
+                        f"volume {volume_id} has access mode SINGLE_NODE_SINGLE_WRITER and is already "
+                        f"published at {others[0]}"
+                    )
+            rec.targets[target] = read_only
+            await self.state.put_staging(rec)
+            if cap.access_type == "block":
+                backing = self.state.volume_file(volume_id)
+                if not rec.device or not any(d.name == rec.device for d in await loop.devices_for(backing)):
+                    raise failed_precondition(
+                        f"volume {volume_id} has no loop device; call NodeStageVolume again"
+                    )
+                await asyncio.to_thread(_create_file, target)
+                await mounts.bind(rec.device, target, read_only)
+            else:
+                if not mounts.is_mounted(staging):
+                    raise failed_precondition(f"{staging} is not mounted; call NodeStageVolume again")
+                await asyncio.to_thread(os.makedirs, target, exist_ok=True)
+                await mounts.bind(staging, target, read_only)
+        log.info("published volume", volume=volume_id, target=target, read_only=read_only)
+        return csi_pb2.NodePublishVolumeResponse()
+
+    async def NodeUnpublishVolume(
+        self, req: csi_pb2.NodeUnpublishVolumeRequest, _: grpc.aio.ServicerContext
+    ) -> csi_pb2.NodeUnpublishVolumeResponse:
+        volume_id = check_id(req.volume_id, "volume_id")
+        target = check_abs_path(req.target_path, "target_path")
+        async with self.state.locks.hold(volume_id):
+            rec = self.state.stagings.get(volume_id)
+            # Only a target this driver published is unmounted: a request naming any other mounted
+            # path must not become a way to unmount things on the host.
+            if rec is not None and target in rec.targets:
+                await mounts.unmount(target)
+                await asyncio.to_thread(_remove_target, target)
+                del rec.targets[target]
+                await self.state.put_staging(rec)
+                log.info("unpublished volume", volume=volume_id, target=target)
+            elif mounts.is_mounted(target):
+                raise failed_precondition(
+                    f"{target} is mounted but volume {volume_id} was not published there"
+                )
+            # A path the driver never published is left alone: removing it could delete host files.
+        return csi_pb2.NodeUnpublishVolumeResponse()
+
+    # --- stats / expand -------------------------------------------------------------------------
+    async def NodeGetVolumeStats(
+        self, req: csi_pb2.NodeGetVolumeStatsRequest, _: grpc.aio.ServicerContext
+    ) -> csi_pb2.NodeGetVolumeStatsResponse:
+        volume_id = check_id(req.volume_id, "volume_id")
+        if not req.volume_path:
+            raise invalid("volume_path is required")
+        rec = self._staged(volume_id)
+        path = self._volume_path(rec, req.volume_path)
+        condition = await self._condition(rec, path)
+        Unit = csi_pb2.VolumeUsage.Unit
+        if rec.access_type == "block":
+            total = await asyncio.to_thread(loop.device_size, rec.device) if rec.device else 0
+            usage = [csi_pb2.VolumeUsage(total=total, unit=Unit.BYTES)]
+        else:
+            u = await fs.usage(path)
+            usage = [
+                csi_pb2.VolumeUsage(
+                    total=u.total_bytes, available=u.available_bytes, used=u.used_bytes, unit=Unit.BYTES
+                ),
+                csi_pb2.VolumeUsage(
+                    total=u.total_inodes, available=u.available_inodes, used=u.used_inodes, unit=Unit.INODES
+                ),
+            ]
+        return csi_pb2.NodeGetVolumeStatsResponse(usage=usage, volume_condition=condition)
+
+    async def NodeExpandVolume(
+        self, req: csi_pb2.NodeExpandVolumeRequest, _: grpc.aio.ServicerContext
+    ) -> csi_pb2.NodeExpandVolumeResponse:
+        volume_id = check_id(req.volume_id, "volume_id")
+        if not req.volume_path:
+            raise invalid("volume_path is required")
+        async with self.state.locks.hold(volume_id):
+            rec = self._staged(volume_id)
+            self._volume_path(rec, req.volume_path)
+            if not rec.device:
+                raise failed_precondition(
+                    f"volume {volume_id} has no loop device; call NodeStageVolume again"
+                )
+            await loop.refresh_capacity(rec.device)
+            if rec.access_type == "mount":
+                await fs.grow(rec.device, rec.fs_type, rec.staging_path)
+            size = await asyncio.to_thread(loop.device_size, rec.device)
+        log.info("expanded volume on node", volume=volume_id, device=rec.device, size=size)
+        return csi_pb2.NodeExpandVolumeResponse(capacity_bytes=size)
+
+    # --- info -----------------------------------------------------------------------------------
+    async def NodeGetCapabilities(
+        self, req: csi_pb2.NodeGetCapabilitiesRequest, _: grpc.aio.ServicerContext
+    ) -> csi_pb2.NodeGetCapabilitiesResponse:
+        return csi_pb2.NodeGetCapabilitiesResponse(
+            capabilities=[
+                csi_pb2.NodeServiceCapability(rpc=csi_pb2.NodeServiceCapability.RPC(type=t))
+                for t in CAPABILITIES
+            ]
+        )
+
+    async def NodeGetInfo(
+        self, req: csi_pb2.NodeGetInfoRequest, _: grpc.aio.ServicerContext
+    ) -> csi_pb2.NodeGetInfoResponse:
+        return csi_pb2.NodeGetInfoResponse(
+            node_id=self.config.node_id,
+            max_volumes_per_node=self.config.max_volumes_per_node,
+            accessible_topology=csi_pb2.Topology(segments={TOPOLOGY_KEY: self.config.node_id}),
+        )

@@ -1,0 +1,230 @@
+"""The driver's one durable state object: what the controller created (volumes, snapshots,
+publications) and what this node staged, plus the pool layout and per-volume locks.
+
+State directory (--state-dir):
+    volumes/<volume-id>.json      a VolumeRecord (controller)
+    snapshots/<snapshot-id>.json  a SnapshotRecord (controller)
+    staging/<volume-id>.json      a StagingRecord (node)
+Pool directory (--pool-dir, shared by the controller and every node plugin that can reach it):
+    volumes/<volume-id>.img       sparse backing file
+    snapshots/<snapshot-id>.img   sparse copy taken by CreateSnapshot
+    nodes/<node-id>.json          written by each node plugin at start so the controller knows it
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from controller_runtime.logs import get_logger
+
+from .backend.store import RecordStore, write_json_atomic
+from .errors import CsiError
+from .validation import check_id
+
+log = get_logger("csi.state")
+
+
+@dataclass
+class VolumeRecord:
+    volume_id: str
+    name: str
+    capacity: int
+    seq: int
+    access_type: str  # "mount" or "block"
+    fs_type: str  # for mount volumes; "" for block
+    parameters: dict[str, str] = field(default_factory=dict)
+    source_kind: str = ""  # "", "snapshot" or "volume"
+    source_id: str = ""
+    topology: list[dict[str, str]] = field(default_factory=list)
+    published: dict[str, bool] = field(default_factory=dict)  # node id -> readonly
+    ready: bool = False  # False until the backing file is complete (a crash mid-create is resumed)
+    created_at: float = field(default_factory=time.time)
+
+
+@dataclass
+class SnapshotRecord:
+    snapshot_id: str
+    name: str
+    source_volume_id: str
+    size: int
+    seq: int
+    ready: bool = False
+    created_at: float = field(default_factory=time.time)
+
+
+@dataclass
+class StagingRecord:
+    volume_id: str
+    staging_path: str
+    access_type: str
+    fs_type: str = ""
+    device: str = ""  # the loop device; "" until attached (or after a reboot detached it)
+    mount_flags: list[str] = field(default_factory=list)
+    read_only: bool = False
+    access_mode: int = 0
+    targets: dict[str, bool] = field(default_factory=dict)  # target path -> readonly
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    node_id: str
+    max_volumes_per_node: int
+
+
+class KeyedLocks:
+    """One asyncio.Lock per key, created on demand and dropped when nobody holds or waits on it.
+
+    RPCs on the same volume queue behind each other (a CO retrying a slow mkfs waits for it rather
+    than starting a second one); RPCs on different volumes run in parallel.
+    """
+
+    def __init__(self) -> None:
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+
+    @contextlib.asynccontextmanager
+    async def hold(self, key: str) -> AsyncIterator[None]:
+        lock, users = self._locks.get(key, (asyncio.Lock(), 0))
+        self._locks[key] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[key]
+            if users == 1:
+                del self._locks[key]
+            else:
+                self._locks[key] = (lock, users - 1)
+
+
+class DriverState:
+    def __init__(self, pool_dir: Path, state_dir: Path) -> None:
+        self.pool_dir = pool_dir.resolve()
+        self.state_dir = state_dir.resolve()
+        self.volume_store = RecordStore(self.state_dir / "volumes", VolumeRecord)
+        self.snapshot_store = RecordStore(self.state_dir / "snapshots", SnapshotRecord)
+        self.staging_store = RecordStore(self.state_dir / "staging", StagingRecord)
+        self.volumes: dict[str, VolumeRecord] = {}
+        self.snapshots: dict[str, SnapshotRecord] = {}
+        self.stagings: dict[str, StagingRecord] = {}
+        self.locks = KeyedLocks()
+        self._seq = 0
+        self.ready = False
+        self.not_ready_reason = "state not loaded yet"
+
+    # --- layout ---------------------------------------------------------------------------------
+    @property
+    def volumes_dir(self) -> Path:
+        return self.pool_dir / "volumes"
+
+    @property
+    def snapshots_dir(self) -> Path:
+        return self.pool_dir / "snapshots"
+
+    @property
+    def nodes_dir(self) -> Path:
+        return self.pool_dir / "nodes"
+
+    def volume_file(self, volume_id: str) -> str:
+        # check_id again here, so no caller can ever build a path from an unchecked id.
+        return str(self.volumes_dir / f"{check_id(volume_id, 'volume_id')}.img")
+
+    def snapshot_file(self, snapshot_id: str) -> str:
+        return str(self.snapshots_dir / f"{check_id(snapshot_id, 'snapshot_id')}.img")
+
+    # --- load -----------------------------------------------------------------------------------
+    def _load(self) -> None:
+        for d in (self.volumes_dir, self.snapshots_dir, self.nodes_dir, self.state_dir):
+            d.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.state_dir, 0o700)
+        self.volumes = self.volume_store.load()
+        self.snapshots = self.snapshot_store.load()
+        self.stagings = self.staging_store.load()
+        seqs = [v.seq for v in self.volumes.values()] + [s.seq for s in self.snapshots.values()]
+        self._seq = max(seqs, default=0)
+        probe = self.pool_dir / ".probe"
+        probe.write_bytes(b"ok")  # the pool must be writable before Probe says ready
+        probe.unlink()
+
+    async def load(self) -> None:
+        try:
+            await asyncio.to_thread(self._load)
+        except OSError as e:
+            self.not_ready_reason = f"pool {self.pool_dir} or state {self.state_dir} unusable: {e}"
+            raise
+        log.info(
+            "loaded driver state",
+            volumes=len(self.volumes),
+            snapshots=len(self.snapshots),
+            stagings=len(self.stagings),
+            pool=str(self.pool_dir),
+            state=str(self.state_dir),
+        )
+
+    def mark_ready(self) -> None:
+        self.ready = True
+        self.not_ready_reason = ""
+
+    def next_seq(self) -> int:
+        self._seq += 1
+        return self._seq
+
+    # --- volumes --------------------------------------------------------------------------------
+    def volume_by_name(self, name: str) -> VolumeRecord | None:
+        return next((v for v in self.volumes.values() if v.name == name), None)
+
+    async def put_volume(self, record: VolumeRecord) -> None:
+        await self.volume_store.put(record.volume_id, record)
+        self.volumes[record.volume_id] = record
+
+    async def delete_volume(self, volume_id: str) -> None:
+        await self.volume_store.delete(volume_id)
+        self.volumes.pop(volume_id, None)
+
+    # --- snapshots ------------------------------------------------------------------------------
+    def snapshot_by_name(self, name: str) -> SnapshotRecord | None:
+        return next((s for s in self.snapshots.values() if s.name == name), None)
+
+    async def put_snapshot(self, record: SnapshotRecord) -> None:
+        await self.snapshot_store.put(record.snapshot_id, record)
+        self.snapshots[record.snapshot_id] = record
+
+    async def delete_snapshot(self, snapshot_id: str) -> None:
+        await self.snapshot_store.delete(snapshot_id)
+        self.snapshots.pop(snapshot_id, None)
+
+    # --- stagings (node) ------------------------------------------------------------------------
+    async def put_staging(self, record: StagingRecord) -> None:
+        await self.staging_store.put(record.volume_id, record)
+        self.stagings[record.volume_id] = record
+
+    async def delete_staging(self, volume_id: str) -> None:
+        await self.staging_store.delete(volume_id)
+        self.stagings.pop(volume_id, None)
+
+    # --- nodes ----------------------------------------------------------------------------------
+    async def announce_node(self, info: NodeInfo) -> None:
+        doc: dict[str, Any] = {"node_id": info.node_id, "max_volumes_per_node": info.max_volumes_per_node}
+        path = self.nodes_dir / f"{check_id(info.node_id, 'node id')}.json"
+        await asyncio.to_thread(write_json_atomic, path, doc)
+
+    def known_node(self, node_id: str) -> NodeInfo | None:
+        """A node plugin that announced itself in the pool; None for a node the pool never saw."""
+        try:
+            check_id(node_id, "node_id")
+        except CsiError:
+            return None
+        try:
+            doc = json.loads((self.nodes_dir / f"{node_id}.json").read_text())
+        except (OSError, ValueError):
+            return None
+        return NodeInfo(
+            node_id=str(doc["node_id"]), max_volumes_per_node=int(doc.get("max_volumes_per_node", 0))
+        )

@@ -1,0 +1,127 @@
+"""Fixtures for the CSI tests: root check, a driver subprocess, and a session guard that no loop
+device or mount is left behind by any test."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from kubeloop_grpc.csi import csi_pb2, csi_pb2_grpc
+
+REPO = Path(__file__).resolve().parents[2]
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def require_root() -> None:
+    """Driver tests need root, loop devices and mount. In CI a missing privilege is a failure;
+    locally the test is skipped with the reason."""
+    problem = ""
+    if os.geteuid() != 0:
+        problem = "needs root (loop devices, mount)"
+    elif not os.path.exists("/dev/loop-control"):
+        problem = "needs /dev/loop-control (the loop module)"
+    if problem:
+        if IN_CI:
+            pytest.fail(f"CSI driver tests {problem}; CI must run them as root, never skip them")
+        pytest.skip(problem)
+
+
+def loop_devices_under(root: Path) -> list[str]:
+    out = subprocess.run(["losetup", "--list", "--json", "--output", "NAME,BACK-FILE"],
+                         capture_output=True, text=True, check=True).stdout
+    devices = json.loads(out)["loopdevices"] if out.strip() else []
+    return [d["name"] for d in devices if str(d.get("back-file") or "").startswith(str(root))]
+
+
+def mounts_under(root: Path) -> list[str]:
+    with open("/proc/self/mountinfo") as f:
+        points = [line.split()[4] for line in f]
+    return [p for p in points if p.startswith(str(root))]
+
+
+def force_cleanup(root: Path) -> None:
+    for point in sorted(mounts_under(root), key=len, reverse=True):
+        subprocess.run(["umount", "-l", point], check=False)
+    for dev in loop_devices_under(root):
+        subprocess.run(["losetup", "-d", dev], check=False)
+
+
+@pytest.fixture(scope="session")
+def csi_root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The directory every CSI test works under. At the end of the session no loop device may be
+    backed by a file under it and nothing may be mounted under it."""
+    require_root()
+    root = tmp_path_factory.mktemp("csi")
+    yield root
+    leaked_loops, leaked_mounts = loop_devices_under(root), mounts_under(root)
+    force_cleanup(root)
+    assert not leaked_loops and not leaked_mounts, (
+        f"the CSI tests left loop devices {leaked_loops} and mounts {leaked_mounts} behind"
+    )
+
+
+class Driver:
+    """`python -m csi_driver.main` as a subprocess, so a test can kill -9 it and start it again."""
+
+    def __init__(self, root: Path, mode: str = "all", node_id: str = "node-a", *extra: str) -> None:
+        self.root = root
+        self.socket = root / "csi.sock"
+        self.pool = root / "pool"
+        self.state = root / "state"
+        self.mode = mode
+        self.node_id = node_id
+        self.extra = list(extra)
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log = root / "driver.log"
+
+    @property
+    def endpoint(self) -> str:
+        return f"unix://{self.socket}"
+
+    def start(self) -> Driver:
+        cmd = [sys.executable, "-m", "csi_driver.main", "--endpoint", self.endpoint, "--mode", self.mode,
+               "--node-id", self.node_id, "--pool-dir", str(self.pool), "--state-dir", str(self.state),
+               "-v", "4", *self.extra]
+        logf = open(self.log, "ab")  # noqa: SIM115 - handed to the child for its lifetime
+        self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=logf, stderr=subprocess.STDOUT)
+        logf.close()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"driver exited with {self.proc.returncode}:\n{self.log.read_text()[-4000:]}")
+            if self.socket.exists() and self._probe():
+                return self
+            time.sleep(0.05)
+        raise RuntimeError(f"driver did not become ready:\n{self.log.read_text()[-4000:]}")
+
+    def _probe(self) -> bool:
+        try:
+            with grpc.insecure_channel(self.endpoint) as ch:
+                rsp = csi_pb2_grpc.IdentityStub(ch).Probe(csi_pb2.ProbeRequest(), timeout=2)
+                return bool(rsp.ready.value)
+        except grpc.RpcError:
+            return False
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self) -> int:
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else 0
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
