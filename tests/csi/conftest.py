@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import grpc
@@ -72,7 +72,7 @@ def csi_root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 class Driver:
     """`python -m csi_driver.main` as a subprocess, so a test can kill -9 it and start it again."""
 
-    def __init__(self, root: Path, mode: str = "all", node_id: str = "node-a", *extra: str) -> None:
+    def __init__(self, root: Path, mode: str = "all", node_id: str = "node-a", extra: Sequence[str] = ()) -> None:
         self.root = root
         self.socket = root / "csi.sock"
         self.pool = root / "pool"

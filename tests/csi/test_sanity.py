@@ -41,7 +41,8 @@ def test_csi_sanity(access_type: str, csi_root: Path) -> None:
     binary = sanity_binary()
     work = csi_root / f"sanity-{access_type}"
     work.mkdir()
-    driver = Driver(work, "all", f"sanity-{access_type}").start()
+    # A small attach limit lets csi-sanity's max-attach test run (it publishes limit+1 volumes).
+    driver = Driver(work, "all", f"sanity-{access_type}", ["--max-volumes-per-node", "8"]).start()
     report = work / "junit.xml"
     try:
         proc = subprocess.run(
@@ -52,6 +53,7 @@ def test_csi_sanity(access_type: str, csi_root: Path) -> None:
                 f"--csi.stagingdir={work / 'staging'}",
                 f"--csi.mountdir={work / 'mount'}",
                 f"--csi.testvolumeaccesstype={access_type}",
+                "--csi.testnodevolumeattachlimit",
                 f"--ginkgo.junit-report={report}",
                 "--ginkgo.no-color",
                 "--ginkgo.timeout=30m",
