@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from kubeloop_grpc.csi import csi_pb2
 
@@ -75,7 +76,7 @@ def parse_capability(cap: csi_pb2.VolumeCapability, what: str = "volume_capabili
     return Capability("mount", cap.mount.fs_type, tuple(cap.mount.mount_flags), cap.access_mode.mode)
 
 
-def require_capability(message: csi_pb2.Message, field: str = "volume_capability") -> Capability:  # type: ignore[name-defined]
+def require_capability(message: Any, field: str = "volume_capability") -> Capability:
     if not message.HasField(field):
         raise invalid(f"{field} is required")
     cap: csi_pb2.VolumeCapability = getattr(message, field)

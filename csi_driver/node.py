@@ -203,9 +203,16 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
             if cap.access_type == "mount" and not mounts.is_mounted(staging):
                 requested = cap.fs_type or req.volume_context.get(CTX_FS_TYPE) or context.get(CTX_FS_TYPE, "")
                 fs_type = await self._ensure_filesystem(volume_id, device, requested)
+                # A volume expanded while it was not staged (offline expansion) is grown here,
+                # before anyone uses it: ext offline, xfs (which only grows mounted) after mounting.
+                size = await asyncio.to_thread(loop.device_size, device)
+                if fs_type.startswith("ext") and await fs.ext_needs_grow(device, size):
+                    await fs.grow_offline(device)
                 await asyncio.to_thread(os.makedirs, staging, exist_ok=True)
                 options = [*cap.mount_flags, *(["ro"] if read_only else [])]
                 await mounts.mount(device, staging, fs_type, options)
+                if fs_type == "xfs" and not read_only:
+                    await fs.grow(device, fs_type, staging)
                 rec.fs_type = fs_type
                 await self.state.put_staging(rec)
         log.info(
@@ -354,9 +361,11 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
                     f"volume {volume_id} has no loop device; call NodeStageVolume again"
                 )
             await loop.refresh_capacity(rec.device)
-            if rec.access_type == "mount":
-                await fs.grow(rec.device, rec.fs_type, rec.staging_path)
             size = await asyncio.to_thread(loop.device_size, rec.device)
+            if rec.access_type == "mount" and (
+                not rec.fs_type.startswith("ext") or await fs.ext_needs_grow(rec.device, size)
+            ):
+                await fs.grow(rec.device, rec.fs_type, rec.staging_path)
         log.info("expanded volume on node", volume=volume_id, device=rec.device, size=size)
         return csi_pb2.NodeExpandVolumeResponse(capacity_bytes=size)
 

@@ -133,7 +133,15 @@ class CsiInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         )
 
 
+# sockaddr_un.sun_path holds 108 bytes including the terminating NUL.
+MAX_SOCKET_PATH = 107
+
+
 async def start_unix_server(path: str, register: Callable[[grpc.aio.Server], None]) -> grpc.aio.Server:
+    if len(path.encode()) > MAX_SOCKET_PATH:
+        raise ValueError(
+            f"socket path {path} is {len(path.encode())} bytes; unix sockets allow {MAX_SOCKET_PATH}"
+        )
     os.makedirs(os.path.dirname(path), exist_ok=True)
     remove_stale_socket(path)
     server = grpc.aio.server(interceptors=[CsiInterceptor()])

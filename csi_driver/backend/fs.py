@@ -60,12 +60,53 @@ async def mkfs(device: str, fs_type: str) -> None:
     log.info("created filesystem", device=device, fs_type=fs_type)
 
 
+# resize2fs leaves a tail smaller than a block group unused; below this slack a filesystem counts
+# as filling its device, so a stage after an expansion does not fsck and resize again and again.
+_GROW_SLACK = 1 << 20
+
+
+class ResizeNotPermitted(ToolError):
+    pass
+
+
+async def ext_size(device: str) -> int:
+    """Size of the ext2/3/4 filesystem on device, from its superblock."""
+    out = (await run("dumpe2fs", "-h", device)).stdout
+    fields = dict(line.split(":", 1) for line in out.splitlines() if ":" in line)
+    return int(fields["Block count"]) * int(fields["Block size"])
+
+
+async def ext_needs_grow(device: str, device_size: int) -> bool:
+    return device_size - await ext_size(device) >= _GROW_SLACK
+
+
+async def grow_offline(device: str) -> None:
+    """Grows an unmounted ext filesystem; resize2fs insists on a fresh forced check first."""
+    check = await run("e2fsck", "-f", "-p", device, check=False)
+    if check.returncode >= 2:  # 0: clean, 1: errors corrected; anything else needs a human
+        raise ToolError(["e2fsck", "-f", "-p", device], check.returncode, check.stderr or check.stdout)
+    await run("resize2fs", device)
+    log.info("grew filesystem offline", device=device)
+
+
 async def grow(device: str, fs_type: str, mountpoint: str) -> None:
     """Grows a mounted filesystem to fill its (already enlarged) device."""
     if fs_type == "xfs":
         await run("xfs_growfs", "-d", mountpoint)
     elif fs_type.startswith("ext"):
-        await run("resize2fs", device)
+        try:
+            await run("resize2fs", device)
+        except ToolError as e:
+            if "Permission denied" in e.stderr:
+                # EXT4_IOC_RESIZE_FS needs CAP_SYS_RESOURCE, which some containers drop.
+                raise ResizeNotPermitted(
+                    e.argv,
+                    e.returncode,
+                    e.stderr + " (online ext4 resize needs "
+                    "CAP_SYS_RESOURCE; grant it to the node plugin, or unstage the "
+                    "volume: NodeStageVolume grows it offline)",
+                ) from e
+            raise
     else:
         raise ToolError(["grow"], 1, f"cannot grow a {fs_type} filesystem")
     log.info("grew filesystem", device=device, fs_type=fs_type)

@@ -10,7 +10,7 @@ import dataclasses
 import json
 import os
 from pathlib import Path
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from controller_runtime.logs import get_logger
 
@@ -20,7 +20,7 @@ log = get_logger("csi.store")
 
 
 class _Dataclass(Protocol):
-    __dataclass_fields__: dict[str, Any]
+    __dataclass_fields__: ClassVar[dict[str, Any]]
 
 
 R = TypeVar("R", bound=_Dataclass)
@@ -45,7 +45,7 @@ class RecordStore(Generic[R]):
     def __init__(self, directory: Path, cls: type[R]) -> None:
         self.directory = directory
         self._cls = cls
-        self._fields = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        self._fields = {f.name for f in dataclasses.fields(cls)}
 
     def _path(self, key: str) -> Path:
         return self.directory / f"{key}.json"
@@ -70,7 +70,7 @@ class RecordStore(Generic[R]):
         return records
 
     async def put(self, key: str, record: R) -> None:
-        doc = dataclasses.asdict(record)  # type: ignore[call-overload]
+        doc = dataclasses.asdict(record)
         await asyncio.to_thread(write_json_atomic, self._path(key), doc)
 
     async def delete(self, key: str) -> None:

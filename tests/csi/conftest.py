@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -36,8 +37,12 @@ def require_root() -> None:
 
 
 def loop_devices_under(root: Path) -> list[str]:
-    out = subprocess.run(["losetup", "--list", "--json", "--output", "NAME,BACK-FILE"],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["losetup", "--list", "--json", "--output", "NAME,BACK-FILE"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     devices = json.loads(out)["loopdevices"] if out.strip() else []
     return [d["name"] for d in devices if str(d.get("back-file") or "").startswith(str(root))]
 
@@ -72,7 +77,9 @@ def csi_root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 class Driver:
     """`python -m csi_driver.main` as a subprocess, so a test can kill -9 it and start it again."""
 
-    def __init__(self, root: Path, mode: str = "all", node_id: str = "node-a", extra: Sequence[str] = ()) -> None:
+    def __init__(
+        self, root: Path, mode: str = "all", node_id: str = "node-a", extra: Sequence[str] = ()
+    ) -> None:
         self.root = root
         self.socket = root / "csi.sock"
         self.pool = root / "pool"
@@ -88,16 +95,33 @@ class Driver:
         return f"unix://{self.socket}"
 
     def start(self) -> Driver:
-        cmd = [sys.executable, "-m", "csi_driver.main", "--endpoint", self.endpoint, "--mode", self.mode,
-               "--node-id", self.node_id, "--pool-dir", str(self.pool), "--state-dir", str(self.state),
-               "-v", "4", *self.extra]
+        cmd = [
+            sys.executable,
+            "-m",
+            "csi_driver.main",
+            "--endpoint",
+            self.endpoint,
+            "--mode",
+            self.mode,
+            "--node-id",
+            self.node_id,
+            "--pool-dir",
+            str(self.pool),
+            "--state-dir",
+            str(self.state),
+            "-v",
+            "4",
+            *self.extra,
+        ]
         logf = open(self.log, "ab")  # noqa: SIM115 - handed to the child for its lifetime
         self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=logf, stderr=subprocess.STDOUT)
         logf.close()
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"driver exited with {self.proc.returncode}:\n{self.log.read_text()[-4000:]}")
+                raise RuntimeError(
+                    f"driver exited with {self.proc.returncode}:\n{self.log.read_text()[-4000:]}"
+                )
             if self.socket.exists() and self._probe():
                 return self
             time.sleep(0.05)
@@ -125,3 +149,59 @@ class Driver:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             return self.proc.wait()
+
+
+class Client:
+    """Blocking CSI stubs over the driver's socket."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.channel = grpc.insecure_channel(endpoint)
+        self.identity = csi_pb2_grpc.IdentityStub(self.channel)
+        self.controller = csi_pb2_grpc.ControllerStub(self.channel)
+        self.node = csi_pb2_grpc.NodeStub(self.channel)
+
+    def close(self) -> None:
+        self.channel.close()
+
+
+@pytest.fixture
+def driver(csi_root: Path, request: pytest.FixtureRequest) -> Iterator[Driver]:
+    """A `--mode all` driver in its own directory; on teardown every volume it still stages is
+    unpublished and unstaged through the driver itself, then it gets SIGTERM."""
+    # Short directory names: a unix socket path may not exceed 107 bytes.
+    work = Path(tempfile.mkdtemp(prefix="t", dir=csi_root))
+    (work / "test-name").write_text(request.node.name)
+    d = Driver(work, "all", "node-a").start()
+    try:
+        yield d
+    finally:
+        if d.proc is not None and d.proc.poll() is None:
+            client = Client(d.endpoint)
+            try:
+                teardown_volumes(client, d)
+            finally:
+                client.close()
+            d.stop()
+        force_cleanup(work)
+
+
+def teardown_volumes(client: Client, d: Driver) -> None:
+    staging_dir = d.state / "staging"
+    for record in staging_dir.glob("*.json") if staging_dir.exists() else []:
+        doc = json.loads(record.read_text())
+        for target in doc.get("targets", {}):
+            client.node.NodeUnpublishVolume(
+                csi_pb2.NodeUnpublishVolumeRequest(volume_id=doc["volume_id"], target_path=target)
+            )
+        client.node.NodeUnstageVolume(
+            csi_pb2.NodeUnstageVolumeRequest(
+                volume_id=doc["volume_id"], staging_target_path=doc["staging_path"]
+            )
+        )
+
+
+@pytest.fixture
+def client(driver: Driver) -> Iterator[Client]:
+    c = Client(driver.endpoint)
+    yield c
+    c.close()

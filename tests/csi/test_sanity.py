@@ -58,7 +58,9 @@ def test_csi_sanity(access_type: str, csi_root: Path) -> None:
                 "--ginkgo.no-color",
                 "--ginkgo.timeout=30m",
             ],
-            capture_output=True, text=True, timeout=1900,
+            capture_output=True,
+            text=True,
+            timeout=1900,
         )
     finally:
         code = driver.stop()
@@ -68,7 +70,8 @@ def test_csi_sanity(access_type: str, csi_root: Path) -> None:
     summary = (
         f"csi-sanity {access_type}: ran {ran.group(1)} of {ran.group(2)} specs; passed {counts.group(1)}, "
         f"failed {counts.group(2)}, pending {counts.group(3)}, skipped {counts.group(4)}"
-        if ran and counts else "csi-sanity printed no summary"
+        if ran and counts
+        else "csi-sanity printed no summary"
     )
     print(f"\n{summary}")
     for name in skipped_specs(report):
