@@ -64,7 +64,8 @@ def check_abs_path(value: str, what: str) -> str:
     parts = value.split("/")
     if ".." in parts or "." in parts:
         raise invalid(f"{what} {value!r} must not contain '.' or '..' components")
-    normalised = os.path.normpath(value)
+    # normpath keeps a leading "//" (POSIX allows it a special meaning); Linux does not care.
+    normalised = "/" + os.path.normpath(value).lstrip("/")
     if normalised == "/":
         raise invalid(f"{what} must not be the root directory")
     return normalised

@@ -1,0 +1,145 @@
+"""Pure logic of the driver (no root needed): sizes, ids, paths, pagination tokens, mountinfo."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from csi_driver.backend.mounts import parse_mountinfo
+from csi_driver.errors import CsiError
+from csi_driver.server import socket_path
+from csi_driver.validation import (
+    GiB,
+    MiB,
+    TiB,
+    check_abs_path,
+    check_id,
+    choose_size,
+    fits,
+    format_size,
+    paginate,
+    parse_size,
+)
+
+
+def code(fn: object, *args: object) -> grpc.StatusCode:
+    with pytest.raises(CsiError) as info:
+        fn(*args)  # type: ignore[operator]
+    return info.value.code
+
+
+@pytest.mark.parametrize(
+    ("required", "limit", "expected"),
+    [
+        (0, 0, GiB),  # nothing asked: the default
+        (1, 0, MiB),  # rounded up to whole MiB
+        (10 * GiB, 0, 10 * GiB),
+        (MiB + 1, 0, 2 * MiB),
+        (0, 512 * MiB, 512 * MiB),  # default capped by the limit
+        (1, 5000, 4096),  # limit below a MiB: block-size rounding
+        (MiB + 1, MiB + 8192, MiB + 4096),
+        (10 * GiB, 10 * GiB, 10 * GiB),
+    ],
+)
+def test_choose_size(required: int, limit: int, expected: int) -> None:
+    size = choose_size(required, limit, TiB)
+    assert size == expected
+    assert fits(size, required, limit)
+
+
+def test_choose_size_errors() -> None:
+    assert code(choose_size, 2 * MiB, MiB, TiB) == grpc.StatusCode.OUT_OF_RANGE
+    assert code(choose_size, 2 * TiB, 0, TiB) == grpc.StatusCode.OUT_OF_RANGE
+    assert code(choose_size, 4097, 4100, TiB) == grpc.StatusCode.OUT_OF_RANGE
+    assert code(choose_size, -1, 0, TiB) == grpc.StatusCode.INVALID_ARGUMENT
+
+
+@given(st.integers(0, 2 * TiB), st.integers(0, 2 * TiB))
+def test_choose_size_is_within_range_or_refuses(required: int, limit: int) -> None:
+    try:
+        size = choose_size(required, limit, TiB)
+    except CsiError:
+        return
+    assert size >= required and (not limit or size <= limit) and size <= TiB and size % 4096 == 0
+
+
+@pytest.mark.parametrize("good", ["vol-0123abcd", "fake-vol-id-228e5c10-f", "a", "A.b_c-1", "x" * 128])
+def test_good_ids(good: str) -> None:
+    assert check_id(good, "volume_id") == good
+
+
+@pytest.mark.parametrize(
+    "bad", ["", ".", "..", "../x", "a/b", "/abs", "a\x00b", ".hidden", "x" * 129, "a b", "é"]
+)
+def test_bad_ids(bad: str) -> None:
+    assert code(check_id, bad, "volume_id") == grpc.StatusCode.INVALID_ARGUMENT
+
+
+@given(st.text(max_size=300))
+def test_an_accepted_id_is_always_one_plain_file_name(text: str) -> None:
+    try:
+        check_id(text, "id")
+    except CsiError:
+        return
+    assert "/" not in text and "\x00" not in text and not text.startswith(".")
+
+
+@pytest.mark.parametrize("good", ["/var/lib/kubelet/pods/x/mount", "/tmp/a/", "/a//b"])
+def test_good_paths(good: str) -> None:
+    assert check_abs_path(good, "target_path").startswith("/")
+
+
+@pytest.mark.parametrize("bad", ["", "relative", "some/path", "/", "/a/../b", "/a/./b", "/a\x00", "//"])
+def test_bad_paths(bad: str) -> None:
+    assert code(check_abs_path, bad, "target_path") == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_pagination_walks_everything_once_and_survives_deletion() -> None:
+    items = [(seq, f"v{seq}") for seq in range(1, 8)]
+    seen, token = [], ""
+    while True:
+        page = paginate(items, token, 3)
+        seen += page.entries
+        if not page.next_token:
+            break
+        token = page.next_token
+    assert seen == [v for _, v in items]
+    first = paginate(items, "", 2)
+    # the last entry of the page is deleted and a new one is created: the token still works
+    later = [(s, v) for s, v in items if v != first.entries[-1]] + [(8, "v8")]
+    assert paginate(later, first.next_token, 0).entries == ["v3", "v4", "v5", "v6", "v7", "v8"]
+
+
+@pytest.mark.parametrize("token", ["invalid-token", "s", "s-1", "12", "s1x"])
+def test_foreign_tokens_are_aborted(token: str) -> None:
+    assert code(paginate, [(1, "a")], token, 0) == grpc.StatusCode.ABORTED
+
+
+def test_sizes_parse_and_format() -> None:
+    assert parse_size("10Gi") == 10 * GiB
+    assert parse_size("512Mi") == 512 * MiB
+    assert parse_size("1T") == 10**12
+    assert parse_size("4096") == 4096
+    assert format_size(10 * GiB) == "10Gi" and format_size(1536 * MiB) == "1536Mi" and format_size(7) == "7B"
+    with pytest.raises(ValueError):
+        parse_size("ten gigs")
+
+
+def test_mountinfo_parsing_unescapes_paths() -> None:
+    text = (
+        "36 35 98:0 /mnt1 /mnt/with\\040space rw,noatime master:1 - ext3 /dev/root rw,errors=continue\n"
+        "37 35 7:0 / /var/lib/kubelet/staging rw,relatime shared:2 - ext4 /dev/loop0 rw\n"
+        "38 35 0:5 /loop0 /pods/target rw - devtmpfs udev rw,size=10k\n"
+    )
+    mounts = parse_mountinfo(text)
+    assert [m.mountpoint for m in mounts] == ["/mnt/with space", "/var/lib/kubelet/staging", "/pods/target"]
+    assert mounts[1].source == "/dev/loop0" and mounts[1].fs_type == "ext4" and not mounts[1].read_only
+    assert mounts[2].root == "/loop0"
+
+
+def test_socket_path_forms() -> None:
+    assert socket_path("unix:///run/csi.sock") == "/run/csi.sock"
+    assert socket_path("unix:/run/csi.sock") == "/run/csi.sock"
+    assert socket_path("/run/csi.sock") == "/run/csi.sock"
