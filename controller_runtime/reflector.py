@@ -128,8 +128,9 @@ class Reflector:
             self.backoff.reset()
 
     async def run(self) -> None:
-        """Runs until cancelled."""
-        need_list, consistent = True, False
+        """Runs until cancelled. Started again after a stop, it resumes the watch from the last
+        resourceVersion it saw: the cache is still exact up to that version."""
+        need_list, consistent = not self.last_resource_version, False
         while True:
             try:
                 if need_list:
