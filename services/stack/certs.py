@@ -61,6 +61,7 @@ class Identity:
 ADMIN = Identity("kubeloop-admin", ("system:masters",))
 KUBE_CONTROLLER_MANAGER = Identity("system:kube-controller-manager")
 KUBE_SCHEDULER = Identity("system:kube-scheduler")
+FRONT_PROXY_CLIENT = Identity("front-proxy-client")
 
 
 def service_account_identity(name: str, namespace: str = "kube-system") -> Identity:
@@ -157,6 +158,7 @@ class PKI:
     """The certificate directory of one stack. Each `ensure_*` reuses valid files or (re)creates them."""
 
     directory: Path
+    ca_name: str = "kubeloop-ca"
     _ca_key: ec.EllipticCurvePrivateKey | None = field(default=None, repr=False)
     _ca_cert: x509.Certificate | None = field(default=None, repr=False)
 
@@ -184,7 +186,7 @@ class PKI:
         key, cert = _load_key(self.ca.key), _load_cert(self.ca.cert)
         if key is None or cert is None or not self._ca_usable(key, cert):
             key = _new_key()
-            name = _name("kubeloop-ca", ("kubeloop",))
+            name = _name(self.ca_name, ("kubeloop",))
             now = _now()
             cert = (
                 x509.CertificateBuilder()
@@ -217,9 +219,8 @@ class PKI:
         self._ca_key, self._ca_cert = key, cert
         return self.ca
 
-    @staticmethod
-    def _ca_usable(key: ec.EllipticCurvePrivateKey, cert: x509.Certificate) -> bool:
-        if cert.public_key() != key.public_key():
+    def _ca_usable(self, key: ec.EllipticCurvePrivateKey, cert: x509.Certificate) -> bool:
+        if cert.public_key() != key.public_key() or _subject_of(cert)[0] != self.ca_name:
             return False
         if cert.not_valid_after_utc - _now() < RENEW_BEFORE:
             return False
@@ -386,6 +387,8 @@ class StackCerts:
     apiserver: KeyPair
     kube_controller_manager_serving: KeyPair
     kube_scheduler_serving: KeyPair
+    front_proxy_ca: KeyPair
+    front_proxy_client: KeyPair
     service_account_key: Path
     service_account_pub: Path
     kubeconfigs: dict[Identity, Path]
@@ -411,6 +414,12 @@ def ensure_stack_certs(
     sched_serving = pki.ensure_serving(
         "kube-scheduler-serving", "kube-scheduler", LOOPBACK_DNS_NAMES, LOOPBACK_IPS
     )
+    # The aggregation-layer (front proxy) chain has its own CA, as in kubeadm: a certificate from the
+    # main CA must never be able to assert X-Remote-User headers. kcm and the scheduler read this CA
+    # from kube-system/extension-apiserver-authentication and log errors every few seconds without it.
+    front_proxy = PKI(directory / "front-proxy", ca_name="kubeloop-front-proxy-ca")
+    front_proxy_ca = front_proxy.ensure_ca()
+    front_proxy_client = front_proxy.ensure_client(FRONT_PROXY_CLIENT)
     sa_key, sa_pub = pki.ensure_service_account_keys()
     kubeconfigs: dict[Identity, Path] = {}
     for identity in (ADMIN, KUBE_CONTROLLER_MANAGER, KUBE_SCHEDULER, *extra_identities):
@@ -424,6 +433,8 @@ def ensure_stack_certs(
         apiserver=apiserver,
         kube_controller_manager_serving=kcm_serving,
         kube_scheduler_serving=sched_serving,
+        front_proxy_ca=front_proxy_ca,
+        front_proxy_client=front_proxy_client,
         service_account_key=sa_key,
         service_account_pub=sa_pub,
         kubeconfigs=kubeconfigs,
