@@ -1,0 +1,1 @@
+"""kcm's persistentvolume-binder as its own process (kubeloop-pv-controller)."""

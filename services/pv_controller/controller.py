@@ -1,0 +1,550 @@
+"""The persistent-volume binder: kcm's persistentvolume-binder as its own asyncio controller.
+
+Two queues (volumes by name, claims by namespace/name) feed idempotent syncs that read the local
+view (see view.py), decide with the pure functions of decide.py and match.py, and write with the
+resourceVersion they read. A bind is four ordered writes; whatever a crash or a conflict leaves
+half done, the next sync of the claim or the volume completes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass
+
+from controller_runtime.client import ApiClient, ApiError
+from controller_runtime.controller import run_workers
+from controller_runtime.events import EventRecorder
+from controller_runtime.informer import EventHandler, SharedInformerFactory
+from controller_runtime.logs import get_logger
+from controller_runtime.resources import (
+    NODES,
+    PERSISTENT_VOLUME_CLAIMS,
+    PERSISTENT_VOLUMES,
+    PODS,
+    STORAGE_CLASSES,
+    Obj,
+)
+from controller_runtime.workqueue import WorkQueue, default_rate_limiter
+
+from . import names
+from .decide import (
+    BoundClaimAction,
+    ReclaimAction,
+    VolumeAction,
+    claim_bound_to_volume,
+    claim_with_provisioner,
+    claim_with_status,
+    decide_bound_claim,
+    decide_reclaim,
+    decide_volume,
+    has_annotation,
+    is_delay_binding,
+    phase_of,
+    provisioning_error,
+    volume_bound_to_claim,
+    volume_released,
+    volume_unbound,
+    volume_with_phase,
+)
+from .match import (
+    check_volume_satisfies_claim,
+    claim_class,
+    claim_has_class,
+    claim_key,
+    claim_ref_key,
+    default_class,
+    find_best_match,
+    is_bound_to_claim,
+)
+from .metrics import COUNTS, OperationTimer
+from .view import LocalView
+
+log = get_logger("pv-controller")
+
+POD_CLAIMS_INDEX = "pvc"
+
+
+def pod_claim_keys(pod: Obj) -> list[str]:
+    """Claims a pod uses, as namespace/name: named claims and generic ephemeral volumes."""
+    md, spec = pod.get("metadata", {}), pod.get("spec", {})
+    ns, pod_name = md.get("namespace", ""), md.get("name", "")
+    keys = []
+    for vol in spec.get("volumes") or []:
+        if vol.get("persistentVolumeClaim"):
+            keys.append(f"{ns}/{vol['persistentVolumeClaim'].get('claimName', '')}")
+        elif vol.get("ephemeral"):
+            keys.append(f"{ns}/{pod_name}-{vol.get('name', '')}")
+    return keys
+
+
+class BindingError(Exception):
+    """A binding that cannot be right as it stands; retried with backoff."""
+
+
+@dataclass(frozen=True)
+class Options:
+    resync_period: float = 15.0
+    workers: int = 4
+    # Per-key retry backoff of both queues (client-go's defaults); resync re-adds every key anyway.
+    retry_base: float = 0.005
+    retry_max: float = 1000.0
+
+
+def _typed(obj: Obj, kind: str) -> Obj:
+    """List items carry no kind; events need it in involvedObject."""
+    if obj.get("kind") == kind:
+        return obj
+    return {**obj, "kind": kind, "apiVersion": "v1"}
+
+
+class PVController:
+    def __init__(
+        self,
+        client: ApiClient,
+        factory: SharedInformerFactory,
+        recorder: EventRecorder,
+        options: Options | None = None,
+    ) -> None:
+        self.client = client
+        self.factory = factory
+        self.recorder = recorder
+        self.options = options or Options()
+        self.view = LocalView()
+        self.timer = OperationTimer()
+        self.volume_queue: WorkQueue[str] = WorkQueue(
+            "volumes", default_rate_limiter(self.options.retry_base, self.options.retry_max)
+        )
+        self.claim_queue: WorkQueue[str] = WorkQueue(
+            "claims", default_rate_limiter(self.options.retry_base, self.options.retry_max)
+        )
+        self.volumes = factory.informer(PERSISTENT_VOLUMES)
+        self.claims = factory.informer(PERSISTENT_VOLUME_CLAIMS)
+        self.classes = factory.informer(STORAGE_CLASSES)
+        self.pods = factory.informer(PODS)
+        # Upstream takes a Node informer too; kubeloop waits for it so its start-up matches, and it
+        # is where topology-aware decisions would read nodes from.
+        self.nodes = factory.informer(NODES)
+        self.pods.add_index(POD_CLAIMS_INDEX, pod_claim_keys)
+        self.volumes.add_handler(EventHandler(self._volume_added, self._volume_updated, self._volume_deleted))
+        self.claims.add_handler(EventHandler(self._claim_changed, self._claim_updated, self._claim_deleted))
+        self.classes.add_handler(EventHandler(self._class_changed, self._class_updated, None))
+        self._counts = (self.view.all_volumes, self.view.all_claims)
+
+    # -- event handlers: keep the view current and enqueue keys, nothing else -------------------------
+
+    def _volume_added(self, volume: Obj) -> None:
+        self._volume_updated(volume, volume)
+        # A claim that names a volume which did not exist yet waits for it.
+        for key in self.view.claims_naming(volume["metadata"]["name"]):
+            self.claim_queue.add(key)
+
+    def _volume_updated(self, _old: Obj, volume: Obj) -> None:
+        self.view.store_volume(volume)
+        self.volume_queue.add(volume["metadata"]["name"])
+
+    def _volume_deleted(self, volume: Obj) -> None:
+        name = volume["metadata"]["name"]
+        self.view.delete_volume(volume)
+        self.volume_queue.add(name)
+        ref = claim_ref_key(volume)
+        if ref is not None:
+            self.claim_queue.add(ref)
+        for key in self.view.claims_naming(name):
+            self.claim_queue.add(key)
+
+    def _claim_changed(self, claim: Obj) -> None:
+        self.view.store_claim(claim)
+        self.claim_queue.add(claim_key(claim))
+
+    def _claim_updated(self, _old: Obj, claim: Obj) -> None:
+        self._claim_changed(claim)
+
+    def _claim_deleted(self, claim: Obj) -> None:
+        key = claim_key(claim)
+        self.view.delete_claim(claim)
+        self.claim_queue.add(key)
+        for name in self.view.index.bound_to(key):
+            self.volume_queue.add(name)
+        volume_name = claim.get("spec", {}).get("volumeName")
+        if volume_name:
+            self.volume_queue.add(volume_name)
+
+    def _class_changed(self, _cls: Obj) -> None:
+        # A new default class (retroactive assignment) or a class a claim was waiting for.
+        for claim in self.view.all_claims():
+            if not has_annotation(claim, names.ANN_BIND_COMPLETED):
+                self.claim_queue.add(claim_key(claim))
+
+    def _class_updated(self, old: Obj, new: Obj) -> None:
+        if old is not new:  # a resync hands the same object: nothing changed
+            self._class_changed(new)
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+
+    @property
+    def synced(self) -> bool:
+        return self.factory.has_synced
+
+    async def run(self) -> None:
+        """Starts the informers, waits until every cache is filled, then runs the workers until
+        cancelled."""
+        COUNTS.sources.append(self._counts)
+        try:
+            self.factory.start()
+            await self.factory.wait_for_sync()
+            log.info(
+                "caches synced, starting workers",
+                volumes=len(self.view.volumes.items),
+                claims=len(self.view.claims.items),
+                workers=self.options.workers,
+            )
+            await asyncio.gather(
+                run_workers(self.volume_queue, self.sync_volume_key, self.options.workers),
+                run_workers(self.claim_queue, self.sync_claim_key, self.options.workers),
+            )
+        finally:
+            self.volume_queue.shutdown()
+            self.claim_queue.shutdown()
+            with contextlib.suppress(ValueError):
+                COUNTS.sources.remove(self._counts)
+            await self.factory.stop()
+
+    # -- writes: each stores its answer in the view so the next decision sees it ----------------------
+
+    async def _update_volume(self, volume: Obj) -> Obj:
+        new = await self.client.update(PERSISTENT_VOLUMES, volume)
+        self.view.store_volume(new)
+        return new
+
+    async def _update_volume_status(self, volume: Obj) -> Obj:
+        new = await self.client.update_status(PERSISTENT_VOLUMES, volume)
+        self.view.store_volume(new)
+        return new
+
+    async def _update_claim(self, claim: Obj) -> Obj:
+        new = await self.client.update(PERSISTENT_VOLUME_CLAIMS, claim)
+        self.view.store_claim(new)
+        return new
+
+    async def _update_claim_status(self, claim: Obj) -> Obj:
+        new = await self.client.update_status(PERSISTENT_VOLUME_CLAIMS, claim)
+        self.view.store_claim(new)
+        return new
+
+    async def _set_volume_phase(
+        self, volume: Obj, phase: str, event: tuple[str, str, str] | None = None
+    ) -> Obj:
+        """Sets the phase; `event` (type, reason, message) is emitted only when the phase changes,
+        and its message becomes status.message."""
+        new = volume_with_phase(volume, phase, event[2] if event else "")
+        if new is None:
+            return volume
+        volume = await self._update_volume_status(new)
+        if event is not None:
+            self.recorder.record(_typed(volume, "PersistentVolume"), *event)
+        return volume
+
+    async def _set_claim_phase(
+        self, claim: Obj, phase: str, volume: Obj | None, event: tuple[str, str, str] | None = None
+    ) -> Obj:
+        changing = phase_of(claim) != phase
+        new = claim_with_status(claim, phase, volume)
+        if new is None:
+            return claim
+        claim = await self._update_claim_status(new)
+        if event is not None and changing:
+            self.recorder.record(_typed(claim, "PersistentVolumeClaim"), *event)
+        return claim
+
+    def _claim_event(self, claim: Obj, event_type: str, reason: str, message: str) -> None:
+        self.recorder.record(_typed(claim, "PersistentVolumeClaim"), event_type, reason, message)
+
+    def _volume_event(self, volume: Obj, event_type: str, reason: str, message: str) -> None:
+        self.recorder.record(_typed(volume, "PersistentVolume"), event_type, reason, message)
+
+    # -- volumes -------------------------------------------------------------------------------------
+
+    async def sync_volume_key(self, name: str) -> float | None:
+        volume = self.view.volume(name)
+        if volume is None:
+            # Deleted: an external delete we were waiting for has finished.
+            self.timer.finish(name, "delete")
+            return None
+        await self.sync_volume(volume)
+        return None
+
+    async def _fetch_claim(self, namespace: str, name: str) -> Obj | None:
+        """The claim as the API has it now (None when it does not exist); the view learns it."""
+        try:
+            claim = await self.client.get(PERSISTENT_VOLUME_CLAIMS, name, namespace)
+        except ApiError as exc:
+            if exc.not_found:
+                return None
+            raise
+        if self.view.store_claim(claim):
+            self.claim_queue.add(claim_key(claim))
+        return claim
+
+    async def _claim_of(self, volume: Obj) -> Obj | None:
+        """The claim the volume's claimRef names, or None when it is really gone or has another
+        UID. A miss in the view is confirmed with the API before anyone may act on it: the watch
+        can lag (the claim may have been created a moment ago), and releasing a volume is not
+        something to do on a stale cache."""
+        ref = volume["spec"]["claimRef"]
+        ns, name, uid = ref.get("namespace", ""), ref.get("name", ""), ref.get("uid")
+        claim = self.view.claim(f"{ns}/{name}")
+        if claim is None and phase_of(volume) not in (names.PV_RELEASED, names.PV_FAILED):
+            claim = await self._fetch_claim(ns, name)
+        if claim is not None and claim["metadata"].get("uid") != uid:
+            # Our copy may be older than the claimRef (the claim was re-created): ask the API.
+            claim = await self._fetch_claim(ns, name)
+            if claim is not None and claim["metadata"].get("uid") != uid:
+                claim = None
+        return claim
+
+    async def sync_volume(self, volume: Obj) -> None:
+        ref = volume.get("spec", {}).get("claimRef")
+        claim = await self._claim_of(volume) if ref and ref.get("uid") else None
+        action = decide_volume(volume, claim)
+        if action is VolumeAction.AVAILABLE:
+            await self._set_volume_phase(volume, names.PV_AVAILABLE)
+        elif action is VolumeAction.PREBOUND:
+            await self._set_volume_phase(volume, names.PV_AVAILABLE)
+            self.claim_queue.add(f"{ref['namespace']}/{ref['name']}")
+        elif action in (VolumeAction.RELEASE, VolumeAction.RELEASE_PROVISIONED):
+            if phase_of(volume) not in (names.PV_RELEASED, names.PV_FAILED):
+                log.info(
+                    "volume released, reclaiming",
+                    volume=volume["metadata"]["name"],
+                    policy=volume["spec"].get("persistentVolumeReclaimPolicy", ""),
+                )
+                volume = await self._set_volume_phase(volume, names.PV_RELEASED)
+            await self._reclaim(volume, claim)
+        elif action is VolumeAction.MODE_MISMATCH:
+            assert claim is not None
+            pv_name, claim_name = volume["metadata"]["name"], claim["metadata"]["name"]
+            self._volume_event(
+                volume,
+                "Warning",
+                names.VOLUME_MISMATCH,
+                "Cannot bind PersistentVolume to requested PersistentVolumeClaim "
+                f'"{claim_name}" due to incompatible volumeMode.',
+            )
+            self._claim_event(
+                claim,
+                "Warning",
+                names.VOLUME_MISMATCH,
+                f'Cannot bind PersistentVolume "{pv_name}" to requested PersistentVolumeClaim '
+                "due to incompatible volumeMode.",
+            )
+        elif action is VolumeAction.SYNC_CLAIM:
+            assert claim is not None
+            self.claim_queue.add(claim_key(claim))
+        elif action is VolumeAction.BOUND:
+            await self._set_volume_phase(volume, names.PV_BOUND)
+        elif action is VolumeAction.UNBIND:
+            log.info(
+                "claim is bound to another volume, unbinding",
+                volume=volume["metadata"]["name"],
+                by_controller=has_annotation(volume, names.ANN_BOUND_BY_CONTROLLER),
+            )
+            volume = await self._update_volume(volume_unbound(volume))
+            await self._set_volume_phase(volume, names.PV_AVAILABLE)
+
+    async def _reclaim(self, volume: Obj, claim: Obj | None) -> None:
+        decision = decide_reclaim(volume)
+        name = volume["metadata"]["name"]
+        if decision.action is ReclaimAction.NONE:
+            return
+        if decision.action is ReclaimAction.EXTERNAL_DELETE:
+            # The provisioner deletes it; the metric ends when the volume disappears.
+            self.timer.start(name, "delete", volume["metadata"]["annotations"][names.ANN_PROVISIONED_BY])
+            return
+        if decision.action is ReclaimAction.FAILED_DELETE:
+            if not volume_released(volume, claim):
+                return
+            event = ("Warning", names.VOLUME_FAILED_DELETE, decision.message)
+        elif decision.action is ReclaimAction.RECYCLE_UNSUPPORTED:
+            event = ("Warning", names.VOLUME_FAILED_RECYCLE, decision.message)
+        else:
+            event = ("Warning", names.VOLUME_UNKNOWN_RECLAIM_POLICY, decision.message)
+        await self._set_volume_phase(volume, names.PV_FAILED, event)
+
+    # -- claims --------------------------------------------------------------------------------------
+
+    async def sync_claim_key(self, key: str) -> float | None:
+        claim = self.view.claim(key)
+        if claim is None:
+            self.timer.drop(key, "provision")
+            return None
+        if has_annotation(claim, names.ANN_BIND_COMPLETED):
+            await self._sync_bound_claim(claim)
+            return None
+        return await self._sync_unbound_claim(claim)
+
+    async def _sync_bound_claim(self, claim: Obj) -> None:
+        volume_name = claim.get("spec", {}).get("volumeName") or ""
+        volume = self.view.volume(volume_name) if volume_name else None
+        if volume is None and volume_name:
+            # Lost is final: make sure the volume is really gone, not just late in the watch.
+            try:
+                volume = await self.client.get(PERSISTENT_VOLUMES, volume_name)
+                self.view.store_volume(volume)
+            except ApiError as exc:
+                if not exc.not_found:
+                    raise
+        action = decide_bound_claim(claim, volume)
+        if action is BoundClaimAction.LOST_REFERENCE:
+            event = ("Warning", names.CLAIM_LOST_REASON, names.MSG_CLAIM_LOST_REFERENCE)
+            await self._set_claim_phase(claim, names.CLAIM_LOST, None, event)
+        elif action is BoundClaimAction.LOST_VOLUME:
+            event = ("Warning", names.CLAIM_LOST_REASON, names.MSG_CLAIM_LOST_VOLUME)
+            await self._set_claim_phase(claim, names.CLAIM_LOST, None, event)
+        elif action is BoundClaimAction.MISBOUND:
+            event = ("Warning", names.CLAIM_MISBOUND, names.MSG_CLAIM_MISBOUND)
+            await self._set_claim_phase(claim, names.CLAIM_LOST, None, event)
+        else:
+            assert volume is not None
+            await self._bind(volume, claim)
+
+    async def _sync_unbound_claim(self, claim: Obj) -> float | None:
+        key = claim_key(claim)
+        volume_name = claim.get("spec", {}).get("volumeName") or ""
+        if volume_name:
+            return await self._sync_prebound_claim(claim, volume_name)
+        class_name = claim_class(claim)
+        storage_class = self.classes.store.get(class_name) if class_name else None
+        delay = is_delay_binding(claim, storage_class)
+        # No await between the search and the reservation: concurrent workers cannot both take it.
+        volume = find_best_match(
+            claim,
+            self.view.index,
+            self.view.volume,
+            delay,
+            lambda name: self.view.reserved_by_other(name, key),
+        )
+        if volume is not None:
+            await self._bind_reserved(volume, claim)
+            return None
+        if await self._assign_default_class(claim):
+            return None
+        annotations = claim.get("metadata", {}).get("annotations") or {}
+        if delay and names.ANN_SELECTED_NODE not in annotations:
+            self._event_waiting_for_consumer(claim)
+        elif class_name:
+            await self._provision(claim, class_name, storage_class)
+            return None
+        else:
+            self._claim_event(claim, "Normal", names.FAILED_BINDING, names.MSG_NO_CLASS)
+        await self._set_claim_phase(claim, names.CLAIM_PENDING, None)
+        return None
+
+    async def _sync_prebound_claim(self, claim: Obj, volume_name: str) -> float | None:
+        """The user named the volume in spec.volumeName."""
+        key = claim_key(claim)
+        volume = self.view.volume(volume_name)
+        if volume is None:
+            # Not there (yet): the claim waits; the volume's arrival enqueues it.
+            await self._set_claim_phase(claim, names.CLAIM_PENDING, None)
+            return None
+        if not volume.get("spec", {}).get("claimRef"):
+            if self.view.reserved_by_other(volume_name, key):
+                return 0.05  # another claim is binding it right now; look again when it is done
+            problem = check_volume_satisfies_claim(volume, claim)
+            if problem is not None:
+                self._claim_event(
+                    claim,
+                    "Warning",
+                    names.VOLUME_MISMATCH,
+                    f'Cannot bind to requested volume "{volume_name}": {problem}',
+                )
+                await self._set_claim_phase(claim, names.CLAIM_PENDING, None)
+                return None
+            await self._bind_reserved(volume, claim)
+            return None
+        if is_bound_to_claim(volume, claim):
+            await self._bind(volume, claim)
+            return None
+        self._claim_event(
+            claim,
+            "Warning",
+            names.FAILED_BINDING,
+            f'volume "{volume_name}" already bound to a different claim.',
+        )
+        if not has_annotation(claim, names.ANN_BOUND_BY_CONTROLLER):
+            await self._set_claim_phase(claim, names.CLAIM_PENDING, None)
+            return None
+        raise BindingError(
+            f"invalid binding of claim {key} to volume {volume_name}: "
+            f"volume already claimed by {claim_ref_key(volume)}"
+        )
+
+    async def _bind_reserved(self, volume: Obj, claim: Obj) -> None:
+        name, key = volume["metadata"]["name"], claim_key(claim)
+        if not self.view.reserve(name, key):
+            raise BindingError(f"volume {name} is reserved by another claim")
+        try:
+            await self._bind(volume, claim)
+        finally:
+            self.view.release(name, key)
+
+    async def _bind(self, volume: Obj, claim: Obj) -> None:
+        """The four ordered writes; each is skipped when already done, so a bind cut short at any
+        point is finished by the next sync of either object."""
+        new = volume_bound_to_claim(volume, claim)
+        if new is not None:
+            volume = await self._update_volume(new)
+        new = volume_with_phase(volume, names.PV_BOUND)
+        if new is not None:
+            volume = await self._update_volume_status(new)
+        new = claim_bound_to_volume(claim, volume)
+        if new is not None:
+            claim = await self._update_claim(new)
+        await self._set_claim_phase(claim, names.CLAIM_BOUND, volume)
+        self.timer.finish(claim_key(claim), "provision")
+
+    async def _assign_default_class(self, claim: Obj) -> bool:
+        """Gives a claim with no class (nil, not "") the default StorageClass once one exists."""
+        if claim_has_class(claim):
+            return False
+        cls = default_class(self.classes.store.values())
+        if cls is None:
+            return False
+        new = {**claim, "spec": {**claim["spec"], "storageClassName": cls["metadata"]["name"]}}
+        await self._update_claim(new)
+        log.info("assigned the default storage class", claim=claim_key(claim), cls=cls["metadata"]["name"])
+        return True
+
+    def _event_waiting_for_consumer(self, claim: Obj) -> None:
+        key = claim_key(claim)
+        pods = sorted(
+            p["metadata"]["name"]
+            for p in self.pods.store.by_index(POD_CLAIMS_INDEX, key)
+            if not p.get("spec", {}).get("nodeName")
+        )
+        if pods:
+            self._claim_event(
+                claim, "Normal", names.WAIT_FOR_POD_SCHEDULED, names.msg_wait_pods_scheduled(pods)
+            )
+        else:
+            self._claim_event(claim, "Normal", names.WAIT_FOR_FIRST_CONSUMER, names.MSG_WAIT_FIRST_CONSUMER)
+
+    async def _provision(self, claim: Obj, class_name: str, storage_class: Obj | None) -> None:
+        problem = provisioning_error(class_name, storage_class)
+        if problem is not None:
+            self._claim_event(claim, "Warning", names.PROVISIONING_FAILED, problem)
+            return
+        assert storage_class is not None
+        provisioner = str(storage_class["provisioner"])
+        self.timer.start(claim_key(claim), "provision", provisioner)
+        new = claim_with_provisioner(claim, provisioner)
+        if new is not None:
+            try:
+                claim = await self._update_claim(new)
+            except ApiError as exc:
+                self._claim_event(claim, "Warning", names.PROVISIONING_FAILED, f"Error saving claim: {exc}")
+                raise
+        self._claim_event(
+            claim, "Normal", names.EXTERNAL_PROVISIONING, names.msg_external_provisioning(provisioner)
+        )

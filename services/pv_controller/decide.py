@@ -1,0 +1,286 @@
+"""Pure decisions of the binder: what a volume or a bound claim needs, how a reclaim goes, and the
+exact object each of the bind's four writes sends. The controller looks objects up (cache, then
+API), asks these functions, and performs the writes they describe."""
+
+from __future__ import annotations
+
+import copy
+import enum
+import time
+from dataclasses import dataclass
+
+from controller_runtime.resources import Obj
+
+from . import names
+from .match import is_bound_to_claim, volume_mode_mismatch
+
+
+def _annotations(obj: Obj) -> dict[str, str]:
+    return dict(obj.get("metadata", {}).get("annotations") or {})
+
+
+def has_annotation(obj: Obj, key: str) -> bool:
+    return key in (obj.get("metadata", {}).get("annotations") or {})
+
+
+def phase_of(obj: Obj) -> str:
+    return str(obj.get("status", {}).get("phase") or "")
+
+
+# -- volumes -------------------------------------------------------------------------------------------
+
+
+class VolumeAction(enum.Enum):
+    AVAILABLE = "available"  # unused: make it Available
+    PREBOUND = "prebound"  # reserved for a claim by name only: Available, and sync that claim
+    RELEASE = "release"  # its claim is gone: Released, then reclaim per policy
+    MODE_MISMATCH = "mode-mismatch"  # claim points nowhere yet, but the volumeMode can never fit
+    SYNC_CLAIM = "sync-claim"  # claim not yet pointing here: the claim's sync finishes the bind
+    BOUND = "bound"  # claim and volume point at each other: Bound
+    RELEASE_PROVISIONED = "release-provisioned"  # claim bound elsewhere, a provisioned Delete volume
+    UNBIND = "unbind"  # claim bound elsewhere: undo our binding, or drop the UID of a user's one
+
+
+def decide_volume(volume: Obj, claim: Obj | None) -> VolumeAction:
+    """`claim` is the claim the claimRef names, already verified against the API, and None when it
+    is gone or has another UID."""
+    spec = volume.get("spec", {})
+    ref = spec.get("claimRef")
+    if not ref:
+        return VolumeAction.AVAILABLE
+    if not ref.get("uid"):
+        return VolumeAction.PREBOUND
+    if claim is None:
+        return VolumeAction.RELEASE
+    volume_name = claim.get("spec", {}).get("volumeName") or ""
+    if not volume_name:
+        if volume_mode_mismatch(claim, volume):
+            return VolumeAction.MODE_MISMATCH
+        return VolumeAction.SYNC_CLAIM
+    if volume_name == volume["metadata"]["name"]:
+        return VolumeAction.BOUND
+    if (
+        has_annotation(volume, names.ANN_PROVISIONED_BY)
+        and spec.get("persistentVolumeReclaimPolicy") == names.DELETE
+    ):
+        return VolumeAction.RELEASE_PROVISIONED
+    return VolumeAction.UNBIND
+
+
+class ReclaimAction(enum.Enum):
+    NONE = "none"  # Retain, or the volume was migrated: nothing for us to do
+    EXTERNAL_DELETE = "external-delete"  # its external provisioner deletes it; we leave it Released
+    FAILED_DELETE = "failed-delete"  # Delete, but nobody can delete it
+    RECYCLE_UNSUPPORTED = "recycle-unsupported"
+    UNKNOWN_POLICY = "unknown-policy"
+
+
+@dataclass(frozen=True)
+class Reclaim:
+    action: ReclaimAction
+    message: str = ""
+
+
+def decide_reclaim(volume: Obj) -> Reclaim:
+    if _annotations(volume).get(names.ANN_MIGRATED_TO):
+        return Reclaim(ReclaimAction.NONE)  # the CSI provisioner owns migrated volumes
+    policy = volume.get("spec", {}).get("persistentVolumeReclaimPolicy") or ""
+    if policy == names.RETAIN:
+        return Reclaim(ReclaimAction.NONE)
+    if policy == names.RECYCLE:
+        return Reclaim(ReclaimAction.RECYCLE_UNSUPPORTED, names.MSG_NO_RECYCLER)
+    if policy == names.DELETE:
+        provisioner = _annotations(volume).get(names.ANN_PROVISIONED_BY, "")
+        # kubeloop has no in-tree volume plugins: only an external provisioner can delete.
+        if provisioner and not provisioner.startswith("kubernetes.io/"):
+            return Reclaim(ReclaimAction.EXTERNAL_DELETE)
+        return Reclaim(
+            ReclaimAction.FAILED_DELETE,
+            f'error getting deleter volume plugin for volume "{volume["metadata"]["name"]}": '
+            "no deletable volume plugin matched",
+        )
+    return Reclaim(ReclaimAction.UNKNOWN_POLICY, names.MSG_UNKNOWN_RECLAIM_POLICY)
+
+
+def volume_released(volume: Obj, claim: Obj | None) -> bool:
+    """Whether a Delete reclaim may proceed: the claimRef's claim is gone, has another UID, or is
+    bound to another volume. `claim` is the claim named by the claimRef as cached, or None."""
+    ref = volume.get("spec", {}).get("claimRef")
+    if not ref or not ref.get("uid"):
+        return False
+    if claim is None or claim.get("metadata", {}).get("uid") != ref.get("uid"):
+        return True
+    bound_to = claim.get("spec", {}).get("volumeName") or ""
+    return bool(bound_to) and bound_to != volume["metadata"]["name"]
+
+
+# -- bound claims ------------------------------------------------------------------------------------
+
+
+class BoundClaimAction(enum.Enum):
+    LOST_REFERENCE = "lost-reference"  # volumeName cleared after the bind completed
+    LOST_VOLUME = "lost-volume"  # its volume is gone
+    BIND = "bind"  # volume unbound (re-bind) or correctly bound (finish any missing write)
+    MISBOUND = "misbound"  # the volume belongs to another claim UID
+
+
+def decide_bound_claim(claim: Obj, volume: Obj | None) -> BoundClaimAction:
+    if not claim.get("spec", {}).get("volumeName"):
+        return BoundClaimAction.LOST_REFERENCE
+    if volume is None:
+        return BoundClaimAction.LOST_VOLUME
+    ref = volume.get("spec", {}).get("claimRef")
+    if not ref or ref.get("uid") == claim.get("metadata", {}).get("uid"):
+        return BoundClaimAction.BIND
+    return BoundClaimAction.MISBOUND
+
+
+# -- the four writes of a bind ------------------------------------------------------------------------
+
+
+def claim_reference(claim: Obj) -> Obj:
+    md = claim["metadata"]
+    return {
+        "kind": "PersistentVolumeClaim",
+        "namespace": md["namespace"],
+        "name": md["name"],
+        "uid": md["uid"],
+        "apiVersion": "v1",
+        "resourceVersion": md.get("resourceVersion", ""),
+    }
+
+
+def volume_bound_to_claim(volume: Obj, claim: Obj) -> Obj | None:
+    """Write 1: the volume with claimRef set to the claim (and bound-by-controller when the link is
+    ours, not the user's), or None when it already is."""
+    by_controller = not is_bound_to_claim(volume, claim)
+    ref = volume.get("spec", {}).get("claimRef") or {}
+    md = claim["metadata"]
+    dirty = False
+    new = copy.deepcopy(volume)
+    if (
+        ref.get("name") != md["name"]
+        or ref.get("namespace") != md["namespace"]
+        or ref.get("uid") != md["uid"]
+    ):
+        new["spec"]["claimRef"] = claim_reference(claim)
+        dirty = True
+    if by_controller and not has_annotation(new, names.ANN_BOUND_BY_CONTROLLER):
+        new["metadata"].setdefault("annotations", {})[names.ANN_BOUND_BY_CONTROLLER] = names.YES
+        dirty = True
+    return new if dirty else None
+
+
+def now_rfc3339() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def volume_with_phase(volume: Obj, phase: str, message: str = "") -> Obj | None:
+    """Writes 2 (and every other phase change): the volume's status, or None when unchanged."""
+    if phase_of(volume) == phase:
+        return None
+    new = copy.deepcopy(volume)
+    status = new.setdefault("status", {})
+    status["phase"] = phase
+    status["lastPhaseTransitionTime"] = now_rfc3339()
+    if message:
+        status["message"] = message
+    else:
+        status.pop("message", None)
+    return new
+
+
+def claim_bound_to_volume(claim: Obj, volume: Obj) -> Obj | None:
+    """Write 3: spec.volumeName, bound-by-controller when the user had not named the volume, and
+    bind-completed; None when all are already set."""
+    name = volume["metadata"]["name"]
+    by_controller = claim.get("spec", {}).get("volumeName") != name
+    new = copy.deepcopy(claim)
+    dirty = False
+    if new["spec"].get("volumeName") != name:
+        new["spec"]["volumeName"] = name
+        dirty = True
+    ann = new["metadata"].setdefault("annotations", {})
+    if by_controller and names.ANN_BOUND_BY_CONTROLLER not in ann:
+        ann[names.ANN_BOUND_BY_CONTROLLER] = names.YES
+        dirty = True
+    if names.ANN_BIND_COMPLETED not in ann:
+        ann[names.ANN_BIND_COMPLETED] = names.YES
+        dirty = True
+    return new if dirty else None
+
+
+def claim_with_status(claim: Obj, phase: str, volume: Obj | None) -> Obj | None:
+    """Write 4 (and Pending/Lost): phase, plus access modes and capacity from the volume when it
+    becomes Bound; None when unchanged. Capacity is only copied on the transition: a later
+    difference can be a filesystem resize in progress and must not be clobbered."""
+    status = claim.get("status", {})
+    new_status = dict(status)
+    dirty = False
+    if status.get("phase") != phase:
+        new_status["phase"] = phase
+        dirty = True
+    if volume is None:
+        for key in ("accessModes", "capacity"):
+            if status.get(key) is not None:
+                new_status.pop(key)
+                dirty = True
+    else:
+        vspec = volume.get("spec", {})
+        if status.get("accessModes") != vspec.get("accessModes"):
+            new_status["accessModes"] = copy.deepcopy(vspec.get("accessModes"))
+            dirty = True
+        if status.get("phase") != phase:
+            capacity = vspec.get("capacity") or {}
+            if (status.get("capacity") or {}).get("storage") != capacity.get("storage"):
+                new_status["capacity"] = copy.deepcopy(capacity)
+                dirty = True
+    if not dirty:
+        return None
+    new = copy.deepcopy(claim)
+    new["status"] = new_status
+    return new
+
+
+def volume_unbound(volume: Obj) -> Obj:
+    """Undo a binding: ours goes entirely (claimRef and annotation); a user's keeps its claimRef
+    minus the UID, so the volume stays reserved for that claim name."""
+    new = copy.deepcopy(volume)
+    ann = new["metadata"].get("annotations") or {}
+    if names.ANN_BOUND_BY_CONTROLLER in ann:
+        new["spec"].pop("claimRef", None)
+        del ann[names.ANN_BOUND_BY_CONTROLLER]
+        new["metadata"]["annotations"] = ann or None
+    else:
+        new["spec"]["claimRef"].pop("uid", None)
+    return new
+
+
+def claim_with_provisioner(claim: Obj, provisioner: str) -> Obj | None:
+    """The claim handed to an external provisioner (both annotation keys), or None when it is."""
+    ann = _annotations(claim)
+    if (
+        ann.get(names.ANN_STORAGE_PROVISIONER) == provisioner
+        and ann.get(names.ANN_BETA_STORAGE_PROVISIONER) == provisioner
+    ):
+        return None
+    new = copy.deepcopy(claim)
+    new_ann = new["metadata"].setdefault("annotations", {})
+    new_ann[names.ANN_STORAGE_PROVISIONER] = provisioner
+    new_ann[names.ANN_BETA_STORAGE_PROVISIONER] = provisioner
+    return new
+
+
+def is_delay_binding(claim: Obj, storage_class: Obj | None) -> bool:
+    """WaitForFirstConsumer class; a missing class binds immediately (it fails at provisioning)."""
+    return storage_class is not None and storage_class.get("volumeBindingMode") == "WaitForFirstConsumer"
+
+
+def provisioning_error(claim_class_name: str, storage_class: Obj | None) -> str | None:
+    """Why a claim of this class cannot be handed to an external provisioner, as kcm words it."""
+    if storage_class is None:
+        return f'storageclass.storage.k8s.io "{claim_class_name}" not found'
+    provisioner = str(storage_class.get("provisioner") or "")
+    if provisioner == names.NO_PROVISIONER or provisioner.startswith("kubernetes.io/"):
+        return f"no volume plugin matched name: {provisioner}"
+    return None

@@ -1,0 +1,351 @@
+"""Pure matching logic: quantities, access modes, selectors, classes, and the volume index that
+finds the best PersistentVolume for a claim (CONTRACTS.md "Binding choice").
+
+Nothing here talks to the API: every function takes plain-dict objects and returns a value, so the
+decisions are unit-tested without a server.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from decimal import ROUND_CEILING, Decimal, InvalidOperation
+
+from controller_runtime.resources import Obj
+
+from . import names
+
+# -- quantities --------------------------------------------------------------------------------------
+
+_SUFFIXES: dict[str, Decimal] = {
+    "Ki": Decimal(2**10),
+    "Mi": Decimal(2**20),
+    "Gi": Decimal(2**30),
+    "Ti": Decimal(2**40),
+    "Pi": Decimal(2**50),
+    "Ei": Decimal(2**60),
+    "n": Decimal("1e-9"),
+    "u": Decimal("1e-6"),
+    "m": Decimal("1e-3"),
+    "": Decimal(1),
+    "k": Decimal(10**3),
+    "M": Decimal(10**6),
+    "G": Decimal(10**9),
+    "T": Decimal(10**12),
+    "P": Decimal(10**15),
+    "E": Decimal(10**18),
+}
+_QUANTITY = re.compile(r"^([+-]?[0-9.]+)(?:([eE][+-]?[0-9]+)|(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)?)$")
+
+
+def parse_quantity(text: str | int | float | None) -> int:
+    """A resource.Quantity as an integer number of units, rounded up as Quantity.Value() does.
+    An empty or malformed quantity counts as 0 (the apiserver never stores one)."""
+    if text is None:
+        return 0
+    if isinstance(text, int | float):
+        return int(Decimal(str(text)).to_integral_value(ROUND_CEILING))
+    m = _QUANTITY.match(text.strip())
+    if not m:
+        return 0
+    number, exponent, suffix = m.groups()
+    try:
+        value = Decimal(number)
+        value *= Decimal(f"1{exponent}") if exponent else _SUFFIXES[suffix or ""]
+    except InvalidOperation:
+        return 0
+    return int(value.to_integral_value(ROUND_CEILING))
+
+
+def storage_of(resources: Obj | None) -> int:
+    return parse_quantity((resources or {}).get("storage"))
+
+
+def volume_capacity(volume: Obj) -> int:
+    return storage_of(volume.get("spec", {}).get("capacity"))
+
+
+def claim_request(claim: Obj) -> int:
+    return storage_of(claim.get("spec", {}).get("resources", {}).get("requests"))
+
+
+# -- access modes ------------------------------------------------------------------------------------
+
+# The fixed order kcm writes access-mode sets in (its index keys look like "RWO,ROX").
+ACCESS_MODES: tuple[tuple[str, str], ...] = (
+    ("ReadWriteOnce", "RWO"),
+    ("ReadOnlyMany", "ROX"),
+    ("ReadWriteMany", "RWX"),
+    ("ReadWriteOncePod", "RWOP"),
+)
+_ABBREV = dict(ACCESS_MODES)
+_FULL = {short: full for full, short in ACCESS_MODES}
+
+
+def access_modes_key(modes: Iterable[str]) -> str:
+    """The canonical index key of a set of access modes, e.g. ["ReadWriteMany", "ReadWriteOnce"] ->
+    "RWO,RWX". Unknown modes are ignored, as the apiserver never stores them."""
+    present = set(modes)
+    return ",".join(short for full, short in ACCESS_MODES if full in present)
+
+
+def modes_of_key(key: str) -> frozenset[str]:
+    return frozenset(_FULL[s] for s in key.split(",") if s in _FULL)
+
+
+def contains_access_modes(offered: Iterable[str], requested: Iterable[str]) -> bool:
+    return set(requested) <= set(offered)
+
+
+# -- classes, modes, selectors --------------------------------------------------------------------
+
+
+def claim_class(claim: Obj) -> str:
+    """The claim's class; the beta annotation wins over the field, and nil means "" (no class)."""
+    ann = claim.get("metadata", {}).get("annotations") or {}
+    if names.ANN_BETA_STORAGE_CLASS in ann:
+        return str(ann[names.ANN_BETA_STORAGE_CLASS])
+    return str(claim.get("spec", {}).get("storageClassName") or "")
+
+
+def claim_has_class(claim: Obj) -> bool:
+    """True when the user chose a class, even "": only a nil class gets the default one."""
+    ann = claim.get("metadata", {}).get("annotations") or {}
+    return names.ANN_BETA_STORAGE_CLASS in ann or claim.get("spec", {}).get("storageClassName") is not None
+
+
+def volume_class(volume: Obj) -> str:
+    ann = volume.get("metadata", {}).get("annotations") or {}
+    if names.ANN_BETA_STORAGE_CLASS in ann:
+        return str(ann[names.ANN_BETA_STORAGE_CLASS])
+    return str(volume.get("spec", {}).get("storageClassName") or "")
+
+
+def volume_mode_mismatch(claim: Obj, volume: Obj) -> bool:
+    """nil volumeMode means Filesystem on both sides."""
+    want = claim.get("spec", {}).get("volumeMode") or "Filesystem"
+    have = volume.get("spec", {}).get("volumeMode") or "Filesystem"
+    return bool(want != have)
+
+
+def attributes_class_mismatch(claim: Obj, volume: Obj) -> bool:
+    want = claim.get("spec", {}).get("volumeAttributesClassName") or ""
+    have = volume.get("spec", {}).get("volumeAttributesClassName") or ""
+    return bool(want != have)
+
+
+def is_deleting(obj: Obj) -> bool:
+    return bool(obj.get("metadata", {}).get("deletionTimestamp"))
+
+
+def selector_matches(selector: Obj | None, labels: dict[str, str]) -> bool:
+    """metav1.LabelSelector semantics: matchLabels AND every matchExpression; an empty selector
+    matches everything."""
+    if not selector:
+        return True
+    for k, v in (selector.get("matchLabels") or {}).items():
+        if labels.get(k) != v:
+            return False
+    for expr in selector.get("matchExpressions") or []:
+        key, op, values = expr.get("key", ""), expr.get("operator", ""), expr.get("values") or []
+        if op == "In":
+            if key not in labels or labels[key] not in values:
+                return False
+        elif op == "NotIn":
+            if key in labels and labels[key] in values:
+                return False
+        elif op == "Exists":
+            if key not in labels:
+                return False
+        elif op == "DoesNotExist":
+            if key in labels:
+                return False
+        else:
+            return False  # an operator we do not know can never be satisfied
+    return True
+
+
+# -- claim <-> volume links -------------------------------------------------------------------------
+
+
+def claim_key(claim: Obj) -> str:
+    md = claim.get("metadata", {})
+    return f"{md.get('namespace', '')}/{md.get('name', '')}"
+
+
+def claim_ref_key(volume: Obj) -> str | None:
+    ref = volume.get("spec", {}).get("claimRef")
+    if not ref:
+        return None
+    return f"{ref.get('namespace', '')}/{ref.get('name', '')}"
+
+
+def is_bound_to_claim(volume: Obj, claim: Obj) -> bool:
+    """The volume points at this claim by name, and by UID when the reference carries one."""
+    ref = volume.get("spec", {}).get("claimRef")
+    if not ref:
+        return False
+    md = claim.get("metadata", {})
+    if ref.get("name") != md.get("name") or ref.get("namespace") != md.get("namespace"):
+        return False
+    return not ref.get("uid") or ref.get("uid") == md.get("uid")
+
+
+def check_volume_satisfies_claim(volume: Obj, claim: Obj) -> str | None:
+    """Why a volume the user asked for by name cannot serve the claim, or None when it can."""
+    if is_deleting(volume):
+        return f'the volume is marked for deletion "{volume["metadata"]["name"]}"'
+    if volume_capacity(volume) < claim_request(claim):
+        return "requested PV is too small"
+    if volume_class(volume) != claim_class(claim):
+        return "storageClassName does not match"
+    if volume_mode_mismatch(claim, volume):
+        return "incompatible volumeMode"
+    if not contains_access_modes(
+        volume.get("spec", {}).get("accessModes") or [], claim.get("spec", {}).get("accessModes") or []
+    ):
+        return "incompatible accessMode"
+    return None
+
+
+# -- the volume index --------------------------------------------------------------------------------
+
+
+@dataclass
+class _Entry:
+    bucket: str | None  # access-mode key when the volume is free (no claimRef), else None
+    capacity: int
+    claim: str | None  # "ns/name" of the claimRef, if any
+
+
+@dataclass
+class VolumeIndex:
+    """Volumes by access-mode set (only free ones: no claimRef), each bucket sorted by capacity, and
+    volumes by the claim their claimRef names. Finding the smallest fit is a bisect plus a short
+    scan instead of a pass over every volume."""
+
+    _buckets: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
+    _by_claim: dict[str, set[str]] = field(default_factory=dict)
+    _entries: dict[str, _Entry] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def upsert(self, volume: Obj) -> None:
+        name = volume["metadata"]["name"]
+        self.remove(name)
+        spec = volume.get("spec", {})
+        ref = claim_ref_key(volume)
+        bucket = None if ref else access_modes_key(spec.get("accessModes") or [])
+        entry = _Entry(bucket, volume_capacity(volume), ref)
+        self._entries[name] = entry
+        if bucket is not None:
+            bisect.insort(self._buckets.setdefault(bucket, []), (entry.capacity, name))
+        if ref is not None:
+            self._by_claim.setdefault(ref, set()).add(name)
+
+    def remove(self, name: str) -> None:
+        entry = self._entries.pop(name, None)
+        if entry is None:
+            return
+        if entry.bucket is not None:
+            items = self._buckets[entry.bucket]
+            i = bisect.bisect_left(items, (entry.capacity, name))
+            if i < len(items) and items[i] == (entry.capacity, name):
+                del items[i]
+            if not items:
+                del self._buckets[entry.bucket]
+        if entry.claim is not None:
+            names_ = self._by_claim.get(entry.claim)
+            if names_ is not None:
+                names_.discard(name)
+                if not names_:
+                    del self._by_claim[entry.claim]
+
+    def bound_to(self, claim_key_: str) -> list[str]:
+        """Names of volumes whose claimRef names this claim (any UID), sorted."""
+        return sorted(self._by_claim.get(claim_key_, ()))
+
+    def buckets_for(self, requested: Iterable[str]) -> list[str]:
+        """Access-mode keys offering every requested mode, fewest modes first (then by key, so the
+        order is deterministic)."""
+        want = set(requested)
+        keys = [k for k in self._buckets if want <= modes_of_key(k)]
+        return sorted(keys, key=lambda k: (len(modes_of_key(k)), k))
+
+    def free_at_least(self, bucket: str, size: int) -> Iterable[str]:
+        """Free volume names in a bucket with capacity >= size, smallest first."""
+        items = self._buckets.get(bucket, [])
+        start = bisect.bisect_left(items, (size, ""))
+        for i in range(start, len(items)):
+            yield items[i][1]
+
+
+def find_best_match(
+    claim: Obj,
+    index: VolumeIndex,
+    get_volume: Callable[[str], Obj | None],
+    delay_binding: bool,
+    unusable: Callable[[str], bool] = lambda _: False,
+) -> Obj | None:
+    """The volume a claim without spec.volumeName should bind to, or None.
+
+    A volume already pointing at the claim wins when it fits. Otherwise, unless binding is delayed
+    to the scheduler, the smallest Available volume in the bucket with the fewest access modes that
+    passes every filter. `unusable(name)` excludes volumes another claim has reserved meanwhile.
+    """
+    spec = claim.get("spec", {})
+    requested = spec.get("accessModes") or []
+    size = claim_request(claim)
+
+    for name in index.bound_to(claim_key(claim)):
+        volume = get_volume(name)
+        if volume is None or not is_bound_to_claim(volume, claim):
+            continue
+        if (
+            volume_capacity(volume) >= size
+            and not volume_mode_mismatch(claim, volume)
+            and not attributes_class_mismatch(claim, volume)
+            and not is_deleting(volume)
+            and contains_access_modes(volume.get("spec", {}).get("accessModes") or [], requested)
+        ):
+            return volume
+
+    if delay_binding:
+        return None  # the scheduler picks the volume together with the node
+
+    wanted_class = claim_class(claim)
+    selector = spec.get("selector")
+    for bucket in index.buckets_for(requested):
+        for name in index.free_at_least(bucket, size):
+            volume = get_volume(name)
+            if volume is None or unusable(name):
+                continue
+            if (
+                volume.get("status", {}).get("phase") != names.PV_AVAILABLE
+                or is_deleting(volume)
+                or volume_mode_mismatch(claim, volume)
+                or attributes_class_mismatch(claim, volume)
+                or volume_class(volume) != wanted_class
+                or not selector_matches(selector, volume.get("metadata", {}).get("labels") or {})
+            ):
+                continue
+            return volume
+    return None
+
+
+def default_class(classes: Iterable[Obj]) -> Obj | None:
+    """The default StorageClass; with several, the newest wins (then the name), as upstream."""
+    defaults = [
+        c
+        for c in classes
+        if (c.get("metadata", {}).get("annotations") or {}).get(names.ANN_DEFAULT_CLASS) == "true"
+        or (c.get("metadata", {}).get("annotations") or {}).get(names.ANN_BETA_DEFAULT_CLASS) == "true"
+    ]
+    if not defaults:
+        return None
+    # max() keeps the first of equal keys: sorting by name first makes the smallest name win a tie.
+    by_name = sorted(defaults, key=lambda c: str(c["metadata"]["name"]))
+    return max(by_name, key=lambda c: str(c["metadata"].get("creationTimestamp", "")))
