@@ -23,6 +23,7 @@ import pytest
 from controller_runtime.toolchain import REPO_ROOT, MissingBinaryError, Toolchain
 from services.stack.certs import PKI, Identity, service_account_identity
 from services.stack.components import Component, ComponentContext, Components
+from services.stack.controlplane import ControlPlane, StackLockedError
 from services.stack.proc import ManagedProcess, free_ports, port_is_free
 from services.stack.testing import free_stack_ports, start_test_control_plane
 
@@ -80,11 +81,9 @@ def _stack_processes(home: Path) -> list[psutil.Process]:
     return found
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]:
+def _launch(home: Path, base: Path) -> RunningStack:
+    """Starts the launcher as `make up` would (plus test ports and no fsync) and waits for ready."""
     tc = toolchain()
-    base = tmp_path_factory.mktemp("stack")
-    home = base / "home"
     ports = free_stack_ports()
     stdout, stderr = base / "stdout.txt", base / "stderr.txt"
     argv = [
@@ -111,17 +110,32 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]:
                 pytest.fail(f"the stack was not ready after {START_TIMEOUT:.0f}s\n{running.output()}")
             time.sleep(0.2)
         running.children = psutil.Process(proc.pid).children(recursive=True)
+    except BaseException:
+        _cleanup(running)
+        raise
+    return running
+
+
+def _cleanup(running: RunningStack) -> None:
+    if running.proc.poll() is None:
+        running.proc.send_signal(signal.SIGTERM)
+        try:
+            running.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            running.proc.kill()
+    for p in _stack_processes(running.home):
+        p.kill()
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]:
+    base = tmp_path_factory.mktemp("stack")
+    running = _launch(base / "home", base)
+    try:
         yield running
     finally:
         # Normally test_sigterm_stops_everything has stopped it; this only cleans up after a failure.
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        for p in _stack_processes(home):
-            p.kill()
+        _cleanup(running)
 
 
 def test_ready_and_reports_each_component(stack: RunningStack) -> None:
@@ -180,6 +194,32 @@ def test_sigterm_stops_everything(stack: RunningStack) -> None:
     assert not alive, f"orphaned: {[(p.pid, p.name()) for p in alive]}"
     assert _stack_processes(stack.home) == []
     assert "kubeloop: stopped" in stack.stdout.read_text()
+
+
+def test_killed_launcher_leaves_no_orphans_and_restart_reuses_state(tmp_path: Path) -> None:
+    """SIGKILL gives the launcher no chance to clean up: the children's parent-death signal must.
+    A new launcher on the same home then reuses the certificates and etcd's data."""
+    home = tmp_path / "home"
+    (tmp_path / "1").mkdir()
+    first = _launch(home, tmp_path / "1")
+    try:
+        first.kubectl_run("create", "namespace", "survives-restart")
+        pki = {p: p.read_bytes() for p in (home / "pki").rglob("*") if p.is_file()}
+        first.proc.kill()
+        first.proc.wait(10)
+        _gone, alive = psutil.wait_procs(first.children, timeout=10)
+        assert not alive, f"orphaned after SIGKILL: {[(p.pid, p.name()) for p in alive]}"
+    finally:
+        _cleanup(first)
+    (tmp_path / "2").mkdir()
+    second = _launch(home, tmp_path / "2")
+    try:
+        assert {p: p.read_bytes() for p in (home / "pki").rglob("*") if p.is_file()} == pki
+        assert "namespace/survives-restart" in second.kubectl_run("get", "namespace", "-o", "name")
+        assert (home / "logs" / "kube-apiserver.previous.log").exists()
+    finally:
+        _cleanup(second)
+    assert second.proc.returncode == 0
 
 
 def test_refuses_taken_port(tmp_path: Path) -> None:
@@ -267,6 +307,11 @@ subjects: [{kind: ServiceAccount, name: kubeloop-e2e-probe, namespace: kube-syst
         def died(proc: ManagedProcess, code: int) -> None:
             deaths.append((proc.name, code))
 
+        # One stack per home: a second control plane on it must refuse, not corrupt etcd's data.
+        with pytest.raises(StackLockedError, match="another kubeloop stack"):
+            await ControlPlane(cp.home, free_stack_ports(), with_kcm=False, with_scheduler=False).start()
+        # restart_apiserver keeps the data (etcd is untouched) and returns once ready again.
+        assert await cp.restart_apiserver() > 0
         comps = Components(cp, [probe], ["node-1", "node-2"], on_unexpected_exit=died)
         await comps.start()
         try:
