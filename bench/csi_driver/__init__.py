@@ -1,0 +1,1 @@
+"""Benchmark of the CSI driver; run `python -m bench.csi_driver`."""
