@@ -36,7 +36,7 @@ def skipped_specs(report: Path) -> list[str]:
 
 @pytest.mark.root
 @pytest.mark.parametrize("access_type", ["mount", "block"])
-def test_csi_sanity(access_type: str, csi_root: Path) -> None:
+def test_csi_sanity(access_type: str, csi_root: Path, capsys: pytest.CaptureFixture[str]) -> None:
     require_root()
     binary = sanity_binary()
     work = csi_root / f"sanity-{access_type}"
@@ -73,9 +73,11 @@ def test_csi_sanity(access_type: str, csi_root: Path) -> None:
         if ran and counts
         else "csi-sanity printed no summary"
     )
-    print(f"\n{summary}")
-    for name in skipped_specs(report):
-        print(f"  skipped: {name}")
+    # Straight to the terminal, so the counts show in every run, not only with -s or on failure.
+    with capsys.disabled():
+        print(f"\n{summary}")
+        for name in skipped_specs(report):
+            print(f"  skipped: {name}")
     if proc.returncode != 0:
         failures = "\n".join(line for line in output.splitlines() if "[FAIL]" in line or "[FAILED]" in line)
         pytest.fail(
