@@ -539,8 +539,11 @@ def test_socket_registration_metrics_and_sigterm(csi_root: Path) -> None:
 
     with socketlib.socket(socketlib.AF_UNIX) as s:  # a socket nobody listens on any more
         s.bind(str(stale))
+    with socketlib.socket() as free:  # a free loopback port for the metrics endpoint
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
     d = Driver(
-        work, "node", "node-r", ["--kubelet-root-dir", str(kubelet), "--http-endpoint", "127.0.0.1:18742"]
+        work, "node", "node-r", ["--kubelet-root-dir", str(kubelet), "--http-endpoint", f"127.0.0.1:{port}"]
     )
     d.start()
     try:
@@ -563,12 +566,12 @@ def test_socket_registration_metrics_and_sigterm(csi_root: Path) -> None:
             grpc.StatusCode.UNIMPLEMENTED
         )
         client.close()
-        metrics = urllib.request.urlopen("http://127.0.0.1:18742/metrics", timeout=5).read().decode()
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
         assert (
             'csi_operations_seconds_count{driver_name="loop.csi.kubeloop.dev",grpc_status_code="OK",'
             'method_name="NodeGetInfo"}' in metrics
         )
-        assert urllib.request.urlopen("http://127.0.0.1:18742/readyz", timeout=5).status == 200
+        assert urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5).status == 200
     finally:
         assert d.stop() == 0
     assert not d.socket.exists() and not stale.exists()
