@@ -55,6 +55,7 @@ from .match import (
     claim_ref_key,
     default_class,
     find_best_match,
+    free_volume_fits,
     is_bound_to_claim,
 )
 from .metrics import COUNTS, OperationTimer
@@ -199,10 +200,19 @@ class PVController:
                 claims=len(self.view.claims.items),
                 workers=self.options.workers,
             )
-            await asyncio.gather(
-                run_workers(self.volume_queue, self.sync_volume_key, self.options.workers),
-                run_workers(self.claim_queue, self.sync_claim_key, self.options.workers),
+            volumes = asyncio.create_task(
+                run_workers(self.volume_queue, self.sync_volume_key, self.options.workers)
             )
+            try:
+                # Volumes first: a fresh volume is Pending until its first sync, and claims synced
+                # before that would find nothing and wait for a resync.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.volume_queue.wait_idle(), self.options.resync_period)
+                await run_workers(self.claim_queue, self.sync_claim_key, self.options.workers)
+            finally:
+                volumes.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await volumes
         finally:
             self.volume_queue.shutdown()
             self.claim_queue.shutdown()
@@ -308,7 +318,11 @@ class PVController:
         claim = await self._claim_of(volume) if ref and ref.get("uid") else None
         action = decide_volume(volume, claim)
         if action is VolumeAction.AVAILABLE:
-            await self._set_volume_phase(volume, names.PV_AVAILABLE)
+            if phase_of(volume) != names.PV_AVAILABLE:
+                volume = await self._set_volume_phase(volume, names.PV_AVAILABLE)
+                woken = self.view.wake_one(lambda claim: free_volume_fits(volume, claim))
+                if woken is not None:
+                    self.claim_queue.add(woken)
         elif action is VolumeAction.PREBOUND:
             await self._set_volume_phase(volume, names.PV_AVAILABLE)
             self.claim_queue.add(f"{ref['namespace']}/{ref['name']}")
@@ -379,6 +393,7 @@ class PVController:
             self.timer.drop(key, "provision")
             return None
         if has_annotation(claim, names.ANN_BIND_COMPLETED):
+            self.view.waiting.pop(key, None)
             await self._sync_bound_claim(claim)
             return None
         return await self._sync_unbound_claim(claim)
@@ -425,8 +440,11 @@ class PVController:
             lambda name: self.view.reserved_by_other(name, key),
         )
         if volume is not None:
+            self.view.waiting.pop(key, None)
             await self._bind_reserved(volume, claim)
             return None
+        if not delay:
+            self.view.waiting[key] = None
         if await self._assign_default_class(claim):
             return None
         annotations = claim.get("metadata", {}).get("annotations") or {}

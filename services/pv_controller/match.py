@@ -316,24 +316,37 @@ def find_best_match(
     if delay_binding:
         return None  # the scheduler picks the volume together with the node
 
-    wanted_class = claim_class(claim)
-    selector = spec.get("selector")
     for bucket in index.buckets_for(requested):
         for name in index.free_at_least(bucket, size):
             volume = get_volume(name)
             if volume is None or unusable(name):
                 continue
-            if (
-                volume.get("status", {}).get("phase") != names.PV_AVAILABLE
-                or is_deleting(volume)
-                or volume_mode_mismatch(claim, volume)
-                or attributes_class_mismatch(claim, volume)
-                or volume_class(volume) != wanted_class
-                or not selector_matches(selector, volume.get("metadata", {}).get("labels") or {})
-            ):
-                continue
-            return volume
+            if free_volume_fits(volume, claim, check_size_and_modes=False):
+                return volume
     return None
+
+
+def free_volume_fits(volume: Obj, claim: Obj, check_size_and_modes: bool = True) -> bool:
+    """Whether a free (claimRef-less) volume may be bound to a claim that did not name it. The
+    index already guarantees size and access modes when searching, so callers can skip those."""
+    if volume.get("spec", {}).get("claimRef"):
+        return False
+    if check_size_and_modes and (
+        volume_capacity(volume) < claim_request(claim)
+        or not contains_access_modes(
+            volume.get("spec", {}).get("accessModes") or [], claim.get("spec", {}).get("accessModes") or []
+        )
+    ):
+        return False
+    labels = volume.get("metadata", {}).get("labels") or {}
+    return not (
+        volume.get("status", {}).get("phase") != names.PV_AVAILABLE
+        or is_deleting(volume)
+        or volume_mode_mismatch(claim, volume)
+        or attributes_class_mismatch(claim, volume)
+        or volume_class(volume) != claim_class(claim)
+        or not selector_matches(claim.get("spec", {}).get("selector"), labels)
+    )
 
 
 def default_class(classes: Iterable[Obj]) -> Obj | None:

@@ -10,6 +10,7 @@ reserved, and the search plus the reservation run without an await in between.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from controller_runtime.resources import Obj
@@ -74,6 +75,9 @@ class LocalView:
         self.index = VolumeIndex()
         self._claims_by_volume: dict[str, set[str]] = {}
         self._reserved: dict[str, str] = {}  # volume name -> claim key
+        # Claims that found no volume, oldest first: a volume that becomes Available wakes one
+        # that it fits instead of leaving it to the next resync.
+        self.waiting: dict[str, None] = {}
 
     # -- volumes ------------------------------------------------------------------------------------
 
@@ -112,6 +116,7 @@ class LocalView:
 
     def delete_claim(self, claim: Obj) -> None:
         key = claim_key(claim)
+        self.waiting.pop(key, None)
         self._unindex_claim(key, self.claims.delete(key, claim))
 
     def _unindex_claim(self, key: str, old: Obj | None) -> None:
@@ -132,6 +137,20 @@ class LocalView:
 
     def all_volumes(self) -> list[Obj]:
         return list(self.volumes.items.values())
+
+    def wake_one(self, fits: Callable[[Obj], bool], limit: int = 64) -> str | None:
+        """Takes the oldest waiting claim that `fits` (looking at no more than `limit` of them, so
+        a volume no one wants costs little) out of the waiting set and returns its key."""
+        for n, key in enumerate(list(self.waiting)):
+            if n >= limit:
+                break
+            claim = self.claims.get(key)
+            if claim is None:
+                del self.waiting[key]
+            elif fits(claim):
+                del self.waiting[key]
+                return key
+        return None
 
     # -- reservations --------------------------------------------------------------------------------
 

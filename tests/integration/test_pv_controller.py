@@ -1,0 +1,551 @@
+"""pv-controller against the real apiserver: one table case per upstream binder behaviour.
+
+Each case creates its initial objects (intermediate states are written directly, as a crash would
+leave them), starts one controller in-process, and waits for the expected final objects and events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from controller_runtime.client import ApiClient
+from controller_runtime.resources import PERSISTENT_VOLUME_CLAIMS, PERSISTENT_VOLUMES
+from services.pv_controller import names
+from services.stack.controlplane import ControlPlane
+
+from .test_pv_controller_support import (
+    ANY,
+    BIND_COMPLETED,
+    BOUND_BY_CONTROLLER,
+    NO_UID,
+    OTHER_UID,
+    PROVISIONER,
+    PV,
+    PVC,
+    SC,
+    Case,
+    WantEvent,
+    WantPV,
+    WantPVC,
+    harness,
+    wait_for,
+)
+
+pytestmark = pytest.mark.integration
+
+RWO = ("ReadWriteOnce",)
+CONTROLLER_BOUND = {BIND_COMPLETED: "yes", BOUND_BY_CONTROLLER: "yes"}
+USER_BOUND = {BIND_COMPLETED: "yes", BOUND_BY_CONTROLLER: None}
+BOUND_CLAIM = {BIND_COMPLETED: "yes"}
+NOT_ATTEMPTED = {BIND_COMPLETED: None}
+
+UNBOUND_CLAIMS = [
+    Case(
+        "bind",
+        pvs=(PV("pv1"),),
+        pvcs=(PVC("data"),),
+        want_pvs=(WantPV("pv1", "Bound", "data", "data", {BOUND_BY_CONTROLLER: "yes"}),),
+        want_pvcs=(WantPVC("data", "Bound", "pv1", CONTROLLER_BOUND),),
+    ),
+    Case(
+        "smallest-fit",
+        pvs=(PV("big", "10Gi"), PV("fit", "2Gi"), PV("small", "500Mi")),
+        pvcs=(PVC("data", "1Gi"),),
+        want_pvs=(
+            WantPV("fit", "Bound", "data", "data"),
+            WantPV("big", "Available"),
+            WantPV("small", "Available"),
+        ),
+        want_pvcs=(WantPVC("data", "Bound", "fit"),),
+    ),
+    Case(
+        "fewest-access-modes",
+        pvs=(PV("rwo-rwx", "1Gi", ("ReadWriteOnce", "ReadWriteMany")), PV("rwo", "5Gi")),
+        pvcs=(PVC("data", "1Gi"),),
+        want_pvs=(WantPV("rwo", "Bound", "data"), WantPV("rwo-rwx", "Available")),
+        want_pvcs=(WantPVC("data", "Bound", "rwo"),),
+    ),
+    Case(
+        "pre-bound-by-name-wins",
+        pvs=(PV("exact", "1Gi"), PV("reserved", "5Gi", claim="data", claim_uid=NO_UID)),
+        pvcs=(PVC("data", "1Gi"),),
+        want_pvs=(
+            WantPV("reserved", "Bound", "data", "data", {BOUND_BY_CONTROLLER: None}),
+            WantPV("exact", "Available"),
+        ),
+        want_pvcs=(WantPVC("data", "Bound", "reserved", CONTROLLER_BOUND),),
+    ),
+    Case(
+        "pre-bound-by-uid",
+        pvs=(PV("exact", "1Gi"), PV("reserved", "5Gi", claim="data")),
+        pvcs=(PVC("data", "1Gi"),),
+        want_pvs=(WantPV("reserved", "Bound", "data", "data", {BOUND_BY_CONTROLLER: None}),),
+        want_pvcs=(WantPVC("data", "Bound", "reserved", CONTROLLER_BOUND),),
+    ),
+    Case(
+        "pre-bound-to-another-claim",
+        pvs=(PV("reserved", claim="someone-else", claim_uid=NO_UID),),
+        pvcs=(PVC("data"),),
+        want_pvs=(WantPV("reserved", "Available", "someone-else", NO_UID),),
+        want_pvcs=(WantPVC("data", "Pending", None, NOT_ATTEMPTED),),
+        want_events=(WantEvent("data", names.FAILED_BINDING, names.MSG_NO_CLASS),),
+    ),
+    Case(
+        "crash-after-write-1-pv-claimref",
+        pvs=(PV("pv1", claim="data", phase="Available", annotations={BOUND_BY_CONTROLLER: "yes"}),),
+        pvcs=(PVC("data"),),
+        want_pvs=(WantPV("pv1", "Bound", "data", "data", {BOUND_BY_CONTROLLER: "yes"}),),
+        want_pvcs=(WantPVC("data", "Bound", "pv1", CONTROLLER_BOUND),),
+    ),
+    Case(
+        "crash-after-write-2-pv-bound",
+        pvs=(PV("pv1", claim="data", phase="Bound", annotations={BOUND_BY_CONTROLLER: "yes"}),),
+        pvcs=(PVC("data"),),
+        want_pvs=(WantPV("pv1", "Bound", "data", "data", {BOUND_BY_CONTROLLER: "yes"}),),
+        want_pvcs=(WantPVC("data", "Bound", "pv1", CONTROLLER_BOUND),),
+    ),
+    Case(
+        "crash-after-write-3-pvc-volumename",
+        pvs=(PV("pv1", claim="data", phase="Bound", annotations={BOUND_BY_CONTROLLER: "yes"}),),
+        pvcs=(PVC("data", volume="pv1", annotations=CONTROLLER_BOUND),),
+        want_pvs=(WantPV("pv1", "Bound", "data", "data"),),
+        want_pvcs=(WantPVC("data", "Bound", "pv1", CONTROLLER_BOUND),),
+    ),
+    Case(
+        "crash-after-write-4-nothing-left",
+        pvs=(PV("pv1", claim="data", phase="Bound", annotations={BOUND_BY_CONTROLLER: "yes"}),),
+        pvcs=(PVC("data", volume="pv1", phase="Bound", annotations=CONTROLLER_BOUND),),
+        want_pvs=(WantPV("pv1", "Bound", "data", "data"),),
+        want_pvcs=(WantPVC("data", "Bound", "pv1", CONTROLLER_BOUND),),
+    ),
+    Case(
+        "selector-match",
+        pvs=(PV("plain", "1Gi"), PV("gold", "2Gi", labels={"tier": "gold"})),
+        pvcs=(PVC("data", selector={"matchLabels": {"tier": "gold"}}),),
+        want_pvs=(WantPV("gold", "Bound", "data"), WantPV("plain", "Available")),
+        want_pvcs=(WantPVC("data", "Bound", "gold"),),
+    ),
+    Case(
+        "selector-mismatch",
+        pvs=(PV("plain", labels={"tier": "bronze"}),),
+        pvcs=(
+            PVC(
+                "data",
+                selector={"matchExpressions": [{"key": "tier", "operator": "In", "values": ["gold"]}]},
+            ),
+        ),
+        want_pvs=(WantPV("plain", "Available"),),
+        want_pvcs=(WantPVC("data", "Pending"),),
+        want_events=(WantEvent("data", names.FAILED_BINDING, names.MSG_NO_CLASS),),
+    ),
+    Case(
+        "wait-for-first-consumer",
+        classes=(SC("local", names.NO_PROVISIONER, wait_for_consumer=True),),
+        pvs=(PV("pv1", cls="local"),),
+        pvcs=(PVC("data", cls="local"),),
+        want_pvs=(WantPV("pv1", "Available"),),
+        want_pvcs=(WantPVC("data", "Pending"),),
+        want_events=(WantEvent("data", names.WAIT_FOR_FIRST_CONSUMER, names.MSG_WAIT_FIRST_CONSUMER),),
+    ),
+    Case(
+        "skip-non-available-volumes",
+        pvs=(
+            PV("released", "1Gi", claim="gone", claim_uid=OTHER_UID, phase="Released"),
+            PV("available", "5Gi"),
+        ),
+        pvcs=(PVC("data", "1Gi"),),
+        want_pvs=(WantPV("available", "Bound", "data"), WantPV("released", "Released", "gone")),
+        want_pvcs=(WantPVC("data", "Bound", "available"),),
+    ),
+]
+
+PREBOUND_CLAIMS = [
+    Case(
+        "named-volume-missing",
+        pvcs=(PVC("data", volume="nothere"),),
+        pvs=(PV("other"),),
+        want_pvs=(WantPV("other", "Available"),),
+        want_pvcs=(WantPVC("data", "Pending", "nothere", NOT_ATTEMPTED),),
+    ),
+    Case(
+        "named-volume-unbound",
+        pvs=(PV("small", "1Gi"), PV("named", "5Gi")),
+        pvcs=(PVC("data", volume="named"),),
+        want_pvs=(WantPV("named", "Bound", "data", "data", {BOUND_BY_CONTROLLER: "yes"}),),
+        want_pvcs=(WantPVC("data", "Bound", "named", USER_BOUND),),
+    ),
+    Case(
+        "named-volume-bound-elsewhere",
+        pvs=(PV("named", claim="owner", phase="Bound"),),
+        pvcs=(
+            PVC("owner", volume="named", phase="Bound", annotations=BOUND_CLAIM),
+            PVC("data", volume="named"),
+        ),
+        want_pvs=(WantPV("named", "Bound", "owner", "owner"),),
+        want_pvcs=(WantPVC("data", "Pending", "named"), WantPVC("owner", "Bound", "named")),
+        want_events=(WantEvent("data", names.FAILED_BINDING, "already bound to a different claim."),),
+    ),
+    Case(
+        "named-volume-too-small",
+        pvs=(PV("named", "1Gi"),),
+        pvcs=(PVC("data", "2Gi", volume="named"),),
+        want_pvs=(WantPV("named", "Available"),),
+        want_pvcs=(WantPVC("data", "Pending", "named"),),
+        want_events=(WantEvent("data", names.VOLUME_MISMATCH, "requested PV is too small"),),
+    ),
+    Case(
+        "named-volume-class-mismatch",
+        classes=(SC("gold"),),
+        pvs=(PV("named", cls="gold"),),
+        pvcs=(PVC("data", cls="", volume="named"),),
+        want_pvs=(WantPV("named", "Available"),),
+        want_pvcs=(WantPVC("data", "Pending", "named"),),
+        want_events=(WantEvent("data", names.VOLUME_MISMATCH, "storageClassName does not match"),),
+    ),
+    Case(
+        "named-volume-mode-mismatch",
+        pvs=(PV("named", volume_mode="Block"),),
+        pvcs=(PVC("data", volume="named"),),
+        want_pvs=(WantPV("named", "Available"),),
+        want_pvcs=(WantPVC("data", "Pending", "named"),),
+        want_events=(WantEvent("data", names.VOLUME_MISMATCH, "incompatible volumeMode"),),
+    ),
+]
+
+BOUND_CLAIMS = [
+    Case(
+        "lost-volume",
+        pvcs=(PVC("data", volume="gone", phase="Bound", annotations=BOUND_CLAIM),),
+        want_pvcs=(WantPVC("data", "Lost", "gone"),),
+        want_events=(WantEvent("data", names.CLAIM_LOST_REASON, names.MSG_CLAIM_LOST_VOLUME),),
+    ),
+    Case(
+        "lost-reference",
+        pvcs=(PVC("data", phase="Bound", annotations=BOUND_CLAIM),),
+        want_pvcs=(WantPVC("data", "Lost"),),
+        want_events=(WantEvent("data", names.CLAIM_LOST_REASON, names.MSG_CLAIM_LOST_REFERENCE),),
+    ),
+    Case(
+        "misbound",
+        pvs=(PV("pv1", claim="owner", phase="Bound"),),
+        pvcs=(
+            PVC("owner", volume="pv1", phase="Bound", annotations=BOUND_CLAIM),
+            PVC("data", volume="pv1", phase="Bound", annotations=BOUND_CLAIM),
+        ),
+        want_pvs=(WantPV("pv1", "Bound", "owner", "owner"),),
+        want_pvcs=(WantPVC("data", "Lost", "pv1"), WantPVC("owner", "Bound", "pv1")),
+        want_events=(WantEvent("data", names.CLAIM_MISBOUND, names.MSG_CLAIM_MISBOUND),),
+    ),
+    Case(
+        "re-bind-unbound-volume",
+        pvs=(PV("pv1", phase="Available"),),
+        pvcs=(PVC("data", volume="pv1", phase="Bound", annotations=BOUND_CLAIM),),
+        want_pvs=(WantPV("pv1", "Bound", "data", "data", {BOUND_BY_CONTROLLER: "yes"}),),
+        want_pvcs=(WantPVC("data", "Bound", "pv1"),),
+    ),
+]
+
+VOLUMES = [
+    Case("unused-becomes-available", pvs=(PV("pv1"),), want_pvs=(WantPV("pv1", "Available"),)),
+    Case(
+        "released-when-claim-missing",
+        pvs=(PV("pv1", claim="gone", claim_uid=OTHER_UID, phase="Bound"),),
+        want_pvs=(WantPV("pv1", "Released", "gone"),),
+    ),
+    Case(
+        "released-when-claim-has-new-uid",
+        pvs=(PV("pv1", claim="data", claim_uid=OTHER_UID, phase="Bound"),),
+        pvcs=(PVC("data", "5Gi"),),
+        want_pvs=(WantPV("pv1", "Released", "data"),),
+        want_pvcs=(WantPVC("data", "Pending"),),
+    ),
+    Case(
+        "rollback-controller-binding",
+        pvs=(
+            PV("loser", claim="data", phase="Bound", annotations={BOUND_BY_CONTROLLER: "yes"}),
+            PV("winner", claim="data", phase="Bound"),
+        ),
+        pvcs=(PVC("data", volume="winner", phase="Bound", annotations=CONTROLLER_BOUND),),
+        want_pvs=(
+            WantPV("loser", "Available", None, ANY, {BOUND_BY_CONTROLLER: None}),
+            WantPV("winner", "Bound", "data", "data"),
+        ),
+        want_pvcs=(WantPVC("data", "Bound", "winner"),),
+    ),
+    Case(
+        "user-binding-keeps-claim-name",
+        pvs=(PV("users", claim="data", phase="Bound"), PV("winner", claim="data", phase="Bound")),
+        pvcs=(PVC("data", volume="winner", phase="Bound", annotations=CONTROLLER_BOUND),),
+        want_pvs=(WantPV("users", "Available", "data", NO_UID), WantPV("winner", "Bound", "data")),
+        want_pvcs=(WantPVC("data", "Bound", "winner"),),
+    ),
+    Case(
+        "provisioned-delete-volume-released-when-claim-bound-elsewhere",
+        pvs=(
+            PV(
+                "provisioned",
+                claim="data",
+                phase="Bound",
+                policy="Delete",
+                annotations={names.ANN_PROVISIONED_BY: PROVISIONER},
+            ),
+            PV("winner", claim="data", phase="Bound"),
+        ),
+        pvcs=(PVC("data", volume="winner", phase="Bound", annotations=CONTROLLER_BOUND),),
+        want_pvs=(WantPV("provisioned", "Released", "data"), WantPV("winner", "Bound", "data")),
+    ),
+    Case(
+        "volume-mode-mismatch-with-claimref",
+        pvs=(PV("block", claim="data", volume_mode="Block", phase="Available"),),
+        pvcs=(PVC("data"),),
+        want_pvs=(WantPV("block", "Available", "data"),),
+        want_pvcs=(WantPVC("data", "Pending"),),
+        want_events=(
+            WantEvent("block", names.VOLUME_MISMATCH, "due to incompatible volumeMode"),
+            WantEvent("data", names.VOLUME_MISMATCH, "due to incompatible volumeMode"),
+        ),
+    ),
+]
+
+RECLAIM = [
+    Case(
+        "retain-stays-released",
+        pvs=(PV("pv1", claim="gone", claim_uid=OTHER_UID, phase="Bound", policy="Retain"),),
+        want_pvs=(WantPV("pv1", "Released", "gone"),),
+    ),
+    Case(
+        "delete-by-external-provisioner-left-to-it",
+        pvs=(
+            PV(
+                "pv1",
+                claim="gone",
+                claim_uid=OTHER_UID,
+                phase="Bound",
+                policy="Delete",
+                annotations={names.ANN_PROVISIONED_BY: PROVISIONER},
+            ),
+        ),
+        want_pvs=(WantPV("pv1", "Released", "gone"),),
+    ),
+    Case(
+        "delete-without-deleter-fails",
+        pvs=(PV("pv1", claim="gone", claim_uid=OTHER_UID, phase="Bound", policy="Delete"),),
+        want_pvs=(WantPV("pv1", "Failed", "gone"),),
+        want_events=(WantEvent("pv1", names.VOLUME_FAILED_DELETE, "no deletable volume plugin matched"),),
+    ),
+    Case(
+        "recycle-not-supported",
+        pvs=(PV("pv1", claim="gone", claim_uid=OTHER_UID, phase="Bound", policy="Recycle"),),
+        want_pvs=(WantPV("pv1", "Failed", "gone"),),
+        want_events=(WantEvent("pv1", names.VOLUME_FAILED_RECYCLE, "not supported"),),
+    ),
+]
+
+CLASSES = [
+    Case(
+        "nil-class-matches-empty-class",
+        pvs=(PV("pv1", cls=""),),
+        pvcs=(PVC("data", cls=None),),
+        want_pvs=(WantPV("pv1", "Bound", "data"),),
+        want_pvcs=(WantPVC("data", "Bound", "pv1"),),
+    ),
+    Case(
+        "empty-class-matches-unset-class",
+        pvs=(PV("pv1", cls=None),),
+        pvcs=(PVC("data", cls=""),),
+        want_pvs=(WantPV("pv1", "Bound", "data"),),
+        want_pvcs=(WantPVC("data", "Bound", "pv1"),),
+    ),
+    Case(
+        "named-class-only-matches-its-volumes",
+        classes=(SC("gold"),),
+        pvs=(PV("classless", "1Gi", cls=""), PV("gold", "5Gi", cls="gold")),
+        pvcs=(PVC("data", cls="gold"),),
+        want_pvs=(WantPV("gold", "Bound", "data"), WantPV("classless", "Available")),
+        want_pvcs=(WantPVC("data", "Bound", "gold"),),
+    ),
+    Case(
+        "external-provisioning-handoff",
+        classes=(SC("gold"),),
+        pvs=(PV("classless", cls=""),),
+        pvcs=(PVC("data", cls="gold"),),
+        want_pvs=(WantPV("classless", "Available"),),
+        want_pvcs=(
+            WantPVC(
+                "data",
+                "Pending",
+                annotations={
+                    names.ANN_STORAGE_PROVISIONER: PROVISIONER,
+                    names.ANN_BETA_STORAGE_PROVISIONER: PROVISIONER,
+                },
+            ),
+        ),
+        want_events=(
+            WantEvent("data", names.EXTERNAL_PROVISIONING, names.msg_external_provisioning(PROVISIONER)),
+        ),
+    ),
+    Case(
+        "class-does-not-exist",
+        pvcs=(PVC("data", cls="missing"),),
+        want_pvcs=(WantPVC("data", "Pending", annotations={names.ANN_STORAGE_PROVISIONER: None}),),
+        want_events=(WantEvent("data", names.PROVISIONING_FAILED, "not found"),),
+    ),
+    Case(
+        "no-provisioner-class",
+        classes=(SC("static", names.NO_PROVISIONER),),
+        pvcs=(PVC("data", cls="static"),),
+        want_pvcs=(WantPVC("data", "Pending"),),
+        want_events=(
+            WantEvent(
+                "data",
+                names.PROVISIONING_FAILED,
+                "no volume plugin matched name: kubernetes.io/no-provisioner",
+            ),
+        ),
+    ),
+    Case(
+        "block-claim-gets-block-volume",
+        pvs=(PV("fs", "1Gi"), PV("block", "5Gi", volume_mode="Block")),
+        pvcs=(PVC("data", volume_mode="Block"),),
+        want_pvs=(WantPV("block", "Bound", "data"), WantPV("fs", "Available")),
+        want_pvcs=(WantPVC("data", "Bound", "block"),),
+    ),
+    Case(
+        "filesystem-claim-never-gets-block-volume",
+        pvs=(PV("block", "1Gi", volume_mode="Block"), PV("fs", "5Gi", volume_mode="Filesystem")),
+        pvcs=(PVC("data"),),
+        want_pvs=(WantPV("fs", "Bound", "data"), WantPV("block", "Available")),
+        want_pvcs=(WantPVC("data", "Bound", "fs"),),
+    ),
+    Case(
+        "two-volumes-pre-bound-to-one-claim",
+        pvs=(
+            PV("a", claim="data", phase="Available", annotations={BOUND_BY_CONTROLLER: "yes"}),
+            PV("b", claim="data", phase="Available", annotations={BOUND_BY_CONTROLLER: "yes"}),
+        ),
+        pvcs=(PVC("data"),),
+        # The claim takes the first by name; the other binding is rolled back.
+        want_pvs=(
+            WantPV("a", "Bound", "data", "data"),
+            WantPV("b", "Available", None, ANY, {BOUND_BY_CONTROLLER: None}),
+        ),
+        want_pvcs=(WantPVC("data", "Bound", "a"),),
+    ),
+]
+
+ALL = UNBOUND_CLAIMS + PREBOUND_CLAIMS + BOUND_CLAIMS + VOLUMES + RECLAIM + CLASSES
+
+
+@pytest.mark.parametrize("case", ALL, ids=[c.id for c in ALL])
+async def test_binder_case(control_plane: ControlPlane, api: ApiClient, namespace: str, case: Case) -> None:
+    async with harness(control_plane, api, namespace) as h:
+        await h.setup(case)
+        await h.start()
+        await h.converge(case)
+
+
+async def test_named_volume_created_later_is_bound(
+    control_plane: ControlPlane, api: ApiClient, namespace: str
+) -> None:
+    case = Case(
+        "late-volume",
+        want_pvs=(WantPV("late", "Bound", "data", "data"),),
+        want_pvcs=(WantPVC("data", "Bound", "late", USER_BOUND),),
+    )
+    async with harness(control_plane, api, namespace) as h:
+        await h.create_pvc(PVC("data", volume="late"))
+        await h.start(resync=60)  # the volume's arrival, not a resync, must wake the claim
+        await asyncio.sleep(0.5)
+        await h.create_pv(PV("late"))
+        await h.converge(case, timeout=10)
+
+
+async def test_default_class_assigned_retroactively(
+    control_plane: ControlPlane, api: ApiClient, namespace: str
+) -> None:
+    async with harness(control_plane, api, namespace) as h:
+        await h.create_pvc(PVC("nil-class", cls=None))
+        await h.create_pvc(PVC("empty-class", cls=""))
+        await h.start(resync=60)
+        await asyncio.sleep(0.5)
+        await h.create_class(SC("fallback", default=True))
+        case = Case(
+            "retroactive-default",
+            want_pvcs=(
+                WantPVC(
+                    "nil-class",
+                    "Pending",
+                    annotations={names.ANN_STORAGE_PROVISIONER: PROVISIONER},
+                    cls="fallback",
+                ),
+                WantPVC("empty-class", "Pending", cls=""),
+            ),
+            want_events=(WantEvent("empty-class", names.FAILED_BINDING, names.MSG_NO_CLASS),),
+        )
+        await h.converge(case)
+
+
+async def test_stale_cache_never_releases_a_volume(
+    control_plane: ControlPlane, api: ApiClient, namespace: str
+) -> None:
+    """The claim exists in the API but the controller's caches lost it (a lagging watch): the
+    volume's sync must ask the API and leave the volume Bound."""
+    case = Case(
+        "stale",
+        pvs=(PV("pv1", claim="data", phase="Bound"),),
+        pvcs=(PVC("data", volume="pv1", phase="Bound", annotations=BOUND_CLAIM),),
+        want_pvs=(WantPV("pv1", "Bound", "data", "data"),),
+        want_pvcs=(WantPVC("data", "Bound", "pv1"),),
+    )
+    async with harness(control_plane, api, namespace) as h:
+        await h.setup(case)
+        controller = await h.start(resync=60)
+        await h.converge(case)
+        claim = controller.view.claim(f"{namespace}/data")
+        assert claim is not None
+        # As if the watch had not delivered the claim yet: gone from both caches, no tombstone.
+        del controller.view.claims.items[f"{namespace}/data"]
+        controller.claims.store.delete(f"{namespace}/data")
+        volume = controller.view.volume(h.pv_name("pv1"))
+        assert volume is not None
+        await controller.sync_volume(volume)
+        pv = await h.pv("pv1")
+        assert pv is not None and pv["status"]["phase"] == "Bound"
+        assert pv["metadata"]["resourceVersion"] == volume["metadata"]["resourceVersion"], "no write"
+        assert controller.view.claim(f"{namespace}/data") is not None, "the API answer refills the view"
+
+
+async def test_concurrent_workers_never_bind_a_volume_twice(
+    control_plane: ControlPlane, api: ApiClient, namespace: str
+) -> None:
+    """Many claims race for fewer identical volumes with many workers: every volume ends with at
+    most one claim, and every bound claim with its own volume."""
+    async with harness(control_plane, api, namespace) as h:
+        for i in range(12):
+            await h.create_pv(PV(f"pv{i}"))
+        for i in range(20):
+            await h.create_pvc(PVC(f"c{i}"))
+        await h.start(workers=16, resync=60)
+
+        async def bound_count() -> list[str]:
+            claims = (await api.list_page(PERSISTENT_VOLUME_CLAIMS, namespace))["items"]
+            n = sum(1 for c in claims if c.get("status", {}).get("phase") == "Bound")
+            return [] if n == 12 else [f"{n} bound"]
+
+        assert not await wait_for(bound_count, 30)
+        await asyncio.sleep(1.0)
+        claims = (await api.list_page(PERSISTENT_VOLUME_CLAIMS, namespace))["items"]
+        pvs = [
+            p
+            for p in (await api.list_page(PERSISTENT_VOLUMES))["items"]
+            if p["metadata"]["name"].startswith(h.prefix)
+        ]
+        bound = {c["spec"]["volumeName"]: c for c in claims if c["spec"].get("volumeName")}
+        assert len(bound) == 12 == sum(1 for c in claims if c["status"]["phase"] == "Bound")
+        for pv in pvs:
+            ref = pv["spec"]["claimRef"]
+            claim = bound[pv["metadata"]["name"]]
+            assert ref["uid"] == claim["metadata"]["uid"], "volume and claim point at each other"
+            assert pv["status"]["phase"] == "Bound"
