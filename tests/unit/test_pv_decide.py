@@ -1,0 +1,238 @@
+"""Pure phase decisions and bind writes of the pv-controller, and its local view."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from controller_runtime.resources import Obj
+from services.pv_controller import names
+from services.pv_controller.decide import (
+    BoundClaimAction,
+    ReclaimAction,
+    VolumeAction,
+    claim_bound_to_volume,
+    claim_with_provisioner,
+    claim_with_status,
+    decide_bound_claim,
+    decide_reclaim,
+    decide_volume,
+    provisioning_error,
+    volume_bound_to_claim,
+    volume_released,
+    volume_unbound,
+    volume_with_phase,
+)
+from services.pv_controller.view import LocalView
+
+BBC = names.ANN_BOUND_BY_CONTROLLER
+
+
+def claim(volume_name: str = "", uid: str = "u1", **spec: Any) -> Obj:
+    return {
+        "metadata": {"name": "data", "namespace": "ns", "uid": uid, "resourceVersion": "7"},
+        "spec": {"volumeName": volume_name, **spec},
+        "status": {"phase": "Pending"},
+    }
+
+
+def volume(ref_uid: str | None = None, annotations: dict[str, str] | None = None, **spec: Any) -> Obj:
+    obj: Obj = {
+        "metadata": {"name": "pv1", "annotations": dict(annotations or {}), "resourceVersion": "3"},
+        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"], **spec},
+        "status": {"phase": "Available"},
+    }
+    if ref_uid is not None:
+        obj["spec"]["claimRef"] = {"namespace": "ns", "name": "data", "uid": ref_uid}
+    return obj
+
+
+@pytest.mark.parametrize(
+    ("vol", "clm", "action"),
+    [
+        (volume(), None, VolumeAction.AVAILABLE),
+        (volume(ref_uid=""), None, VolumeAction.PREBOUND),
+        (volume(ref_uid="u1"), None, VolumeAction.RELEASE),
+        (volume(ref_uid="u1"), claim(), VolumeAction.SYNC_CLAIM),
+        (volume(ref_uid="u1", volumeMode="Block"), claim(), VolumeAction.MODE_MISMATCH),
+        (volume(ref_uid="u1"), claim("pv1"), VolumeAction.BOUND),
+        (volume(ref_uid="u1", annotations={BBC: "yes"}), claim("pv2"), VolumeAction.UNBIND),
+        (volume(ref_uid="u1"), claim("pv2"), VolumeAction.UNBIND),
+        (
+            volume(
+                ref_uid="u1",
+                annotations={names.ANN_PROVISIONED_BY: "x.io"},
+                persistentVolumeReclaimPolicy="Delete",
+            ),
+            claim("pv2"),
+            VolumeAction.RELEASE_PROVISIONED,
+        ),
+        (
+            volume(
+                ref_uid="u1",
+                annotations={names.ANN_PROVISIONED_BY: "x.io"},
+                persistentVolumeReclaimPolicy="Retain",
+            ),
+            claim("pv2"),
+            VolumeAction.UNBIND,
+        ),
+    ],
+)
+def test_decide_volume(vol: Obj, clm: Obj | None, action: VolumeAction) -> None:
+    assert decide_volume(vol, clm) is action
+
+
+@pytest.mark.parametrize(
+    ("policy", "annotations", "action"),
+    [
+        ("Retain", {}, ReclaimAction.NONE),
+        ("Delete", {names.ANN_PROVISIONED_BY: "loop.csi.kubeloop.dev"}, ReclaimAction.EXTERNAL_DELETE),
+        ("Delete", {}, ReclaimAction.FAILED_DELETE),
+        ("Delete", {names.ANN_PROVISIONED_BY: "kubernetes.io/aws-ebs"}, ReclaimAction.FAILED_DELETE),
+        ("Delete", {names.ANN_MIGRATED_TO: "ebs.csi.aws.com"}, ReclaimAction.NONE),
+        ("Recycle", {}, ReclaimAction.RECYCLE_UNSUPPORTED),
+        ("Shred", {}, ReclaimAction.UNKNOWN_POLICY),
+    ],
+)
+def test_decide_reclaim(policy: str, annotations: dict[str, str], action: ReclaimAction) -> None:
+    decision = decide_reclaim(
+        volume(ref_uid="u1", annotations=annotations, persistentVolumeReclaimPolicy=policy)
+    )
+    assert decision.action is action
+    if action is ReclaimAction.UNKNOWN_POLICY:
+        assert decision.message == names.MSG_UNKNOWN_RECLAIM_POLICY
+
+
+def test_volume_released() -> None:
+    assert not volume_released(volume(), None)
+    assert not volume_released(volume(ref_uid=""), None), "a user's pre-binding is never released"
+    assert volume_released(volume(ref_uid="u1"), None)
+    assert volume_released(volume(ref_uid="u1"), claim(uid="u2"))
+    assert not volume_released(volume(ref_uid="u1"), claim())
+    assert not volume_released(volume(ref_uid="u1"), claim("pv1"))
+    assert volume_released(volume(ref_uid="u1"), claim("pv2"))
+
+
+@pytest.mark.parametrize(
+    ("clm", "vol", "action"),
+    [
+        (claim(""), volume(), BoundClaimAction.LOST_REFERENCE),
+        (claim("pv1"), None, BoundClaimAction.LOST_VOLUME),
+        (claim("pv1"), volume(), BoundClaimAction.BIND),
+        (claim("pv1"), volume(ref_uid="u1"), BoundClaimAction.BIND),
+        (claim("pv1"), volume(ref_uid="u2"), BoundClaimAction.MISBOUND),
+    ],
+)
+def test_decide_bound_claim(clm: Obj, vol: Obj | None, action: BoundClaimAction) -> None:
+    assert decide_bound_claim(clm, vol) is action
+
+
+def test_bind_writes_set_bound_by_controller_only_for_our_links() -> None:
+    # The controller chose the volume: both objects carry bound-by-controller.
+    new_pv = volume_bound_to_claim(volume(), claim())
+    assert new_pv is not None
+    assert new_pv["spec"]["claimRef"]["uid"] == "u1"
+    assert new_pv["spec"]["claimRef"]["resourceVersion"] == "7"
+    assert new_pv["metadata"]["annotations"][BBC] == "yes"
+    new_pvc = claim_bound_to_volume(claim(), new_pv)
+    assert new_pvc is not None and new_pvc["spec"]["volumeName"] == "pv1"
+    assert new_pvc["metadata"]["annotations"] == {names.ANN_BIND_COMPLETED: "yes", BBC: "yes"}
+    # The user pre-bound the volume by name: the PV gets the UID but no annotation.
+    user_pv = volume_bound_to_claim(volume(ref_uid=""), claim())
+    assert user_pv is not None and BBC not in user_pv["metadata"]["annotations"]
+    # The user named the volume in the claim: only bind-completed.
+    user_pvc = claim_bound_to_volume(claim("pv1"), new_pv)
+    assert user_pvc is not None and user_pvc["metadata"]["annotations"] == {names.ANN_BIND_COMPLETED: "yes"}
+
+
+def test_bind_writes_are_skipped_when_done() -> None:
+    done_pv = volume(ref_uid="u1", annotations={BBC: "yes"})
+    assert volume_bound_to_claim(done_pv, claim()) is None
+    assert volume_with_phase({**done_pv, "status": {"phase": "Bound"}}, "Bound") is None
+    done_pvc = claim("pv1")
+    done_pvc["metadata"]["annotations"] = {names.ANN_BIND_COMPLETED: "yes"}
+    assert claim_bound_to_volume(done_pvc, done_pv) is None
+
+
+def test_claim_status_copies_capacity_only_on_the_transition() -> None:
+    vol = volume(ref_uid="u1")
+    bound = claim_with_status(claim("pv1"), "Bound", vol)
+    assert bound is not None
+    assert bound["status"] == {
+        "phase": "Bound",
+        "accessModes": ["ReadWriteOnce"],
+        "capacity": {"storage": "1Gi"},
+    }
+    resized = {**bound, "status": {**bound["status"], "capacity": {"storage": "2Gi"}}}
+    assert claim_with_status(resized, "Bound", vol) is None, "a later capacity difference is a resize"
+    lost = claim_with_status(bound, "Lost", None)
+    assert lost is not None and lost["status"] == {"phase": "Lost"}
+
+
+def test_volume_phase_records_transition_time_and_message() -> None:
+    new = volume_with_phase(volume(), "Failed", "boom")
+    assert new is not None
+    assert new["status"]["phase"] == "Failed" and new["status"]["message"] == "boom"
+    assert new["status"]["lastPhaseTransitionTime"].endswith("Z")
+
+
+def test_unbind_drops_our_binding_but_keeps_a_users_claim_name() -> None:
+    ours = volume_unbound(volume(ref_uid="u1", annotations={BBC: "yes"}))
+    assert "claimRef" not in ours["spec"] and not ours["metadata"]["annotations"]
+    users = volume_unbound(volume(ref_uid="u1"))
+    assert users["spec"]["claimRef"] == {"namespace": "ns", "name": "data"}
+
+
+def test_provisioner_handoff_writes_both_keys_once() -> None:
+    new = claim_with_provisioner(claim(), "loop.csi.kubeloop.dev")
+    assert new is not None
+    ann = new["metadata"]["annotations"]
+    assert (
+        ann[names.ANN_STORAGE_PROVISIONER]
+        == ann[names.ANN_BETA_STORAGE_PROVISIONER]
+        == "loop.csi.kubeloop.dev"
+    )
+    assert claim_with_provisioner(new, "loop.csi.kubeloop.dev") is None
+
+
+def test_provisioning_errors_use_kcm_wording() -> None:
+    assert provisioning_error("gold", None) == 'storageclass.storage.k8s.io "gold" not found'
+    assert provisioning_error("x", {"provisioner": names.NO_PROVISIONER}) == (
+        "no volume plugin matched name: kubernetes.io/no-provisioner"
+    )
+    assert provisioning_error("x", {"provisioner": "loop.csi.kubeloop.dev"}) is None
+
+
+def test_view_ignores_older_objects_and_deleted_ones() -> None:
+    view = LocalView()
+    v5 = {**volume(), "metadata": {"name": "pv1", "resourceVersion": "5"}}
+    v4 = {**volume(ref_uid="u1"), "metadata": {"name": "pv1", "resourceVersion": "4"}}
+    assert view.store_volume(v5)
+    assert not view.store_volume(v4), "an older copy never replaces a newer one"
+    assert view.volume("pv1") is v5
+    view.delete_volume({**v5, "metadata": {"name": "pv1", "resourceVersion": "6"}})
+    assert not view.store_volume(v5), "a late answer cannot resurrect a deleted volume"
+    recreated = {**volume(), "metadata": {"name": "pv1", "resourceVersion": "9"}}
+    assert view.store_volume(recreated)
+
+
+def test_view_reservations_are_exclusive() -> None:
+    view = LocalView()
+    assert view.reserve("pv1", "ns/a")
+    assert not view.reserve("pv1", "ns/b")
+    assert view.reserved_by_other("pv1", "ns/b") and not view.reserved_by_other("pv1", "ns/a")
+    view.release("pv1", "ns/b")  # not the holder: no effect
+    assert view.reserved_by_other("pv1", "ns/b")
+    view.release("pv1", "ns/a")
+    assert view.reserve("pv1", "ns/b")
+
+
+def test_view_wakes_the_oldest_waiting_claim_that_fits() -> None:
+    view = LocalView()
+    for name in ("a", "b", "c"):
+        view.store_claim({"metadata": {"name": name, "namespace": "ns", "resourceVersion": "1"}, "spec": {}})
+        view.waiting[f"ns/{name}"] = None
+    assert view.wake_one(lambda c: c["metadata"]["name"] != "a") == "ns/b"
+    assert list(view.waiting) == ["ns/a", "ns/c"]
+    assert view.wake_one(lambda c: False) is None
