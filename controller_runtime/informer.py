@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from .client import ApiClient
 from .logs import get_logger
@@ -21,11 +23,38 @@ from .store import IndexFunc, Store
 log = get_logger("informer")
 
 
-def drop_managed_fields(obj: Obj) -> Obj:
-    """Controllers never read managedFields; dropping them roughly halves the cache's memory."""
+# Values unique to one object: interning them would only add table entries. Within the object they
+# are still shared (a provisioned PV's name and volumeHandle are the same string). Timestamps are not
+# here: objects made in one burst share their second.
+_UNIQUE_VALUE_KEYS = frozenset({"uid", "name", "resourceVersion", "volumeHandle", "generateName"})
+
+
+def _share_strings(node: Any, local: dict[str, str]) -> None:
+    """Replaces repeated string values (access modes, phases, driver and class names, label and
+    annotation values...) by one shared instance each. Thousands of cached objects then hold
+    pointers to one "ReadWriteOnce" instead of thousands of copies. CPython's interned strings are
+    freed with their last reference, so this never grows without bound."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if type(value) is str:
+                node[key] = local.setdefault(value, value) if key in _UNIQUE_VALUE_KEYS else sys.intern(value)
+            elif isinstance(value, dict | list):
+                _share_strings(value, local)
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            if type(value) is str:
+                node[i] = sys.intern(value)
+            elif isinstance(value, dict | list):
+                _share_strings(value, local)
+
+
+def compact(obj: Obj) -> Obj:
+    """The transform every informer applies before caching: controllers never read
+    managedFields (often half an object's size), and repeated strings are shared."""
     md = obj.get("metadata")
     if md is not None:
         md.pop("managedFields", None)
+    _share_strings(obj, {})
     return obj
 
 
@@ -60,7 +89,7 @@ class SharedInformer(Handler):
             namespace=namespace,
             label_selector=label_selector,
             field_selector=field_selector,
-            transform=drop_managed_fields,
+            transform=compact,
         )
 
     # -- registration -------------------------------------------------------------------------

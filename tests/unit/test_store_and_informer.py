@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from controller_runtime.informer import EventHandler, SharedInformer, drop_managed_fields
+from controller_runtime.informer import EventHandler, SharedInformer, compact
 from controller_runtime.resources import PERSISTENT_VOLUMES, Obj, key_of, split_key
 
 
@@ -77,6 +77,15 @@ def test_late_handler_sees_existing_objects_and_a_failing_handler_is_contained()
     assert seen == ["a"]
 
 
-def test_managed_fields_are_dropped() -> None:
-    obj = pv("a", managedFields=[{"manager": "kubectl"}])
-    assert "managedFields" not in drop_managed_fields(obj)["metadata"]
+def test_compact_drops_managed_fields_and_shares_repeated_strings() -> None:
+    def fresh(name: str) -> Obj:
+        # Built from pieces at run time so the strings start out as distinct objects.
+        return pv(name, managedFields=[{"manager": "kubectl"}], labels={"tier": "".join(["fa", "st"])}) | {
+            "spec": {"accessModes": ["".join(["Read", "WriteOnce"])]}
+        }
+
+    a, b = compact(fresh("a")), compact(fresh("b"))
+    assert "managedFields" not in a["metadata"]
+    assert a["metadata"]["labels"]["tier"] is b["metadata"]["labels"]["tier"]
+    assert a["spec"]["accessModes"][0] is b["spec"]["accessModes"][0]
+    assert a["metadata"]["name"] == "a" and b["metadata"]["name"] == "b"
