@@ -177,9 +177,10 @@ class ControlPlane:
 
     def kubeconfig_for(self, identity: Identity) -> Path:
         """The kubeconfig of `identity` (created with its client certificate on first use)."""
+        stack_certs = self.certs  # the admin kubeconfig is written with the rest on first access
         if identity == certs.ADMIN:
             return self.admin_kubeconfig
-        return self.certs.pki.write_kubeconfig(
+        return stack_certs.pki.write_kubeconfig(
             identity, self.server, self.kubeconfig_dir / f"{identity.file_stem}.kubeconfig"
         )
 
