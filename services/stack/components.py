@@ -30,7 +30,7 @@ from pathlib import Path
 from controller_runtime.logs import get_logger
 from controller_runtime.toolchain import REPO_ROOT
 
-from .certs import Identity
+from .certs import Identity, service_account_identity
 from .controlplane import ControlPlane, Ports, StatusCallback, UnexpectedExitCallback, log_unexpected_exit
 from .proc import ManagedProcess, wait_healthy
 
@@ -73,7 +73,19 @@ class Component:
 
 
 # Components in start order: a component may rely on those listed before it being healthy.
-REGISTRY: tuple[Component, ...] = ()
+REGISTRY: tuple[Component, ...] = (
+    Component(
+        name="pv-controller",
+        argv=lambda c: python_module(
+            "services.pv_controller.main",
+            f"--kubeconfig={c.kubeconfig}",
+            f"--http-endpoint={c.http_endpoint}",
+        ),
+        identity=service_account_identity("kubeloop-pv-controller"),
+        http_port=18081,
+        manifests=("deploy/rbac/pv-controller.yaml",),
+    ),
+)
 
 
 def python_module(module: str, *args: str) -> list[str]:
