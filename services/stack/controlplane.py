@@ -245,11 +245,27 @@ class ControlPlane:
         self._release_lock()
 
     async def restart_apiserver(self) -> float:
-        """Stops and starts kube-apiserver (etcd keeps the data); returns the seconds until ready."""
+        """Stops and starts kube-apiserver (etcd keeps the data); returns the seconds until ready.
+
+        kube-controller-manager exits when the apiserver vanishes while it is still starting its
+        controllers (its /healthz answers before that is done); in a cluster the kubelet would
+        restart it. Here this does the same for kcm and the scheduler once the apiserver is back.
+        """
         proc = self.processes.get("kube-apiserver")
         if proc is not None:
             await proc.stop(self.stop_timeout)
-        return await self._start_apiserver()
+        seconds = await self._start_apiserver()
+        restarts = []
+        for name, start in (
+            ("kube-controller-manager", self._start_kcm),
+            ("kube-scheduler", self._start_scheduler),
+        ):
+            dead = self.processes.get(name)
+            if dead is not None and not dead.running:
+                log.warning("restarting after the apiserver came back", component=name)
+                restarts.append(start())
+        await asyncio.gather(*restarts)
+        return seconds
 
     # --- components -----------------------------------------------------------------------------
 
