@@ -1,0 +1,152 @@
+"""Names and small pure helpers that the attach/mount path shares: the attach-detach controller,
+the external-attacher and the node agent must agree on them byte for byte (see CONTRACTS.md)."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+
+from .resources import Obj
+
+ANN_CONTROLLER_MANAGED = "volumes.kubernetes.io/controller-managed-attach-detach"
+ANN_NODE_ID = "csi.volume.kubernetes.io/nodeid"
+CSI_PLUGIN_NAME = "kubernetes.io/csi"
+
+RWO, ROX, RWX, RWOP = "ReadWriteOnce", "ReadOnlyMany", "ReadWriteMany", "ReadWriteOncePod"
+
+
+def va_name(handle: str, driver: str, node: str) -> str:
+    """VolumeAttachment name: csi- + hex sha256 of the plain concatenation."""
+    return "csi-" + hashlib.sha256(f"{handle}{driver}{node}".encode()).hexdigest()
+
+
+def unique_volume_name(driver: str, handle: str) -> str:
+    """The name in Node status.volumesAttached / volumesInUse."""
+    return f"{CSI_PLUGIN_NAME}/{driver}^{handle}"
+
+
+def attacher_finalizer(driver: str) -> str:
+    return "external-attacher/" + re.sub(r"[^a-zA-Z0-9-]", "-", driver)
+
+
+@dataclass(frozen=True)
+class CSIVolume:
+    """What the attach/mount path needs from a bound PV with a spec.csi source."""
+
+    pv_name: str
+    driver: str
+    handle: str
+    access_modes: tuple[str, ...]
+    block: bool
+    fs_type: str
+    read_only: bool
+    mount_options: tuple[str, ...]
+    attributes: dict[str, str]
+
+    @property
+    def unique_name(self) -> str:
+        return unique_volume_name(self.driver, self.handle)
+
+    @property
+    def multi_node(self) -> bool:
+        """Several nodes may attach it at once (ROX/RWX); RWO and RWOP are exclusive."""
+        return bool({ROX, RWX} & set(self.access_modes))
+
+
+def csi_volume(pv: Obj) -> CSIVolume | None:
+    spec = pv.get("spec") or {}
+    csi = spec.get("csi")
+    if not csi or not csi.get("driver") or not csi.get("volumeHandle"):
+        return None
+    return CSIVolume(
+        pv_name=str(pv.get("metadata", {}).get("name", "")),
+        driver=str(csi["driver"]),
+        handle=str(csi["volumeHandle"]),
+        access_modes=tuple(spec.get("accessModes") or ()),
+        block=spec.get("volumeMode") == "Block",
+        fs_type=str(csi.get("fsType") or ""),
+        read_only=bool(csi.get("readOnly")),
+        mount_options=tuple(spec.get("mountOptions") or ()),
+        attributes=dict(csi.get("volumeAttributes") or {}),
+    )
+
+
+def pod_claims(pod: Obj) -> list[tuple[str, str, bool]]:
+    """(volume name in the pod, claim name, readOnly) of each PVC-backed volume, including generic
+    ephemeral volumes (their claim is `<pod>-<volume>`)."""
+    pod_name = pod.get("metadata", {}).get("name", "")
+    out = []
+    for vol in pod.get("spec", {}).get("volumes") or []:
+        src = vol.get("persistentVolumeClaim")
+        if src:
+            out.append((vol["name"], str(src.get("claimName", "")), bool(src.get("readOnly"))))
+        elif vol.get("ephemeral"):
+            out.append((vol["name"], f"{pod_name}-{vol['name']}", False))
+    return out
+
+
+def pod_claim_keys(pod: Obj) -> list[str]:
+    ns = pod.get("metadata", {}).get("namespace", "")
+    return [f"{ns}/{claim}" for _, claim, _ in pod_claims(pod)]
+
+
+def bound_volume_name(pvc: Obj | None, pv: Obj | None = None) -> str:
+    """The PV name of a Bound claim (and, when the PV is given, only if it points back at the
+    claim's UID: a half-made bind must not be attached)."""
+    if pvc is None or pvc.get("status", {}).get("phase") != "Bound":
+        return ""
+    name = str(pvc.get("spec", {}).get("volumeName") or "")
+    if pv is not None:
+        ref = pv.get("spec", {}).get("claimRef") or {}
+        if ref.get("uid") and ref.get("uid") != pvc.get("metadata", {}).get("uid"):
+            return ""
+    return name
+
+
+def pod_terminated(pod: Obj) -> bool:
+    """kubelet's and the attach-detach controller's notion: finished, or being deleted with no
+    container running any more."""
+    status = pod.get("status") or {}
+    if status.get("phase") in ("Succeeded", "Failed"):
+        return True
+    if not pod.get("metadata", {}).get("deletionTimestamp"):
+        return False
+    return not any("running" in (cs.get("state") or {}) for cs in status.get("containerStatuses") or [])
+
+
+def node_ready(node: Obj | None) -> bool:
+    if node is None:
+        return False
+    for cond in node.get("status", {}).get("conditions") or []:
+        if cond.get("type") == "Ready":
+            return bool(cond.get("status") == "True")
+    return False
+
+
+def volume_capability(vol: CSIVolume, single_node_multi_writer: bool = False) -> object:
+    """The CSI VolumeCapability for a PV, as the external-attacher and kubelet build it: the
+    widest access mode the PV lists, block or mount (fsType, mount options)."""
+    from kubeloop_grpc.csi import csi_pb2
+
+    Mode = csi_pb2.VolumeCapability.AccessMode.Mode
+    modes = set(vol.access_modes)
+    if RWX in modes:
+        mode = Mode.MULTI_NODE_MULTI_WRITER
+    elif ROX in modes:
+        mode = Mode.MULTI_NODE_READER_ONLY
+    elif RWO in modes:
+        # A driver that distinguishes the two gets the precise one: RWO lets several pods of the
+        # same node write.
+        mode = Mode.SINGLE_NODE_MULTI_WRITER if single_node_multi_writer else Mode.SINGLE_NODE_WRITER
+    elif RWOP in modes:
+        mode = Mode.SINGLE_NODE_SINGLE_WRITER if single_node_multi_writer else Mode.SINGLE_NODE_WRITER
+    else:
+        mode = Mode.SINGLE_NODE_WRITER
+    cap = csi_pb2.VolumeCapability(access_mode=csi_pb2.VolumeCapability.AccessMode(mode=mode))
+    if vol.block:
+        cap.block.SetInParent()
+    else:
+        cap.mount.fs_type = vol.fs_type
+        cap.mount.mount_flags.extend(vol.mount_options)
+    return cap

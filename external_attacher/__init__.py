@@ -1,0 +1,1 @@
+"""kubernetes-csi external-attacher in Python: ControllerPublish/Unpublish for VolumeAttachments."""

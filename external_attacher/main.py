@@ -1,0 +1,129 @@
+"""`kubeloop-external-attacher`: the CSI external-attacher sidecar as a process."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+from collections.abc import Sequence
+
+from controller_runtime import process
+from controller_runtime.client import ApiClient
+from controller_runtime.csi_client import CSIConnection
+from controller_runtime.informer import SharedInformerFactory
+from controller_runtime.leaderelection import LeaderElectionConfig, LeaderElector
+from controller_runtime.logs import get_logger
+
+from .controller import Attacher, Options
+
+log = get_logger("external-attacher")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kubeloop-external-attacher",
+        description="Attaches and detaches CSI volumes for VolumeAttachments "
+        "(kubernetes-csi external-attacher).",
+    )
+    parser.add_argument(
+        "--csi-address", default="/run/csi/socket", help="CSI driver socket (default: /run/csi/socket)"
+    )
+    parser.add_argument(
+        "--timeout", type=process.duration, default=15.0, help="timeout of each CSI call (default: 15s)"
+    )
+    parser.add_argument(
+        "--worker-threads", type=int, default=10, help="concurrent VolumeAttachment syncs (default: 10)"
+    )
+    parser.add_argument(
+        "--retry-interval-start",
+        type=process.duration,
+        default=1.0,
+        help="first retry delay after a failure (default: 1s)",
+    )
+    parser.add_argument(
+        "--retry-interval-max", type=process.duration, default=300.0, help="longest retry delay (default: 5m)"
+    )
+    parser.add_argument(
+        "--reconcile-sync",
+        type=process.duration,
+        default=60.0,
+        help="how often ListVolumes' published nodes are compared with the VolumeAttachments; "
+        "0 disables (default: 1m)",
+    )
+    parser.add_argument(
+        "--resync-period", type=process.duration, default=600.0, help="informer resync period (default: 10m)"
+    )
+    process.add_kube_flags(parser, qps=5.0, burst=10)
+    process.add_http_flags(parser)
+    process.add_leader_election_flags(parser)
+    process.add_logging_flags(parser)
+    return parser
+
+
+async def run(args: argparse.Namespace, ctx: process.Context) -> None:
+    csi = await CSIConnection.connect(args.csi_address, timeout=args.timeout)
+    client = await ApiClient.from_kubeconfig(
+        args.kubeconfig or None,
+        qps=args.kube_api_qps,
+        burst=args.kube_api_burst,
+        user_agent="kubeloop-external-attacher",
+    )
+    attacher: Attacher | None = None
+    leading = asyncio.Event()
+
+    def ready() -> str | None:
+        if args.leader_election and not leading.is_set():
+            return None
+        return None if attacher is not None and attacher.synced else "caches not synced"
+
+    if ctx.health is not None:
+        ctx.health.add_liveness_check("ping", lambda: None)
+        ctx.health.add_readiness_check("informers", ready)
+
+    async def lead() -> None:
+        nonlocal attacher
+        leading.set()
+        attacher = Attacher(
+            client,
+            SharedInformerFactory(client, resync_period=args.resync_period),
+            csi,
+            Options(
+                workers=max(1, args.worker_threads),
+                timeout=args.timeout,
+                retry_start=args.retry_interval_start,
+                retry_max=args.retry_interval_max,
+                reconcile_sync=args.reconcile_sync,
+            ),
+        )
+        await attacher.run()
+
+    try:
+        if args.leader_election:
+            # One lease per driver, named like the Go sidecar's (driver with dots replaced).
+            lease = "external-attacher-leader-" + csi.driver_name.replace(".", "-").replace("/", "-")
+            elector = LeaderElector(
+                client,
+                LeaderElectionConfig(
+                    namespace=args.leader_election_namespace,
+                    name=lease,
+                    identity=f"{socket.gethostname()}_{os.getpid()}",
+                    lease_duration=args.leader_election_lease_duration,
+                    renew_deadline=args.leader_election_renew_deadline,
+                    retry_period=args.leader_election_retry_period,
+                ),
+            )
+            await elector.run(lead)
+        else:
+            await lead()
+    finally:
+        await client.close()
+        await csi.close()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    process.main(build_parser(), run, argv)
+
+
+if __name__ == "__main__":
+    main()

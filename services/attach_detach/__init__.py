@@ -1,0 +1,1 @@
+"""kube-controller-manager's attach-detach controller as its own process."""

@@ -1,0 +1,491 @@
+"""The attach-detach controller: keeps VolumeAttachments and Node status.volumesAttached in step
+with the pods scheduled on nodes that let the controller manage their attachments.
+
+Pods go through a workqueue whose sync recomputes that pod's contribution to the desired state
+(PVC → bound PV → spec.csi). The actual state is the VolumeAttachment cache itself, plus the
+creates still in flight, so a restart at any point starts from the truth: VA names are
+deterministic, so nothing is ever attached twice, and nothing is detached while the node lists it
+in volumesInUse. A reconcile pass every `loop_period` turns both into a plan (state.decide) and
+runs its writes, one operation per VolumeAttachment at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+from controller_runtime.client import ApiClient, ApiError
+from controller_runtime.controller import run_workers
+from controller_runtime.events import EventRecorder
+from controller_runtime.informer import EventHandler, SharedInformerFactory
+from controller_runtime.logs import get_logger
+from controller_runtime.resources import (
+    CSI_DRIVERS,
+    NODES,
+    PERSISTENT_VOLUME_CLAIMS,
+    PERSISTENT_VOLUMES,
+    PODS,
+    VOLUME_ATTACHMENTS,
+    Obj,
+)
+from controller_runtime.volumes import (
+    ANN_CONTROLLER_MANAGED,
+    bound_volume_name,
+    csi_volume,
+    node_ready,
+    pod_claim_keys,
+    pod_claims,
+    pod_terminated,
+    unique_volume_name,
+)
+from controller_runtime.workqueue import WorkQueue, default_rate_limiter
+
+from .metrics import METRICS
+from .state import (
+    ATTACH_FAILED_MESSAGE,
+    ATTACH_SUCCEEDED_MESSAGE,
+    MULTI_ATTACH_MESSAGE,
+    Attachment,
+    DesiredEntry,
+    DesiredState,
+    DesiredVolume,
+    Detach,
+    NodeInfo,
+    PodRef,
+    decide,
+)
+
+log = get_logger("attach-detach")
+
+POD_BY_CLAIM = "claim"
+POD_BY_NODE = "node"
+
+
+@dataclass(frozen=True)
+class Options:
+    loop_period: float = 0.1
+    max_wait_for_unmount: float = 360.0
+    pod_workers: int = 4
+    # Failed operations back off per VolumeAttachment: 0.5 s doubling to about 2 min, as kcm.
+    backoff_start: float = 0.5
+    backoff_max: float = 122.0
+
+
+def _pod_node(pod: Obj) -> list[str]:
+    node = pod.get("spec", {}).get("nodeName")
+    return [node] if node else []
+
+
+def _is_managed(node: Obj) -> bool:
+    return bool((node.get("metadata", {}).get("annotations") or {}).get(ANN_CONTROLLER_MANAGED) == "true")
+
+
+def _pod_ref(pod: Obj) -> PodRef:
+    md = pod["metadata"]
+    return PodRef(md.get("namespace", ""), md["name"], md.get("uid", ""))
+
+
+def _pod_object(ref: PodRef) -> Obj:
+    return {
+        "kind": "Pod",
+        "apiVersion": "v1",
+        "metadata": {"namespace": ref.namespace, "name": ref.name, "uid": ref.uid},
+    }
+
+
+class AttachDetachController:
+    def __init__(
+        self,
+        client: ApiClient,
+        factory: SharedInformerFactory,
+        recorder: EventRecorder,
+        options: Options | None = None,
+    ) -> None:
+        self.client = client
+        self.factory = factory
+        self.recorder = recorder
+        self.options = options or Options()
+        self.desired = DesiredState()
+        self.pod_queue: WorkQueue[str] = WorkQueue("attachdetach-pods", default_rate_limiter())
+        self.pods = factory.informer(PODS)
+        self.nodes = factory.informer(NODES)
+        self.pvs = factory.informer(PERSISTENT_VOLUMES)
+        self.pvcs = factory.informer(PERSISTENT_VOLUME_CLAIMS)
+        self.vas = factory.informer(VOLUME_ATTACHMENTS)
+        self.drivers = factory.informer(CSI_DRIVERS)
+        self.pods.add_index(POD_BY_CLAIM, pod_claim_keys)
+        self.pods.add_index(POD_BY_NODE, _pod_node)
+        self.pods.add_handler(
+            EventHandler(self._pod_changed, lambda _o, n: self._pod_changed(n), self._pod_changed)
+        )
+        self.pvcs.add_handler(
+            EventHandler(self._pvc_changed, lambda _o, n: self._pvc_changed(n), self._pvc_changed)
+        )
+        self.pvs.add_handler(
+            EventHandler(self._pv_changed, lambda _o, n: self._pv_changed(n), self._pv_changed)
+        )
+        self.nodes.add_handler(EventHandler(self._node_changed, self._node_updated, self._node_changed))
+        # In-flight operations by VA name; creates count as attachments until the cache has them.
+        self._ops: dict[str, asyncio.Task[None]] = {}
+        self._creating: dict[str, Attachment] = {}
+        self._detaching: set[str] = set()
+        self._backoff: dict[str, tuple[float, float]] = {}  # VA name -> (retry at, last delay)
+        self._unmount_wait_since: dict[str, float] = {}
+        self._created_here: set[str] = set()
+        self._multi_attach_reported: set[tuple[str, str]] = set()
+        self._attach_errors_reported: dict[str, str] = {}
+        self._status_written: dict[str, tuple[tuple[str, ...], float]] = {}
+        self._populated = False
+        self._counts = (0, 0)
+        self._wake = asyncio.Event()
+
+    # -- handlers: only enqueue ---------------------------------------------------------------------
+
+    def _pod_changed(self, pod: Obj) -> None:
+        md = pod.get("metadata", {})
+        self.pod_queue.add(f"{md.get('namespace', '')}/{md.get('name', '')}")
+
+    def _pvc_changed(self, pvc: Obj) -> None:
+        md = pvc.get("metadata", {})
+        for key in self.pods.store.index_keys(
+            POD_BY_CLAIM, f"{md.get('namespace', '')}/{md.get('name', '')}"
+        ):
+            self.pod_queue.add(key)
+
+    def _pv_changed(self, pv: Obj) -> None:
+        ref = pv.get("spec", {}).get("claimRef") or {}
+        if ref.get("name"):
+            for key in self.pods.store.index_keys(POD_BY_CLAIM, f"{ref.get('namespace', '')}/{ref['name']}"):
+                self.pod_queue.add(key)
+
+    def _node_changed(self, node: Obj) -> None:
+        for key in self.pods.store.index_keys(POD_BY_NODE, node["metadata"]["name"]):
+            self.pod_queue.add(key)
+
+    def _node_updated(self, old: Obj, new: Obj) -> None:
+        if _is_managed(old) != _is_managed(new):
+            self._node_changed(new)
+        self._wake.set()  # volumesInUse may have changed: a detach may be possible now
+
+    # -- desired state ------------------------------------------------------------------------------
+
+    def _managed(self, node_name: str) -> bool:
+        node = self.nodes.store.get(node_name)
+        return (
+            node is not None
+            and (node["metadata"].get("annotations") or {}).get(ANN_CONTROLLER_MANAGED) == "true"
+        )
+
+    def pod_volumes(self, pod: Obj) -> list[DesiredVolume]:
+        ns = pod["metadata"].get("namespace", "")
+        out = []
+        for _, claim, _ in pod_claims(pod):
+            pvc = self.pvcs.store.get(f"{ns}/{claim}")
+            pv_name = bound_volume_name(pvc)
+            pv = self.pvs.store.get(pv_name) if pv_name else None
+            if pv is None or not bound_volume_name(pvc, pv):
+                continue  # not bound yet: the claim's or the volume's update brings the pod back
+            vol = csi_volume(pv)
+            if vol is None:
+                continue
+            out.append(DesiredVolume(vol.pv_name, vol.driver, vol.handle, vol.unique_name, vol.multi_node))
+        return out
+
+    async def sync_pod(self, key: str) -> float | None:
+        pod = self.pods.store.get(key)
+        if pod is None or pod_terminated(pod):
+            self.desired.remove_pod(key)
+        else:
+            node = pod.get("spec", {}).get("nodeName")
+            if not node or not self._managed(node):
+                self.desired.remove_pod(key)
+            else:
+                self.desired.set_pod(_pod_ref(pod), node, self.pod_volumes(pod))
+        self._wake.set()
+        return None
+
+    # -- actual state -------------------------------------------------------------------------------
+
+    def attachments(self) -> list[Attachment]:
+        out: dict[str, Attachment] = {}
+        for va in self.vas.store.values():
+            spec = va.get("spec", {})
+            pv_name = spec.get("source", {}).get("persistentVolumeName") or ""
+            pv = self.pvs.store.get(pv_name) if pv_name else None
+            vol = csi_volume(pv) if pv is not None else None
+            driver = str(spec.get("attacher", ""))
+            handle = vol.handle if vol is not None else ""
+            status = va.get("status") or {}
+            out[va["metadata"]["name"]] = Attachment(
+                name=va["metadata"]["name"],
+                node=str(spec.get("nodeName", "")),
+                pv_name=pv_name,
+                driver=driver,
+                handle=handle,
+                unique_name=unique_volume_name(driver, handle) if handle else "",
+                attached=bool(status.get("attached")),
+                deleting=bool(va["metadata"].get("deletionTimestamp")),
+                attach_error=str((status.get("attachError") or {}).get("message") or ""),
+            )
+        for name, att in list(self._creating.items()):
+            if name in out:
+                del self._creating[name]
+            else:
+                out[name] = att
+        return list(out.values())
+
+    def node_infos(self) -> dict[str, NodeInfo]:
+        infos = {}
+        for node in self.nodes.store.values():
+            name = node["metadata"]["name"]
+            status = node.get("status") or {}
+            infos[name] = NodeInfo(
+                name=name,
+                managed=(node["metadata"].get("annotations") or {}).get(ANN_CONTROLLER_MANAGED) == "true",
+                ready=node_ready(node),
+                in_use=frozenset(status.get("volumesInUse") or ()),
+                attached=tuple(v.get("name", "") for v in status.get("volumesAttached") or ()),
+            )
+        return infos
+
+    def attach_required(self, driver: str) -> bool:
+        obj = self.drivers.store.get(driver)
+        if obj is None:
+            return True  # no CSIDriver object: Kubernetes assumes the driver needs attaching
+        return obj.get("spec", {}).get("attachRequired", True) is not False
+
+    # -- lifecycle ----------------------------------------------------------------------------------
+
+    @property
+    def synced(self) -> bool:
+        return self.factory.has_synced and self._populated
+
+    async def run(self) -> None:
+        METRICS.sources.append(self._metric_counts)
+        workers = asyncio.create_task(run_workers(self.pod_queue, self.sync_pod, self.options.pod_workers))
+        try:
+            self.factory.start()
+            await self.factory.wait_for_sync()
+            # Populate the desired state from every pod before the first pass: a pass with a
+            # half-filled desired state would detach volumes pods still need (volumesInUse would
+            # stop it, but a node that is down cannot protect itself).
+            await self.pod_queue.wait_idle()
+            self._populated = True
+            log.info(
+                "caches synced, desired state populated",
+                pods=len(self.desired.pods),
+                attachments=len(self.vas.store),
+            )
+            while True:
+                self._wake.clear()
+                try:
+                    await self.reconcile()
+                except Exception:
+                    log.exception("reconcile pass failed")
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), self.options.loop_period)
+                # Never spin faster than a tenth of the loop period, however many events arrive.
+                await asyncio.sleep(self.options.loop_period / 10)
+        finally:
+            METRICS.sources.remove(self._metric_counts)
+            workers.cancel()
+            ops = list(self._ops.values())
+            for t in ops:
+                t.cancel()
+            await asyncio.gather(workers, *ops, return_exceptions=True)
+            await self.factory.stop()
+
+    def _metric_counts(self) -> tuple[int, int]:
+        return self._counts
+
+    # -- the reconcile pass ---------------------------------------------------------------------------
+
+    def _busy(self, name: str, now: float) -> bool:
+        if name in self._ops:
+            return True
+        retry = self._backoff.get(name)
+        return retry is not None and now < retry[0]
+
+    def _spawn(self, name: str, coro: Coroutine[Any, Any, None]) -> None:
+        async def op() -> None:
+            try:
+                await coro
+            except Exception as exc:
+                _, last = self._backoff.get(name, (0.0, 0.0))
+                delay = min(self.options.backoff_max, max(self.options.backoff_start, last * 2))
+                self._backoff[name] = (time.monotonic() + delay, delay)
+                log.warning("operation failed, backing off", va=name, delay=f"{delay:.1f}s", error=str(exc))
+            else:
+                self._backoff.pop(name, None)
+            finally:
+                self._ops.pop(name, None)
+                self._wake.set()
+
+        self._ops[name] = asyncio.create_task(op(), name=f"op-{name}")
+
+    async def reconcile(self) -> None:
+        now = time.monotonic()
+        desired = self.desired.entries()
+        attachments = self.attachments()
+        nodes = self.node_infos()
+        live = {a.name for a in attachments}
+        self._detaching &= {a.name for a in attachments if not a.deleting}
+        self._counts = (len(desired), len(attachments))
+        plan = decide(
+            desired,
+            attachments,
+            nodes,
+            attach_required=self.attach_required,
+            unmount_wait_since=self._unmount_wait_since,
+            now=now,
+            max_wait_for_unmount=self.options.max_wait_for_unmount,
+            detaching=frozenset(self._detaching),
+        )
+        for name in plan.waiting_for_unmount:
+            self._unmount_wait_since.setdefault(name, now)
+        for name in list(self._unmount_wait_since):
+            if name not in plan.waiting_for_unmount:
+                self._unmount_wait_since.pop(name, None)
+
+        # 1. Detach: the node's status must stop listing the volume before its VA goes.
+        detaches = [d for d in plan.detaches if not self._busy(d.attachment.name, now)]
+        detach_nodes = {d.attachment.node for d in detaches}
+        if detaches:
+            results = await asyncio.gather(
+                *(
+                    self._write_node_status(n, plan.node_status[n])
+                    for n in detach_nodes
+                    if n in plan.node_status
+                ),
+                return_exceptions=True,
+            )
+            failed = {
+                n
+                for n, r in zip([n for n in detach_nodes if n in plan.node_status], results, strict=True)
+                if isinstance(r, BaseException)
+            }
+            for d in detaches:
+                if d.attachment.node not in failed:
+                    self._detaching.add(d.attachment.name)
+                    self._spawn(d.attachment.name, self._detach(d))
+
+        # 2. Attach, or say why not.
+        for entry in plan.attaches:
+            if not self._busy(entry.va_name, now):
+                self._creating[entry.va_name] = Attachment(
+                    entry.va_name,
+                    entry.node,
+                    entry.volume.pv_name,
+                    entry.volume.driver,
+                    entry.volume.handle,
+                    entry.volume.unique_name,
+                    attached=False,
+                    deleting=False,
+                )
+                self._spawn(entry.va_name, self._attach(entry))
+        for refusal in plan.multi_attach:
+            for pod in refusal.entry.pods:
+                mark = (pod.uid, refusal.entry.volume.pv_name)
+                if mark not in self._multi_attach_reported:
+                    self._multi_attach_reported.add(mark)
+                    self.recorder.warning(
+                        _pod_object(pod),
+                        "FailedAttachVolume",
+                        MULTI_ATTACH_MESSAGE.format(pv=refusal.entry.volume.pv_name),
+                    )
+        self._report_attach_results(desired, attachments)
+
+        # 3. Node status for the nodes the detaches did not already write.
+        rest = {n: v for n, v in plan.node_status.items() if n not in detach_nodes}
+        if rest:
+            await asyncio.gather(
+                *(self._write_node_status(n, v) for n, v in rest.items()), return_exceptions=True
+            )
+        # Forget bookkeeping of attachments that are gone.
+        self._created_here &= live | set(self._creating)
+        for name in list(self._backoff):
+            if name not in live and name not in {e.va_name for e in plan.attaches}:
+                self._backoff.pop(name, None)
+
+    def _report_attach_results(self, desired: list[DesiredEntry], attachments: list[Attachment]) -> None:
+        by_name = {a.name: a for a in attachments}
+        for entry in desired:
+            att = by_name.get(entry.va_name)
+            if att is None:
+                continue
+            if att.attached and entry.va_name in self._created_here:
+                self._created_here.discard(entry.va_name)
+                self._attach_errors_reported.pop(entry.va_name, None)
+                for pod in entry.pods:
+                    self.recorder.normal(
+                        _pod_object(pod),
+                        "SuccessfulAttachVolume",
+                        ATTACH_SUCCEEDED_MESSAGE.format(pv=entry.volume.pv_name),
+                    )
+            elif att.attach_error and self._attach_errors_reported.get(att.name) != att.attach_error:
+                self._attach_errors_reported[att.name] = att.attach_error
+                for pod in entry.pods:
+                    self.recorder.warning(
+                        _pod_object(pod),
+                        "FailedAttachVolume",
+                        ATTACH_FAILED_MESSAGE.format(pv=entry.volume.pv_name, error=att.attach_error),
+                    )
+
+    # -- operations ---------------------------------------------------------------------------------
+
+    async def _attach(self, entry: DesiredEntry) -> None:
+        body = {
+            "metadata": {"name": entry.va_name},
+            "spec": {
+                "attacher": entry.volume.driver,
+                "nodeName": entry.node,
+                "source": {"persistentVolumeName": entry.volume.pv_name},
+            },
+        }
+        try:
+            await self.client.create(VOLUME_ATTACHMENTS, body)
+            self._created_here.add(entry.va_name)
+            log.info("attaching", va=entry.va_name, pv=entry.volume.pv_name, node=entry.node)
+        except ApiError as exc:
+            if not exc.already_exists:
+                self._creating.pop(entry.va_name, None)
+                raise
+            # Created by an earlier run of this controller: the cache will show it.
+
+    async def _detach(self, d: Detach) -> None:
+        att = d.attachment
+        if d.forced:
+            METRICS.forced_detaches += 1
+            log.warning(
+                "force-detaching a volume its node still reports in use: the node is not ready and the "
+                "wait for unmount expired",
+                va=att.name,
+                pv=att.pv_name,
+                node=att.node,
+                waited=f"{self.options.max_wait_for_unmount:.0f}s",
+            )
+        try:
+            await self.client.delete(VOLUME_ATTACHMENTS, att.name)
+        except ApiError as exc:
+            if not exc.not_found:
+                self._detaching.discard(att.name)
+                raise
+        log.info("detaching", va=att.name, pv=att.pv_name, node=att.node, forced=d.forced)
+
+    async def _write_node_status(self, node: str, names: tuple[str, ...]) -> None:
+        # The cache can lag behind our own write: do not send the same list again at once.
+        last = self._status_written.get(node)
+        if last is not None and last[0] == names and time.monotonic() - last[1] < 2.0:
+            return
+        patch = {"status": {"volumesAttached": [{"name": n, "devicePath": ""} for n in names]}}
+        try:
+            await self.client.patch(NODES, node, patch, subresource="status")
+        except ApiError as exc:
+            if exc.not_found:
+                return
+            raise
+        self._status_written[node] = (names, time.monotonic())
