@@ -1,0 +1,341 @@
+"""bench/binding: static binding of pre-created PV/PVC pairs by kubeloop's pv-controller, side by
+side with kube-controller-manager's persistentvolume-binder (the same cached kcm binary, run with
+only `--controllers=persistentvolume-binder-controller`).
+
+    python -m bench.binding [--pairs 1000 | --large] [--scenarios default,unthrottled]
+
+Each (scenario, side) gets a fresh etcd + kube-apiserver and a fresh object set: N PersistentVolumes
+and N claims that each fit any of them. Then the controller process starts (t0) and the bench
+watches until every claim is Bound. Reported per run:
+
+- total: t0 until the last claim is Bound, and the resulting binds per second;
+- completion p50/p99: when claims became Bound, counted from t0;
+- bind latency p50/p99: per claim, from the moment its volume got the claimRef (the bind's first
+  write) until the claim was Bound (its last write);
+- writes/bind: the apiserver's own count of writes (UPDATE/PATCH/CREATE/DELETE of PVs, PVCs,
+  events) during the run, divided by N; includes each volume's Pending -> Available write;
+- peak RSS of the controller process.
+
+Scenarios: `default` runs both at kcm's client defaults (QPS 20 / burst 30), `unthrottled` at
+QPS 5000 / burst 10000. Prints a table and writes bench/results/binding.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from controller_runtime.client import ApiClient
+from controller_runtime.resources import NAMESPACES, PERSISTENT_VOLUME_CLAIMS, PERSISTENT_VOLUMES, Obj
+from controller_runtime.toolchain import REPO_ROOT, Toolchain
+from services.stack.controlplane import ControlPlane
+from services.stack.proc import free_ports
+
+from .common import control_plane, percentile, print_table, rss_bytes, write_results
+
+NAMESPACE = "bench"
+SCENARIOS = {"default": (20.0, 30), "unthrottled": (5000.0, 10000)}
+# The apiserver labels requests with HTTP-style verbs (PUT, POST) in apiserver_request_total.
+WRITE_VERBS = {"PUT", "PATCH", "POST", "DELETE", "UPDATE", "CREATE"}
+WRITE_RESOURCES = {"persistentvolumes", "persistentvolumeclaims", "events"}
+
+
+@dataclass
+class Run:
+    scenario: str
+    side: str
+    pairs: int
+    qps: float
+    burst: int
+    total_s: float
+    binds_per_s: float
+    completion_p50_s: float
+    completion_p99_s: float
+    bind_latency_p50_ms: float
+    bind_latency_p99_ms: float
+    writes_per_bind: float
+    peak_rss_mb: float
+    timed_out: bool
+
+
+def pv(i: int) -> Obj:
+    return {
+        "metadata": {"name": f"bench-pv-{i:05d}"},
+        "spec": {
+            "capacity": {"storage": "1Gi"},
+            "accessModes": ["ReadWriteOnce"],
+            "persistentVolumeReclaimPolicy": "Retain",
+            "storageClassName": "",
+            "hostPath": {"path": f"/tmp/kubeloop-bench/{i}"},
+        },
+    }
+
+
+def pvc(i: int) -> Obj:
+    return {
+        "metadata": {"name": f"data-{i:05d}"},
+        "spec": {
+            "accessModes": ["ReadWriteOnce"],
+            "storageClassName": "",
+            "resources": {"requests": {"storage": "1Gi"}},
+        },
+    }
+
+
+async def create_all(api: ApiClient, n: int) -> None:
+    await api.create(NAMESPACES, {"metadata": {"name": NAMESPACE}})
+    sem = asyncio.Semaphore(32)
+
+    async def one(res: Any, obj: Obj, ns: str | None) -> None:
+        async with sem:
+            await api.create(res, obj, ns)
+
+    await asyncio.gather(*(one(PERSISTENT_VOLUMES, pv(i), None) for i in range(n)))
+    await asyncio.gather(*(one(PERSISTENT_VOLUME_CLAIMS, pvc(i), NAMESPACE) for i in range(n)))
+
+
+async def write_count(api: ApiClient) -> int:
+    """Writes the apiserver has served to PVs, PVCs and events, from its own metrics."""
+    text = await api.session.get(api.server + "/metrics", headers=api._auth())
+    body = await text.text()
+    total = 0
+    for line in body.splitlines():
+        if not line.startswith("apiserver_request_total{"):
+            continue
+        labels_part, _, value = line.rpartition(" ")
+        labels = dict(
+            kv.split("=", 1)
+            for kv in labels_part[len("apiserver_request_total{") : -1].split(",")
+            if "=" in kv
+        )
+        verb = labels.get("verb", "").strip('"')
+        resource = labels.get("resource", "").strip('"')
+        if verb in WRITE_VERBS and resource in WRITE_RESOURCES:
+            total += int(float(value))
+    return total
+
+
+class Observer:
+    """Watches PVs and PVCs and timestamps, per claim, the first claimRef on its volume and the
+    moment it became Bound."""
+
+    def __init__(self, api: ApiClient, n: int) -> None:
+        self.api = api
+        self.n = n
+        self.claimref_at: dict[str, float] = {}  # claim name -> first time a PV pointed at it
+        self.bound_at: dict[str, float] = {}
+        self.done = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        _, pv_rv = await self.api.list_all(PERSISTENT_VOLUMES, page_size=1)
+        _, pvc_rv = await self.api.list_all(PERSISTENT_VOLUME_CLAIMS, NAMESPACE, page_size=1)
+        self._tasks = [
+            asyncio.create_task(self._watch(PERSISTENT_VOLUMES, None, pv_rv, self._on_pv)),
+            asyncio.create_task(self._watch(PERSISTENT_VOLUME_CLAIMS, NAMESPACE, pvc_rv, self._on_pvc)),
+        ]
+
+    async def _watch(self, res: Any, ns: str | None, rv: str, fn: Any) -> None:
+        while True:
+            async for kind, obj in self.api.watch(res, ns, resource_version=rv, timeout_seconds=600):
+                if kind == "BOOKMARK":
+                    rv = obj["metadata"]["resourceVersion"]
+                    continue
+                rv = obj["metadata"]["resourceVersion"]
+                fn(obj)
+
+    def _on_pv(self, obj: Obj) -> None:
+        ref = obj.get("spec", {}).get("claimRef")
+        if ref and ref.get("name") not in self.claimref_at:
+            self.claimref_at[ref["name"]] = time.monotonic()
+
+    def _on_pvc(self, obj: Obj) -> None:
+        name = obj["metadata"]["name"]
+        if obj.get("status", {}).get("phase") == "Bound" and name not in self.bound_at:
+            self.bound_at[name] = time.monotonic()
+            if len(self.bound_at) >= self.n:
+                self.done.set()
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+
+
+def kubeloop_argv(cp: ControlPlane, qps: float, burst: int, workers: int) -> list[str]:
+    (port,) = free_ports(1)
+    return [
+        sys.executable,
+        "-m",
+        "services.pv_controller.main",
+        f"--kubeconfig={cp.admin_kubeconfig}",
+        f"--kube-api-qps={qps}",
+        f"--kube-api-burst={burst}",
+        f"--worker-threads={workers}",
+        f"--http-endpoint=127.0.0.1:{port}",
+    ]
+
+
+def kcm_argv(cp: ControlPlane, qps: float, burst: int, _workers: int) -> list[str]:
+    (port,) = free_ports(1)
+    kubeconfig = str(cp.admin_kubeconfig)
+    return [
+        str(Toolchain.default().binary("kube-controller-manager")),
+        "--controllers=persistentvolume-binder-controller",
+        f"--kubeconfig={kubeconfig}",
+        f"--authentication-kubeconfig={kubeconfig}",
+        f"--authorization-kubeconfig={kubeconfig}",
+        f"--kube-api-qps={qps}",
+        f"--kube-api-burst={burst}",
+        "--leader-elect=false",
+        "--bind-address=127.0.0.1",
+        f"--secure-port={port}",
+        "--profiling=false",
+    ]
+
+
+SIDES = {"kubeloop": kubeloop_argv, "kcm": kcm_argv}
+
+
+async def run_one(scenario: str, side: str, n: int, workers: int, timeout: float, logs: Path) -> Run:
+    qps, burst = SCENARIOS[scenario]
+    async with control_plane() as cp:
+        api = await ApiClient.from_kubeconfig(str(cp.admin_kubeconfig), qps=0, burst=1, user_agent="bench")
+        try:
+            await create_all(api, n)
+            observer = Observer(api, n)
+            await observer.start()
+            before = await write_count(api)
+            log = logs / f"binding-{scenario}-{side}.log"
+            t0 = time.monotonic()
+            proc = await asyncio.create_subprocess_exec(
+                *SIDES[side](cp, qps, burst, workers),
+                cwd=REPO_ROOT,
+                stdout=log.open("wb"),
+                stderr=asyncio.subprocess.STDOUT,
+            )
+            peak = 0
+
+            async def sample_rss() -> None:
+                nonlocal peak
+                while True:
+                    with contextlib.suppress(Exception):
+                        peak = max(peak, rss_bytes(proc.pid))
+                    await asyncio.sleep(0.25)
+
+            sampler = asyncio.create_task(sample_rss())
+            timed_out = False
+            try:
+                await asyncio.wait_for(observer.done.wait(), timeout)
+            except TimeoutError:
+                timed_out = True
+            finished = time.monotonic()
+            sampler.cancel()
+            proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(proc.wait(), 15)
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+            after = await write_count(api)
+            await observer.stop()
+        finally:
+            await api.close()
+    bound = observer.bound_at
+    completion = [t - t0 for t in bound.values()] or [float("nan")]
+    latency = [
+        (bound[name] - observer.claimref_at[name]) * 1000 for name in bound if name in observer.claimref_at
+    ] or [float("nan")]
+    total = (max(bound.values()) if bound else finished) - t0
+    return Run(
+        scenario=scenario,
+        side=side,
+        pairs=n,
+        qps=qps,
+        burst=burst,
+        total_s=round(total, 2),
+        binds_per_s=round(len(bound) / total, 1) if total > 0 else 0.0,
+        completion_p50_s=round(percentile(completion, 50), 2),
+        completion_p99_s=round(percentile(completion, 99), 2),
+        bind_latency_p50_ms=round(percentile(latency, 50), 1),
+        bind_latency_p99_ms=round(percentile(latency, 99), 1),
+        writes_per_bind=round((after - before) / max(1, len(bound)), 2),
+        peak_rss_mb=round(peak / 2**20, 1),
+        timed_out=timed_out,
+    )
+
+
+async def amain(args: argparse.Namespace) -> None:
+    n = 5000 if args.large else args.pairs
+    logs = REPO_ROOT / "bench" / "results" / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    runs: list[Run] = []
+    for scenario in args.scenarios.split(","):
+        qps, _ = SCENARIOS[scenario]
+        # Five writes per pair at the client limit, plus a resync and process start-up.
+        timeout = 5 * n / qps * 2 + 120
+        for side in args.sides.split(","):
+            print(f"running {scenario} / {side} with {n} pairs ...", flush=True)
+            run = await run_one(scenario, side, n, args.workers, timeout, logs)
+            print(f"  {asdict(run)}", flush=True)
+            runs.append(run)
+    header = [
+        "scenario",
+        "side",
+        "pairs",
+        "qps/burst",
+        "total s",
+        "binds/s",
+        "done p50/p99 s",
+        "bind p50/p99 ms",
+        "writes/bind",
+        "peak RSS MB",
+    ]
+    rows = [
+        [
+            r.scenario,
+            r.side + (" (TIMED OUT)" if r.timed_out else ""),
+            r.pairs,
+            f"{r.qps:g}/{r.burst}",
+            r.total_s,
+            r.binds_per_s,
+            f"{r.completion_p50_s}/{r.completion_p99_s}",
+            f"{r.bind_latency_p50_ms}/{r.bind_latency_p99_ms}",
+            r.writes_per_bind,
+            r.peak_rss_mb,
+        ]
+        for r in runs
+    ]
+    print_table(f"PV/PVC binding, {n} pre-created pairs", header, rows)
+    path = write_results(
+        "binding",
+        {"pairs": n, "workers": args.workers, "runs": [asdict(r) for r in runs]},
+    )
+    print(f"\nwrote {path}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--pairs", type=int, default=1000, help="PV/PVC pairs per run (default: 1000)")
+    parser.add_argument("--large", action="store_true", help="5000 pairs")
+    parser.add_argument(
+        "--scenarios", default="default,unthrottled", help="comma-separated: default,unthrottled"
+    )
+    parser.add_argument("--sides", default="kubeloop,kcm", help="comma-separated: kubeloop,kcm")
+    parser.add_argument("--workers", type=int, default=4, help="kubeloop --worker-threads (default: 4)")
+    asyncio.run(amain(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    main()
