@@ -4,7 +4,7 @@
 # pinned in tools/versions.env, and caches them by version:
 #   ${KUBELOOP_CACHE:-~/.cache/kubeloop}/bin/<component>-<version>/
 # A second run finds every binary in place and does nothing. Usage: build-binaries.sh [group...]
-# where a group is kubernetes, etcd or csi-sanity (default: all).
+# where a group is kubernetes, etcd, csi-sanity or external-provisioner (default: all).
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -107,6 +107,27 @@ build_csi_sanity() {
   mkdir -p "$dest" && mv "$tmp/csi-sanity" "$dest/" && rm -rf "$tmp"
 }
 
+# The Go sidecar, built only for bench/provisioning.py's side-by-side run against kubeloop's.
+# Its go.mod pins modules with replace directives, which `go install pkg@version` refuses; the
+# wrapper module copies them instead.
+build_external_provisioner() {
+  local dest=$cache/bin/external-provisioner-$EXTERNAL_PROVISIONER_VERSION
+  if have_all "$dest" csi-provisioner; then say "external-provisioner $EXTERNAL_PROVISIONER_VERSION: cached in $dest"; return; fi
+  say "external-provisioner $EXTERNAL_PROVISIONER_VERSION: building csi-provisioner"
+  local module=github.com/kubernetes-csi/external-provisioner/v6 modfile
+  modfile=$(go mod download -json "$module@$EXTERNAL_PROVISIONER_VERSION" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
+  [ -n "$modfile" ] || die "could not fetch $module@$EXTERNAL_PROVISIONER_VERSION from the Go module proxy"
+  local gomod="module kubeloop.local/external-provisioner-binaries
+
+go 1.26
+
+require $module $EXTERNAL_PROVISIONER_VERSION
+
+$(grep '^replace ' "$modfile")"
+  build_in_wrapper "$dest" "$gomod" "-s -w -X main.version=$EXTERNAL_PROVISIONER_VERSION" \
+    csi-provisioner=$module/cmd/csi-provisioner
+}
+
 groups=("$@")
 [ ${#groups[@]} -gt 0 ] || groups=(kubernetes etcd csi-sanity)
 for g in "${groups[@]}"; do
@@ -114,7 +135,8 @@ for g in "${groups[@]}"; do
     kubernetes) build_kubernetes ;;
     etcd) build_etcd ;;
     csi-sanity) build_csi_sanity ;;
-    *) die "unknown group '$g' (expected kubernetes, etcd or csi-sanity)" ;;
+    external-provisioner) build_external_provisioner ;;
+    *) die "unknown group '$g' (expected kubernetes, etcd, csi-sanity or external-provisioner)" ;;
   esac
 done
 say "binaries ready under $cache/bin"

@@ -1,0 +1,106 @@
+"""The provisioner's intent journal: which CreateVolume calls may have created a volume that no
+PersistentVolume records yet.
+
+Upstream's sidecar keeps this only in memory, so a restart between CreateVolume and saving the PV
+forgets the volume and, if the claim is deleted meanwhile, leaks it. kubeloop writes an entry
+(fsync'd, renamed into place) *before* CreateVolume and removes it only once the PV is saved or
+the volume is known not to exist; at start every entry is finished or cleaned up. The journal lives
+on local disk next to the driver's own state (the pool is local to the machine too), so it costs no
+API request on the provisioning path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .request import VolumeSpec
+
+
+@dataclass
+class Entry:
+    uid: str  # the claim's UID; also the file name
+    namespace: str
+    claim: str
+    class_name: str
+    spec: VolumeSpec
+    volume_id: str = ""  # known once CreateVolume answered; saves a CreateVolume during clean-up
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "uid": self.uid,
+            "namespace": self.namespace,
+            "claim": self.claim,
+            "class_name": self.class_name,
+            "spec": self.spec.to_json(),
+            "volume_id": self.volume_id,
+        }
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> Entry:
+        return cls(
+            uid=doc["uid"],
+            namespace=doc["namespace"],
+            claim=doc["claim"],
+            class_name=doc.get("class_name", ""),
+            spec=VolumeSpec.from_json(doc["spec"]),
+            volume_id=doc.get("volume_id", ""),
+        )
+
+
+def _write_durably(path: Path, data: bytes) -> None:
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    dfd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+class Journal:
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.entries: dict[str, Entry] = {}
+
+    def load(self) -> list[Entry]:
+        """Reads every entry left by an earlier process (leftover temp files are dropped)."""
+        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        for path in self.directory.iterdir():
+            if path.suffix == ".tmp":
+                path.unlink(missing_ok=True)
+            elif path.suffix == ".json":
+                entry = Entry.from_json(json.loads(path.read_bytes()))
+                self.entries[entry.uid] = entry
+        return list(self.entries.values())
+
+    def get(self, uid: str) -> Entry | None:
+        return self.entries.get(uid)
+
+    def _path(self, uid: str) -> Path:
+        if not uid or "/" in uid or uid.startswith("."):
+            raise ValueError(f"not a claim UID: {uid!r}")
+        return self.directory / f"{uid}.json"
+
+    async def put(self, entry: Entry) -> None:
+        """Returns once the entry is on disk: only then may CreateVolume be sent."""
+        data = json.dumps(entry.to_json(), separators=(",", ":")).encode()
+        await asyncio.to_thread(_write_durably, self._path(entry.uid), data)
+        self.entries[entry.uid] = entry
+
+    async def remove(self, uid: str) -> None:
+        """No fsync: an entry that survives a crash is only re-checked and removed again."""
+        if self.entries.pop(uid, None) is not None:
+            with contextlib.suppress(FileNotFoundError):
+                await asyncio.to_thread(os.unlink, self._path(uid))

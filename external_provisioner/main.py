@@ -1,0 +1,222 @@
+"""`kubeloop-external-provisioner`: the kubernetes-csi external-provisioner sidecar."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import random
+import re
+import socket
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from controller_runtime import process
+from controller_runtime.client import ApiClient
+from controller_runtime.csi_client import CSIConnection
+from controller_runtime.events import EventRecorder
+from controller_runtime.informer import SharedInformerFactory
+from controller_runtime.leaderelection import LeaderElectionConfig, LeaderElector
+from controller_runtime.logs import get_logger
+from kubeloop_grpc.csi import csi_pb2
+
+from .capacity import CapacityOptions, CapacityPublisher
+from .controller import Options, Provisioner
+from .journal import Journal
+
+log = get_logger("external-provisioner")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kubeloop-external-provisioner",
+        description="Provisions and deletes volumes of a CSI driver for PersistentVolumeClaims.",
+    )
+    parser.add_argument(
+        "--csi-address", default="/run/csi/socket", help="the CSI driver's socket (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--timeout", type=process.duration, default=10.0, help="timeout of each CSI call (default: 10s)"
+    )
+    parser.add_argument(
+        "--worker-threads",
+        type=int,
+        default=100,
+        help="concurrent provisioning and deletion syncs (default: 100)",
+    )
+    parser.add_argument(
+        "--retry-interval-start",
+        type=process.duration,
+        default=1.0,
+        help="first retry delay of a failed claim or volume, doubling each time (default: 1s)",
+    )
+    parser.add_argument(
+        "--retry-interval-max", type=process.duration, default=300.0, help="largest retry delay (default: 5m)"
+    )
+    parser.add_argument(
+        "--volume-name-prefix", default="pvc", help="prefix of PV and CreateVolume names (default: pvc)"
+    )
+    parser.add_argument(
+        "--default-fstype", default="", help="filesystem when the class sets no csi.storage.k8s.io/fstype"
+    )
+    parser.add_argument(
+        "--extra-create-metadata",
+        action="store_true",
+        help="pass csi.storage.k8s.io/pvc/name, pvc/namespace and pv/name to CreateVolume",
+    )
+    parser.add_argument(
+        "--state-dir",
+        default="/var/lib/kubeloop/external-provisioner",
+        help="where the intent journal lives; keep it with the driver's state (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--resync-period",
+        type=process.duration,
+        default=900.0,
+        help="how often every claim and volume is looked at again (default: 15m)",
+    )
+    cap = parser.add_argument_group("storage capacity")
+    cap.add_argument("--enable-capacity", action="store_true", help="publish CSIStorageCapacity objects")
+    cap.add_argument(
+        "--capacity-poll-interval",
+        type=process.duration,
+        default=60.0,
+        help="GetCapacity period (default: 1m)",
+    )
+    cap.add_argument(
+        "--capacity-namespace",
+        default=os.environ.get("NAMESPACE", "kube-system"),
+        help="namespace of the CSIStorageCapacity objects (default: $NAMESPACE or kube-system)",
+    )
+    cap.add_argument(
+        "--capacity-for-immediate-binding",
+        action="store_true",
+        help="also publish capacity for classes with Immediate binding",
+    )
+    process.add_kube_flags(parser, qps=5.0, burst=10)
+    process.add_http_flags(parser)
+    process.add_leader_election_flags(parser)
+    process.add_logging_flags(parser)
+    return parser
+
+
+def provisioner_identity(driver: str) -> str:
+    """Upstream's identity format: start time in ms, a random number, the driver name."""
+    return f"{int(time.time() * 1000)}-{random.randrange(10000)}-{driver}"
+
+
+def lease_name(driver: str) -> str:
+    return re.sub(r"[^a-zA-Z0-9-]", "-", driver)
+
+
+async def run(args: argparse.Namespace, ctx: process.Context) -> None:
+    state: dict[str, Provisioner | CSIConnection] = {}
+
+    def ready() -> str | None:
+        if "conn" not in state:
+            return "CSI driver not connected"
+        prov = state.get("provisioner")
+        if args.leader_election and prov is None:
+            return None  # a standby is ready: it serves nothing until it leads
+        if not isinstance(prov, Provisioner) or not prov.synced:
+            return "caches not synced"
+        return None
+
+    if ctx.health is not None:
+        ctx.health.add_liveness_check("ping", lambda: None)
+        ctx.health.add_readiness_check("provisioner", ready)
+
+    conn = await CSIConnection.connect(args.csi_address, timeout=args.timeout)
+    state["conn"] = conn
+    if not conn.has_controller_capability(csi_pb2.ControllerServiceCapability.RPC.CREATE_DELETE_VOLUME):
+        raise SystemExit(f"driver {conn.driver_name} does not offer CREATE_DELETE_VOLUME")
+    client = await ApiClient.from_kubeconfig(
+        args.kubeconfig or None,
+        qps=args.kube_api_qps,
+        burst=args.kube_api_burst,
+        user_agent="kubeloop-external-provisioner",
+    )
+    recorder = EventRecorder(client, f"{conn.driver_name}_{socket.gethostname()}", queue_size=10000)
+
+    async def lead() -> None:
+        factory = SharedInformerFactory(client, resync_period=args.resync_period)
+        prov = Provisioner(
+            client,
+            factory,
+            recorder,
+            conn,
+            Journal(Path(args.state_dir) / "provisioning"),
+            Options(
+                driver=conn.driver_name,
+                identity=provisioner_identity(conn.driver_name),
+                prefix=args.volume_name_prefix,
+                default_fs=args.default_fstype,
+                extra_metadata=args.extra_create_metadata,
+                workers=max(1, args.worker_threads),
+                retry_start=args.retry_interval_start,
+                retry_max=args.retry_interval_max,
+                resync_period=args.resync_period,
+            ),
+        )
+        state["provisioner"] = prov
+        tasks = [asyncio.create_task(prov.run(), name="provisioner")]
+        if args.enable_capacity:
+            publisher = CapacityPublisher(
+                client,
+                conn,
+                prov.classes,
+                prov.csinodes,
+                prov.nodes,
+                CapacityOptions(
+                    namespace=args.capacity_namespace,
+                    interval=args.capacity_poll_interval,
+                    immediate_binding=args.capacity_for_immediate_binding,
+                ),
+            )
+
+            async def publish() -> None:
+                await factory.wait_for_sync()
+                await publisher.run()
+
+            tasks.append(asyncio.create_task(publish(), name="capacity"))
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                task.result()
+        finally:
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    try:
+        if args.leader_election:
+            elector = LeaderElector(
+                client,
+                LeaderElectionConfig(
+                    namespace=args.leader_election_namespace,
+                    name=lease_name(conn.driver_name),
+                    identity=f"{socket.gethostname()}_{os.getpid()}",
+                    lease_duration=args.leader_election_lease_duration,
+                    renew_deadline=args.leader_election_renew_deadline,
+                    retry_period=args.leader_election_retry_period,
+                ),
+            )
+            await elector.run(lead)
+        else:
+            await lead()
+    finally:
+        await recorder.close()
+        await client.close()
+        await conn.close()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    process.main(build_parser(), run, argv)
+
+
+if __name__ == "__main__":
+    main()

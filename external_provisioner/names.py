@@ -1,0 +1,64 @@
+"""The provisioner's contract strings (see /work/shared/CONTRACTS.md). Keys the binder shares with
+the provisioner come from the binder's module, so the two can never disagree."""
+
+from __future__ import annotations
+
+from services.pv_controller.names import (
+    ANN_BETA_STORAGE_PROVISIONER,
+    ANN_PROVISIONED_BY,
+    ANN_SELECTED_NODE,
+    ANN_STORAGE_PROVISIONER,
+    PROVISIONING_FAILED,
+    PV_RELEASED,
+    VOLUME_FAILED_DELETE,
+)
+
+__all__ = [
+    "ANN_BETA_STORAGE_PROVISIONER",
+    "ANN_PROVISIONED_BY",
+    "ANN_SELECTED_NODE",
+    "ANN_STORAGE_PROVISIONER",
+    "PROVISIONING_FAILED",
+    "PV_RELEASED",
+    "VOLUME_FAILED_DELETE",
+]
+
+PV_FINALIZER = "external-provisioner.volume.kubernetes.io/finalizer"
+PROVISIONER_IDENTITY = "storage.kubernetes.io/csiProvisionerIdentity"
+ANN_MIGRATED_TO = "pv.kubernetes.io/migrated-to"
+
+# Parameters under this prefix are for the provisioner, never passed to the driver as they are.
+PARAMETER_PREFIX = "csi.storage.k8s.io/"
+PARAM_FSTYPE = PARAMETER_PREFIX + "fstype"
+PARAM_PVC_NAME = PARAMETER_PREFIX + "pvc/name"
+PARAM_PVC_NAMESPACE = PARAMETER_PREFIX + "pvc/namespace"
+PARAM_PV_NAME = PARAMETER_PREFIX + "pv/name"
+
+# Topology: the label every node plugin of the kubeloop driver reports (others use their own keys).
+TOPOLOGY_KEY_HOSTNAME = "kubernetes.io/hostname"
+
+# CSIStorageCapacity labels, as the Go sidecar writes them.
+CAPACITY_LABEL_DRIVER = "csi.storage.k8s.io/drivername"
+CAPACITY_LABEL_MANAGED_BY = "csi.storage.k8s.io/managed-by"
+CAPACITY_MANAGED_BY = "external-provisioner"
+
+# Event reasons
+PROVISIONING = "Provisioning"
+PROVISIONING_SUCCEEDED = "ProvisioningSucceeded"
+PROVISIONING_CLEANUP_FAILED = "ProvisioningCleanupFailed"
+
+
+def msg_provisioning(namespace: str, name: str) -> str:
+    return f'External provisioner is provisioning volume for claim "{namespace}/{name}"'
+
+
+def msg_succeeded(pv_name: str) -> str:
+    return f"Successfully provisioned volume {pv_name}"
+
+
+def msg_failed(class_name: str, error: str) -> str:
+    return f'failed to provision volume with StorageClass "{class_name}": {error}'
+
+
+def msg_still_attached(pv_name: str, node: str) -> str:
+    return f"persistentvolume {pv_name} is still attached to node {node}"

@@ -1,0 +1,343 @@
+"""Shared pieces of the external-provisioner integration tests (no tests here): a harness that runs
+the real CSI driver (`--mode controller`, on a temporary pool), the pv-controller in-process and
+the provisioner as a subprocess under its own RBAC identity, so a test can SIGKILL and restart it.
+
+`backing_files()` and `pv_handles()` are the two sides of the invariant every fault test ends on:
+after recovery, the volumes in the pool are exactly the volumes the PVs name."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from pathlib import Path
+
+from controller_runtime.client import ApiClient, ApiError
+from controller_runtime.events import EventRecorder
+from controller_runtime.informer import SharedInformerFactory
+from controller_runtime.resources import (
+    EVENTS,
+    PERSISTENT_VOLUME_CLAIMS,
+    PERSISTENT_VOLUMES,
+    STORAGE_CLASSES,
+    Obj,
+)
+from controller_runtime.toolchain import REPO_ROOT
+from csi_driver import DRIVER_NAME
+from services.pv_controller import names as pv_names
+from services.pv_controller.controller import Options as PVOptions
+from services.pv_controller.controller import PVController
+from services.stack.certs import service_account_identity
+from services.stack.controlplane import ControlPlane
+from services.stack.proc import free_ports
+from tests.csi.conftest import Driver
+
+IDENTITY = service_account_identity("kubeloop-external-provisioner")
+
+
+async def wait_for(
+    check: Callable[[], Awaitable[list[str]]], timeout: float, interval: float = 0.2
+) -> list[str]:
+    """Polls until `check` reports no problem; returns the last problems (empty on success)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        problems = await check()
+        if not problems or time.monotonic() > deadline:
+            return problems
+        await asyncio.sleep(interval)
+
+
+async def kubectl(cp: ControlPlane, *args: str) -> str:
+    proc = await asyncio.create_subprocess_exec(
+        str(cp.toolchain.binary("kubectl")),
+        f"--kubeconfig={cp.admin_kubeconfig}",
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    out, _ = await proc.communicate()
+    assert proc.returncode == 0, out.decode()
+    return out.decode()
+
+
+class Harness:
+    def __init__(self, cp: ControlPlane, api: ApiClient, namespace: str) -> None:
+        self.cp, self.api, self.ns = cp, api, namespace
+        # Short: the driver's socket path may not exceed 107 bytes.
+        self.root = Path(tempfile.mkdtemp(prefix="kp", dir="/tmp"))
+        self.driver: Driver | None = None
+        self.proc: asyncio.subprocess.Process | None = None
+        self.log = self.root / "provisioner.log"
+        self.classes: list[str] = []
+        self._pv_task: asyncio.Task[None] | None = None
+        self._pv_client: ApiClient | None = None
+        self._pv_recorder: EventRecorder | None = None
+
+    # -- processes ---------------------------------------------------------------------------------
+
+    def start_driver(self, *extra: str) -> Driver:
+        self.driver = Driver(self.root, "controller", "node-a", extra).start()
+        return self.driver
+
+    async def start_pv_controller(self) -> None:
+        self._pv_client = await ApiClient.from_kubeconfig(str(self.cp.admin_kubeconfig), qps=0, burst=1)
+        self._pv_recorder = EventRecorder(self._pv_client, pv_names.COMPONENT)
+        factory = SharedInformerFactory(self._pv_client, resync_period=2.0)
+        controller = PVController(self._pv_client, factory, self._pv_recorder, PVOptions(resync_period=2.0))
+        self._pv_task = asyncio.create_task(controller.run())
+        await asyncio.wait_for(factory.wait_for_sync(), 30)
+
+    async def start_provisioner(
+        self, *extra: str, failpoints: Sequence[str] = ()
+    ) -> asyncio.subprocess.Process:
+        assert self.driver is not None
+        await kubectl(self.cp, "apply", "-f", str(REPO_ROOT / "deploy/rbac/external-provisioner.yaml"))
+        (port,) = free_ports(1)
+        env = dict(os.environ)
+        env.pop("KUBELOOP_PROVISIONER_FAILPOINTS", None)
+        if failpoints:
+            env["KUBELOOP_PROVISIONER_FAILPOINTS"] = ",".join(failpoints)
+        self.port = port
+        self.proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "external_provisioner.main",
+            f"--kubeconfig={self.cp.kubeconfig_for(IDENTITY)}",
+            f"--csi-address={self.driver.endpoint}",
+            f"--state-dir={self.root / 'provisioner'}",
+            f"--http-endpoint=127.0.0.1:{port}",
+            "--retry-interval-start=100ms",
+            "--retry-interval-max=1s",
+            "--kube-api-qps=100",
+            "--kube-api-burst=200",
+            "-v=4",
+            *extra,
+            cwd=REPO_ROOT,
+            env=env,
+            stdout=self.log.open("ab"),
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        return self.proc
+
+    async def wait_exit(self, timeout: float = 30) -> int:
+        assert self.proc is not None
+        return await asyncio.wait_for(self.proc.wait(), timeout)
+
+    async def stop_provisioner(self) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(self.proc.wait(), 15)
+            except TimeoutError:
+                self.proc.kill()
+                await self.proc.wait()
+        self.proc = None
+
+    def log_tail(self) -> str:
+        return self.log.read_text(errors="replace")[-6000:] if self.log.exists() else ""
+
+    # -- objects -----------------------------------------------------------------------------------
+
+    def cls(self, short: str) -> str:
+        return f"{self.ns}-{short}"
+
+    async def create_class(self, short: str, **spec: object) -> str:
+        name = self.cls(short)
+        body: Obj = {"metadata": {"name": name}, "provisioner": DRIVER_NAME, **spec}
+        await self.api.create(STORAGE_CLASSES, body)
+        self.classes.append(name)
+        return name
+
+    async def create_pvc(
+        self,
+        name: str,
+        size: str = "64Mi",
+        cls: str | None = None,
+        *,
+        modes: Sequence[str] = ("ReadWriteOnce",),
+        block: bool = False,
+        data_source: Obj | None = None,
+        annotations: dict[str, str] | None = None,
+    ) -> Obj:
+        spec: Obj = {"accessModes": list(modes), "resources": {"requests": {"storage": size}}}
+        if cls is not None:
+            spec["storageClassName"] = cls
+        if block:
+            spec["volumeMode"] = "Block"
+        if data_source is not None:
+            spec["dataSource"] = data_source
+        body = {"metadata": {"name": name, "annotations": annotations or {}}, "spec": spec}
+        return await self.api.create(PERSISTENT_VOLUME_CLAIMS, body, self.ns)
+
+    async def pvc(self, name: str) -> Obj | None:
+        try:
+            return await self.api.get(PERSISTENT_VOLUME_CLAIMS, name, self.ns)
+        except ApiError as exc:
+            if exc.not_found:
+                return None
+            raise
+
+    async def pvs(self) -> list[Obj]:
+        """This test's PVs: provisioned by the driver for claims of this namespace."""
+        items = (await self.api.list_page(PERSISTENT_VOLUMES))["items"]
+        return [
+            p
+            for p in items
+            if (p["spec"].get("claimRef") or {}).get("namespace") == self.ns
+            and p["spec"].get("csi", {}).get("driver") == DRIVER_NAME
+        ]
+
+    async def pv(self, name: str) -> Obj | None:
+        try:
+            return await self.api.get(PERSISTENT_VOLUMES, name)
+        except ApiError as exc:
+            if exc.not_found:
+                return None
+            raise
+
+    async def bound(self, *claims: str, timeout: float = 20) -> dict[str, Obj]:
+        """Waits until every claim is Bound; returns their PVs by claim name."""
+
+        async def check() -> list[str]:
+            problems = []
+            for c in claims:
+                pvc = await self.pvc(c)
+                phase = (pvc or {}).get("status", {}).get("phase")
+                if phase != "Bound":
+                    problems.append(f"{c}: {phase}")
+            return problems
+
+        problems = await wait_for(check, timeout)
+        assert not problems, f"claims not bound: {problems}\n{self.log_tail()}"
+        out = {}
+        for c in claims:
+            pvc = await self.pvc(c)
+            assert pvc is not None
+            pv = await self.pv(pvc["spec"]["volumeName"])
+            assert pv is not None
+            out[c] = pv
+        return out
+
+    async def events(self, name: str) -> list[tuple[str, str]]:
+        items = (await self.api.list_page(EVENTS, self.ns))["items"]
+        return [(e["reason"], e["message"]) for e in items if e["involvedObject"].get("name") == name]
+
+    async def wait_event(self, name: str, reason: str, text: str = "", timeout: float = 20) -> str:
+        async def check() -> list[str]:
+            for r, m in await self.events(name):
+                if r == reason and text in m:
+                    return []
+            return [f"no {reason} event containing {text!r} for {name}"]
+
+        problems = await wait_for(check, timeout)
+        assert not problems, f"{problems}: {await self.events(name)}\n{self.log_tail()}"
+        return next(m for r, m in await self.events(name) if r == reason and text in m)
+
+    # -- the invariant -----------------------------------------------------------------------------
+
+    def backing_files(self) -> set[str]:
+        pool = self.root / "pool" / "volumes"
+        return {p.name.removesuffix(".img") for p in pool.glob("*.img")} if pool.exists() else set()
+
+    async def pv_handles(self) -> set[str]:
+        return {p["spec"]["csi"]["volumeHandle"] for p in await self.pvs()}
+
+    async def assert_files_equal_pvs(self, timeout: float = 30) -> None:
+        async def check() -> list[str]:
+            files, handles = self.backing_files(), await self.pv_handles()
+            return (
+                [] if files == handles else [f"backing files {sorted(files)} != PV handles {sorted(handles)}"]
+            )
+
+        problems = await wait_for(check, timeout)
+        assert not problems, f"{problems}\n{self.log_tail()}"
+
+    # -- clean-up ----------------------------------------------------------------------------------
+
+    async def delete_claims(self) -> None:
+        for pvc in (await self.api.list_page(PERSISTENT_VOLUME_CLAIMS, self.ns))["items"]:
+            with contextlib.suppress(ApiError):
+                await self.api.delete(PERSISTENT_VOLUME_CLAIMS, pvc["metadata"]["name"], self.ns)
+
+    async def cleanup(self) -> None:
+        await self.stop_provisioner()
+        if self._pv_task is not None:
+            self._pv_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._pv_task
+        if self._pv_recorder is not None:
+            await self._pv_recorder.close()
+        if self._pv_client is not None:
+            await self._pv_client.close()
+        await self.delete_claims()
+        for pv in await self.pvs():
+            name = pv["metadata"]["name"]
+            with contextlib.suppress(ApiError):
+                await self.api.patch(PERSISTENT_VOLUMES, name, {"metadata": {"finalizers": None}})
+            with contextlib.suppress(ApiError):
+                await self.api.delete(PERSISTENT_VOLUMES, name)
+        for name in self.classes:
+            with contextlib.suppress(ApiError):
+                await self.api.delete(STORAGE_CLASSES, name)
+        if self.driver is not None:
+            self.driver.stop()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+@contextlib.asynccontextmanager
+async def harness(
+    cp: ControlPlane,
+    api: ApiClient,
+    namespace: str,
+    *,
+    driver_args: Sequence[str] = (),
+    provisioner_args: Sequence[str] = (),
+) -> AsyncIterator[Harness]:
+    """Driver, pv-controller and provisioner running; everything torn down afterwards."""
+    h = Harness(cp, api, namespace)
+    try:
+        h.start_driver(*driver_args)
+        await h.start_pv_controller()
+        await h.start_provisioner(*provisioner_args)
+        yield h
+    finally:
+        await h.cleanup()
+
+
+async def create_topology_node(api: ApiClient, name: str) -> None:
+    """A Ready Node labelled with the driver's topology key, and its CSINode listing the driver.
+    No kubelet runs: nothing ever starts a pod there. kcm's node controllers write the Node too,
+    so the status update is retried on conflict."""
+    from controller_runtime.resources import CSI_NODES, NODES
+    from csi_driver import TOPOLOGY_KEY
+
+    labels = {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", TOPOLOGY_KEY: name}
+    await api.create(NODES, {"metadata": {"name": name, "labels": labels}})
+    resources = {"cpu": "4", "memory": "8Gi", "pods": "110"}
+    for _ in range(20):
+        node = await api.get(NODES, name)
+        node["status"] = {
+            "capacity": resources,
+            "allocatable": resources,
+            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "test"}],
+        }
+        try:
+            await api.update_status(NODES, node)
+            break
+        except ApiError as exc:
+            if not exc.conflict:
+                raise
+            await asyncio.sleep(0.1)
+    await api.create(
+        CSI_NODES,
+        {
+            "metadata": {"name": name},
+            "spec": {"drivers": [{"name": DRIVER_NAME, "nodeID": name, "topologyKeys": [TOPOLOGY_KEY]}]},
+        },
+    )
