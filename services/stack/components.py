@@ -85,6 +85,40 @@ REGISTRY: tuple[Component, ...] = (
         http_port=18081,
         manifests=("deploy/rbac/pv-controller.yaml",),
     ),
+    # The driver's controller service (one per cluster) and its provisioner sidecar. The pool is
+    # <home>/pool, shared with the node plugins; the sidecar finds the driver's socket by the
+    # controller instance's state directory.
+    Component(
+        name="csi-driver-controller",
+        argv=lambda c: python_module(
+            "csi_driver.main",
+            "--mode=controller",
+            f"--endpoint=unix://{c.state_dir / 'csi.sock'}",
+            f"--pool-dir={c.home / 'pool'}",
+            f"--state-dir={c.state_dir / 'state'}",
+            f"--http-endpoint={c.http_endpoint}",
+        ),
+        http_port=18090,
+    ),
+    Component(
+        name="external-provisioner",
+        argv=lambda c: python_module(
+            "external_provisioner.main",
+            f"--kubeconfig={c.kubeconfig}",
+            f"--csi-address=unix://{c.home / 'components' / 'csi-driver-controller' / 'csi.sock'}",
+            f"--state-dir={c.state_dir}",
+            "--extra-create-metadata",
+            "--enable-capacity",
+            f"--http-endpoint={c.http_endpoint}",
+        ),
+        identity=service_account_identity("kubeloop-external-provisioner"),
+        http_port=18091,
+        manifests=(
+            "deploy/rbac/external-provisioner.yaml",
+            "deploy/csidriver.yaml",
+            "deploy/storageclasses.yaml",
+        ),
+    ),
 )
 
 
