@@ -119,6 +119,61 @@ REGISTRY: tuple[Component, ...] = (
             "deploy/storageclasses.yaml",
         ),
     ),
+    # One node plugin per node: its own socket and kubelet root (<home>/nodes/<node>/), the shared
+    # pool, and the registration socket in <root>/plugins_registry the node agent discovers it by.
+    Component(
+        name="csi-driver-node",
+        argv=lambda c: python_module(
+            "csi_driver.main",
+            "--mode=node",
+            f"--node-id={c.node}",
+            f"--endpoint=unix://{node_dir(c) / 'csi.sock'}",
+            f"--pool-dir={c.home / 'pool'}",
+            f"--state-dir={c.state_dir / 'state'}",
+            f"--kubelet-root-dir={node_dir(c) / 'kubelet'}",
+            f"--http-endpoint={c.http_endpoint}",
+        ),
+        http_port=18110,
+        per_node=True,
+    ),
+    # kubelet's part for each node: registers the Node, mounts the volumes of its pods.
+    Component(
+        name="node-agent",
+        argv=lambda c: python_module(
+            "services.node_agent.main",
+            f"--node-name={c.node}",
+            f"--root-dir={node_dir(c) / 'kubelet'}",
+            f"--kubeconfig={c.kubeconfig}",
+            f"--http-endpoint={c.http_endpoint}",
+        ),
+        identity=service_account_identity("kubeloop-node-agent"),
+        http_port=18120,
+        per_node=True,
+        manifests=("deploy/rbac/node-agent.yaml",),
+    ),
+    Component(
+        name="external-attacher",
+        argv=lambda c: python_module(
+            "external_attacher.main",
+            f"--kubeconfig={c.kubeconfig}",
+            f"--csi-address=unix://{c.home / 'components' / 'csi-driver-controller' / 'csi.sock'}",
+            f"--http-endpoint={c.http_endpoint}",
+        ),
+        identity=service_account_identity("kubeloop-external-attacher"),
+        http_port=18101,
+        manifests=("deploy/rbac/external-attacher.yaml",),
+    ),
+    Component(
+        name="attach-detach-controller",
+        argv=lambda c: python_module(
+            "services.attach_detach.main",
+            f"--kubeconfig={c.kubeconfig}",
+            f"--http-endpoint={c.http_endpoint}",
+        ),
+        identity=service_account_identity("kubeloop-attach-detach-controller"),
+        http_port=18102,
+        manifests=("deploy/rbac/attach-detach-controller.yaml",),
+    ),
 )
 
 
@@ -136,7 +191,13 @@ class Instance:
 
 
 def node_names(count: int) -> list[str]:
-    return [f"node-{i}" for i in range(1, count + 1)]
+    """node-a, node-b, ... (node-<n> past the alphabet): short names that read well in kubectl."""
+    return [f"node-{chr(ord('a') + i)}" if count <= 26 else f"node-{i + 1}" for i in range(count)]
+
+
+def node_dir(c: ComponentContext) -> Path:
+    """A simulated node's own directory: its kubelet root and its node plugin's socket."""
+    return c.home / "nodes" / str(c.node)
 
 
 def instances(components: Sequence[Component], nodes: Sequence[str]) -> list[Instance]:
@@ -171,7 +232,7 @@ class Components:
         self,
         control_plane: ControlPlane,
         components: Sequence[Component] = REGISTRY,
-        nodes: Sequence[str] = ("node-1",),
+        nodes: Sequence[str] = ("node-a", "node-b"),
         *,
         startup_timeout: float = 60.0,
         stop_timeout: float = 15.0,

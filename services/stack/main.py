@@ -89,8 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument(
         "--nodes",
         type=int,
-        default=1,
-        help="number of simulated nodes (node-1..node-N) for per-node components (default: 1)",
+        default=2,
+        help="number of simulated nodes (node-a, node-b, ...) for per-node components (default: 2)",
     )
     up.add_argument(
         "--etcd-unsafe-no-fsync",

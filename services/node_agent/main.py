@@ -1,0 +1,95 @@
+"""`kubeloop-node-agent --node-name N`: kubelet's volume manager and node status for one node of
+the local stack."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+
+from controller_runtime import process
+from controller_runtime.client import ApiClient
+from controller_runtime.events import EventRecorder
+from controller_runtime.logs import get_logger
+
+from .agent import NodeAgent, Options
+
+log = get_logger("node-agent")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kubeloop-node-agent",
+        description="Registers a Node and mounts the volumes of the pods bound to it (kubelet's volume "
+        "manager, without containers).",
+    )
+    parser.add_argument("--node-name", required=True, help="the Node this agent plays")
+    parser.add_argument(
+        "--root-dir",
+        type=Path,
+        default=Path("/var/lib/kubelet"),
+        help="the node's kubelet root: plugins_registry/, plugins/, pods/ (default: /var/lib/kubelet)",
+    )
+    parser.add_argument(
+        "--sync-period",
+        type=process.duration,
+        default=0.1,
+        help="interval between volume reconcile passes (default: 100ms)",
+    )
+    parser.add_argument(
+        "--node-status-update-frequency",
+        type=process.duration,
+        default=10.0,
+        help="how often the node Lease is renewed (default: 10s)",
+    )
+    parser.add_argument(
+        "--csi-timeout", type=process.duration, default=60.0, help="timeout of each CSI call (default: 60s)"
+    )
+    parser.add_argument(
+        "--max-retry-interval",
+        type=process.duration,
+        default=122.0,
+        help="longest wait before a failed mount is tried again (default: 2m2s)",
+    )
+    process.add_kube_flags(parser, qps=50.0, burst=100)
+    process.add_http_flags(parser)
+    process.add_logging_flags(parser)
+    return parser
+
+
+async def run(args: argparse.Namespace, ctx: process.Context) -> None:
+    client = await ApiClient.from_kubeconfig(
+        args.kubeconfig or None,
+        qps=args.kube_api_qps,
+        burst=args.kube_api_burst,
+        user_agent=f"kubeloop-node-agent/{args.node_name}",
+    )
+    recorder = EventRecorder(client, "kubelet", host=args.node_name)
+    agent = NodeAgent(
+        client,
+        recorder,
+        args.node_name,
+        args.root_dir,
+        Options(
+            loop_period=args.sync_period,
+            heartbeat=args.node_status_update_frequency,
+            csi_timeout=args.csi_timeout,
+            backoff_max=args.max_retry_interval,
+        ),
+    )
+    if ctx.health is not None:
+        ctx.health.add_liveness_check("ping", lambda: None)
+        ctx.health.add_readiness_check("volume-manager", lambda: None if agent.ready else "starting")
+    try:
+        await agent.run()
+    finally:
+        await recorder.close()
+        await client.close()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    process.main(build_parser(), run, argv)
+
+
+if __name__ == "__main__":
+    main()

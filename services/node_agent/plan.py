@@ -1,0 +1,70 @@
+"""The node agent's volume decisions, pure: what to unmount, mount and unstage, in kubelet's order,
+and what the node must report in volumesInUse."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from controller_runtime.volumes import CSIVolume, unique_volume_name
+
+
+@dataclass(frozen=True)
+class PodVolume:
+    """A volume one pod wants mounted."""
+
+    pod_uid: str
+    pod_key: str  # namespace/name
+    volume: CSIVolume
+    read_only: bool
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.pod_uid, self.volume.pv_name)
+
+    @property
+    def stage_key(self) -> tuple[str, str]:
+        return (self.volume.driver, self.volume.handle)
+
+
+@dataclass(frozen=True)
+class Mounted:
+    """A publish the agent began (vol_data.json on disk), confirmed or not."""
+
+    pod_uid: str
+    pv_name: str
+    driver: str
+    handle: str
+    block: bool
+
+    @property
+    def stage_key(self) -> tuple[str, str]:
+        return (self.driver, self.handle)
+
+
+@dataclass
+class VolumePlan:
+    unmount: list[Mounted] = field(default_factory=list)
+    mount: list[PodVolume] = field(default_factory=list)
+    unstage: list[tuple[str, str]] = field(default_factory=list)
+    in_use: tuple[str, ...] = ()
+
+
+def plan_volumes(
+    desired: list[PodVolume],
+    mounted: dict[tuple[str, str], Mounted],
+    confirmed: set[tuple[str, str]],
+    staged: set[tuple[str, str]],
+) -> VolumePlan:
+    """`mounted` holds every publish begun; `confirmed` those known to be mounted now (after a
+    restart a publish is unconfirmed until NodePublishVolume, idempotent, has run again)."""
+    plan = VolumePlan()
+    wanted = {pv.key for pv in desired}
+    wanted_stage = {pv.stage_key for pv in desired}
+    plan.unmount = [m for k, m in sorted(mounted.items()) if k not in wanted]
+    plan.mount = [pv for pv in desired if pv.key not in confirmed]
+    still_used = wanted_stage | {m.stage_key for k, m in mounted.items()}
+    plan.unstage = sorted(s for s in staged if s not in still_used)
+    # A volume stays in use from the moment a pod wants it until it is unstaged: the controller
+    # must not detach it while anything on this node may still touch the device.
+    plan.in_use = tuple(sorted(unique_volume_name(d, h) for d, h in wanted_stage | staged | still_used))
+    return plan
