@@ -18,6 +18,8 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 
+import aiohttp
+
 from controller_runtime.client import ApiClient, ApiError
 from controller_runtime.events import EventRecorder
 from controller_runtime.informer import SharedInformerFactory
@@ -94,7 +96,7 @@ class Harness:
         await asyncio.wait_for(factory.wait_for_sync(), 30)
 
     async def start_provisioner(
-        self, *extra: str, failpoints: Sequence[str] = ()
+        self, *extra: str, failpoints: Sequence[str] = (), wait_ready: bool = True
     ) -> asyncio.subprocess.Process:
         assert self.driver is not None
         await kubectl(self.cp, "apply", "-f", str(REPO_ROOT / "deploy/rbac/external-provisioner.yaml"))
@@ -123,7 +125,25 @@ class Harness:
             stdout=self.log.open("ab"),
             stderr=asyncio.subprocess.STDOUT,
         )
+        if wait_ready:
+            await self.wait_ready()
         return self.proc
+
+    async def wait_ready(self, timeout: float = 30) -> None:
+        """Until /readyz answers 200: connected to the driver, caches synced."""
+        url = f"http://127.0.0.1:{self.port}/readyz"
+        deadline = time.monotonic() + timeout
+        async with aiohttp.ClientSession() as session:
+            while time.monotonic() < deadline:
+                assert self.proc is not None
+                if self.proc.returncode is not None:
+                    return  # exited (a failpoint can fire before readiness is seen)
+                with contextlib.suppress(aiohttp.ClientError):
+                    async with session.get(url) as rsp:
+                        if rsp.status == 200:
+                            return
+                await asyncio.sleep(0.1)
+        raise AssertionError(f"provisioner not ready after {timeout}s\n{self.log_tail()}")
 
     async def wait_exit(self, timeout: float = 30) -> int:
         assert self.proc is not None
@@ -298,13 +318,15 @@ async def harness(
     *,
     driver_args: Sequence[str] = (),
     provisioner_args: Sequence[str] = (),
+    provisioner: bool = True,
 ) -> AsyncIterator[Harness]:
     """Driver, pv-controller and provisioner running; everything torn down afterwards."""
     h = Harness(cp, api, namespace)
     try:
         h.start_driver(*driver_args)
         await h.start_pv_controller()
-        await h.start_provisioner(*provisioner_args)
+        if provisioner:
+            await h.start_provisioner(*provisioner_args)
         yield h
     finally:
         await h.cleanup()
