@@ -15,7 +15,7 @@ from controller_runtime.volumes import CSI_PLUGIN_NAME
 Counts = Callable[[], tuple[int, int]]  # (desired, actual)
 
 
-@dataclass
+@dataclass(eq=False)  # registered in a dict: hashed by identity
 class _Collector(Collector):
     sources: list[Counts] = field(default_factory=list)
     forced_detaches: int = 0
@@ -33,12 +33,12 @@ class _Collector(Collector):
         total.add_metric([CSI_PLUGIN_NAME, "desired_state_of_world"], desired)
         total.add_metric([CSI_PLUGIN_NAME, "actual_state_of_world"], actual)
         yield total
-        # kcm exposes this counter without the _total suffix that prometheus_client's Counter
-        # would add; dashboards query the upstream name.
+        # kcm exposes this counter without a _total suffix; prometheus_client would add one to
+        # any counter, so it goes out untyped under the upstream name that dashboards query.
         forced = Metric(
             "attachdetach_controller_forced_detaches",
             "Number of times the A/D Controller performed a forced detach",
-            "counter",
+            "unknown",
         )
         forced.add_sample("attachdetach_controller_forced_detaches", {}, float(self.forced_detaches))
         yield forced

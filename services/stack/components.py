@@ -170,7 +170,7 @@ REGISTRY: tuple[Component, ...] = (
             f"--kubeconfig={c.kubeconfig}",
             f"--http-endpoint={c.http_endpoint}",
         ),
-        identity=service_account_identity("kubeloop-attach-detach-controller"),
+        identity=service_account_identity("kubeloop-attach-detach"),
         http_port=18102,
         manifests=("deploy/rbac/attach-detach-controller.yaml",),
     ),

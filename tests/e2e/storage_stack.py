@@ -1,0 +1,347 @@
+"""The storage half of the stack for e2e tests: the make-up registry's kubeloop processes (the real
+CSI driver in controller mode and one node plugin per node, pv-controller, external-attacher,
+attach-detach controller, one node agent per node) started as separate processes against the
+session's control plane, each under its own ServiceAccount identity and RBAC.
+
+Helpers create volumes straight through the driver's CreateVolume and pre-bind static PVs to
+claims (the pv-controller completes the binds); the Immediate class of the dynamic provisioner pins
+a volume to one node, which would forbid moving a claim between nodes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from controller_runtime.client import ApiClient, ApiError
+from controller_runtime.csi_client import CSIConnection
+from controller_runtime.resources import (
+    CSI_DRIVERS,
+    EVENTS,
+    PERSISTENT_VOLUME_CLAIMS,
+    PERSISTENT_VOLUMES,
+    PODS,
+    VOLUME_ATTACHMENTS,
+    Obj,
+)
+from controller_runtime.volumes import va_name
+from csi_driver import DRIVER_NAME
+from kubeloop_grpc.csi import csi_pb2
+from services.stack.components import REGISTRY, Component, ComponentContext, Components, Instance
+from services.stack.controlplane import ControlPlane
+from services.stack.proc import ManagedProcess, free_ports
+
+NODES = ("node-a", "node-b")
+STORAGE_COMPONENTS = (
+    "pv-controller",
+    "csi-driver-controller",
+    "csi-driver-node",
+    "node-agent",
+    "external-attacher",
+    "attach-detach-controller",
+)
+Mode = csi_pb2.VolumeCapability.AccessMode.Mode
+
+
+def require_root() -> None:
+    # Never skipped: these tests are the attach/mount path end to end, on real loop devices.
+    assert os.geteuid() == 0, "the attach/mount e2e tests need root (loop devices, mount)"
+    assert os.path.exists("/dev/loop-control"), "the attach/mount e2e tests need /dev/loop-control"
+
+
+class ShortHomeComponents(Components):
+    """Components whose files live under a short home: unix socket paths are limited to 107 bytes
+    and pytest's temporary directories are long."""
+
+    def __init__(self, cp: ControlPlane, components: list[Component], home: Path) -> None:
+        super().__init__(cp, components, NODES, on_unexpected_exit=lambda _p, _c: None)
+        self.short_home = home
+
+    def context(self, inst: Instance) -> ComponentContext:
+        ctx = super().context(inst)
+        return dataclasses.replace(
+            ctx, home=self.short_home, state_dir=self.short_home / "components" / inst.name
+        )
+
+
+def storage_components() -> list[Component]:
+    by_name = {c.name: c for c in REGISTRY}
+    out = []
+    for name in STORAGE_COMPONENTS:
+        comp = by_name[name]
+        # A per-node component's instance i listens on port + i: it needs a block of free ports.
+        port = _consecutive_free(len(NODES)) if comp.per_node else free_ports(1)[0]
+        out.append(dataclasses.replace(comp, http_port=port))
+    return out
+
+
+_taken: set[int] = set()
+
+
+def _consecutive_free(n: int) -> int:
+    from services.stack.proc import port_is_free
+
+    for base in range(30000 + os.getpid() % 1000 * 20 + len(_taken) * 3, 60000, 7):
+        if base in _taken:
+            continue
+        if all(port_is_free(base + i) for i in range(n)):
+            _taken.update(range(base, base + n))
+            return base
+    raise RuntimeError("no free port block")
+
+
+class StorageStack:
+    def __init__(self, cp: ControlPlane, api: ApiClient) -> None:
+        self.cp = cp
+        self.api = api
+        self.home = Path(tempfile.mkdtemp(prefix="kl-", dir="/tmp"))
+        self.components = ShortHomeComponents(cp, storage_components(), self.home)
+        self.csi: CSIConnection | None = None
+
+    @property
+    def pool(self) -> Path:
+        return self.home / "pool"
+
+    def kubelet_root(self, node: str) -> Path:
+        return self.home / "nodes" / node / "kubelet"
+
+    def process(self, name: str) -> ManagedProcess:
+        return self.components.processes[name]
+
+    async def start(self) -> None:
+        require_root()
+        if not await _exists(self.api, CSI_DRIVERS, DRIVER_NAME):
+            spec = {"attachRequired": True, "podInfoOnMount": False, "volumeLifecycleModes": ["Persistent"]}
+            await self.api.create(CSI_DRIVERS, {"metadata": {"name": DRIVER_NAME}, "spec": spec})
+        await self.components.start()
+        sock = self.home / "components" / "csi-driver-controller" / "csi.sock"
+        self.csi = await CSIConnection.connect(f"unix://{sock}", timeout=30, wait=30)
+
+    async def stop(self) -> None:
+        if self.csi is not None:
+            await self.csi.close()
+        await self.components.stop()
+        force_cleanup(self.home)
+        shutil.rmtree(self.home, ignore_errors=True)
+
+    async def kill9(self, name: str) -> None:
+        """SIGKILL to the process group, as a crash, then start it again."""
+        proc = self.process(name)
+        assert proc.pid is not None
+        with_group = proc.pid
+        os.killpg(with_group, signal.SIGKILL)
+        for _ in range(100):
+            if not proc.running:
+                break
+            await asyncio.sleep(0.05)
+        await proc.start()
+
+    # -- volumes ------------------------------------------------------------------------------------
+
+    async def volume(
+        self, namespace: str, *, modes: tuple[str, ...] = ("ReadWriteOnce",), block: bool = False, size_mi: int = 64
+    ) -> tuple[str, str, str]:
+        """A driver volume, a static PV for it pre-bound to a new claim; returns (pvc, pv, handle)."""
+        assert self.csi is not None
+        name = f"e2e-{uuid.uuid4().hex[:8]}"
+        cap = csi_pb2.VolumeCapability(
+            access_mode=csi_pb2.VolumeCapability.AccessMode(
+                mode=Mode.MULTI_NODE_READER_ONLY if "ReadOnlyMany" in modes else Mode.SINGLE_NODE_WRITER
+            )
+        )
+        if block:
+            cap.block.SetInParent()
+        else:
+            cap.mount.fs_type = "ext4"
+        resp = await self.csi.controller.CreateVolume(
+            csi_pb2.CreateVolumeRequest(
+                name=name,
+                capacity_range=csi_pb2.CapacityRange(required_bytes=size_mi << 20),
+                volume_capabilities=[cap],
+            ),
+            timeout=30,
+        )
+        handle = resp.volume.volume_id
+        csi: Obj = {"driver": DRIVER_NAME, "volumeHandle": handle}
+        if not block:
+            csi["fsType"] = "ext4"
+        await self.api.create(
+            PERSISTENT_VOLUMES,
+            {
+                "metadata": {"name": name},
+                "spec": {
+                    "capacity": {"storage": f"{size_mi}Mi"},
+                    "accessModes": list(modes),
+                    "volumeMode": "Block" if block else "Filesystem",
+                    "persistentVolumeReclaimPolicy": "Retain",
+                    "storageClassName": "",
+                    "claimRef": {"namespace": namespace, "name": name},
+                    "csi": csi,
+                },
+            },
+        )
+        await self.api.create(
+            PERSISTENT_VOLUME_CLAIMS,
+            {
+                "metadata": {"name": name, "namespace": namespace},
+                "spec": {
+                    "accessModes": list(modes),
+                    "volumeMode": "Block" if block else "Filesystem",
+                    "storageClassName": "",
+                    "resources": {"requests": {"storage": f"{size_mi}Mi"}},
+                },
+            },
+        )
+        await wait_for(lambda: self._claim_bound(namespace, name), 30, f"claim {name} bound")
+        return name, name, handle
+
+    async def _claim_bound(self, namespace: str, name: str) -> bool:
+        pvc = await self.api.get(PERSISTENT_VOLUME_CLAIMS, name, namespace)
+        return bool(pvc.get("status", {}).get("phase") == "Bound")
+
+    async def delete_volume(self, namespace: str, pvc: str, pv: str, handle: str) -> None:
+        assert self.csi is not None
+        for res, ns, name in ((PERSISTENT_VOLUME_CLAIMS, namespace, pvc), (PERSISTENT_VOLUMES, None, pv)):
+            try:
+                await self.api.delete(res, name, ns)
+            except ApiError as exc:
+                if not exc.not_found:
+                    raise
+        await wait_for(lambda: _gone(self.api, PERSISTENT_VOLUMES, pv), 30, f"PV {pv} deleted")
+        await self.csi.controller.DeleteVolume(csi_pb2.DeleteVolumeRequest(volume_id=handle), timeout=30)
+
+    # -- pods ---------------------------------------------------------------------------------------
+
+    async def pod(self, namespace: str, name: str, node: str, claim: str, *, read_only: bool = False,
+                  block: bool = False) -> Obj:
+        container: Obj = {"name": "app", "image": "registry.k8s.io/pause:3.10"}
+        if block:
+            container["volumeDevices"] = [{"name": "data", "devicePath": "/dev/xvda"}]
+        else:
+            container["volumeMounts"] = [{"name": "data", "mountPath": "/data"}]
+        return await self.api.create(
+            PODS,
+            {
+                "metadata": {"name": name, "namespace": namespace},
+                "spec": {
+                    "nodeName": node,
+                    "terminationGracePeriodSeconds": 30,
+                    "containers": [container],
+                    "volumes": [
+                        {"name": "data", "persistentVolumeClaim": {"claimName": claim, "readOnly": read_only}}
+                    ],
+                },
+            },
+        )
+
+    async def wait_running(self, namespace: str, name: str, timeout: float = 60) -> Obj:
+        async def running() -> Obj | None:
+            pod = await self.api.get(PODS, name, namespace)
+            return pod if pod.get("status", {}).get("phase") == "Running" else None
+
+        return await wait_for(running, timeout, f"pod {namespace}/{name} running")
+
+    async def delete_pod(self, namespace: str, name: str, timeout: float = 60) -> None:
+        await self.api.delete(PODS, name, namespace)
+        await wait_for(lambda: _gone(self.api, PODS, name, namespace), timeout, f"pod {name} deleted")
+
+    def mount_path(self, node: str, pod: Obj, pv: str) -> Path:
+        return self.kubelet_root(node) / "pods" / pod["metadata"]["uid"] / "volumes" / "kubernetes.io~csi" / pv / "mount"
+
+    def device_path(self, node: str, pod: Obj, pv: str) -> Path:
+        return (
+            self.kubelet_root(node) / "pods" / pod["metadata"]["uid"] / "volumeDevices" / "kubernetes.io~csi" / pv / "dev"
+        )
+
+    async def va(self, handle: str, node: str) -> Obj | None:
+        try:
+            return await self.api.get(VOLUME_ATTACHMENTS, va_name(handle, DRIVER_NAME, node))
+        except ApiError as exc:
+            if exc.not_found:
+                return None
+            raise
+
+    async def wait_detached(self, handle: str, node: str, timeout: float = 60) -> None:
+        name = va_name(handle, DRIVER_NAME, node)
+        await wait_for(lambda: _gone(self.api, VOLUME_ATTACHMENTS, name), timeout, f"VA {name} gone")
+
+    async def events(self, namespace: str, reason: str) -> list[Obj]:
+        items, _ = await self.api.list_all(EVENTS, namespace)
+        return [e for e in items if e.get("reason") == reason]
+
+    def loop_devices(self, handle: str) -> list[str]:
+        backing = self.pool / "volumes" / f"{handle}.img"
+        out = subprocess.run(["losetup", "-j", str(backing)], capture_output=True, text=True, check=False).stdout
+        return [line.split(":")[0] for line in out.splitlines() if line.strip()]
+
+    def mounts(self) -> list[str]:
+        return mounts_under(self.home)
+
+    async def assert_clean(self, handle: str, timeout: float = 30) -> None:
+        """Nothing of the volume is left on any node: no VA, no loop device, no mount."""
+        for node in NODES:
+            await self.wait_detached(handle, node, timeout)
+
+        async def nothing_left() -> bool:
+            return not self.loop_devices(handle) and not self.mounts()
+
+        await wait_for(nothing_left, timeout, f"no loop device or mount left for {handle}")
+
+
+async def _exists(api: ApiClient, res: Any, name: str, namespace: str | None = None) -> bool:
+    try:
+        await api.get(res, name, namespace)
+        return True
+    except ApiError as exc:
+        if exc.not_found:
+            return False
+        raise
+
+
+async def _gone(api: ApiClient, res: Any, name: str, namespace: str | None = None) -> bool:
+    return not await _exists(api, res, name, namespace)
+
+
+async def wait_for(check: Callable[[], Awaitable[Any]], timeout: float, what: str, interval: float = 0.1) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        result = await check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(interval)
+
+
+def mounts_under(root: Path) -> list[str]:
+    with open("/proc/self/mountinfo") as f:
+        points = [line.split()[4] for line in f]
+    return [p for p in points if p.startswith(str(root) + "/")]
+
+
+def force_cleanup(root: Path) -> None:
+    """Whatever a failed test left: unmount under root, detach loop devices of its pool."""
+    for point in sorted(mounts_under(root), key=len, reverse=True):
+        subprocess.run(["umount", "-l", point], check=False)
+    out = subprocess.run(
+        ["losetup", "--list", "--json", "--output", "NAME,BACK-FILE"], capture_output=True, text=True, check=False
+    ).stdout
+    for dev in json.loads(out)["loopdevices"] if out.strip() else []:
+        if str(dev.get("back-file") or "").startswith(str(root)):
+            subprocess.run(["losetup", "-d", dev["name"]], check=False)
+
+
+__all__ = ["NODES", "StorageStack", "grpc", "wait_for"]
