@@ -141,3 +141,56 @@ def _pod_path(namespace: str, name: str) -> tuple[object, str, str]:
     from controller_runtime.resources import PODS
 
     return (PODS, name, namespace)
+
+
+@pytest.mark.parametrize(
+    "victim",
+    ["attach-detach-controller", "external-attacher", "node-agent", "csi-driver-node"],
+)
+async def test_kill9_during_attach_mount_and_detach_unmount(
+    stack: StorageStack, namespace: str, victim: str
+) -> None:
+    """SIGKILL the victim right when the volume is being attached/mounted, and again while it is
+    being unmounted/detached; it is restarted like a supervisor would. Everything must converge:
+    pod running, data intact, then no VolumeAttachment, loop device or mount left."""
+    pvc, pv, handle = await stack.volume(namespace)
+    node_side = victim in ("node-agent", "csi-driver-node")
+    for round_, node in enumerate(("node-a", "node-b")):
+        name = f"{victim}-{round_}"
+        instance = f"{victim}-{node}" if node_side else victim
+        pod = await stack.pod(namespace, name, node, pvc)
+
+        async def attaching() -> bool:
+            va = await stack.va(handle, node)
+            return va is not None and (not node_side or bool(va.get("status", {}).get("attached")))
+
+        await wait_for(attaching, 30, "the attach to begin", interval=0.02)
+        await stack.kill9(instance)
+        await stack.wait_running(namespace, name, timeout=90)
+        mount = stack.mount_path(node, pod, pv)
+        if round_ == 1:
+            assert (mount / "data.txt").read_text() == "round 0", "data written before the crashes is intact"
+        write(mount, f"round {round_}")
+
+        await stack.api.delete(*_pod_path(namespace, name))
+        if node_side:
+            await stack.kill9(instance)  # in the middle of unmount/unstage
+        else:
+            async def unmounted() -> bool:
+                return str(mount) not in stack.mounts()
+
+            await wait_for(unmounted, 30, "the unmount", interval=0.02)
+            await stack.kill9(instance)  # in the middle of detach
+        await wait_for(lambda: _pod_gone(stack, namespace, name), 90, f"pod {name} gone")
+        await stack.assert_clean(handle, timeout=90)
+    await stack.delete_volume(namespace, pvc, pv, handle)
+
+
+async def _pod_gone(stack: StorageStack, namespace: str, name: str) -> bool:
+    from controller_runtime.client import ApiError
+
+    try:
+        await stack.api.get(*_pod_path(namespace, name))
+        return False
+    except ApiError as exc:
+        return exc.not_found
