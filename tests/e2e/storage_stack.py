@@ -152,7 +152,12 @@ class StorageStack:
     # -- volumes ------------------------------------------------------------------------------------
 
     async def volume(
-        self, namespace: str, *, modes: tuple[str, ...] = ("ReadWriteOnce",), block: bool = False, size_mi: int = 64
+        self,
+        namespace: str,
+        *,
+        modes: tuple[str, ...] = ("ReadWriteOnce",),
+        block: bool = False,
+        size_mi: int = 64,
     ) -> tuple[str, str, str]:
         """A driver volume, a static PV for it pre-bound to a new claim; returns (pvc, pv, handle)."""
         assert self.csi is not None
@@ -225,8 +230,16 @@ class StorageStack:
 
     # -- pods ---------------------------------------------------------------------------------------
 
-    async def pod(self, namespace: str, name: str, node: str, claim: str, *, read_only: bool = False,
-                  block: bool = False) -> Obj:
+    async def pod(
+        self,
+        namespace: str,
+        name: str,
+        node: str,
+        claim: str,
+        *,
+        read_only: bool = False,
+        block: bool = False,
+    ) -> Obj:
         container: Obj = {"name": "app", "image": "registry.k8s.io/pause:3.10"}
         if block:
             container["volumeDevices"] = [{"name": "data", "devicePath": "/dev/xvda"}]
@@ -252,18 +265,33 @@ class StorageStack:
             pod = await self.api.get(PODS, name, namespace)
             return pod if pod.get("status", {}).get("phase") == "Running" else None
 
-        return await wait_for(running, timeout, f"pod {namespace}/{name} running")
+        pod: Obj = await wait_for(running, timeout, f"pod {namespace}/{name} running")
+        return pod
 
     async def delete_pod(self, namespace: str, name: str, timeout: float = 60) -> None:
         await self.api.delete(PODS, name, namespace)
         await wait_for(lambda: _gone(self.api, PODS, name, namespace), timeout, f"pod {name} deleted")
 
     def mount_path(self, node: str, pod: Obj, pv: str) -> Path:
-        return self.kubelet_root(node) / "pods" / pod["metadata"]["uid"] / "volumes" / "kubernetes.io~csi" / pv / "mount"
+        return (
+            self.kubelet_root(node)
+            / "pods"
+            / str(pod["metadata"]["uid"])
+            / "volumes"
+            / "kubernetes.io~csi"
+            / pv
+            / "mount"
+        )
 
     def device_path(self, node: str, pod: Obj, pv: str) -> Path:
         return (
-            self.kubelet_root(node) / "pods" / pod["metadata"]["uid"] / "volumeDevices" / "kubernetes.io~csi" / pv / "dev"
+            self.kubelet_root(node)
+            / "pods"
+            / str(pod["metadata"]["uid"])
+            / "volumeDevices"
+            / "kubernetes.io~csi"
+            / pv
+            / "dev"
         )
 
     async def va(self, handle: str, node: str) -> Obj | None:
@@ -284,7 +312,9 @@ class StorageStack:
 
     def loop_devices(self, handle: str) -> list[str]:
         backing = self.pool / "volumes" / f"{handle}.img"
-        out = subprocess.run(["losetup", "-j", str(backing)], capture_output=True, text=True, check=False).stdout
+        out = subprocess.run(
+            ["losetup", "-j", str(backing)], capture_output=True, text=True, check=False
+        ).stdout
         return [line.split(":")[0] for line in out.splitlines() if line.strip()]
 
     def mounts(self) -> list[str]:
@@ -315,7 +345,9 @@ async def _gone(api: ApiClient, res: Any, name: str, namespace: str | None = Non
     return not await _exists(api, res, name, namespace)
 
 
-async def wait_for(check: Callable[[], Awaitable[Any]], timeout: float, what: str, interval: float = 0.1) -> Any:
+async def wait_for(
+    check: Callable[[], Awaitable[Any]], timeout: float, what: str, interval: float = 0.1
+) -> Any:
     deadline = time.monotonic() + timeout
     while True:
         result = await check()
@@ -337,7 +369,10 @@ def force_cleanup(root: Path) -> None:
     for point in sorted(mounts_under(root), key=len, reverse=True):
         subprocess.run(["umount", "-l", point], check=False)
     out = subprocess.run(
-        ["losetup", "--list", "--json", "--output", "NAME,BACK-FILE"], capture_output=True, text=True, check=False
+        ["losetup", "--list", "--json", "--output", "NAME,BACK-FILE"],
+        capture_output=True,
+        text=True,
+        check=False,
     ).stdout
     for dev in json.loads(out)["loopdevices"] if out.strip() else []:
         if str(dev.get("back-file") or "").startswith(str(root)):

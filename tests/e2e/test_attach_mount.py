@@ -3,6 +3,7 @@ the real CSI driver on loop devices. Each test checks data on the volume, not on
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -10,7 +11,8 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from controller_runtime.client import ApiClient
+from controller_runtime.client import ApiClient, ApiError
+from controller_runtime.resources import PODS, Resource
 from services.stack.controlplane import ControlPlane
 
 from .storage_stack import StorageStack, wait_for
@@ -74,7 +76,11 @@ async def test_multi_attach_refused_until_first_pod_leaves(stack: StorageStack, 
         return any(e["involvedObject"]["name"] == "second" for e in events)
 
     await wait_for(multi_attach, 20, "a Multi-Attach event on the second pod")
-    events = [e for e in await stack.events(namespace, "FailedAttachVolume") if e["involvedObject"]["name"] == "second"]
+    events = [
+        e
+        for e in await stack.events(namespace, "FailedAttachVolume")
+        if e["involvedObject"]["name"] == "second"
+    ]
     assert events[0]["message"] == (
         f'Multi-Attach error for volume "{pv}" Volume is already exclusively attached to one node and '
         "can't be attached to another"
@@ -137,9 +143,7 @@ async def test_block_volume(stack: StorageStack, namespace: str) -> None:
     await stack.delete_volume(namespace, pvc, pv, handle)
 
 
-def _pod_path(namespace: str, name: str) -> tuple[object, str, str]:
-    from controller_runtime.resources import PODS
-
+def _pod_path(namespace: str, name: str) -> tuple[Resource, str, str]:
     return (PODS, name, namespace)
 
 
@@ -160,7 +164,7 @@ async def test_kill9_during_attach_mount_and_detach_unmount(
         instance = f"{victim}-{node}" if node_side else victim
         pod = await stack.pod(namespace, name, node, pvc)
 
-        async def attaching() -> bool:
+        async def attaching(node: str = node) -> bool:
             va = await stack.va(handle, node)
             return va is not None and (not node_side or bool(va.get("status", {}).get("attached")))
 
@@ -176,19 +180,18 @@ async def test_kill9_during_attach_mount_and_detach_unmount(
         if node_side:
             await stack.kill9(instance)  # in the middle of unmount/unstage
         else:
-            async def unmounted() -> bool:
+
+            async def unmounted(mount: Path = mount) -> bool:
                 return str(mount) not in stack.mounts()
 
             await wait_for(unmounted, 30, "the unmount", interval=0.02)
             await stack.kill9(instance)  # in the middle of detach
-        await wait_for(lambda: _pod_gone(stack, namespace, name), 90, f"pod {name} gone")
+        await wait_for(functools.partial(_pod_gone, stack, namespace, name), 90, f"pod {name} gone")
         await stack.assert_clean(handle, timeout=90)
     await stack.delete_volume(namespace, pvc, pv, handle)
 
 
 async def _pod_gone(stack: StorageStack, namespace: str, name: str) -> bool:
-    from controller_runtime.client import ApiError
-
     try:
         await stack.api.get(*_pod_path(namespace, name))
         return False

@@ -1,0 +1,82 @@
+"""The node agent's pure parts: kubelet's order of unmount / mount / unstage, what volumesInUse
+holds, and vol_data.json on disk."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from controller_runtime.volumes import CSIVolume, unique_volume_name
+from services.node_agent.disk import Layout, VolData, read_vol_data, remove_volume_dir, write_vol_data
+from services.node_agent.plan import Mounted, PodVolume, plan_volumes
+
+DRIVER = "loop.csi.kubeloop.dev"
+
+
+def pv(handle: str) -> CSIVolume:
+    return CSIVolume(f"pv-{handle}", DRIVER, handle, ("ReadWriteOnce",), False, "ext4", False, (), {})
+
+
+def want(uid: str, handle: str) -> PodVolume:
+    return PodVolume(uid, f"ns/{uid}", pv(handle), False)
+
+
+def mounted(uid: str, handle: str) -> Mounted:
+    return Mounted(uid, f"pv-{handle}", DRIVER, handle, False)
+
+
+def test_new_pod_volume_is_reported_in_use_and_mounted() -> None:
+    plan = plan_volumes([want("u1", "v1")], {}, set(), set())
+    assert [m.key for m in plan.mount] == [("u1", "pv-v1")]
+    assert plan.in_use == (unique_volume_name(DRIVER, "v1"),)
+
+
+def test_gone_pod_is_unmounted_and_stays_in_use_until_unstaged() -> None:
+    m = {("u1", "pv-v1"): mounted("u1", "v1")}
+    plan = plan_volumes([], m, {("u1", "pv-v1")}, {(DRIVER, "v1")})
+    assert plan.unmount == [mounted("u1", "v1")]
+    assert plan.unstage == [], "never unstage while a publish remains"
+    assert plan.in_use == (unique_volume_name(DRIVER, "v1"),)
+    plan = plan_volumes([], {}, set(), {(DRIVER, "v1")})
+    assert plan.unstage == [(DRIVER, "v1")]
+    assert plan.in_use == (unique_volume_name(DRIVER, "v1"),), "in use until the unstage finished"
+    assert plan_volumes([], {}, set(), set()).in_use == ()
+
+
+def test_volume_shared_by_two_pods_stays_staged_for_the_other() -> None:
+    m = {("u1", "pv-v1"): mounted("u1", "v1"), ("u2", "pv-v1"): mounted("u2", "v1")}
+    plan = plan_volumes([want("u2", "v1")], m, set(m), {(DRIVER, "v1")})
+    assert [x.pod_uid for x in plan.unmount] == ["u1"]
+    assert plan.unstage == [] and plan.mount == []
+
+
+def test_unconfirmed_publish_after_restart_is_published_again() -> None:
+    m = {("u1", "pv-v1"): mounted("u1", "v1")}
+    plan = plan_volumes([want("u1", "v1")], m, set(), {(DRIVER, "v1")})
+    assert [x.key for x in plan.mount] == [("u1", "pv-v1")]
+    assert plan.unmount == []
+
+
+def test_vol_data_roundtrip_and_layout(tmp_path: Path) -> None:
+    layout = Layout(tmp_path)
+    target = layout.target_path("uid-1", "pv-1", block=False)
+    assert target == tmp_path / "pods/uid-1/volumes/kubernetes.io~csi/pv-1/mount"
+    assert layout.staging_path(DRIVER, "v1").name == "globalmount"
+    data = VolData("pv-1", "v1", DRIVER, "node-a", podUID="uid-1")
+    write_vol_data(target.parent / "vol_data.json", data)
+    write_vol_data(layout.staging_dir(DRIVER, "v1") / "vol_data.json", data)
+    assert layout.published() == {("uid-1", "pv-1"): data}
+    assert layout.staged() == {(DRIVER, "v1"): data}
+    (target.parent / "vol_data.json").write_text("{torn")
+    assert read_vol_data(target.parent / "vol_data.json") is None
+    target.mkdir()
+    remove_volume_dir(target.parent, "mount", tmp_path / "pods")
+    assert not (tmp_path / "pods" / "uid-1").exists()
+
+
+def test_cleanup_never_removes_a_directory_with_data(tmp_path: Path) -> None:
+    layout = Layout(tmp_path)
+    target = layout.target_path("uid-1", "pv-1", block=False)
+    target.mkdir(parents=True)
+    (target / "precious").write_text("x")
+    remove_volume_dir(target.parent, "mount", tmp_path / "pods")
+    assert (target / "precious").read_text() == "x"
