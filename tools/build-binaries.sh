@@ -4,7 +4,8 @@
 # pinned in tools/versions.env, and caches them by version:
 #   ${KUBELOOP_CACHE:-~/.cache/kubeloop}/bin/<component>-<version>/
 # A second run finds every binary in place and does nothing. Usage: build-binaries.sh [group...]
-# where a group is kubernetes, etcd, csi-sanity or external-provisioner (default: all).
+# where a group is kubernetes, etcd, csi-sanity, external-provisioner or external-attacher
+# (default: all).
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -128,6 +129,26 @@ $(grep '^replace ' "$modfile")"
     csi-provisioner=$module/cmd/csi-provisioner
 }
 
+# The Go sidecar, built only for bench/attach.py's side-by-side run against kubeloop's; same
+# wrapper-module approach as the provisioner (its go.mod may carry replace directives).
+build_external_attacher() {
+  local dest=$cache/bin/external-attacher-$EXTERNAL_ATTACHER_VERSION
+  if have_all "$dest" csi-attacher; then say "external-attacher $EXTERNAL_ATTACHER_VERSION: cached in $dest"; return; fi
+  say "external-attacher $EXTERNAL_ATTACHER_VERSION: building csi-attacher"
+  local module=github.com/kubernetes-csi/external-attacher/v4 modfile
+  modfile=$(go mod download -json "$module@$EXTERNAL_ATTACHER_VERSION" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
+  [ -n "$modfile" ] || die "could not fetch $module@$EXTERNAL_ATTACHER_VERSION from the Go module proxy"
+  local gomod="module kubeloop.local/external-attacher-binaries
+
+go 1.26
+
+require $module $EXTERNAL_ATTACHER_VERSION
+
+$(grep '^replace ' "$modfile")"
+  build_in_wrapper "$dest" "$gomod" "-s -w -X main.version=$EXTERNAL_ATTACHER_VERSION" \
+    csi-attacher=$module/cmd/csi-attacher
+}
+
 groups=("$@")
 [ ${#groups[@]} -gt 0 ] || groups=(kubernetes etcd csi-sanity)
 for g in "${groups[@]}"; do
@@ -136,7 +157,8 @@ for g in "${groups[@]}"; do
     etcd) build_etcd ;;
     csi-sanity) build_csi_sanity ;;
     external-provisioner) build_external_provisioner ;;
-    *) die "unknown group '$g' (expected kubernetes, etcd, csi-sanity or external-provisioner)" ;;
+    external-attacher) build_external_attacher ;;
+    *) die "unknown group '$g' (expected kubernetes, etcd, csi-sanity, external-provisioner or external-attacher)" ;;
   esac
 done
 say "binaries ready under $cache/bin"
