@@ -77,10 +77,11 @@ class ShortHomeComponents(Components):
         )
 
 
-def storage_components() -> list[Component]:
+def storage_components(names: tuple[str, ...] = STORAGE_COMPONENTS) -> list[Component]:
+    """The registry's entries by name, each on free ports."""
     by_name = {c.name: c for c in REGISTRY}
     out = []
-    for name in STORAGE_COMPONENTS:
+    for name in names:
         comp = by_name[name]
         # A per-node component's instance i listens on port + i: it needs a block of free ports.
         port = _consecutive_free(len(NODES)) if comp.per_node else free_ports(1)[0]
@@ -104,11 +105,11 @@ def _consecutive_free(n: int) -> int:
 
 
 class StorageStack:
-    def __init__(self, cp: ControlPlane, api: ApiClient) -> None:
+    def __init__(self, cp: ControlPlane, api: ApiClient, names: tuple[str, ...] = STORAGE_COMPONENTS) -> None:
         self.cp = cp
         self.api = api
         self.home = Path(tempfile.mkdtemp(prefix="kl-", dir="/tmp"))
-        self.components = ShortHomeComponents(cp, storage_components(), self.home)
+        self.components = ShortHomeComponents(cp, storage_components(names), self.home)
         self.csi: CSIConnection | None = None
 
     @property

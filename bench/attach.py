@@ -1,0 +1,312 @@
+"""bench/attach: attach + mount and unmount + detach of many pods, kubeloop's attach-detach
+controller and external-attacher side by side with kube-controller-manager's attach-detach
+controller (the cached kcm binary with only `--controllers=persistentvolume-attach-detach-controller`)
+and the Go external-attacher (csi-attacher, tools/build-binaries.sh external-attacher).
+
+    python -m bench.attach [--pods 100] [--rounds 1] [--qps 50 --burst 100]
+
+Both sides share one control plane and everything else: the real CSI driver (controller mode and
+a node plugin per node), kubeloop's node agent on node-a and node-b, the pv-controller, and the
+same N static volumes pre-bound to N claims. Each measured pass creates N pods (half per node) and
+records, per pod, pod creation → Running (its volume attached and mounted), then deletes them all
+and records pod deletion → VolumeAttachment gone. The controllers of both sides use the same
+client QPS/burst. A first unmeasured pass formats every volume (mkfs runs once per volume), so
+no side pays for it; then the sides alternate. Needs root. Writes bench/results/attach.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import sys
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from controller_runtime.client import ApiClient
+from controller_runtime.informer import EventHandler, SharedInformer
+from controller_runtime.resources import NAMESPACES, PODS, VOLUME_ATTACHMENTS, Obj, Resource
+from controller_runtime.toolchain import Toolchain
+from controller_runtime.volumes import va_name
+from csi_driver import DRIVER_NAME
+from services.stack.components import Component, ComponentContext
+from services.stack.proc import free_ports
+from tests.e2e.storage_stack import NODES, ShortHomeComponents, StorageStack, storage_components
+
+from .common import control_plane, percentile, print_table, write_results
+
+NAMESPACE = "bench-attach"
+COMMON = ("pv-controller", "csi-driver-controller", "csi-driver-node", "node-agent")
+
+
+@dataclass
+class Pass:
+    side: str
+    pods: int
+    mount_p50_s: float
+    mount_p99_s: float
+    mount_total_s: float
+    detach_p50_s: float
+    detach_p99_s: float
+    detach_total_s: float
+
+
+def kubeloop_side(qps: float, burst: int) -> list[Component]:
+    def with_qps(comp: Component) -> Component:
+        base = comp.argv
+        return dataclasses.replace(
+            comp, argv=lambda c: [*base(c), f"--kube-api-qps={qps}", f"--kube-api-burst={burst}"]
+        )
+
+    return [with_qps(c) for c in storage_components(("external-attacher", "attach-detach-controller"))]
+
+
+def go_side(qps: float, burst: int, admin_kubeconfig: str) -> list[Component]:
+    tools = Toolchain.default()
+    kcm = str(tools.binary("kube-controller-manager"))
+    attacher = (
+        tools.cache
+        / "bin"
+        / f"external-attacher-{tools.versions['EXTERNAL_ATTACHER_VERSION']}"
+        / "csi-attacher"
+    )
+    if not attacher.exists():
+        sys.exit(f"{attacher} is missing: run `bash tools/build-binaries.sh external-attacher`")
+    (port,) = free_ports(1)
+
+    def kcm_argv(_c: ComponentContext) -> list[str]:
+        return [
+            kcm,
+            "--controllers=persistentvolume-attach-detach-controller",
+            f"--kubeconfig={admin_kubeconfig}",
+            f"--authentication-kubeconfig={admin_kubeconfig}",
+            f"--authorization-kubeconfig={admin_kubeconfig}",
+            f"--kube-api-qps={qps}",
+            f"--kube-api-burst={burst}",
+            "--leader-elect=false",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={port}",
+            "--profiling=false",
+        ]
+
+    def attacher_argv(c: ComponentContext) -> list[str]:
+        return [
+            str(attacher),
+            f"--csi-address={c.home / 'components' / 'csi-driver-controller' / 'csi.sock'}",
+            f"--kubeconfig={admin_kubeconfig}",
+            "--timeout=15s",
+            "--worker-threads=10",
+            f"--kube-api-qps={qps}",
+            f"--kube-api-burst={burst}",
+        ]
+
+    return [
+        Component(name="go-csi-attacher", argv=attacher_argv, health_path=None),
+        Component(name="go-kcm-attachdetach", argv=kcm_argv, health_path=None),
+    ]
+
+
+class Clock:
+    """Client-side times at which pods became Running and VolumeAttachments disappeared."""
+
+    def __init__(self, pods: SharedInformer, vas: SharedInformer) -> None:
+        self.running: dict[str, float] = {}
+        self.va_gone: dict[str, float] = {}
+        self._pods = pods
+        pods.add_handler(EventHandler(self._pod, lambda _o, n: self._pod(n), None))
+        vas.add_handler(EventHandler(None, None, self._va))
+
+    def _pod(self, pod: Obj) -> None:
+        if pod.get("status", {}).get("phase") == "Running":
+            self.running.setdefault(pod["metadata"]["name"], time.monotonic())
+
+    def pods_left(self) -> bool:
+        return len(self._pods.store) > 0
+
+    def _va(self, va: Obj) -> None:
+        self.va_gone.setdefault(va["metadata"]["name"], time.monotonic())
+
+
+async def wait_until(cond: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout}s: {what}")
+        await asyncio.sleep(0.05)
+
+
+async def one_pass(
+    stack: StorageStack, clock: Clock, volumes: list[tuple[str, str]], tag: str, timeout: float
+) -> tuple[list[float], float, list[float], float]:
+    """Creates a pod per volume and waits until all run, then deletes them and waits until every
+    VolumeAttachment is gone and every pod deleted."""
+    names = {f"{tag}-{i}": (NODES[i % len(NODES)], vol) for i, vol in enumerate(volumes)}
+    created: dict[str, float] = {}
+
+    async def create(name: str) -> None:
+        node, (claim, _) = names[name]
+        created[name] = time.monotonic()
+        await stack.pod(NAMESPACE, name, node, claim)
+
+    start = time.monotonic()
+    await asyncio.gather(*(create(n) for n in names))
+    await wait_until(lambda: all(n in clock.running for n in names), timeout, f"{tag}: all pods running")
+    mount_total = max(clock.running[n] for n in names) - start
+    mount = [clock.running[n] - created[n] for n in names]
+
+    deleted: dict[str, float] = {}
+
+    async def delete(name: str) -> None:
+        deleted[name] = time.monotonic()
+        await stack.api.delete(PODS, name, NAMESPACE)
+
+    vas = {n: va_name(handle, DRIVER_NAME, node) for n, (node, (_, handle)) in names.items()}
+    start = time.monotonic()
+    await asyncio.gather(*(delete(n) for n in names))
+    await wait_until(lambda: all(v in clock.va_gone for v in vas.values()), timeout, f"{tag}: all VAs gone")
+    detach_total = max(clock.va_gone[v] for v in vas.values()) - start
+    detach = [clock.va_gone[vas[n]] - deleted[n] for n in names]
+    for v in vas.values():
+        clock.va_gone.pop(v, None)
+    await wait_until(lambda: not clock.pods_left(), timeout, f"{tag}: pods deleted")
+    return mount, mount_total, detach, detach_total
+
+
+async def run_side(
+    stack: StorageStack,
+    side: str,
+    comps: list[Component],
+    clock: Clock,
+    volumes: list[tuple[str, str]],
+    tag: str,
+    timeout: float,
+) -> Pass | None:
+    group = ShortHomeComponents(stack.cp, comps, stack.home)
+    await group.start()
+    try:
+        # One pod first, unmeasured: kcm answers before its controllers run.
+        await one_pass(stack, clock, volumes[:1], f"{tag}-warm", timeout)
+        mount, mount_total, detach, detach_total = await one_pass(stack, clock, volumes, tag, timeout)
+    finally:
+        await group.stop()
+    if tag.startswith("format"):
+        return None
+    return Pass(
+        side,
+        len(volumes),
+        round(percentile(mount, 50), 3),
+        round(percentile(mount, 99), 3),
+        round(mount_total, 3),
+        round(percentile(detach, 50), 3),
+        round(percentile(detach, 99), 3),
+        round(detach_total, 3),
+    )
+
+
+async def main_async(args: argparse.Namespace) -> None:
+    async with control_plane(with_kcm=False, with_scheduler=False) as cp:
+        api = await ApiClient.from_kubeconfig(str(cp.admin_kubeconfig), qps=0, burst=1, user_agent="bench")
+        stack = StorageStack(cp, api, COMMON)
+        try:
+            await stack.start()
+            await api.create(NAMESPACES, {"metadata": {"name": NAMESPACE}})
+            # No kcm here (the Go side runs only its attach-detach controller): nobody else would
+            # create the namespace's default ServiceAccount that pod admission requires.
+            sa = Resource("", "v1", "serviceaccounts", "ServiceAccount", True)
+            await api.create(sa, {"metadata": {"name": "default", "namespace": NAMESPACE}})
+            print(f"creating {args.pods} volumes, static PVs and claims ...", flush=True)
+            volumes = []
+            for chunk in range(0, args.pods, 20):
+                made = await asyncio.gather(
+                    *(stack.volume(NAMESPACE, size_mi=16) for _ in range(chunk, min(args.pods, chunk + 20)))
+                )
+                volumes.extend((pvc, handle) for pvc, _pv, handle in made)
+            pods = SharedInformer(api, PODS, namespace=NAMESPACE)
+            vas = SharedInformer(api, VOLUME_ATTACHMENTS)
+            clock = Clock(pods, vas)
+            pods.start()
+            vas.start()
+            await asyncio.gather(pods.wait_for_sync(), vas.wait_for_sync())
+            sides = {"kubeloop": kubeloop_side(args.qps, args.burst)}
+            if "kcm+csi-attacher" in args.sides:
+                sides["kcm+csi-attacher"] = go_side(args.qps, args.burst, str(cp.admin_kubeconfig))
+            print("formatting every volume once (unmeasured pass) ...", flush=True)
+            await run_side(stack, "kubeloop", sides["kubeloop"], clock, volumes, "format", args.timeout)
+            passes: list[Pass] = []
+            order = [s for s in ("kcm+csi-attacher", "kubeloop") if s in sides]
+            for r in range(args.rounds):
+                for side in order if r % 2 == 0 else reversed(order):
+                    print(f"round {r + 1}: {side} ...", flush=True)
+                    p = await run_side(
+                        stack, side, sides[side], clock, volumes, f"r{r}-{side[:4]}", args.timeout
+                    )
+                    assert p is not None
+                    passes.append(p)
+            await pods.stop()
+            await vas.stop()
+        finally:
+            await stack.stop()
+            await api.close()
+    rows = [
+        [
+            p.side,
+            p.pods,
+            p.mount_p50_s,
+            p.mount_p99_s,
+            p.mount_total_s,
+            p.detach_p50_s,
+            p.detach_p99_s,
+            p.detach_total_s,
+        ]
+        for p in passes
+    ]
+    print_table(
+        f"attach + mount / unmount + detach of {args.pods} pods over {len(NODES)} nodes "
+        f"(client QPS {args.qps:g}/burst {args.burst} on both sides; seconds)",
+        ["side", "pods", "mount p50", "mount p99", "mount all", "detach p50", "detach p99", "detach all"],
+        rows,
+    )
+    if len({p.side for p in passes}) < 2:
+        return
+    best = {s: min(p.mount_p99_s for p in passes if p.side == s) for s in {p.side for p in passes}}
+    best_d = {s: min(p.detach_p99_s for p in passes if p.side == s) for s in {p.side for p in passes}}
+    speedup = {
+        "mount_p99": round(best["kcm+csi-attacher"] / best["kubeloop"], 2),
+        "detach_p99": round(best_d["kcm+csi-attacher"] / best_d["kubeloop"], 2),
+    }
+    print(
+        f"\nkubeloop speed-up at p99 (Go / kubeloop): mount {speedup['mount_p99']}x, "
+        f"detach {speedup['detach_p99']}x"
+    )
+    path = write_results(
+        "attach",
+        {
+            "pods": args.pods,
+            "nodes": list(NODES),
+            "qps": args.qps,
+            "burst": args.burst,
+            "passes": [asdict(p) for p in passes],
+            "speedup_p99": speedup,
+        },
+    )
+    print(f"results: {path}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.attach", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pods", type=int, default=100, help="pods, each with its own claim (default: 100)")
+    parser.add_argument("--rounds", type=int, default=1, help="measured passes per side (default: 1)")
+    parser.add_argument(
+        "--qps", type=float, default=50.0, help="client QPS of both sides' controllers (default: 50)"
+    )
+    parser.add_argument("--burst", type=int, default=100, help="client burst of both sides (default: 100)")
+    parser.add_argument(
+        "--sides", default="kubeloop,kcm+csi-attacher", help="comma-separated (default: both)"
+    )
+    parser.add_argument("--timeout", type=float, default=600.0, help="per pass (default: 600s)")
+    asyncio.run(main_async(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    main()
