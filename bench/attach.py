@@ -216,7 +216,7 @@ async def main_async(args: argparse.Namespace) -> None:
             sa = Resource("", "v1", "serviceaccounts", "ServiceAccount", True)
             await api.create(sa, {"metadata": {"name": "default", "namespace": NAMESPACE}})
             print(f"creating {args.pods} volumes, static PVs and claims ...", flush=True)
-            volumes = []
+            volumes: list[tuple[str, str]] = []
             for chunk in range(0, args.pods, 20):
                 made = await asyncio.gather(
                     *(stack.volume(NAMESPACE, size_mi=16) for _ in range(chunk, min(args.pods, chunk + 20)))
