@@ -129,6 +129,12 @@ class AttachDetachController:
             EventHandler(self._pv_changed, lambda _o, n: self._pv_changed(n), self._pv_changed)
         )
         self.nodes.add_handler(EventHandler(self._node_changed, self._node_updated, self._node_changed))
+        # A VA that became attached or went away changes the node status or unblocks an attach.
+        self.vas.add_handler(
+            EventHandler(
+                lambda _o: self._wake.set(), lambda _o, _n: self._wake.set(), lambda _o: self._wake.set()
+            )
+        )
         # In-flight operations by VA name; creates count as attachments until the cache has them.
         self._ops: dict[str, asyncio.Task[None]] = {}
         self._creating: dict[str, Attachment] = {}
