@@ -9,11 +9,12 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+import pytest_asyncio
 
 from controller_runtime.client import ApiClient, ApiError, WatchExpiredError
 from controller_runtime.informer import EventHandler, SharedInformer, SharedInformerFactory
 from controller_runtime.reflector import LISTS
-from controller_runtime.resources import PERSISTENT_VOLUME_CLAIMS, PERSISTENT_VOLUMES, Obj, name_of
+from controller_runtime.resources import PERSISTENT_VOLUME_CLAIMS, PERSISTENT_VOLUMES, Obj, Resource, name_of
 from controller_runtime.toolchain import Toolchain
 
 pytestmark = pytest.mark.integration
@@ -90,10 +91,21 @@ async def running(*informers: SharedInformer) -> AsyncIterator[None]:
             await i.stop()
 
 
-async def delete_now(api: ApiClient, name: str) -> None:
-    """Deletes a PV without waiting for kcm's pv-protection controller to drop its finalizer."""
-    await api.patch(PERSISTENT_VOLUMES, name, {"metadata": {"finalizers": None}})
-    await api.delete(PERSISTENT_VOLUMES, name)
+@pytest_asyncio.fixture(loop_scope="session")
+async def label(api: ApiClient) -> AsyncIterator[str]:
+    """A label for this test's PVs; they are cluster-scoped, so they are all deleted afterwards
+    (a leftover unbound PV would be bound by another test's pv-controller)."""
+    value = uuid.uuid4().hex[:8]
+    yield value
+    items, _ = await api.list_all(PERSISTENT_VOLUMES, labelSelector=f"test={value}")
+    for item in items:
+        await delete_now(api, PERSISTENT_VOLUMES, name_of(item))
+
+
+async def delete_now(api: ApiClient, res: Resource, name: str, namespace: str | None = None) -> None:
+    """Deletes without waiting for kcm's pv/pvc-protection controllers to drop their finalizers."""
+    await api.patch(res, name, {"metadata": {"finalizers": None}}, namespace)
+    await api.delete(res, name, namespace)
 
 
 async def fresh_names(api: ApiClient, label: str) -> dict[str, str]:
@@ -109,8 +121,9 @@ def cached_names(informer: SharedInformer, label: str) -> dict[str, str]:
     }
 
 
-async def test_informer_sees_create_update_delete_in_order(api: ApiClient, namespace: str) -> None:
-    label = uuid.uuid4().hex[:8]
+async def test_informer_sees_create_update_delete_in_order(
+    api: ApiClient, namespace: str, label: str
+) -> None:
     factory = SharedInformerFactory(api)
     pvs = factory.informer(PERSISTENT_VOLUMES)
     pvcs = factory.informer(PERSISTENT_VOLUME_CLAIMS, namespace)
@@ -123,8 +136,8 @@ async def test_informer_sees_create_update_delete_in_order(api: ApiClient, names
         await api.create(PERSISTENT_VOLUME_CLAIMS, pvc_body("claim"), namespace)
         a["metadata"].setdefault("annotations", {})["touched"] = "yes"
         await api.update(PERSISTENT_VOLUMES, a)
-        await api.delete(PERSISTENT_VOLUMES, f"inf-{label}-a")
-        await api.delete(PERSISTENT_VOLUME_CLAIMS, "claim", namespace)
+        await delete_now(api, PERSISTENT_VOLUMES, f"inf-{label}-a")
+        await delete_now(api, PERSISTENT_VOLUME_CLAIMS, "claim", namespace)
         name = f"inf-{label}-a"
         await rec.wait_for(
             [
@@ -135,20 +148,19 @@ async def test_informer_sees_create_update_delete_in_order(api: ApiClient, names
                 ("delete", "pvc", "claim"),
             ]
         )
-        # pv-protection may add an update before the delete; order across kinds is what matters
+        # The finalizer patch is an update before the delete; order across kinds is what matters.
         pv_events = [e[0] for e in rec.events if e[2] == name]
         assert pv_events[0] == "add" and pv_events[-1] == "delete"
         assert name not in pvs.store
 
 
-async def test_informer_recovers_after_watch_is_cut(api: ApiClient, control_plane: Any) -> None:
-    label = uuid.uuid4().hex[:8]
+async def test_informer_recovers_after_watch_is_cut(api: ApiClient, control_plane: Any, label: str) -> None:
     informer = SharedInformer(api, PERSISTENT_VOLUMES)
     async with running(informer):
         await api.create(PERSISTENT_VOLUMES, pv_body(f"cut-{label}-1", label))
         await control_plane.restart_apiserver()  # every open watch is cut
         await api.create(PERSISTENT_VOLUMES, pv_body(f"cut-{label}-2", label))
-        await delete_now(api, f"cut-{label}-1")
+        await delete_now(api, PERSISTENT_VOLUMES, f"cut-{label}-1")
         for _ in range(300):
             fresh = await fresh_names(api, label)
             if cached_names(informer, label) == fresh and set(fresh) == {f"cut-{label}-2"}:
@@ -158,8 +170,7 @@ async def test_informer_recovers_after_watch_is_cut(api: ApiClient, control_plan
         assert set(cached_names(informer, label)) == {f"cut-{label}-2"}
 
 
-async def test_informer_relists_after_410_gone(api: ApiClient, control_plane: Any) -> None:
-    label = uuid.uuid4().hex[:8]
+async def test_informer_relists_after_410_gone(api: ApiClient, control_plane: Any, label: str) -> None:
     informer = SharedInformer(api, PERSISTENT_VOLUMES)
     async with running(informer):
         for i in range(3):
@@ -172,7 +183,7 @@ async def test_informer_relists_after_410_gone(api: ApiClient, control_plane: An
     # its watch from there). Change things behind its back,
     # compact etcd past its resourceVersion and restart the apiserver so no watch cache can serve it.
     stale_rv = informer.reflector.last_resource_version
-    await delete_now(api, f"gone-{label}-0")
+    await delete_now(api, PERSISTENT_VOLUMES, f"gone-{label}-0")
     one = await api.get(PERSISTENT_VOLUMES, f"gone-{label}-1")
     one["metadata"].setdefault("labels", {})["changed"] = "yes"
     await api.update(PERSISTENT_VOLUMES, one)
@@ -206,9 +217,9 @@ async def test_informer_relists_after_410_gone(api: ApiClient, control_plane: An
         assert informer.store.get(f"gone-{label}-1")["metadata"]["labels"]["changed"] == "yes"
 
 
-async def test_stale_resource_version_write_conflicts_and_retry_succeeds(api: ApiClient) -> None:
-    name = f"conflict-{uuid.uuid4().hex[:8]}"
-    first = await api.create(PERSISTENT_VOLUMES, pv_body(name, "conflict"))
+async def test_stale_resource_version_write_conflicts_and_retry_succeeds(api: ApiClient, label: str) -> None:
+    name = f"conflict-{label}"
+    first = await api.create(PERSISTENT_VOLUMES, pv_body(name, label))
     winner = dict(first, metadata={**first["metadata"], "annotations": {"writer": "a"}})
     await api.update(PERSISTENT_VOLUMES, winner)
     loser = dict(first, metadata={**first["metadata"], "annotations": {"writer": "b"}})
@@ -219,12 +230,11 @@ async def test_stale_resource_version_write_conflicts_and_retry_succeeds(api: Ap
     fresh["metadata"]["annotations"]["writer"] = "b"
     saved = await api.update(PERSISTENT_VOLUMES, fresh)
     assert saved["metadata"]["annotations"]["writer"] == "b"
-    await api.delete(PERSISTENT_VOLUMES, name)
 
 
-async def test_status_subresource_and_patch(api: ApiClient) -> None:
-    name = f"status-{uuid.uuid4().hex[:8]}"
-    created = await api.create(PERSISTENT_VOLUMES, pv_body(name, "status"))
+async def test_status_subresource_and_patch(api: ApiClient, label: str) -> None:
+    name = f"status-{label}"
+    created = await api.create(PERSISTENT_VOLUMES, pv_body(name, label))
     created["status"] = {"phase": "Available"}
     updated = await api.update_status(PERSISTENT_VOLUMES, created)
     assert updated["status"]["phase"] == "Available"
@@ -233,4 +243,3 @@ async def test_status_subresource_and_patch(api: ApiClient) -> None:
     with pytest.raises(ApiError) as caught:
         await api.get(PERSISTENT_VOLUMES, name + "-missing")
     assert caught.value.not_found
-    await api.delete(PERSISTENT_VOLUMES, name)
