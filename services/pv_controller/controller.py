@@ -208,6 +208,7 @@ class PVController:
                 # before that would find nothing and wait for a resync.
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.volume_queue.wait_idle(), self.options.resync_period)
+                log.info("first pass over volumes done, starting claim workers")
                 await run_workers(self.claim_queue, self.sync_claim_key, self.options.workers)
             finally:
                 volumes.cancel()

@@ -15,6 +15,21 @@ from . import names
 from .match import is_bound_to_claim, volume_mode_mismatch
 
 
+def writable(obj: Obj) -> Obj:
+    """A copy of a cached object that the bind writes may modify: the containers they touch
+    (metadata, annotations, spec, status) are new; everything else is shared with the cache and
+    left alone. Far cheaper than a deep copy, which dominated the CPU of a bind."""
+    md = dict(obj.get("metadata") or {})
+    if md.get("annotations") is not None:
+        md["annotations"] = dict(md["annotations"])
+    return {
+        **obj,
+        "metadata": md,
+        "spec": dict(obj.get("spec") or {}),
+        "status": dict(obj.get("status") or {}),
+    }
+
+
 def _annotations(obj: Obj) -> dict[str, str]:
     return dict(obj.get("metadata", {}).get("annotations") or {})
 
@@ -156,19 +171,23 @@ def volume_bound_to_claim(volume: Obj, claim: Obj) -> Obj | None:
     by_controller = not is_bound_to_claim(volume, claim)
     ref = volume.get("spec", {}).get("claimRef") or {}
     md = claim["metadata"]
-    dirty = False
-    new = copy.deepcopy(volume)
-    if (
+    set_ref = (
         ref.get("name") != md["name"]
         or ref.get("namespace") != md["namespace"]
         or ref.get("uid") != md["uid"]
-    ):
+    )
+    set_annotation = by_controller and not has_annotation(volume, names.ANN_BOUND_BY_CONTROLLER)
+    if not (set_ref or set_annotation):
+        return None
+    new = writable(volume)
+    if set_ref:
         new["spec"]["claimRef"] = claim_reference(claim)
-        dirty = True
-    if by_controller and not has_annotation(new, names.ANN_BOUND_BY_CONTROLLER):
-        new["metadata"].setdefault("annotations", {})[names.ANN_BOUND_BY_CONTROLLER] = names.YES
-        dirty = True
-    return new if dirty else None
+    if set_annotation:
+        new["metadata"]["annotations"] = {
+            **(new["metadata"].get("annotations") or {}),
+            names.ANN_BOUND_BY_CONTROLLER: names.YES,
+        }
+    return new
 
 
 def now_rfc3339() -> str:
@@ -179,8 +198,8 @@ def volume_with_phase(volume: Obj, phase: str, message: str = "") -> Obj | None:
     """Writes 2 (and every other phase change): the volume's status, or None when unchanged."""
     if phase_of(volume) == phase:
         return None
-    new = copy.deepcopy(volume)
-    status = new.setdefault("status", {})
+    new = writable(volume)
+    status = new["status"]
     status["phase"] = phase
     status["lastPhaseTransitionTime"] = now_rfc3339()
     if message:
@@ -195,19 +214,17 @@ def claim_bound_to_volume(claim: Obj, volume: Obj) -> Obj | None:
     bind-completed; None when all are already set."""
     name = volume["metadata"]["name"]
     by_controller = claim.get("spec", {}).get("volumeName") != name
-    new = copy.deepcopy(claim)
-    dirty = False
-    if new["spec"].get("volumeName") != name:
-        new["spec"]["volumeName"] = name
-        dirty = True
-    ann = new["metadata"].setdefault("annotations", {})
-    if by_controller and names.ANN_BOUND_BY_CONTROLLER not in ann:
-        ann[names.ANN_BOUND_BY_CONTROLLER] = names.YES
-        dirty = True
-    if names.ANN_BIND_COMPLETED not in ann:
-        ann[names.ANN_BIND_COMPLETED] = names.YES
-        dirty = True
-    return new if dirty else None
+    ann = _annotations(claim)
+    wanted = dict(ann)
+    if by_controller and names.ANN_BOUND_BY_CONTROLLER not in wanted:
+        wanted[names.ANN_BOUND_BY_CONTROLLER] = names.YES
+    wanted.setdefault(names.ANN_BIND_COMPLETED, names.YES)
+    if not by_controller and wanted == ann:
+        return None
+    new = writable(claim)
+    new["spec"]["volumeName"] = name
+    new["metadata"]["annotations"] = wanted
+    return new
 
 
 def claim_with_status(claim: Obj, phase: str, volume: Obj | None) -> Obj | None:
@@ -237,7 +254,7 @@ def claim_with_status(claim: Obj, phase: str, volume: Obj | None) -> Obj | None:
                 dirty = True
     if not dirty:
         return None
-    new = copy.deepcopy(claim)
+    new = writable(claim)
     new["status"] = new_status
     return new
 
@@ -245,14 +262,14 @@ def claim_with_status(claim: Obj, phase: str, volume: Obj | None) -> Obj | None:
 def volume_unbound(volume: Obj) -> Obj:
     """Undo a binding: ours goes entirely (claimRef and annotation); a user's keeps its claimRef
     minus the UID, so the volume stays reserved for that claim name."""
-    new = copy.deepcopy(volume)
+    new = writable(volume)
     ann = new["metadata"].get("annotations") or {}
     if names.ANN_BOUND_BY_CONTROLLER in ann:
         new["spec"].pop("claimRef", None)
         del ann[names.ANN_BOUND_BY_CONTROLLER]
         new["metadata"]["annotations"] = ann or None
     else:
-        new["spec"]["claimRef"].pop("uid", None)
+        new["spec"]["claimRef"] = {k: v for k, v in new["spec"]["claimRef"].items() if k != "uid"}
     return new
 
 
@@ -264,7 +281,7 @@ def claim_with_provisioner(claim: Obj, provisioner: str) -> Obj | None:
         and ann.get(names.ANN_BETA_STORAGE_PROVISIONER) == provisioner
     ):
         return None
-    new = copy.deepcopy(claim)
+    new = writable(claim)
     new_ann = new["metadata"].setdefault("annotations", {})
     new_ann[names.ANN_STORAGE_PROVISIONER] = provisioner
     new_ann[names.ANN_BETA_STORAGE_PROVISIONER] = provisioner

@@ -60,12 +60,20 @@ async def create_ready_node(api: ApiClient, name: str) -> Obj:
         {"metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux"}}},
     )
     resources = {"cpu": "4", "memory": "8Gi", "pods": "110"}
-    node["status"] = {
-        "capacity": resources,
-        "allocatable": resources,
-        "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "test node"}],
-    }
-    return await api.update_status(NODES, node)
+    ready = {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "test node"}
+    for _ in range(20):  # kcm's node controllers touch a new Node too: retry on conflict
+        node["status"] = {
+            "capacity": resources,
+            "allocatable": resources,
+            "conditions": [ready],
+        }
+        try:
+            return await api.update_status(NODES, node)
+        except ApiError as exc:
+            if not exc.conflict:
+                raise
+            node = await api.get(NODES, name)
+    raise AssertionError(f"could not set the status of node {name}")
 
 
 def pod(name: str, claim: str) -> Obj:
