@@ -43,7 +43,9 @@ python-deps: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,bench]'
+	@# compat mode puts the checkout itself on sys.path, so kubeloop_grpc, generated after this
+	@# install, is importable from anywhere too.
+	$(PY) -m pip install -q -e '.[test,bench]' --config-settings editable_mode=compat
 	@touch $@
 
 binaries:
