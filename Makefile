@@ -22,8 +22,11 @@ integration: deps binaries
 sanity: deps binaries
 	$(PY) -m pytest tests/csi -k sanity $(PYTEST_ARGS)
 
+# One benchmark: `make bench BENCHES=binding`. Each prints a table and writes bench/results/<name>.json.
+BENCHES ?= informer_sync csi_driver binding provisioning attach
+
 bench: deps binaries
-	$(PY) -m bench.informer_sync
+	@for b in $(BENCHES); do echo "== bench.$$b"; $(PY) -m bench.$$b || exit 1; done
 
 lint: python-deps
 	$(VENV)/bin/ruff check .
