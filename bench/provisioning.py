@@ -1,0 +1,321 @@
+"""bench/provisioning: dynamic provisioning of N claims created at once, kubeloop's
+external-provisioner side by side with the Go kubernetes-csi external-provisioner (v6.3.x, built
+by `tools/build-binaries.sh external-provisioner`), both driving the same kubeloop CSI driver.
+
+    python -m bench.provisioning [--claims 500] [--scenarios default,unthrottled]
+
+Each (scenario, side) gets a fresh etcd + kube-apiserver, a fresh driver (`--mode controller`,
+pool in a temporary directory) and kubeloop's pv-controller as a subprocess with a generous QPS (it
+completes the binds for both sides, and must not be the bottleneck). The provisioner under test
+starts and becomes ready; then N claims of an Immediate class are created at once (t0) and the
+bench watches until every claim is Bound. Both sides run with the same --kube-api-qps/-burst and
+--worker-threads; `default` is the sidecar's defaults (QPS 5 / burst 10, 100 workers),
+`unthrottled` QPS 1000 / burst 2000.
+
+Reported: total time and claims per second, per-claim latency (created → Bound) p50/p99, failed
+claims (not Bound in time), the sidecar's peak RSS. Prints a table and writes
+bench/results/provisioning.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from controller_runtime.client import ApiClient
+from controller_runtime.informer import EventHandler, SharedInformer
+from controller_runtime.resources import (
+    CSI_NODES,
+    NAMESPACES,
+    NODES,
+    PERSISTENT_VOLUME_CLAIMS,
+    STORAGE_CLASSES,
+    Obj,
+)
+from controller_runtime.toolchain import REPO_ROOT, Toolchain
+from csi_driver import DRIVER_NAME, TOPOLOGY_KEY
+
+from .common import control_plane, percentile, print_table, rss_bytes, write_results
+
+NAMESPACE = "bench"
+CLASS = "bench-immediate"
+SCENARIOS = {"default": (5.0, 10), "unthrottled": (1000.0, 2000)}
+WORKERS = 100
+
+
+@dataclass
+class Run:
+    scenario: str
+    side: str
+    claims: int
+    qps: float
+    burst: int
+    workers: int
+    total_s: float
+    claims_per_s: float
+    latency_p50_s: float
+    latency_p99_s: float
+    failed: int
+    peak_rss_mib: float
+
+
+def go_binary() -> Path:
+    versions = Toolchain.default().versions
+    version = versions["EXTERNAL_PROVISIONER_VERSION"]
+    path = Toolchain.default().cache / "bin" / f"external-provisioner-{version}" / "csi-provisioner"
+    if not path.exists():
+        raise SystemExit(f"{path} is missing: run `bash tools/build-binaries.sh external-provisioner`")
+    return path
+
+
+def provisioner_argv(
+    side: str, kubeconfig: Path, socket: Path, qps: float, burst: int, state: Path
+) -> list[str]:
+    common = [
+        f"--kubeconfig={kubeconfig}",
+        f"--csi-address={socket}",
+        f"--kube-api-qps={qps:g}",
+        f"--kube-api-burst={burst}",
+        f"--worker-threads={WORKERS}",
+        "--timeout=10s",
+    ]
+    if side == "go":
+        return [str(go_binary()), *common, "--v=1"]
+    return [sys.executable, "-m", "external_provisioner.main", *common, f"--state-dir={state}", "-v=1"]
+
+
+async def start(argv: list[str], log: Path, cwd: Path = REPO_ROOT) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        *argv, cwd=cwd, stdout=log.open("ab"), stderr=asyncio.subprocess.STDOUT, start_new_session=True
+    )
+
+
+async def stop(proc: asyncio.subprocess.Process) -> None:
+    if proc.returncode is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(proc.wait(), 15)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+
+
+async def wait_socket(path: Path, proc: asyncio.subprocess.Process, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not await asyncio.to_thread(os.path.exists, path):
+        if proc.returncode is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"driver did not create {path}")
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.5)  # the driver probes ready once its state is reconciled
+
+
+async def run_one(scenario: str, side: str, n: int, work: Path) -> Run:
+    qps, burst = SCENARIOS[scenario]
+    logs = REPO_ROOT / "bench" / "results" / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    root = Path(tempfile.mkdtemp(prefix="bp", dir="/tmp"))
+    async with control_plane() as cp:
+        api = await ApiClient.from_kubeconfig(str(cp.admin_kubeconfig), qps=0, burst=1)
+        procs: list[asyncio.subprocess.Process] = []
+        try:
+            socket = root / "csi.sock"
+            driver = await start(
+                [
+                    sys.executable,
+                    "-m",
+                    "csi_driver.main",
+                    "--mode=controller",
+                    f"--endpoint=unix://{socket}",
+                    f"--pool-dir={root / 'pool'}",
+                    f"--state-dir={root / 'state'}",
+                    "--capacity=10Ti",
+                    "-v=1",
+                ],
+                logs / f"provisioning-{scenario}-{side}-driver.log",
+            )
+            procs.append(driver)
+            await wait_socket(socket, driver)
+            procs.append(
+                await start(
+                    [
+                        sys.executable,
+                        "-m",
+                        "services.pv_controller.main",
+                        f"--kubeconfig={cp.admin_kubeconfig}",
+                        "--kube-api-qps=5000",
+                        "--kube-api-burst=10000",
+                        "--worker-threads=16",
+                        "-v=1",
+                    ],
+                    logs / f"provisioning-{scenario}-{side}-pv-controller.log",
+                )
+            )
+            await api.create(NAMESPACES, {"metadata": {"name": NAMESPACE}})
+            # The Go sidecar refuses to provision for a topology-aware driver until some node
+            # reports the driver's topology; one node serves both sides.
+            await api.create(
+                NODES, {"metadata": {"name": "bench-node", "labels": {TOPOLOGY_KEY: "bench-node"}}}
+            )
+            await api.create(
+                CSI_NODES,
+                {
+                    "metadata": {"name": "bench-node"},
+                    "spec": {
+                        "drivers": [
+                            {"name": DRIVER_NAME, "nodeID": "bench-node", "topologyKeys": [TOPOLOGY_KEY]}
+                        ]
+                    },
+                },
+            )
+            await api.create(
+                STORAGE_CLASSES,
+                {"metadata": {"name": CLASS}, "provisioner": DRIVER_NAME, "volumeBindingMode": "Immediate"},
+            )
+            prov = await start(
+                provisioner_argv(side, cp.admin_kubeconfig, socket, qps, burst, root / "provisioner"),
+                logs / f"provisioning-{scenario}-{side}.log",
+            )
+            procs.append(prov)
+            await asyncio.sleep(3)  # both sidecars connect and sync their caches in well under 3 s
+
+            created: dict[str, float] = {}
+            bound: dict[str, float] = {}
+            done = asyncio.Event()
+
+            def seen(pvc: Obj) -> None:
+                name = pvc["metadata"]["name"]
+                if pvc.get("status", {}).get("phase") == "Bound" and name not in bound:
+                    bound[name] = time.monotonic()
+                    if len(bound) == n:
+                        done.set()
+
+            informer = SharedInformer(api, PERSISTENT_VOLUME_CLAIMS, namespace=NAMESPACE)
+            informer.add_handler(EventHandler(seen, lambda _o, p: seen(p), None))
+            informer.start()
+            await informer.wait_for_sync()
+
+            peak = 0
+            sem = asyncio.Semaphore(64)
+
+            async def create(i: int) -> None:
+                name = f"c{i:04d}"
+                body = {
+                    "metadata": {"name": name},
+                    "spec": {
+                        "accessModes": ["ReadWriteOnce"],
+                        "resources": {"requests": {"storage": "16Mi"}},
+                        "storageClassName": CLASS,
+                    },
+                }
+                async with sem:
+                    created[name] = time.monotonic()
+                    await api.create(PERSISTENT_VOLUME_CLAIMS, body, NAMESPACE)
+
+            t0 = time.monotonic()
+            await asyncio.gather(*(create(i) for i in range(n)))
+            deadline = t0 + 900
+            while not done.is_set() and time.monotonic() < deadline:
+                with contextlib.suppress(FileNotFoundError, RuntimeError):
+                    assert prov.pid is not None
+                    peak = max(peak, rss_bytes(prov.pid))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(done.wait(), 0.5)
+            total = (max(bound.values()) if bound else time.monotonic()) - t0
+            await informer.stop()
+            lat = [bound[k] - created[k] for k in bound]
+            return Run(
+                scenario=scenario,
+                side=side,
+                claims=n,
+                qps=qps,
+                burst=burst,
+                workers=WORKERS,
+                total_s=round(total, 2),
+                claims_per_s=round(len(bound) / total, 2) if total else 0.0,
+                latency_p50_s=round(percentile(lat, 50), 2) if lat else 0.0,
+                latency_p99_s=round(percentile(lat, 99), 2) if lat else 0.0,
+                failed=n - len(bound),
+                peak_rss_mib=round(peak / (1 << 20), 1),
+            )
+        finally:
+            for proc in reversed(procs):
+                await stop(proc)
+            await api.close()
+            shutil.rmtree(root, ignore_errors=True)
+
+
+async def amain(args: argparse.Namespace) -> None:
+    go_binary()
+    runs: list[Run] = []
+    for scenario in args.scenarios.split(","):
+        for side in ("go", "kubeloop"):
+            print(f"running {scenario}/{side} with {args.claims} claims...", flush=True)
+            runs.append(await run_one(scenario, side, args.claims, Path(tempfile.gettempdir())))
+    rows = []
+    summary: dict[str, Any] = {}
+    for scenario in args.scenarios.split(","):
+        go = next(r for r in runs if r.scenario == scenario and r.side == "go")
+        ours = next(r for r in runs if r.scenario == scenario and r.side == "kubeloop")
+        speedup = round(ours.claims_per_s / go.claims_per_s, 2) if go.claims_per_s else 0.0
+        summary[scenario] = {"throughput_ratio": speedup}
+        for r in (go, ours):
+            rows.append(
+                [
+                    r.scenario,
+                    r.side,
+                    f"{r.qps:g}/{r.burst}",
+                    r.workers,
+                    f"{r.total_s:.1f}s",
+                    f"{r.claims_per_s:.1f}",
+                    f"{r.latency_p50_s:.2f}s",
+                    f"{r.latency_p99_s:.2f}s",
+                    r.failed,
+                    f"{r.peak_rss_mib:.0f} MiB",
+                    f"{speedup:.2f}x" if r is ours else "",
+                ]
+            )
+    print_table(
+        f"provisioning: {args.claims} claims created at once -> Bound",
+        [
+            "scenario",
+            "side",
+            "qps/burst",
+            "workers",
+            "total",
+            "claims/s",
+            "p50",
+            "p99",
+            "failed",
+            "rss",
+            "vs go",
+        ],
+        rows,
+    )
+    path = write_results(
+        "provisioning",
+        {"claims": args.claims, "runs": [asdict(r) for r in runs], "summary": summary},
+    )
+    print(f"\nwrote {path}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.provisioning", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--claims", type=int, default=500)
+    parser.add_argument("--scenarios", default="default,unthrottled")
+    asyncio.run(amain(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    main()
