@@ -239,7 +239,7 @@ async def main_async(args: argparse.Namespace) -> None:
                 for side in order if r % 2 == 0 else reversed(order):
                     print(f"round {r + 1}: {side} ...", flush=True)
                     p = await run_side(
-                        stack, side, sides[side], clock, volumes, f"r{r}-{side[:4]}", args.timeout
+                        stack, side, sides[side], clock, volumes, f"r{r}-{side[:3]}", args.timeout
                     )
                     assert p is not None
                     passes.append(p)
