@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
-import os
-import socket
 from collections.abc import Sequence
 
 from controller_runtime import process
 from controller_runtime.client import ApiClient
+from controller_runtime.component import serve_controller
 from controller_runtime.csi_client import CSIConnection
+from controller_runtime.events import EventRecorder
 from controller_runtime.informer import SharedInformerFactory
-from controller_runtime.leaderelection import LeaderElectionConfig, LeaderElector
 from controller_runtime.logs import get_logger
 
 from .controller import Attacher, Options
@@ -63,28 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 async def run(args: argparse.Namespace, ctx: process.Context) -> None:
     csi = await CSIConnection.connect(args.csi_address, timeout=args.timeout)
-    client = await ApiClient.from_kubeconfig(
-        args.kubeconfig or None,
-        qps=args.kube_api_qps,
-        burst=args.kube_api_burst,
-        user_agent="kubeloop-external-attacher",
-    )
-    attacher: Attacher | None = None
-    leading = asyncio.Event()
 
-    def ready() -> str | None:
-        if args.leader_election and not leading.is_set():
-            return None
-        return None if attacher is not None and attacher.synced else "caches not synced"
-
-    if ctx.health is not None:
-        ctx.health.add_liveness_check("ping", lambda: None)
-        ctx.health.add_readiness_check("informers", ready)
-
-    async def lead() -> None:
-        nonlocal attacher
-        leading.set()
-        attacher = Attacher(
+    def build(client: ApiClient, recorder: EventRecorder) -> Attacher:
+        return Attacher(
             client,
             SharedInformerFactory(client, resync_period=args.resync_period),
             csi,
@@ -96,28 +75,19 @@ async def run(args: argparse.Namespace, ctx: process.Context) -> None:
                 reconcile_sync=args.reconcile_sync,
             ),
         )
-        await attacher.run()
 
+    # One lease per driver, named like the Go sidecar's (driver with dots replaced).
+    lease = "external-attacher-leader-" + csi.driver_name.replace(".", "-").replace("/", "-")
     try:
-        if args.leader_election:
-            # One lease per driver, named like the Go sidecar's (driver with dots replaced).
-            lease = "external-attacher-leader-" + csi.driver_name.replace(".", "-").replace("/", "-")
-            elector = LeaderElector(
-                client,
-                LeaderElectionConfig(
-                    namespace=args.leader_election_namespace,
-                    name=lease,
-                    identity=f"{socket.gethostname()}_{os.getpid()}",
-                    lease_duration=args.leader_election_lease_duration,
-                    renew_deadline=args.leader_election_renew_deadline,
-                    retry_period=args.leader_election_retry_period,
-                ),
-            )
-            await elector.run(lead)
-        else:
-            await lead()
+        await serve_controller(
+            args,
+            ctx,
+            user_agent="kubeloop-external-attacher",
+            event_source="external-attacher",
+            lease_name=lease,
+            build=build,
+        )
     finally:
-        await client.close()
         await csi.close()
 
 
