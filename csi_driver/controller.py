@@ -156,15 +156,23 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
         return requested.pop() if requested else DEFAULT_FS
 
     def _topology(self, req: csi_pb2.CreateVolumeRequest) -> list[dict[str, str]]:
-        """A volume is pinned to the node its requirements prefer, like a local volume; without
-        requirements it is reachable from every node that shares the pool."""
+        """Every node plugin that shares this pool can attach a volume's backing file, so a volume
+        is accessible from each requested node the pool knows (the preferred one first); a node
+        the pool never saw can't stage it. Without requirements it is reachable from every node."""
         if not req.HasField("accessibility_requirements"):
             return []
         reqs = req.accessibility_requirements
+        named: list[str] = []
         for segment in [*reqs.preferred, *reqs.requisite]:
             node = segment.segments.get(TOPOLOGY_KEY)
-            if node:
-                return [{TOPOLOGY_KEY: node}]
+            if node and node not in named:
+                named.append(node)
+        reachable = [n for n in named if self.state.known_node(n) is not None]
+        if reachable:
+            return [{TOPOLOGY_KEY: n} for n in reachable]
+        if named:
+            # No node plugin has announced itself yet: keep the preferred node, as a local volume.
+            return [{TOPOLOGY_KEY: named[0]}]
         if reqs.requisite:
             raise exhausted(f"no requisite topology segment names a node with key {TOPOLOGY_KEY}")
         return []
@@ -347,7 +355,8 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
                 )
             if vol.topology and all(t.get(TOPOLOGY_KEY) != node_id for t in vol.topology):
                 raise failed_precondition(
-                    f"volume {volume_id} is only accessible from node {vol.topology[0].get(TOPOLOGY_KEY)}"
+                    f"volume {volume_id} is only accessible from nodes "
+                    f"{', '.join(t.get(TOPOLOGY_KEY, '?') for t in vol.topology)}"
                 )
             readonly = req.readonly
             existing = vol.published.get(node_id)

@@ -575,3 +575,33 @@ def test_socket_registration_metrics_and_sigterm(csi_root: Path) -> None:
     finally:
         assert d.stop() == 0
     assert not d.socket.exists() and not stale.exists()
+
+
+def test_volume_is_accessible_from_every_node_sharing_the_pool(driver: Driver, client: Client) -> None:
+    """Node plugins on one pool can all attach its files, so a volume may move between them; a node
+    the pool never saw is left out of the volume's topology."""
+    other = Driver(driver.root / "node-b", "node", "node-b")
+    other.pool, other.state = driver.pool, driver.root / "node-b" / "state"
+    other.root.mkdir()
+    other.start()
+    try:
+        wanted = [csi_pb2.Topology(segments={TOPOLOGY_KEY: n}) for n in ("node-b", "node-a", "node-x")]
+        vol = create(
+            client,
+            "shared",
+            accessibility_requirements=csi_pb2.TopologyRequirement(requisite=wanted, preferred=wanted[:1]),
+        )
+        assert [dict(t.segments) for t in vol.accessible_topology] == [
+            {TOPOLOGY_KEY: "node-b"},
+            {TOPOLOGY_KEY: "node-a"},
+        ]
+        for node in ("node-b", "node-a"):
+            publish = csi_pb2.ControllerPublishVolumeRequest(
+                volume_id=vol.volume_id, node_id=node, volume_capability=mount_cap()
+            )
+            client.controller.ControllerPublishVolume(publish)
+            client.controller.ControllerUnpublishVolume(
+                csi_pb2.ControllerUnpublishVolumeRequest(volume_id=vol.volume_id, node_id=node)
+            )
+    finally:
+        other.stop()
