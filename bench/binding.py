@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import signal
 import sys
 import time
@@ -63,6 +64,11 @@ class Run:
     writes_per_bind: float
     peak_rss_mb: float
     timed_out: bool
+    # CPU seconds (user + system) spent during the run by the controller, the apiserver and etcd:
+    # on a CPU-bound machine whatever the controller spends is taken from the other two.
+    controller_cpu_s: float = 0.0
+    apiserver_cpu_s: float = 0.0
+    etcd_cpu_s: float = 0.0
 
 
 def pv(i: int) -> Obj:
@@ -171,6 +177,17 @@ class Observer:
                 await t
 
 
+def cpu_seconds(pid: int | None) -> float:
+    """User + system CPU time of a live process, from /proc (0 when it is gone)."""
+    if pid is None:
+        return 0.0
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def kubeloop_argv(cp: ControlPlane, qps: float, burst: int, workers: int) -> list[str]:
     (port,) = free_ports(1)
     return [
@@ -206,7 +223,9 @@ def kcm_argv(cp: ControlPlane, qps: float, burst: int, _workers: int) -> list[st
 SIDES = {"kubeloop": kubeloop_argv, "kcm": kcm_argv}
 
 
-async def run_one(scenario: str, side: str, n: int, workers: int, timeout: float, logs: Path) -> Run:
+async def run_one(
+    scenario: str, side: str, n: int, workers: int, timeout: float, logs: Path, profile: Path | None = None
+) -> Run:
     qps, burst = SCENARIOS[scenario]
     async with control_plane() as cp:
         api = await ApiClient.from_kubeconfig(str(cp.admin_kubeconfig), qps=0, burst=1, user_agent="bench")
@@ -216,6 +235,8 @@ async def run_one(scenario: str, side: str, n: int, workers: int, timeout: float
             await observer.start()
             before = await write_count(api)
             log = logs / f"binding-{scenario}-{side}.log"
+            server_pids = {name: cp.processes[name].pid for name in ("kube-apiserver", "etcd")}
+            server_cpu = {name: cpu_seconds(pid) for name, pid in server_pids.items()}
             t0 = time.monotonic()
             proc = await asyncio.create_subprocess_exec(
                 *SIDES[side](cp, qps, burst, workers),
@@ -224,12 +245,30 @@ async def run_one(scenario: str, side: str, n: int, workers: int, timeout: float
                 stderr=asyncio.subprocess.STDOUT,
             )
             peak = 0
+            controller_cpu = 0.0
+            profiler = None
+            if profile is not None and side == "kubeloop":
+                profiler = await asyncio.create_subprocess_exec(
+                    str(Path(sys.executable).with_name("py-spy")),
+                    "record",
+                    "--pid",
+                    str(proc.pid),
+                    "--rate",
+                    "200",
+                    "--format",
+                    "speedscope" if profile.suffix == ".json" else "flamegraph",
+                    "--output",
+                    str(profile),
+                    stdout=asyncio.subprocess.DEVNULL,
+                    stderr=asyncio.subprocess.DEVNULL,
+                )
 
             async def sample_rss() -> None:
-                nonlocal peak
+                nonlocal peak, controller_cpu
                 while True:
                     with contextlib.suppress(Exception):
                         peak = max(peak, rss_bytes(proc.pid))
+                        controller_cpu = cpu_seconds(proc.pid) or controller_cpu
                     await asyncio.sleep(0.25)
 
             sampler = asyncio.create_task(sample_rss())
@@ -240,6 +279,11 @@ async def run_one(scenario: str, side: str, n: int, workers: int, timeout: float
                 timed_out = True
             finished = time.monotonic()
             sampler.cancel()
+            controller_cpu = cpu_seconds(proc.pid) or controller_cpu
+            server_cpu = {name: cpu_seconds(pid) - server_cpu[name] for name, pid in server_pids.items()}
+            if profiler is not None:
+                profiler.send_signal(signal.SIGINT)
+                await profiler.wait()
             proc.send_signal(signal.SIGTERM)
             try:
                 await asyncio.wait_for(proc.wait(), 15)
@@ -271,6 +315,9 @@ async def run_one(scenario: str, side: str, n: int, workers: int, timeout: float
         writes_per_bind=round((after - before) / max(1, len(bound)), 2),
         peak_rss_mb=round(peak / 2**20, 1),
         timed_out=timed_out,
+        controller_cpu_s=round(controller_cpu, 1),
+        apiserver_cpu_s=round(server_cpu["kube-apiserver"], 1),
+        etcd_cpu_s=round(server_cpu["etcd"], 1),
     )
 
 
@@ -285,7 +332,8 @@ async def amain(args: argparse.Namespace) -> None:
         timeout = 5 * n / qps * 2 + 120
         for side in args.sides.split(","):
             print(f"running {scenario} / {side} with {n} pairs ...", flush=True)
-            run = await run_one(scenario, side, n, args.workers, timeout, logs)
+            profile = Path(args.profile) / f"binding-{scenario}.svg" if args.profile else None
+            run = await run_one(scenario, side, n, args.workers, timeout, logs, profile)
             print(f"  {asdict(run)}", flush=True)
             runs.append(run)
     header = [
@@ -299,6 +347,7 @@ async def amain(args: argparse.Namespace) -> None:
         "bind p50/p99 ms",
         "writes/bind",
         "peak RSS MB",
+        "CPU s ctl/api/etcd",
     ]
     rows = [
         [
@@ -312,6 +361,7 @@ async def amain(args: argparse.Namespace) -> None:
             f"{r.bind_latency_p50_ms}/{r.bind_latency_p99_ms}",
             r.writes_per_bind,
             r.peak_rss_mb,
+            f"{r.controller_cpu_s}/{r.apiserver_cpu_s}/{r.etcd_cpu_s}",
         ]
         for r in runs
     ]
@@ -334,6 +384,11 @@ def main() -> None:
     )
     parser.add_argument("--sides", default="kubeloop,kcm", help="comma-separated: kubeloop,kcm")
     parser.add_argument("--workers", type=int, default=4, help="kubeloop --worker-threads (default: 4)")
+    parser.add_argument(
+        "--profile",
+        default="",
+        help="directory: record the kubeloop side with py-spy (flame graph per scenario)",
+    )
     asyncio.run(amain(parser.parse_args()))
 
 

@@ -13,12 +13,14 @@ import ssl
 import time
 from collections.abc import AsyncIterator
 from typing import Any
+from urllib.parse import urlencode
 
 import aiohttp
 import orjson
 from kubernetes_asyncio import config as kube_config
 from kubernetes_asyncio.client import Configuration
 from prometheus_client import Counter, Histogram
+from yarl import URL
 
 from .ratelimit import TokenBucket
 from .resources import Obj, Resource, name_of, namespace_of
@@ -104,6 +106,12 @@ class ApiClient:
         self._user_agent = user_agent
         self._session: aiohttp.ClientSession | None = None
         self._host_label = self.server.split("://", 1)[-1]
+        # The hot path of every request, prepared once: metric children by verb and status, the
+        # timeout objects, and the Authorization header when nothing can rotate it.
+        self._latency: dict[str, Any] = {}
+        self._requests: dict[tuple[int, str], Any] = {}
+        self._timeouts: dict[float, aiohttp.ClientTimeout] = {}
+        self._static_auth: dict[str, str] | None = None
 
     @classmethod
     async def from_kubeconfig(
@@ -120,13 +128,47 @@ class ApiClient:
         return cls(cfg, qps=qps, burst=burst, user_agent=user_agent)
 
     def _auth(self) -> dict[str, str]:
-        # Evaluated per request: in-cluster service-account tokens are rotated on disk.
+        """The request's auth headers, as a new dict the caller may extend. Evaluated per request
+        when a refresh hook exists (in-cluster service-account tokens are rotated on disk);
+        otherwise the header cannot change and is built once."""
         if self._cfg.refresh_api_key_hook is not None:
             self._cfg.refresh_api_key_hook(self._cfg)
+        elif self._static_auth is not None:
+            return dict(self._static_auth)
         token = self._cfg.api_key.get("BearerToken") or self._cfg.api_key.get("authorization")
-        if not token:
-            return {}
-        return {"Authorization": token if token.startswith("Bearer ") else f"Bearer {token}"}
+        headers = (
+            {"Authorization": token if token.startswith("Bearer ") else f"Bearer {token}"} if token else {}
+        )
+        if self._cfg.refresh_api_key_hook is None:
+            self._static_auth = dict(headers)
+        return headers
+
+    def _url(self, path: str, params: dict[str, Any] | None) -> URL:
+        """The request URL, built without yarl re-parsing and re-quoting it: paths are made of
+        names the apiserver validated (DNS labels and subdomains), and the query is encoded here."""
+        query = _clean(params)
+        url = self.server + path
+        if query:
+            url += "?" + urlencode(query)
+        return URL(url, encoded=True)
+
+    def _timeout(self, seconds: float) -> aiohttp.ClientTimeout:
+        timeout = self._timeouts.get(seconds)
+        if timeout is None:
+            timeout = self._timeouts[seconds] = aiohttp.ClientTimeout(total=seconds)
+        return timeout
+
+    def _observe(self, method: str, status: int, seconds: float) -> None:
+        latency = self._latency.get(method)
+        if latency is None:
+            latency = self._latency[method] = LATENCY.labels(method)
+        latency.observe(seconds)
+        counter = self._requests.get((status, method))
+        if counter is None:
+            counter = self._requests[(status, method)] = REQUESTS.labels(
+                str(status), method, self._host_label
+            )
+        counter.inc()
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -166,16 +208,10 @@ class ApiClient:
             headers["Content-Type"] = content_type
         start = time.perf_counter()
         async with self.session.request(
-            method,
-            self.server + path,
-            params=_clean(params),
-            data=data,
-            headers=headers,
-            timeout=aiohttp.ClientTimeout(total=timeout),
+            method, self._url(path, params), data=data, headers=headers, timeout=self._timeout(timeout)
         ) as resp:
             raw = await resp.read()
-        LATENCY.labels(method).observe(time.perf_counter() - start)
-        REQUESTS.labels(str(resp.status), method, self._host_label).inc()
+        self._observe(method, resp.status, time.perf_counter() - start)
         decoded: Obj = orjson.loads(raw) if raw else {}
         if resp.status >= 300:
             raise ApiError(resp.status, decoded if isinstance(decoded, dict) else None, method, path)
@@ -275,7 +311,7 @@ class ApiClient:
         # The server ends the watch after timeoutSeconds; the read timeout only catches a dead peer.
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=15, sock_read=timeout_seconds + 30)
         async with self.session.get(
-            self.server + res.path(namespace), params=_clean(query), headers=self._auth(), timeout=timeout
+            self._url(res.path(namespace), query), headers=self._auth(), timeout=timeout
         ) as resp:
             REQUESTS.labels(str(resp.status), "WATCH", self._host_label).inc()
             if resp.status >= 300:
@@ -286,19 +322,24 @@ class ApiClient:
                 raise ApiError(
                     resp.status, body if isinstance(body, dict) else None, "WATCH", res.path(namespace)
                 )
-            buf = b""
+            # Events arrive as JSON lines; a chunk may hold many of them or part of one. Split each
+            # chunk once: cutting one line at a time off a large buffer copies the rest every time.
+            path = res.path(namespace)
+            tail = b""
             async for chunk in resp.content.iter_any():
-                buf += chunk
-                while (nl := buf.find(b"\n")) >= 0:
-                    line, buf = buf[:nl], buf[nl + 1 :]
-                    if not line.strip():
+                if tail:
+                    chunk = tail + chunk
+                lines = chunk.split(b"\n")
+                tail = lines.pop()
+                for line in lines:
+                    if not line or line.isspace():
                         continue
                     event = orjson.loads(line)
                     kind, obj = event.get("type", ""), event.get("object") or {}
                     if kind == "ERROR":
                         if obj.get("code") == 410:
                             raise WatchExpiredError(str(obj.get("message", "")))
-                        raise ApiError(int(obj.get("code") or 500), obj, "WATCH", res.path(namespace))
+                        raise ApiError(int(obj.get("code") or 500), obj, "WATCH", path)
                     yield kind, obj
 
 

@@ -92,6 +92,14 @@ class Options:
     retry_max: float = 1000.0
 
 
+def _cacheable(written: Obj) -> Obj:
+    """A write's answer as the view keeps it: without managedFields, like the informers' copies.
+    The next write of a bind is built from this answer; carrying managedFields back in that PUT
+    would only make the apiserver decode and compare them again."""
+    written.get("metadata", {}).pop("managedFields", None)
+    return written
+
+
 def _typed(obj: Obj, kind: str) -> Obj:
     """List items carry no kind; events need it in involvedObject."""
     if obj.get("kind") == kind:
@@ -224,22 +232,22 @@ class PVController:
     # -- writes: each stores its answer in the view so the next decision sees it ----------------------
 
     async def _update_volume(self, volume: Obj) -> Obj:
-        new = await self.client.update(PERSISTENT_VOLUMES, volume)
+        new = _cacheable(await self.client.update(PERSISTENT_VOLUMES, volume))
         self.view.store_volume(new)
         return new
 
     async def _update_volume_status(self, volume: Obj) -> Obj:
-        new = await self.client.update_status(PERSISTENT_VOLUMES, volume)
+        new = _cacheable(await self.client.update_status(PERSISTENT_VOLUMES, volume))
         self.view.store_volume(new)
         return new
 
     async def _update_claim(self, claim: Obj) -> Obj:
-        new = await self.client.update(PERSISTENT_VOLUME_CLAIMS, claim)
+        new = _cacheable(await self.client.update(PERSISTENT_VOLUME_CLAIMS, claim))
         self.view.store_claim(new)
         return new
 
     async def _update_claim_status(self, claim: Obj) -> Obj:
-        new = await self.client.update_status(PERSISTENT_VOLUME_CLAIMS, claim)
+        new = _cacheable(await self.client.update_status(PERSISTENT_VOLUME_CLAIMS, claim))
         self.view.store_claim(new)
         return new
 

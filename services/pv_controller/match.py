@@ -8,6 +8,7 @@ decisions are unit-tested without a server.
 from __future__ import annotations
 
 import bisect
+import functools
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -40,13 +41,8 @@ _SUFFIXES: dict[str, Decimal] = {
 _QUANTITY = re.compile(r"^([+-]?[0-9.]+)(?:([eE][+-]?[0-9]+)|(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)?)$")
 
 
-def parse_quantity(text: str | int | float | None) -> int:
-    """A resource.Quantity as an integer number of units, rounded up as Quantity.Value() does.
-    An empty or malformed quantity counts as 0 (the apiserver never stores one)."""
-    if text is None:
-        return 0
-    if isinstance(text, int | float):
-        return int(Decimal(str(text)).to_integral_value(ROUND_CEILING))
+@functools.lru_cache(maxsize=1024)
+def _parse_quantity_text(text: str) -> int:
     m = _QUANTITY.match(text.strip())
     if not m:
         return 0
@@ -57,6 +53,17 @@ def parse_quantity(text: str | int | float | None) -> int:
     except InvalidOperation:
         return 0
     return int(value.to_integral_value(ROUND_CEILING))
+
+
+def parse_quantity(text: str | int | float | None) -> int:
+    """A resource.Quantity as an integer number of units, rounded up as Quantity.Value() does.
+    An empty or malformed quantity counts as 0 (the apiserver never stores one)."""
+    if text is None:
+        return 0
+    if isinstance(text, int | float):
+        return int(Decimal(str(text)).to_integral_value(ROUND_CEILING))
+    # Every cached volume and claim says "1Gi" or the like: parse each distinct text once.
+    return _parse_quantity_text(text)
 
 
 def storage_of(resources: Obj | None) -> int:

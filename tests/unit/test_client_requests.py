@@ -1,0 +1,97 @@
+"""ApiClient's request path against a local aiohttp server: URLs and queries as sent, watch
+events split across and within chunks, 409 as ApiError.conflict."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import orjson
+import pytest
+from aiohttp import web
+from kubernetes_asyncio.client import Configuration
+
+from controller_runtime.client import ApiClient
+from controller_runtime.resources import PERSISTENT_VOLUME_CLAIMS, PERSISTENT_VOLUMES
+
+EVENTS = [
+    {"type": "ADDED", "object": {"metadata": {"name": f"pv{i}", "resourceVersion": str(i)}}} for i in range(5)
+]
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[tuple[ApiClient, list[web.Request]]]:
+    seen: list[web.Request] = []
+
+    async def watch_or_list(request: web.Request) -> web.StreamResponse:
+        seen.append(request)
+        if request.query.get("watch") != "true":
+            return web.json_response({"items": [], "metadata": {"resourceVersion": "9"}})
+        resp = web.StreamResponse()
+        await resp.prepare(request)
+        data = b"".join(orjson.dumps(e) + b"\n" for e in EVENTS) + b"\n"
+        # Cut the stream at awkward places: mid-line, one byte, several lines at once.
+        pos = 0
+        for size in (7, 33, 1, 99, 200, 10_000):
+            await resp.write(data[pos : pos + size])
+            await asyncio.sleep(0)
+            pos += size
+        await resp.write_eof()
+        return resp
+
+    async def patch(request: web.Request) -> web.Response:
+        seen.append(request)
+        body = await request.json()
+        if body["metadata"]["resourceVersion"] != "5":
+            return web.json_response(
+                {"kind": "Status", "reason": "Conflict", "message": "modified"}, status=409
+            )
+        return web.json_response({"metadata": {"name": "c", "resourceVersion": "6"}})
+
+    app = web.Application()
+    app.router.add_get("/api/v1/persistentvolumes", watch_or_list)
+    app.router.add_patch("/api/v1/namespaces/ns/persistentvolumeclaims/c/status", patch)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    cfg = Configuration()
+    cfg.host = f"http://127.0.0.1:{port}"
+    client = ApiClient(cfg, qps=0, burst=1)
+    try:
+        yield client, seen
+    finally:
+        await client.close()
+        await runner.cleanup()
+
+
+async def test_watch_yields_every_event_however_the_stream_is_cut(
+    server: tuple[ApiClient, list[web.Request]],
+) -> None:
+    client, seen = server
+    got = [(kind, obj) async for kind, obj in client.watch(PERSISTENT_VOLUMES, resource_version="3")]
+    assert got == [(e["type"], e["object"]) for e in EVENTS]
+    assert seen[0].query["resourceVersion"] == "3" and seen[0].query["allowWatchBookmarks"] == "true"
+
+
+async def test_query_parameters_are_encoded(server: tuple[ApiClient, list[web.Request]]) -> None:
+    client, seen = server
+    await client.list_page(PERSISTENT_VOLUMES, labelSelector="app in (a,b),x!=y", limit=5, continue_="")
+    assert seen[0].query["labelSelector"] == "app in (a,b),x!=y"
+    assert seen[0].query["limit"] == "5" and "continue" not in seen[0].query
+
+
+async def test_merge_patch_with_a_stale_resource_version_is_a_conflict(
+    server: tuple[ApiClient, list[web.Request]],
+) -> None:
+    client, seen = server
+    patch = {"metadata": {"resourceVersion": "5"}, "status": {"phase": "Bound"}}
+    new = await client.patch(PERSISTENT_VOLUME_CLAIMS, "c", patch, "ns", subresource="status")
+    assert new["metadata"]["resourceVersion"] == "6"
+    assert seen[0].content_type == "application/merge-patch+json"
+    with pytest.raises(Exception) as err:
+        await client.patch(
+            PERSISTENT_VOLUME_CLAIMS, "c", {"metadata": {"resourceVersion": "4"}}, "ns", subresource="status"
+        )
+    assert getattr(err.value, "conflict", False)
