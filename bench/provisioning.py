@@ -67,6 +67,17 @@ class Run:
     latency_p99_s: float
     failed: int
     peak_rss_mib: float
+    cpu_s: float  # the sidecar's user+system CPU over the whole run
+
+
+def cpu_seconds(pid: int | None) -> float:
+    """utime + stime of a live process, from /proc (clock ticks → seconds)."""
+    if pid is None:
+        return 0.0
+    with contextlib.suppress(OSError):
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return 0.0
 
 
 def go_binary() -> Path:
@@ -231,6 +242,7 @@ async def run_one(scenario: str, side: str, n: int, work: Path) -> Run:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(done.wait(), 0.5)
             total = (max(bound.values()) if bound else time.monotonic()) - t0
+            cpu = cpu_seconds(prov.pid)
             await informer.stop()
             lat = [bound[k] - created[k] for k in bound]
             return Run(
@@ -246,6 +258,7 @@ async def run_one(scenario: str, side: str, n: int, work: Path) -> Run:
                 latency_p99_s=round(percentile(lat, 99), 2) if lat else 0.0,
                 failed=n - len(bound),
                 peak_rss_mib=round(peak / (1 << 20), 1),
+                cpu_s=round(cpu, 1),
             )
         finally:
             for proc in reversed(procs):
@@ -281,6 +294,7 @@ async def amain(args: argparse.Namespace) -> None:
                     f"{r.latency_p99_s:.2f}s",
                     r.failed,
                     f"{r.peak_rss_mib:.0f} MiB",
+                    f"{r.cpu_s:.1f}s",
                     f"{speedup:.2f}x" if r is ours else "",
                 ]
             )
@@ -297,6 +311,7 @@ async def amain(args: argparse.Namespace) -> None:
             "p99",
             "failed",
             "rss",
+            "cpu",
             "vs go",
         ],
         rows,

@@ -423,7 +423,7 @@ class Provisioner:
             raise
         if entry.volume_id != created.volume_id:
             entry.volume_id = created.volume_id
-            await self.journal.put(entry)
+            await self.journal.put(entry, durable=False)
         failpoints.reach(failpoints.AFTER_CREATE_VOLUME)
         pv = build_pv(
             driver=self.options.driver,
