@@ -14,11 +14,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from controller_runtime import process
-from controller_runtime.client import ApiClient
+from controller_runtime.component import api_client, run_elected
 from controller_runtime.csi_client import CSIConnection
 from controller_runtime.events import EventRecorder
 from controller_runtime.informer import SharedInformerFactory
-from controller_runtime.leaderelection import LeaderElectionConfig, LeaderElector
 from controller_runtime.logs import get_logger
 from kubeloop_grpc.csi import csi_pb2
 
@@ -132,12 +131,7 @@ async def run(args: argparse.Namespace, ctx: process.Context) -> None:
     state["conn"] = conn
     if not conn.has_controller_capability(csi_pb2.ControllerServiceCapability.RPC.CREATE_DELETE_VOLUME):
         raise SystemExit(f"driver {conn.driver_name} does not offer CREATE_DELETE_VOLUME")
-    client = await ApiClient.from_kubeconfig(
-        args.kubeconfig or None,
-        qps=args.kube_api_qps,
-        burst=args.kube_api_burst,
-        user_agent="kubeloop-external-provisioner",
-    )
+    client = await api_client(args, "kubeloop-external-provisioner")
     recorder = EventRecorder(client, f"{conn.driver_name}_{socket.gethostname()}", queue_size=10000)
 
     async def lead() -> None:
@@ -193,21 +187,7 @@ async def run(args: argparse.Namespace, ctx: process.Context) -> None:
                     await task
 
     try:
-        if args.leader_election:
-            elector = LeaderElector(
-                client,
-                LeaderElectionConfig(
-                    namespace=args.leader_election_namespace,
-                    name=lease_name(conn.driver_name),
-                    identity=f"{socket.gethostname()}_{os.getpid()}",
-                    lease_duration=args.leader_election_lease_duration,
-                    renew_deadline=args.leader_election_renew_deadline,
-                    retry_period=args.leader_election_retry_period,
-                ),
-            )
-            await elector.run(lead)
-        else:
-            await lead()
+        await run_elected(args, client, lease_name(conn.driver_name), lead)
     finally:
         await recorder.close()
         await client.close()
