@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
+
+from kubeloop_grpc.csi import csi_pb2
 
 from .resources import Obj
 
@@ -124,29 +127,37 @@ def node_ready(node: Obj | None) -> bool:
     return False
 
 
-def volume_capability(vol: CSIVolume, single_node_multi_writer: bool = False) -> object:
-    """The CSI VolumeCapability for a PV, as the external-attacher and kubelet build it: the
-    widest access mode the PV lists, block or mount (fsType, mount options)."""
-    from kubeloop_grpc.csi import csi_pb2
-
+def csi_access_mode(mode: str, single_node_multi_writer: bool) -> int | None:
+    """A Kubernetes access mode as CSI's, None for one CSI has no name for. A driver with
+    SINGLE_NODE_MULTI_WRITER gets the precise modes: ReadWriteOnce lets several pods of one node
+    write, ReadWriteOncePod only one."""
     Mode = csi_pb2.VolumeCapability.AccessMode.Mode
-    modes = set(vol.access_modes)
-    if RWX in modes:
-        mode = Mode.MULTI_NODE_MULTI_WRITER
-    elif ROX in modes:
-        mode = Mode.MULTI_NODE_READER_ONLY
-    elif RWO in modes:
-        # A driver that distinguishes the two gets the precise one: RWO lets several pods of the
-        # same node write.
-        mode = Mode.SINGLE_NODE_MULTI_WRITER if single_node_multi_writer else Mode.SINGLE_NODE_WRITER
-    elif RWOP in modes:
-        mode = Mode.SINGLE_NODE_SINGLE_WRITER if single_node_multi_writer else Mode.SINGLE_NODE_WRITER
-    else:
-        mode = Mode.SINGLE_NODE_WRITER
-    cap = csi_pb2.VolumeCapability(access_mode=csi_pb2.VolumeCapability.AccessMode(mode=mode))
-    if vol.block:
+    table = {
+        RWO: Mode.SINGLE_NODE_MULTI_WRITER if single_node_multi_writer else Mode.SINGLE_NODE_WRITER,
+        RWOP: Mode.SINGLE_NODE_SINGLE_WRITER if single_node_multi_writer else Mode.SINGLE_NODE_WRITER,
+        ROX: Mode.MULTI_NODE_READER_ONLY,
+        RWX: Mode.MULTI_NODE_MULTI_WRITER,
+    }
+    found = table.get(mode)
+    return None if found is None else int(found)
+
+
+def capability(
+    access_mode: int, block: bool, fs_type: str = "", mount_flags: Iterable[str] = ()
+) -> csi_pb2.VolumeCapability:
+    cap = csi_pb2.VolumeCapability(access_mode=csi_pb2.VolumeCapability.AccessMode(mode=access_mode))
+    if block:
         cap.block.SetInParent()
     else:
-        cap.mount.fs_type = vol.fs_type
-        cap.mount.mount_flags.extend(vol.mount_options)
+        cap.mount.fs_type = fs_type
+        cap.mount.mount_flags.extend(mount_flags)
     return cap
+
+
+def volume_capability(vol: CSIVolume, single_node_multi_writer: bool = False) -> csi_pb2.VolumeCapability:
+    """The CSI VolumeCapability for a PV, as the external-attacher and kubelet build it: the
+    widest access mode the PV lists, block or mount (fsType, mount options)."""
+    widest = next((m for m in (RWX, ROX, RWO, RWOP) if m in vol.access_modes), RWO)
+    mode = csi_access_mode(widest, single_node_multi_writer)
+    assert mode is not None
+    return capability(mode, vol.block, vol.fs_type, vol.mount_options)

@@ -13,13 +13,13 @@ from typing import Any
 
 import grpc
 
+from controller_runtime import volumes
 from controller_runtime.resources import Obj
 from kubeloop_grpc.csi import csi_pb2
 from services.pv_controller.match import claim_class, claim_request
 
 from . import names
 
-Mode = csi_pb2.VolumeCapability.AccessMode.Mode
 Segment = dict[str, str]
 
 _SECRET_KINDS = (
@@ -309,34 +309,16 @@ class VolumeSpec:
 
 
 def csi_access_mode(mode: str, multi_writer: bool) -> int:
-    """Kubernetes access mode → CSI. With SINGLE_NODE_MULTI_WRITER, ReadWriteOnce is the node-wide
-    multi-writer mode and ReadWriteOncePod the single writer, so the driver can tell them apart."""
-    table = {
-        "ReadWriteOnce": Mode.SINGLE_NODE_MULTI_WRITER if multi_writer else Mode.SINGLE_NODE_WRITER,
-        "ReadWriteOncePod": Mode.SINGLE_NODE_SINGLE_WRITER if multi_writer else Mode.SINGLE_NODE_WRITER,
-        "ReadOnlyMany": Mode.MULTI_NODE_READER_ONLY,
-        "ReadWriteMany": Mode.MULTI_NODE_MULTI_WRITER,
-    }
-    if mode not in table:
+    found = volumes.csi_access_mode(mode, multi_writer)
+    if found is None:
         raise ProvisionError(f"unsupported access mode {mode!r}")
-    return int(table[mode])
+    return found
 
 
 def volume_capabilities(
     modes: Iterable[str], block: bool, fs_type: str, mount_flags: list[str], multi_writer: bool
 ) -> list[csi_pb2.VolumeCapability]:
-    caps = []
-    for mode in modes:
-        cap = csi_pb2.VolumeCapability(
-            access_mode=csi_pb2.VolumeCapability.AccessMode(mode=csi_access_mode(mode, multi_writer))
-        )
-        if block:
-            cap.block.SetInParent()
-        else:
-            cap.mount.fs_type = fs_type
-            cap.mount.mount_flags.extend(mount_flags)
-        caps.append(cap)
-    return caps
+    return [volumes.capability(csi_access_mode(m, multi_writer), block, fs_type, mount_flags) for m in modes]
 
 
 def is_block(claim: Obj) -> bool:
