@@ -36,6 +36,7 @@ from typing import Any
 from controller_runtime.client import ApiClient
 from controller_runtime.resources import NAMESPACES, PERSISTENT_VOLUME_CLAIMS, PERSISTENT_VOLUMES, Obj
 from controller_runtime.toolchain import REPO_ROOT, Toolchain
+from services.pv_controller.controller import Options
 from services.stack.controlplane import ControlPlane
 from services.stack.proc import free_ports
 
@@ -224,7 +225,14 @@ SIDES = {"kubeloop": kubeloop_argv, "kcm": kcm_argv}
 
 
 async def run_one(
-    scenario: str, side: str, n: int, workers: int, timeout: float, logs: Path, profile: Path | None = None
+    scenario: str,
+    side: str,
+    n: int,
+    workers: int,
+    timeout: float,
+    logs: Path,
+    profile: Path | None = None,
+    logs_prefix: str = "binding",
 ) -> Run:
     qps, burst = SCENARIOS[scenario]
     async with control_plane() as cp:
@@ -234,7 +242,7 @@ async def run_one(
             observer = Observer(api, n)
             await observer.start()
             before = await write_count(api)
-            log = logs / f"binding-{scenario}-{side}.log"
+            log = logs / f"{logs_prefix}-{scenario}-{side}.log"
             server_pids = {name: cp.processes[name].pid for name in ("kube-apiserver", "etcd")}
             server_cpu = {name: cpu_seconds(pid) for name, pid in server_pids.items()}
             t0 = time.monotonic()
@@ -333,7 +341,7 @@ async def amain(args: argparse.Namespace) -> None:
         for side in args.sides.split(","):
             print(f"running {scenario} / {side} with {n} pairs ...", flush=True)
             profile = Path(args.profile) / f"binding-{scenario}.svg" if args.profile else None
-            run = await run_one(scenario, side, n, args.workers, timeout, logs, profile)
+            run = await run_one(scenario, side, n, args.workers, timeout, logs, profile, args.output)
             print(f"  {asdict(run)}", flush=True)
             runs.append(run)
     header = [
@@ -367,7 +375,7 @@ async def amain(args: argparse.Namespace) -> None:
     ]
     print_table(f"PV/PVC binding, {n} pre-created pairs", header, rows)
     path = write_results(
-        "binding",
+        args.output,
         {"pairs": n, "workers": args.workers, "runs": [asdict(r) for r in runs]},
     )
     print(f"\nwrote {path}")
@@ -383,7 +391,10 @@ def main() -> None:
         "--scenarios", default="default,unthrottled", help="comma-separated: default,unthrottled"
     )
     parser.add_argument("--sides", default="kubeloop,kcm", help="comma-separated: kubeloop,kcm")
-    parser.add_argument("--workers", type=int, default=4, help="kubeloop --worker-threads (default: 4)")
+    parser.add_argument(
+        "--workers", type=int, default=Options.workers, help="kubeloop --worker-threads (default: its own)"
+    )
+    parser.add_argument("--output", default="binding", help="results name: bench/results/NAME.json")
     parser.add_argument(
         "--profile",
         default="",

@@ -185,6 +185,12 @@ class ApiClient:
             await self._session.close()
             self._session = None
 
+    @property
+    def throttled(self) -> bool:
+        """True when the client-side limiter has no token for a request sent now: callers that
+        could start more work concurrently gain nothing from it, the limiter is the bottleneck."""
+        return self._limiter.available() < 1.0
+
     async def _throttle(self, verb: str) -> None:
         delay = self._limiter.reserve()
         if delay > 0:

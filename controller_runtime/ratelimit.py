@@ -28,6 +28,13 @@ class TokenBucket:
         self._tokens -= 1.0
         return 0.0 if self._tokens >= 0 else -self._tokens / self.qps
 
+    def available(self) -> float:
+        """Tokens that could be taken right now without waiting (negative while in debt); takes
+        none. Unlimited buckets always report `burst`."""
+        if self.qps <= 0:
+            return float(self.burst)
+        return min(float(self.burst), self._tokens + (self._now() - self._last) * self.qps)
+
     async def acquire(self) -> None:
         delay = self.reserve()
         if delay > 0:

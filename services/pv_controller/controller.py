@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 from dataclasses import dataclass
 
 from controller_runtime.client import ApiClient, ApiError
@@ -86,7 +87,7 @@ class BindingError(Exception):
 @dataclass(frozen=True)
 class Options:
     resync_period: float = 15.0
-    workers: int = 4
+    workers: int = 8
     # Per-key retry backoff of both queues (client-go's defaults); resync re-adds every key anyway.
     retry_base: float = 0.005
     retry_max: float = 1000.0
@@ -139,6 +140,7 @@ class PVController:
         self.claims.add_handler(EventHandler(self._claim_changed, self._claim_updated, self._claim_deleted))
         self.classes.add_handler(EventHandler(self._class_changed, self._class_updated, None))
         self._counts = (self.view.all_volumes, self.view.all_claims)
+        self._throttled_binds = asyncio.Lock()
 
     # -- event handlers: keep the view current and enqueue keys, nothing else -------------------------
 
@@ -202,6 +204,10 @@ class PVController:
         try:
             self.factory.start()
             await self.factory.wait_for_sync()
+            # Everything alive now (modules, the filled caches) stays alive: keep it out of the
+            # cyclic collector's full passes, which would otherwise walk it all again and again
+            # (~50 ms each on a small VM, stalling every in-flight bind).
+            gc.freeze()
             log.info(
                 "caches synced, starting workers",
                 volumes=len(self.view.volumes.items),
@@ -512,7 +518,15 @@ class PVController:
         if not self.view.reserve(name, key):
             raise BindingError(f"volume {name} is reserved by another claim")
         try:
-            await self._bind(volume, claim)
+            if self.client.throttled:
+                # The client-side limiter is the bottleneck: a second bind in flight would bind
+                # no faster, only interleave its writes with this one's in the token bucket and
+                # make both slower. While throttled, new binds go one at a time (as kcm's single
+                # worker does); unthrottled, every worker binds concurrently.
+                async with self._throttled_binds:
+                    await self._bind(volume, claim)
+            else:
+                await self._bind(volume, claim)
         finally:
             self.view.release(name, key)
 

@@ -50,6 +50,18 @@ def test_token_bucket() -> None:
     assert TokenBucket(qps=0, burst=1).reserve() == 0, "qps 0 means unlimited"
 
 
+def test_token_bucket_available_peeks_without_taking() -> None:
+    now = [0.0]
+    bucket = TokenBucket(qps=2, burst=2, clock=lambda: now[0])
+    assert bucket.available() == 2.0
+    assert bucket.reserve() == 0 and bucket.reserve() == 0
+    assert bucket.available() == 0.0
+    assert bucket.reserve() == 0.5 and bucket.available() == -1.0, "in debt"
+    now[0] = 1.0
+    assert bucket.available() == 1.0 and bucket.available() == 1.0
+    assert TokenBucket(qps=0, burst=3).available() == 3.0
+
+
 def test_endpoint() -> None:
     assert parse_endpoint(":8080") == ("127.0.0.1", 8080)
     assert parse_endpoint("127.0.0.1:0") == ("127.0.0.1", 0)
