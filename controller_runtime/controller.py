@@ -50,6 +50,10 @@ async def worker(queue: WorkQueue[K], sync: Sync[K]) -> None:
                 queue.add_after(key, again)
         finally:
             queue.done(key)
+        # A sync that needed no I/O never yielded, and get() returns at once while keys are queued:
+        # without this a worker would run a whole backlog (a resync re-queues every object) in one
+        # event-loop step, stalling every other worker's in-flight requests until it is through.
+        await asyncio.sleep(0)
 
 
 async def run_workers(queue: WorkQueue[K], sync: Sync[K], workers: int) -> None:

@@ -137,8 +137,12 @@ class SharedInformer(Handler):
         await self._synced.wait()
         while True:
             await asyncio.sleep(self.resync_period)
-            for obj in self.store.values():
-                self._dispatch_update(obj, obj)
+            for n, key in enumerate(self.store.keys(), 1):
+                if n % 200 == 0:
+                    await asyncio.sleep(0)  # let responses and watch events in between
+                obj = self.store.get(key)  # the current copy: events may have come in meanwhile
+                if obj is not None:
+                    self._dispatch_update(obj, obj)
 
     # -- reflector callbacks ------------------------------------------------------------------
 

@@ -87,6 +87,8 @@ class LocalView:
     def store_volume(self, volume: Obj) -> bool:
         """True when the view took it (it was not older than what we hold)."""
         name = volume["metadata"]["name"]
+        if self.volumes.items.get(name) is volume:
+            return True  # a resync hands back the object we hold: nothing to re-index
         if self.volumes.update(name, volume) is None:
             return False
         self.index.upsert(volume)
@@ -106,6 +108,8 @@ class LocalView:
     def store_claim(self, claim: Obj) -> bool:
         key = claim_key(claim)
         old = self.claims.get(key)
+        if old is claim:
+            return True  # a resync hands back the object we hold: nothing to re-index
         if self.claims.update(key, claim) is None:
             return False
         self._unindex_claim(key, old)

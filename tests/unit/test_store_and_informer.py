@@ -89,3 +89,32 @@ def test_compact_drops_managed_fields_and_shares_repeated_strings() -> None:
     assert a["metadata"]["labels"]["tier"] is b["metadata"]["labels"]["tier"]
     assert a["spec"]["accessModes"][0] is b["spec"]["accessModes"][0]
     assert a["metadata"]["name"] == "a" and b["metadata"]["name"] == "b"
+
+
+async def test_resync_hands_out_current_copies_and_yields_between_batches() -> None:
+    import asyncio
+
+    informer = SharedInformer(client=None, resource=PERSISTENT_VOLUMES, resync_period=0.01)  # type: ignore[arg-type]
+    informer.on_replace([pv(f"v{i:03d}") for i in range(450)], "1")
+    seen: list[Obj] = []
+    done = asyncio.Event()
+
+    def on_update(old: Obj, new: Obj) -> None:
+        if old is not new:
+            return  # the watch event itself, not the resync
+        seen.append(new)
+        if len(seen) == 1:
+            # An event arrives while the resync is under way: the resync must hand out this copy.
+            asyncio.get_running_loop().call_soon(informer.on_event, "MODIFIED", pv("v449", rv="2"))
+        if len(seen) == 450:
+            done.set()
+
+    informer.add_handler(EventHandler(on_update=on_update))
+    task = asyncio.create_task(informer._resync_loop())
+    try:
+        await asyncio.wait_for(done.wait(), 5)
+    finally:
+        task.cancel()
+    first_round = seen[:451]
+    last = [o for o in first_round if o["metadata"]["name"] == "v449"]
+    assert last[-1]["metadata"]["resourceVersion"] == "2", "the resync yielded and sent the new copy"
