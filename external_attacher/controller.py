@@ -169,8 +169,16 @@ class Attacher:
         if pv is None:
             await self._set_error(va, "attachError", f"PersistentVolume {pv_name!r} not found")
             raise AttachError(f"{name}: PV {pv_name} not found")
-        va = await self._ensure_va_finalizer(va)
-        await self._ensure_pv_finalizer(pv)
+        # Both finalizers before the driver is asked, written side by side (two requests, one
+        # round trip of latency).
+        va_result, pv_result = await asyncio.gather(
+            self._ensure_va_finalizer(va), self._ensure_pv_finalizer(pv), return_exceptions=True
+        )
+        for result in (va_result, pv_result):
+            if isinstance(result, BaseException):
+                raise result
+        assert isinstance(va_result, dict)
+        va = va_result
         context: dict[str, str] = {}
         if self.can_publish:
             vol = csi_volume(pv)

@@ -51,6 +51,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=122.0,
         help="longest wait before a failed mount is tried again (default: 2m2s)",
     )
+    parser.add_argument(
+        "--max-concurrent-volume-operations",
+        type=int,
+        default=8,
+        help="volume operations (mount, unmount, unstage) run at once, each on a different volume, "
+        "started in the order queued; 0 = no limit (default: 8)",
+    )
     process.add_kube_flags(parser, qps=50.0, burst=100)
     process.add_http_flags(parser)
     process.add_logging_flags(parser)
@@ -75,6 +82,7 @@ async def run(args: argparse.Namespace, ctx: process.Context) -> None:
             heartbeat=args.node_status_update_frequency,
             csi_timeout=args.csi_timeout,
             backoff_max=args.max_retry_interval,
+            max_concurrent_operations=args.max_concurrent_volume_operations,
         ),
     )
     if ctx.health is not None:

@@ -1,0 +1,92 @@
+"""The node agent's operation runner: different volumes in parallel up to the limit, started in the
+order queued, never two operations on one volume, and a queued mount dropped when its pod left."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any, cast
+
+from controller_runtime.client import ApiClient
+from controller_runtime.events import EventRecorder
+from controller_runtime.volumes import CSIVolume
+from services.node_agent.agent import NodeAgent, Options
+from services.node_agent.plan import PodVolume
+
+DRIVER = "loop.csi.kubeloop.dev"
+
+
+def agent(tmp_path: Path, limit: int) -> NodeAgent:
+    client = cast(ApiClient, object())
+    recorder = cast(EventRecorder, object())
+    return NodeAgent(client, recorder, "node-a", tmp_path, Options(max_concurrent_operations=limit))
+
+
+async def _drain(a: NodeAgent) -> None:
+    while a._ops:
+        await asyncio.gather(*list(a._ops.values()))
+
+
+def test_operations_run_in_parallel_up_to_the_limit_in_queue_order(tmp_path: Path) -> None:
+    async def main() -> None:
+        a = agent(tmp_path, 2)
+        running: set[int] = set()
+        peak = 0
+        started: list[int] = []
+
+        async def op(i: int) -> None:
+            nonlocal peak
+            started.append(i)
+            running.add(i)
+            peak = max(peak, len(running))
+            await asyncio.sleep(0.01)
+            running.discard(i)
+
+        for i in range(6):
+            a._spawn((DRIVER, f"v{i}"), ("mount", i), op(i))
+        assert a._busy((DRIVER, "v0"), ("mount", 0), 0.0), "a queued operation holds its volume"
+        await _drain(a)
+        assert peak == 2
+        assert started == list(range(6))
+
+    asyncio.run(main())
+
+
+def test_no_limit_runs_everything_at_once(tmp_path: Path) -> None:
+    async def main() -> None:
+        a = agent(tmp_path, 0)
+        running: set[int] = set()
+        peak = 0
+
+        async def op(i: int) -> None:
+            nonlocal peak
+            running.add(i)
+            peak = max(peak, len(running))
+            await asyncio.sleep(0.01)
+            running.discard(i)
+
+        for i in range(5):
+            a._spawn((DRIVER, f"v{i}"), ("mount", i), op(i))
+        await _drain(a)
+        assert peak == 5
+
+    asyncio.run(main())
+
+
+def test_queued_mount_of_a_pod_that_left_does_nothing(tmp_path: Path) -> None:
+    async def main() -> None:
+        a = agent(tmp_path, 1)
+        vol = CSIVolume("pv-v1", DRIVER, "v1", ("ReadWriteOnce",), False, "ext4", False, (), {})
+        pv = PodVolume("uid-1", "ns/p1", vol, False)
+        # No pod in the cache and no driver registered: had the mount begun, it would raise NotReady.
+        await a._mount(pv)
+        assert pv.key not in a.mounted and not a.staged
+        pod: dict[str, Any] = {"metadata": {"namespace": "ns", "name": "p1", "uid": "uid-1"}}
+        a.pods.store.upsert(pod)
+        assert a._still_wanted(pv)
+        a.pods.store.upsert({"metadata": {**pod["metadata"], "deletionTimestamp": "2026-01-01T00:00:00Z"}})
+        assert not a._still_wanted(pv), "a pod being deleted gets nothing new mounted"
+        a.pods.store.upsert({"metadata": {**pod["metadata"], "uid": "uid-2"}})
+        assert not a._still_wanted(pv), "a new pod of the same name is a different pod"
+
+    asyncio.run(main())
