@@ -197,7 +197,22 @@ def node_names(count: int) -> list[str]:
 
 def node_dir(c: ComponentContext) -> Path:
     """A simulated node's own directory: its kubelet root and its node plugin's socket."""
-    return c.home / "nodes" / str(c.node)
+    return node_home(c.home, str(c.node))
+
+
+def node_home(home: Path, node: str) -> Path:
+    return home / "nodes" / node
+
+
+# sun_path holds 108 bytes including the terminating NUL.
+MAX_SOCKET_PATH = 107
+
+
+def longest_socket_path(home: Path, nodes: Sequence[str]) -> Path:
+    """The longest unix socket path the stack will create under `home`: a node's kubelet
+    plugin-registration socket, whose name CONTRACTS.md fixes."""
+    longest = max(nodes, key=len)
+    return node_home(home, longest) / "kubelet" / "plugins_registry" / "loop.csi.kubeloop.dev-reg.sock"
 
 
 def instances(components: Sequence[Component], nodes: Sequence[str]) -> list[Instance]:

@@ -18,7 +18,15 @@ from controller_runtime import process
 from controller_runtime.logs import get_logger
 from controller_runtime.toolchain import MissingBinaryError, Toolchain
 
-from .components import REGISTRY, ComponentError, Components, instance_ports, node_names
+from .components import (
+    MAX_SOCKET_PATH,
+    REGISTRY,
+    ComponentError,
+    Components,
+    instance_ports,
+    longest_socket_path,
+    node_names,
+)
 from .controlplane import ControlPlane, Ports, StackLockedError, default_home
 from .proc import ManagedProcess, PortInUseError, UnhealthyError, check_ports_free, tail
 
@@ -161,6 +169,13 @@ def preflight(args: argparse.Namespace) -> str | None:
         return str(e)
     if args.nodes < 1:
         return "--nodes must be at least 1"
+    socket = longest_socket_path(args.home.resolve(), node_names(args.nodes))
+    if len(str(socket)) > MAX_SOCKET_PATH:
+        return (
+            f"KUBELOOP_HOME {args.home.resolve()} is too deep: the stack's sockets would be "
+            f"{len(str(socket))} bytes long (e.g. {socket}) and unix sockets allow {MAX_SOCKET_PATH}. "
+            "Set KUBELOOP_HOME to a shorter directory."
+        )
     try:
         check_ports_free(
             {

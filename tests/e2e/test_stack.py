@@ -5,12 +5,15 @@ then stopped with SIGTERM, leaving no process behind. Plus the component registr
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -137,15 +140,27 @@ def _cleanup(running: RunningStack) -> None:
         p.kill()
 
 
+@contextlib.contextmanager
+def short_home() -> Iterator[Path]:
+    """A stack home close to / : the node plugins' sockets live below it, and unix socket paths
+    allow 107 bytes (pytest's own temporary directories can be too deep)."""
+    home = Path(tempfile.mkdtemp(prefix="kls-", dir="/tmp"))
+    try:
+        yield home
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+
+
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]:
     base = tmp_path_factory.mktemp("stack")
-    running = _launch(base / "home", base)
-    try:
-        yield running
-    finally:
-        # Normally test_sigterm_stops_everything has stopped it; this only cleans up after a failure.
-        _cleanup(running)
+    with short_home() as home:
+        running = _launch(home, base)
+        try:
+            yield running
+        finally:
+            # Normally test_sigterm_stops_everything has stopped it; this only cleans up after a failure.
+            _cleanup(running)
 
 
 def test_ready_and_reports_each_component(stack: RunningStack) -> None:
@@ -210,7 +225,11 @@ def test_sigterm_stops_everything(stack: RunningStack) -> None:
 def test_killed_launcher_leaves_no_orphans_and_restart_reuses_state(tmp_path: Path) -> None:
     """SIGKILL gives the launcher no chance to clean up: the children's parent-death signal must.
     A new launcher on the same home then reuses the certificates and etcd's data."""
-    home = tmp_path / "home"
+    with short_home() as home:
+        _kill_and_restart(home, tmp_path)
+
+
+def _kill_and_restart(home: Path, tmp_path: Path) -> None:
     (tmp_path / "1").mkdir()
     first = _launch(home, tmp_path / "1")
     try:
@@ -233,8 +252,26 @@ def test_killed_launcher_leaves_no_orphans_and_restart_reuses_state(tmp_path: Pa
     assert second.proc.returncode == 0
 
 
-def test_refuses_taken_port(tmp_path: Path) -> None:
+def test_refuses_a_home_too_deep_for_unix_sockets(tmp_path: Path) -> None:
     toolchain()
+    home = tmp_path / ("d" * 60) / "home"
+    res = subprocess.run(
+        [sys.executable, "-m", "services.stack.main", "up"],
+        cwd=REPO_ROOT, env={**os.environ, "KUBELOOP_HOME": str(home)}, capture_output=True, text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert res.returncode == 2
+    assert "too deep" in res.stderr and "107" in res.stderr, res.stderr
+    assert not (home / "etcd").exists()
+
+
+def test_refuses_taken_port() -> None:
+    toolchain()
+    with short_home() as home:
+        _refuses_taken_port(home)
+
+
+def _refuses_taken_port(home: Path) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()
@@ -242,14 +279,14 @@ def test_refuses_taken_port(tmp_path: Path) -> None:
         res = subprocess.run(
             [sys.executable, "-m", "services.stack.main", "up", f"--apiserver-port={taken}"],
             cwd=REPO_ROOT,
-            env={**os.environ, "KUBELOOP_HOME": str(tmp_path / "home")},
+            env={**os.environ, "KUBELOOP_HOME": str(home)},
             capture_output=True,
             text=True,
             timeout=60,
         )
     assert res.returncode == 2
     assert f"port {taken}" in res.stderr and "kube-apiserver" in res.stderr, res.stderr
-    assert not (tmp_path / "home" / "etcd").exists(), "nothing may start when a port is taken"
+    assert not (home / "etcd").exists(), "nothing may start when a port is taken"
 
 
 async def _kubectl(kubectl: Path, kubeconfig: Path, *args: str) -> tuple[int, str, str]:
