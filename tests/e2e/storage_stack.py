@@ -30,6 +30,7 @@ from controller_runtime.client import ApiClient, ApiError
 from controller_runtime.csi_client import CSIConnection
 from controller_runtime.resources import (
     CSI_DRIVERS,
+    CSI_NODES,
     EVENTS,
     PERSISTENT_VOLUME_CLAIMS,
     PERSISTENT_VOLUMES,
@@ -37,6 +38,7 @@ from controller_runtime.resources import (
     VOLUME_ATTACHMENTS,
     Obj,
 )
+from controller_runtime.resources import NODES as NODE_OBJECTS
 from controller_runtime.volumes import va_name
 from csi_driver import DRIVER_NAME
 from kubeloop_grpc.csi import csi_pb2
@@ -137,6 +139,15 @@ class StorageStack:
         await self.components.stop()
         force_cleanup(self.home)
         shutil.rmtree(self.home, ignore_errors=True)
+        # The session's control plane outlives this stack: its Ready nodes must not attract other
+        # tests' pods, nor their CSINodes other tests' capacity or topology.
+        for node in NODES:
+            for res in (CSI_NODES, NODE_OBJECTS):
+                try:
+                    await self.api.delete(res, node)
+                except ApiError as exc:
+                    if not exc.not_found:
+                        raise
 
     async def kill9(self, name: str) -> None:
         """SIGKILL to the process group, as a crash, then start it again."""
