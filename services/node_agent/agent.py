@@ -485,7 +485,12 @@ class NodeAgent:
         now = time.monotonic()
         desired, complete = self.desired()
         plan = plan_volumes(desired, self.mounted, self.confirmed, self.staged)
-        await self._write_in_use(plan.in_use)
+        if await self._write_in_use(plan.in_use):
+            # Operations may have finished while the write was under way: decide on the state as
+            # it is now, not as it was (a stale plan would unstage or unpublish a second time).
+            now = time.monotonic()
+            desired, complete = self.desired()
+            plan = plan_volumes(desired, self.mounted, self.confirmed, self.staged)
         node = self.node.store.get(self.node_name) or {}
         status = node.get("status") or {}
         in_use = set(status.get("volumesInUse") or ())
@@ -508,17 +513,19 @@ class NodeAgent:
                 self._spawn(skey, ("unstage", *skey), self._unstage(skey))
         await self._pod_statuses(complete)
 
-    async def _write_in_use(self, names: tuple[str, ...]) -> None:
+    async def _write_in_use(self, names: tuple[str, ...]) -> bool:
+        """Reports `names` as the node's volumesInUse; whether it had to write."""
         node = self.node.store.get(self.node_name)
         current = tuple(sorted((node or {}).get("status", {}).get("volumesInUse") or ()))
         if current == names:
-            return
+            return False
         last = self._in_use_written
         if last is not None and last[0] == names and time.monotonic() - last[1] < 2.0:
-            return  # written already; the cache has not caught up
+            return False  # written already; the cache has not caught up
         patch = {"status": {"volumesInUse": list(names) or None}}
         await self.client.patch(NODES, self.node_name, patch, subresource="status")
         self._in_use_written = (names, time.monotonic())
+        return True
 
     # -- volume operations --------------------------------------------------------------------------
 

@@ -90,3 +90,34 @@ def test_queued_mount_of_a_pod_that_left_does_nothing(tmp_path: Path) -> None:
         assert not a._still_wanted(pv), "a new pod of the same name is a different pod"
 
     asyncio.run(main())
+
+
+class _SlowPatchClient:
+    """Stands in for the API client: a status patch during which an operation finishes."""
+
+    def __init__(self, during: Any) -> None:
+        self.during = during
+        self.patches: list[Any] = []
+
+    async def patch(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        self.patches.append(args)
+        self.during()
+        await asyncio.sleep(0)
+        return {}
+
+
+def test_pass_decides_on_the_state_after_its_volumes_in_use_write(tmp_path: Path) -> None:
+    """An unstage that finished while volumesInUse was being written is not started again."""
+
+    async def main() -> None:
+        key = (DRIVER, "v1")
+        a = agent(tmp_path, 2)
+        a.staged.add(key)
+        a.stage_confirmed.add(key)
+        fake = _SlowPatchClient(lambda: (a.staged.discard(key), a.stage_confirmed.discard(key)))
+        a.client = cast(ApiClient, fake)
+        await a.reconcile()
+        assert fake.patches, "volumesInUse was written"
+        assert key not in a._ops, "no second unstage from the plan made before the write"
+
+    asyncio.run(main())
