@@ -114,7 +114,12 @@ def test_pass_decides_on_the_state_after_its_volumes_in_use_write(tmp_path: Path
         a = agent(tmp_path, 2)
         a.staged.add(key)
         a.stage_confirmed.add(key)
-        fake = _SlowPatchClient(lambda: (a.staged.discard(key), a.stage_confirmed.discard(key)))
+
+        def unstage_finishes() -> None:
+            a.staged.discard(key)
+            a.stage_confirmed.discard(key)
+
+        fake = _SlowPatchClient(unstage_finishes)
         a.client = cast(ApiClient, fake)
         await a.reconcile()
         assert fake.patches, "volumesInUse was written"
