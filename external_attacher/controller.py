@@ -46,6 +46,7 @@ class Options:
     retry_start: float = 1.0
     retry_max: float = 300.0
     reconcile_sync: float = 60.0
+    pv_workers: int = 4
 
 
 class AttachError(Exception):
@@ -98,6 +99,8 @@ class Attacher:
         self.factory = factory
         self.vas.add_index(VA_BY_PV, lambda va: [n] if (n := va_pv_name(va)) else [])
         self.vas.add_handler(EventHandler(self._va_changed, lambda _o, n: self._va_changed(n), self._va_gone))
+        # The VolumeAttachment list that PV checks begun before it started may share.
+        self._va_list: tuple[float, asyncio.Task[list[Obj]]] | None = None
         self.pvs.add_handler(EventHandler(self._pv_changed, lambda _o, n: self._pv_changed(n), None))
 
     # -- handlers: enqueue only -------------------------------------------------------------------
@@ -127,7 +130,7 @@ class Attacher:
         log.info("caches synced, starting workers", driver=self.driver, workers=self.options.workers)
         tasks = [
             asyncio.create_task(run_workers(self.va_queue, self.sync_va, self.options.workers)),
-            asyncio.create_task(run_workers(self.pv_queue, self.sync_pv, 1)),
+            asyncio.create_task(run_workers(self.pv_queue, self.sync_pv, self.options.pv_workers)),
         ]
         if self.can_list and self.options.reconcile_sync > 0:
             tasks.append(asyncio.create_task(self._reconcile_loop()))
@@ -277,10 +280,11 @@ class Attacher:
         pv = self.pvs.store.get(name)
         if pv is None or self.finalizer not in (pv["metadata"].get("finalizers") or []):
             return None
+        checked = time.monotonic()
         if any(self._ours(va) for va in self.vas.store.by_index(VA_BY_PV, name)):
             return None
         # The cache may lag behind a VA just created for this PV: ask the API before letting go.
-        items, _ = await self.client.list_all(VOLUME_ATTACHMENTS)
+        items = await self._vas_listed_after(checked)
         if any(self._ours(va) and va_pv_name(va) == name for va in items):
             return None
         fresh = copy.deepcopy(pv)
@@ -291,6 +295,21 @@ class Attacher:
             if not exc.not_found:
                 raise
         return None
+
+    async def _vas_listed_after(self, after: float) -> list[Obj]:
+        """Every VolumeAttachment, from a list begun at or after `after` (so it holds everything
+        created before then). PVs checked while one such list is under way share it: when a node's
+        volumes detach together that is one LIST for many PVs instead of one each."""
+        current = self._va_list
+        if current is None or current[0] < after:
+
+            async def list_vas() -> list[Obj]:
+                items, _ = await self.client.list_all(VOLUME_ATTACHMENTS)
+                return items
+
+            current = (time.monotonic(), asyncio.create_task(list_vas()))
+            self._va_list = current
+        return await asyncio.shield(current[1])
 
     # -- ListVolumes reconciliation ---------------------------------------------------------------
 

@@ -54,6 +54,7 @@ from kubeloop_grpc.pluginregistration import api_pb2, api_pb2_grpc
 
 from .disk import Layout, VolData, remove_volume_dir, write_vol_data
 from .plan import Mounted, PodVolume, plan_volumes
+from .slots import MOUNT, UNPUBLISH, UNSTAGE, OperationSlots
 
 log = get_logger("node-agent")
 
@@ -72,8 +73,9 @@ class Options:
     backoff_max: float = 122.0
     # Volume operations (stage+publish, unpublish, unstage) running at once; 0 = no limit (kubelet's
     # operation executor has none). Always one operation per volume at a time. Waiters start in the
-    # order they were queued, so on a busy node the first pods finish first instead of every mount
-    # sharing the CPU with every other one and all of them finishing together at the end.
+    # order they were queued (an unstage first: it finishes a volume), so on a busy node the first
+    # pods finish first instead of every operation sharing the CPU with every other one and all of
+    # them finishing together at the end.
     max_concurrent_operations: int = 8
     capacity: tuple[tuple[str, str], ...] = (("cpu", "4"), ("memory", "8Gi"), ("pods", "110"))
 
@@ -132,8 +134,7 @@ class NodeAgent:
         self.staged: set[tuple[str, str]] = set()
         self.stage_confirmed: set[tuple[str, str]] = set()
         self._ops: dict[tuple[str, str], asyncio.Task[None]] = {}
-        limit = self.options.max_concurrent_operations
-        self._op_slots: asyncio.Semaphore | None = asyncio.Semaphore(limit) if limit > 0 else None
+        self._op_slots = OperationSlots(self.options.max_concurrent_operations)
         self._backoff: dict[object, tuple[float, float]] = {}
         self._deleting: set[str] = set()
         self._reported_running: set[str] = set()
@@ -455,14 +456,17 @@ class NodeAgent:
         retry = self._backoff.get(backoff_key)
         return retry is not None and now < retry[0]
 
-    def _spawn(self, key: tuple[str, str], backoff_key: object, coro: Coroutine[Any, Any, None]) -> None:
+    def _spawn(
+        self,
+        key: tuple[str, str],
+        backoff_key: object,
+        coro: Coroutine[Any, Any, None],
+        priority: int = MOUNT,
+    ) -> None:
         async def op() -> None:
             try:
-                if self._op_slots is None:
+                async with self._op_slots.hold(priority):
                     await coro
-                else:
-                    async with self._op_slots:
-                        await coro
             except NotReady as exc:
                 log.debug("waiting", volume=key[1], reason=str(exc))
                 self._backoff[backoff_key] = (time.monotonic() + 0.5, 0.0)
@@ -499,7 +503,7 @@ class NodeAgent:
         for m in plan.unmount:
             key = m.stage_key
             if not self._busy(key, ("unpublish", m.pod_uid, m.pv_name), now):
-                self._spawn(key, ("unpublish", m.pod_uid, m.pv_name), self._unpublish(m))
+                self._spawn(key, ("unpublish", m.pod_uid, m.pv_name), self._unpublish(m), UNPUBLISH)
         for pv in plan.mount:
             vol = pv.volume
             if vol.unique_name not in in_use:
@@ -507,10 +511,10 @@ class NodeAgent:
             if self._attach_required(vol.driver) and vol.unique_name not in attached:
                 continue
             if not self._busy(pv.stage_key, ("mount", *pv.key), now):
-                self._spawn(pv.stage_key, ("mount", *pv.key), self._mount(pv))
+                self._spawn(pv.stage_key, ("mount", *pv.key), self._mount(pv), MOUNT)
         for skey in plan.unstage:
             if not self._busy(skey, ("unstage", *skey), now):
-                self._spawn(skey, ("unstage", *skey), self._unstage(skey))
+                self._spawn(skey, ("unstage", *skey), self._unstage(skey), UNSTAGE)
         await self._pod_statuses(complete)
 
     async def _write_in_use(self, names: tuple[str, ...]) -> bool:

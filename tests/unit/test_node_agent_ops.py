@@ -126,3 +126,31 @@ def test_pass_decides_on_the_state_after_its_volumes_in_use_write(tmp_path: Path
         assert key not in a._ops, "no second unstage from the plan made before the write"
 
     asyncio.run(main())
+
+
+def test_unstage_goes_ahead_of_queued_unpublishes_and_cancelled_waiters_give_up_their_place() -> None:
+    from services.node_agent.slots import UNPUBLISH, UNSTAGE, OperationSlots
+
+    async def main() -> None:
+        slots = OperationSlots(1)
+        order: list[str] = []
+        gate = asyncio.Event()
+
+        async def op(name: str, priority: int) -> None:
+            async with slots.hold(priority):
+                order.append(name)
+                await gate.wait()
+
+        first = asyncio.create_task(op("unpublish-1", UNPUBLISH))
+        await asyncio.sleep(0)
+        queued = [asyncio.create_task(op(n, UNPUBLISH)) for n in ("unpublish-2", "unpublish-3")]
+        gone = asyncio.create_task(op("cancelled", UNSTAGE))
+        unstage = asyncio.create_task(op("unstage-1", UNSTAGE))
+        await asyncio.sleep(0)
+        gone.cancel()
+        gate.set()
+        await asyncio.gather(first, *queued, unstage)
+        assert order == ["unpublish-1", "unstage-1", "unpublish-2", "unpublish-3"]
+        assert slots.busy == 0 and slots.waiting == 0
+
+    asyncio.run(main())
