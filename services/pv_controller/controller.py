@@ -140,7 +140,7 @@ class PVController:
         self.claims.add_handler(EventHandler(self._claim_changed, self._claim_updated, self._claim_deleted))
         self.classes.add_handler(EventHandler(self._class_changed, self._class_updated, None))
         self._counts = (self.view.all_volumes, self.view.all_claims)
-        self._throttled_binds = asyncio.Lock()
+        self._throttled_writes = asyncio.Lock()
 
     # -- event handlers: keep the view current and enqueue keys, nothing else -------------------------
 
@@ -295,6 +295,17 @@ class PVController:
         if volume is None:
             # Deleted: an external delete we were waiting for has finished.
             self.timer.finish(name, "delete")
+            return None
+        if self.client.throttled:
+            # Out of tokens, a volume's Available write would only queue in the bucket between the
+            # writes of a bind in flight (with claim workers started before the first pass over
+            # volumes is done, that made each bind wait for up to eight of them per write).
+            async with self._throttled_writes:
+                # It may have changed while we waited; if it was deleted, the delete handler has
+                # queued it again and that sync ends its timer.
+                current = self.view.volume(name)
+                if current is not None:
+                    await self.sync_volume(current)
             return None
         await self.sync_volume(volume)
         return None
@@ -521,9 +532,9 @@ class PVController:
             if self.client.throttled:
                 # The client-side limiter is the bottleneck: a second bind in flight would bind
                 # no faster, only interleave its writes with this one's in the token bucket and
-                # make both slower. While throttled, new binds go one at a time (as kcm's single
-                # worker does); unthrottled, every worker binds concurrently.
-                async with self._throttled_binds:
+                # make both slower. While throttled, new binds (and volume syncs, see
+                # sync_volume_key) go one at a time; unthrottled, every worker writes concurrently.
+                async with self._throttled_writes:
                     await self._bind(volume, claim)
             else:
                 await self._bind(volume, claim)
