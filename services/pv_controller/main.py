@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
-import os
-import socket
 from collections.abc import Sequence
 
 from controller_runtime import process
 from controller_runtime.client import ApiClient
+from controller_runtime.component import serve_controller
 from controller_runtime.events import EventRecorder
 from controller_runtime.informer import SharedInformerFactory
-from controller_runtime.leaderelection import LeaderElectionConfig, LeaderElector
 from controller_runtime.logs import get_logger
 
 from . import names
@@ -49,58 +46,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 async def run(args: argparse.Namespace, ctx: process.Context) -> None:
-    client = await ApiClient.from_kubeconfig(
-        args.kubeconfig or None,
-        qps=args.kube_api_qps,
-        burst=args.kube_api_burst,
-        user_agent="kubeloop-pv-controller",
-    )
-    recorder = EventRecorder(client, names.COMPONENT)
-    leading = asyncio.Event()
-    controller: PVController | None = None
-
-    def ready() -> str | None:
-        if args.leader_election and not leading.is_set():
-            return None  # a standby is ready: it serves nothing until it leads
-        if controller is None or not controller.synced:
-            return "caches not synced"
-        return None
-
-    if ctx.health is not None:
-        ctx.health.add_liveness_check("ping", lambda: None)
-        ctx.health.add_readiness_check("informers", ready)
-
-    async def lead() -> None:
-        nonlocal controller
-        leading.set()
-        factory = SharedInformerFactory(client, resync_period=args.resync_period)
-        controller = PVController(
+    def build(client: ApiClient, recorder: EventRecorder) -> PVController:
+        return PVController(
             client,
-            factory,
+            SharedInformerFactory(client, resync_period=args.resync_period),
             recorder,
             Options(resync_period=args.resync_period, workers=max(1, args.worker_threads)),
         )
-        await controller.run()
 
-    try:
-        if args.leader_election:
-            elector = LeaderElector(
-                client,
-                LeaderElectionConfig(
-                    namespace=args.leader_election_namespace,
-                    name=LEASE_NAME,
-                    identity=f"{socket.gethostname()}_{os.getpid()}",
-                    lease_duration=args.leader_election_lease_duration,
-                    renew_deadline=args.leader_election_renew_deadline,
-                    retry_period=args.leader_election_retry_period,
-                ),
-            )
-            await elector.run(lead)
-        else:
-            await lead()
-    finally:
-        await recorder.close()
-        await client.close()
+    await serve_controller(
+        args,
+        ctx,
+        user_agent="kubeloop-pv-controller",
+        event_source=names.COMPONENT,
+        lease_name=LEASE_NAME,
+        build=build,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> None:
