@@ -26,6 +26,8 @@ sanity: deps binaries
 BENCHES ?= informer_sync csi_driver binding provisioning attach
 
 bench: deps binaries
+	@# The Go sidecars are built only for the side-by-side benchmarks.
+	@bash tools/build-binaries.sh external-provisioner external-attacher
 	@for b in $(BENCHES); do echo "== bench.$$b"; $(PY) -m bench.$$b || exit 1; done
 
 lint: python-deps
