@@ -105,7 +105,7 @@ REGISTRY: tuple[Component, ...] = (
         argv=lambda c: python_module(
             "external_provisioner.main",
             f"--kubeconfig={c.kubeconfig}",
-            f"--csi-address=unix://{c.home / 'components' / 'csi-driver-controller' / 'csi.sock'}",
+            f"--csi-address=unix://{controller_socket(c)}",
             f"--state-dir={c.state_dir}",
             "--extra-create-metadata",
             "--enable-capacity",
@@ -156,7 +156,7 @@ REGISTRY: tuple[Component, ...] = (
         argv=lambda c: python_module(
             "external_attacher.main",
             f"--kubeconfig={c.kubeconfig}",
-            f"--csi-address=unix://{c.home / 'components' / 'csi-driver-controller' / 'csi.sock'}",
+            f"--csi-address=unix://{controller_socket(c)}",
             f"--http-endpoint={c.http_endpoint}",
         ),
         identity=service_account_identity("kubeloop-external-attacher"),
@@ -193,6 +193,12 @@ class Instance:
 def node_names(count: int) -> list[str]:
     """node-a, node-b, ... (node-<n> past the alphabet): short names that read well in kubectl."""
     return [f"node-{chr(ord('a') + i)}" if count <= 26 else f"node-{i + 1}" for i in range(count)]
+
+
+def controller_socket(c: ComponentContext) -> Path:
+    """The CSI controller service's socket, in the csi-driver-controller instance's state directory,
+    where the controller-side sidecars (provisioner, attacher) connect."""
+    return c.home / "components" / "csi-driver-controller" / "csi.sock"
 
 
 def node_dir(c: ComponentContext) -> Path:
