@@ -34,7 +34,7 @@ from services.stack.components import Component, ComponentContext
 from services.stack.proc import free_ports
 from tests.e2e.storage_stack import NODES, ShortHomeComponents, StorageStack, storage_components
 
-from .common import control_plane, percentile, print_table, write_results
+from .common import control_plane, kcm_argv, percentile, print_table, write_results
 
 NAMESPACE = "bench-attach"
 COMMON = ("pv-controller", "csi-driver-controller", "csi-driver-node", "node-agent")
@@ -64,7 +64,6 @@ def kubeloop_side(qps: float, burst: int) -> list[Component]:
 
 def go_side(qps: float, burst: int, admin_kubeconfig: str) -> list[Component]:
     tools = Toolchain.default()
-    kcm = str(tools.binary("kube-controller-manager"))
     attacher = (
         tools.cache
         / "bin"
@@ -75,20 +74,8 @@ def go_side(qps: float, burst: int, admin_kubeconfig: str) -> list[Component]:
         sys.exit(f"{attacher} is missing: run `bash tools/build-binaries.sh external-attacher`")
     (port,) = free_ports(1)
 
-    def kcm_argv(_c: ComponentContext) -> list[str]:
-        return [
-            kcm,
-            "--controllers=persistentvolume-attach-detach-controller",
-            f"--kubeconfig={admin_kubeconfig}",
-            f"--authentication-kubeconfig={admin_kubeconfig}",
-            f"--authorization-kubeconfig={admin_kubeconfig}",
-            f"--kube-api-qps={qps}",
-            f"--kube-api-burst={burst}",
-            "--leader-elect=false",
-            "--bind-address=127.0.0.1",
-            f"--secure-port={port}",
-            "--profiling=false",
-        ]
+    def kcm_side_argv(_c: ComponentContext) -> list[str]:
+        return kcm_argv("persistentvolume-attach-detach-controller", admin_kubeconfig, qps, burst, port)
 
     def attacher_argv(c: ComponentContext) -> list[str]:
         return [
@@ -103,7 +90,7 @@ def go_side(qps: float, burst: int, admin_kubeconfig: str) -> list[Component]:
 
     return [
         Component(name="go-csi-attacher", argv=attacher_argv, health_path=None),
-        Component(name="go-kcm-attachdetach", argv=kcm_argv, health_path=None),
+        Component(name="go-kcm-attachdetach", argv=kcm_side_argv, health_path=None),
     ]
 
 

@@ -45,12 +45,12 @@ from typing import Any
 
 from controller_runtime.client import ApiClient
 from controller_runtime.resources import NAMESPACES, PERSISTENT_VOLUME_CLAIMS, PERSISTENT_VOLUMES, Obj
-from controller_runtime.toolchain import REPO_ROOT, Toolchain
+from controller_runtime.toolchain import REPO_ROOT
 from services.pv_controller.controller import Options
 from services.stack.controlplane import ControlPlane
 from services.stack.proc import free_ports
 
-from .common import control_plane, percentile, print_table, rss_bytes, write_results
+from .common import control_plane, kcm_argv, percentile, print_table, rss_bytes, stop_process, write_results
 
 NAMESPACE = "bench"
 SCENARIOS = {"default": (20.0, 30), "unthrottled": (5000.0, 10000)}
@@ -213,25 +213,12 @@ def kubeloop_argv(cp: ControlPlane, qps: float, burst: int, workers: int) -> lis
     ]
 
 
-def kcm_argv(cp: ControlPlane, qps: float, burst: int, _workers: int) -> list[str]:
+def kcm_side_argv(cp: ControlPlane, qps: float, burst: int, _workers: int) -> list[str]:
     (port,) = free_ports(1)
-    kubeconfig = str(cp.admin_kubeconfig)
-    return [
-        str(Toolchain.default().binary("kube-controller-manager")),
-        "--controllers=persistentvolume-binder-controller",
-        f"--kubeconfig={kubeconfig}",
-        f"--authentication-kubeconfig={kubeconfig}",
-        f"--authorization-kubeconfig={kubeconfig}",
-        f"--kube-api-qps={qps}",
-        f"--kube-api-burst={burst}",
-        "--leader-elect=false",
-        "--bind-address=127.0.0.1",
-        f"--secure-port={port}",
-        "--profiling=false",
-    ]
+    return kcm_argv("persistentvolume-binder-controller", str(cp.admin_kubeconfig), qps, burst, port)
 
 
-SIDES = {"kubeloop": kubeloop_argv, "kcm": kcm_argv}
+SIDES = {"kubeloop": kubeloop_argv, "kcm": kcm_side_argv}
 
 
 async def run_one(
@@ -302,12 +289,7 @@ async def run_one(
             if profiler is not None:
                 profiler.send_signal(signal.SIGINT)
                 await profiler.wait()
-            proc.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(proc.wait(), 15)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
+            await stop_process(proc)
             after = await write_count(api)
             await observer.stop()
         finally:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import platform
+import signal
 import statistics
 import tempfile
 import time
@@ -12,7 +14,7 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from controller_runtime.toolchain import REPO_ROOT
+from controller_runtime.toolchain import REPO_ROOT, Toolchain
 from services.stack.controlplane import ControlPlane
 from services.stack.testing import start_test_control_plane
 
@@ -60,6 +62,36 @@ def write_results(name: str, data: dict[str, Any]) -> Path:
     }
     path.write_text(json.dumps(doc, indent=2) + "\n")
     return path
+
+
+def kcm_argv(controllers: str, kubeconfig: str, qps: float, burst: int, port: int) -> list[str]:
+    """The real kube-controller-manager running only `controllers`, at its defaults but for the
+    client QPS, for the side-by-side comparisons."""
+    return [
+        str(Toolchain.default().binary("kube-controller-manager")),
+        f"--controllers={controllers}",
+        f"--kubeconfig={kubeconfig}",
+        f"--authentication-kubeconfig={kubeconfig}",
+        f"--authorization-kubeconfig={kubeconfig}",
+        f"--kube-api-qps={qps}",
+        f"--kube-api-burst={burst}",
+        "--leader-elect=false",
+        "--bind-address=127.0.0.1",
+        f"--secure-port={port}",
+        "--profiling=false",
+    ]
+
+
+async def stop_process(proc: asyncio.subprocess.Process, timeout: float = 15.0) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within `timeout`."""
+    if proc.returncode is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        await asyncio.wait_for(proc.wait(), timeout)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
 
 
 def _cpus() -> int:

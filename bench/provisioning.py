@@ -24,7 +24,6 @@ import asyncio
 import contextlib
 import os
 import shutil
-import signal
 import sys
 import tempfile
 import time
@@ -45,7 +44,7 @@ from controller_runtime.resources import (
 from controller_runtime.toolchain import REPO_ROOT, Toolchain
 from csi_driver import DRIVER_NAME, TOPOLOGY_KEY
 
-from .common import control_plane, percentile, print_table, rss_bytes, write_results
+from .common import control_plane, percentile, print_table, rss_bytes, stop_process, write_results
 
 NAMESPACE = "bench"
 CLASS = "bench-immediate"
@@ -109,16 +108,6 @@ async def start(argv: list[str], log: Path, cwd: Path = REPO_ROOT) -> asyncio.su
     return await asyncio.create_subprocess_exec(
         *argv, cwd=cwd, stdout=log.open("ab"), stderr=asyncio.subprocess.STDOUT, start_new_session=True
     )
-
-
-async def stop(proc: asyncio.subprocess.Process) -> None:
-    if proc.returncode is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            await asyncio.wait_for(proc.wait(), 15)
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()
 
 
 async def wait_socket(path: Path, proc: asyncio.subprocess.Process, timeout: float = 30) -> None:
@@ -262,7 +251,7 @@ async def run_one(scenario: str, side: str, n: int, work: Path) -> Run:
             )
         finally:
             for proc in reversed(procs):
-                await stop(proc)
+                await stop_process(proc)
             await api.close()
             shutil.rmtree(root, ignore_errors=True)
 
