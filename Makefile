@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: up test unit integration sanity bench lint deps binaries system-deps python-deps clean
+.PHONY: up test unit integration sanity stress-start bench lint deps binaries system-deps python-deps clean
 
 up: deps binaries
 	$(PY) -m services.stack.main up
@@ -21,6 +21,12 @@ integration: deps binaries
 
 sanity: deps binaries
 	$(PY) -m pytest tests/csi -k sanity $(PYTEST_ARGS)
+
+# The long version of the start-race tests that `make test` runs a few rounds of: 50 rounds of a
+# controller and three node drivers started together on one pool, 20 whole-stack start/stop rounds.
+stress-start: deps binaries
+	KUBELOOP_POOL_START_ROUNDS=50 KUBELOOP_STACK_ROUNDS=20 $(PY) -m pytest -s \
+		tests/unit/test_shared_files.py tests/csi/test_shared_pool.py tests/e2e/test_stack_restarts.py $(PYTEST_ARGS)
 
 # One benchmark: `make bench BENCHES=binding`. Each prints a table and writes bench/results/<name>.json.
 BENCHES ?= informer_sync csi_driver binding provisioning attach

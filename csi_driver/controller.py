@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from controller_runtime.files import is_temp_name
 from controller_runtime.logs import get_logger
 from kubeloop_grpc.csi import csi_pb2, csi_pb2_grpc
 
@@ -81,8 +82,10 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
 
     # --- start-up -------------------------------------------------------------------------------
     async def reconcile(self) -> None:
-        """Compares the records with the pool: leftovers of interrupted copies go, and a volume
-        whose backing file vanished is reported (its condition turns abnormal), never invented."""
+        """Takes the pool's controller side, then compares the records with the pool: leftovers of
+        interrupted copies go, and a volume whose backing file vanished is reported (its condition
+        turns abnormal), never invented."""
+        await self.state.take_controller_side()
 
         def scan() -> tuple[set[str], set[str]]:
             names: dict[str, set[str]] = {"volumes": set(), "snapshots": set()}
@@ -91,7 +94,7 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
                 ("snapshots", self.state.snapshots_dir),
             ):
                 for entry in os.scandir(directory):
-                    if entry.name.endswith(".tmp"):
+                    if is_temp_name(entry.name):  # we hold the pool's controller lock
                         os.unlink(entry.path)
                     elif entry.name.endswith(".img"):
                         names[kind].add(entry.name.removesuffix(".img"))

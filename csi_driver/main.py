@@ -137,8 +137,16 @@ async def run(args: argparse.Namespace, ctx: process.Context) -> None:
     state = DriverState(args.pool_dir, args.state_dir)
     if ctx.health is not None:
         ctx.health.add_readiness_check("driver", lambda: None if state.ready else state.not_ready_reason)
-    await state.load()
+    try:
+        await state.load()
+        await _serve(args, state, controller_mode, node_mode)
+    finally:
+        state.close()
 
+
+async def _serve(
+    args: argparse.Namespace, state: DriverState, controller_mode: bool, node_mode: bool
+) -> None:
     identity = IdentityServer(state, controller=controller_mode)
     controller = node = None
     if controller_mode:
@@ -173,7 +181,7 @@ async def run(args: argparse.Namespace, ctx: process.Context) -> None:
 
     path = socket_path(args.endpoint)
     server = await start_unix_server(path, register)
-    reg_server, reg_path = None, ""
+    reg_server = None
     try:
         reg_dir = args.kubelet_registration_dir or (
             os.path.join(args.kubelet_root_dir, "plugins_registry") if args.kubelet_root_dir else ""
@@ -192,12 +200,12 @@ async def run(args: argparse.Namespace, ctx: process.Context) -> None:
             node=args.node_id if node_mode else "",
             endpoint=path,
         )
-        await server.wait_for_termination()
+        await server.server.wait_for_termination()
     finally:
         # Runs on SIGTERM (the run task is cancelled): finish in-flight RPCs, remove the sockets.
         if reg_server is not None:
-            await stop_unix_server(reg_server, reg_path, 1.0)
-        await stop_unix_server(server, path, args.grace_period)
+            await stop_unix_server(reg_server, 1.0)
+        await stop_unix_server(server, args.grace_period)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

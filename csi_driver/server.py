@@ -11,6 +11,7 @@ import socket
 import stat
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -137,7 +138,14 @@ class CsiInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 MAX_SOCKET_PATH = 107
 
 
-async def start_unix_server(path: str, register: Callable[[grpc.aio.Server], None]) -> grpc.aio.Server:
+@dataclass(frozen=True)
+class UnixServer:
+    server: grpc.aio.Server
+    path: str
+    inode: int  # of the socket file we bound: a successor's socket at the same path is not ours
+
+
+async def start_unix_server(path: str, register: Callable[[grpc.aio.Server], None]) -> UnixServer:
     if len(path.encode()) > MAX_SOCKET_PATH:
         raise ValueError(
             f"socket path {path} is {len(path.encode())} bytes; unix sockets allow {MAX_SOCKET_PATH}"
@@ -155,11 +163,14 @@ async def start_unix_server(path: str, register: Callable[[grpc.aio.Server], Non
         os.umask(old)
     os.chmod(path, 0o600)
     log.info("serving gRPC", socket=path)
-    return server
+    return UnixServer(server, path, os.lstat(path).st_ino)
 
 
-async def stop_unix_server(server: grpc.aio.Server, path: str, grace: float) -> None:
-    await server.stop(grace)
+async def stop_unix_server(unix: UnixServer, grace: float) -> None:
+    await unix.server.stop(grace)
+    # A replacement process may already serve at this path (it found our socket dead and bound
+    # its own); removing its socket would cut it off, so only the file we bound goes.
     with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
-    log.info("stopped gRPC server", socket=path)
+        if os.lstat(unix.path).st_ino == unix.inode:
+            os.unlink(unix.path)
+    log.info("stopped gRPC server", socket=unix.path)

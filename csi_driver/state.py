@@ -5,10 +5,16 @@ State directory (--state-dir):
     volumes/<volume-id>.json      a VolumeRecord (controller)
     snapshots/<snapshot-id>.json  a SnapshotRecord (controller)
     staging/<volume-id>.json      a StagingRecord (node)
+    .lock                         held by the one process that owns this state directory
 Pool directory (--pool-dir, shared by the controller and every node plugin that can reach it):
     volumes/<volume-id>.img       sparse backing file
     snapshots/<snapshot-id>.img   sparse copy taken by CreateSnapshot
     nodes/<node-id>.json          written by each node plugin at start so the controller knows it
+    .controller.lock              held by the one controller serving the pool
+
+Any number of processes start on one pool at once: nothing in it has a fixed name that two of
+them create, rename or delete (temporary files are named per writer, see controller_runtime.files),
+and only the lock holder sweeps what a killed writer left.
 """
 
 from __future__ import annotations
@@ -17,12 +23,14 @@ import asyncio
 import contextlib
 import json
 import os
+import tempfile
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from controller_runtime.files import FileLock
 from controller_runtime.logs import get_logger
 
 from .backend.store import RecordStore, write_json_atomic
@@ -118,6 +126,8 @@ class DriverState:
         self._seq = 0
         self.ready = False
         self.not_ready_reason = "state not loaded yet"
+        self._state_lock = FileLock(self.state_dir / ".lock")
+        self._controller_lock = FileLock(self.pool_dir / ".controller.lock")
 
     # --- layout ---------------------------------------------------------------------------------
     @property
@@ -149,11 +159,20 @@ class DriverState:
         self.stagings = self.staging_store.load()
         seqs = [v.seq for v in self.volumes.values()] + [s.seq for s in self.snapshots.values()]
         self._seq = max(seqs, default=0)
-        probe = self.pool_dir / ".probe"
-        probe.write_bytes(b"ok")  # the pool must be writable before Probe says ready
-        probe.unlink()
+        # The pool must be writable before Probe says ready. An unnamed file (O_TMPFILE where the
+        # filesystem has it, else a unique name unlinked at once) leaves nothing another process
+        # sharing the pool could trip over.
+        with tempfile.TemporaryFile(dir=self.pool_dir) as probe:
+            probe.write(b"ok")
+
+    def _wait_for_lock(self, message: str) -> None:
+        self.not_ready_reason = f"waiting for a lock: {message}"
+        log.warning("waiting for a lock", holder=message)
 
     async def load(self) -> None:
+        """Takes the state directory (waiting while a previous process on it still exits), then
+        reads every record."""
+        await self._state_lock.acquire(self._wait_for_lock)
         try:
             await asyncio.to_thread(self._load)
         except OSError as e:
@@ -167,6 +186,15 @@ class DriverState:
             pool=str(self.pool_dir),
             state=str(self.state_dir),
         )
+
+    async def take_controller_side(self) -> None:
+        """Becomes the pool's one controller: only it creates backing files, and only it may sweep
+        the temporary files a killed controller left."""
+        await self._controller_lock.acquire(self._wait_for_lock)
+
+    def close(self) -> None:
+        self._controller_lock.release()
+        self._state_lock.release()
 
     def mark_ready(self) -> None:
         self.ready = True

@@ -183,6 +183,13 @@ class Provisioner:
         return self.factory.has_synced
 
     async def run(self) -> None:
+        await self.journal.lock.acquire(lambda holder: log.warning("waiting for the journal", holder=holder))
+        try:
+            await self._run()
+        finally:
+            self.journal.lock.release()
+
+    async def _run(self) -> None:
         # Entries first, so the claim handlers fired by the initial list already see them.
         for entry in await asyncio.to_thread(self.journal.load):
             log.info(

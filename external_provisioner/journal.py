@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from controller_runtime.files import FileLock, is_temp_name, write_atomic
+
 from .request import VolumeSpec
 
 
@@ -53,34 +55,20 @@ class Entry:
         )
 
 
-def _write(path: Path, data: bytes, durable: bool) -> None:
-    tmp = path.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.write(fd, data)
-        if durable:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    if durable:
-        dfd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-
-
 class Journal:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self.entries: dict[str, Entry] = {}
+        # One provisioner writes a journal: a second one on the same directory (a restart whose
+        # predecessor still exits) waits for it rather than sweep its half-written entries.
+        self.lock = FileLock(directory / ".lock")
 
     def load(self) -> list[Entry]:
-        """Reads every entry left by an earlier process (leftover temp files are dropped)."""
+        """Reads every entry left by an earlier process (leftover temp files are dropped); the
+        caller holds `lock`."""
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         for path in self.directory.iterdir():
-            if path.suffix == ".tmp":
+            if is_temp_name(path.name):
                 path.unlink(missing_ok=True)
             elif path.suffix == ".json":
                 entry = Entry.from_json(json.loads(path.read_bytes()))
@@ -100,7 +88,7 @@ class Journal:
         is for updates whose loss is harmless (the volume id: without it, clean-up repeats the
         journalled CreateVolume to learn it), saving an fsync per claim."""
         data = json.dumps(entry.to_json(), separators=(",", ":")).encode()
-        await asyncio.to_thread(_write, self._path(entry.uid), data, durable)
+        await asyncio.to_thread(write_atomic, self._path(entry.uid), data, durable=durable)
         self.entries[entry.uid] = entry
 
     async def remove(self, uid: str) -> None:

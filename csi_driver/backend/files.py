@@ -10,24 +10,16 @@ import errno
 import fcntl
 import os
 
+from controller_runtime.files import fsync_dir, temp_name
+
 # ioctl FICLONE: a reflink copy, instant and sharing extents, where the filesystem can (btrfs, xfs).
 _FICLONE = 0x40049409
 _CHUNK = 64 << 20
 
 
-def fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def create_sparse(path: str, size: int) -> None:
     """Creates `path` as a sparse file of `size` bytes, atomically (temp file + rename)."""
-    tmp = f"{path}.tmp"
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(tmp)
+    tmp = temp_name(path)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     try:
         os.ftruncate(fd, size)
@@ -61,9 +53,7 @@ def _copy_data_ranges(src: int, dst: int, size: int) -> None:
 def copy_sparse(src_path: str, dst_path: str, size: int) -> None:
     """Copies src to dst (atomically, temp + rename) keeping holes, then sets dst's size to `size`
     (a clone or restore may be larger than its source)."""
-    tmp = f"{dst_path}.tmp"
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(tmp)
+    tmp = temp_name(dst_path)
     src = os.open(src_path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         dst = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
@@ -96,9 +86,9 @@ def grow(path: str, size: int) -> None:
 
 
 def remove(path: str) -> None:
-    for p in (path, f"{path}.tmp"):
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(p)
+    # A temporary copy of a killed CreateVolume is the controller's start-up sweep's to remove.
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
     fsync_dir(os.path.dirname(path))
 
 

@@ -8,13 +8,11 @@ import asyncio
 import contextlib
 import dataclasses
 import json
-import os
 from pathlib import Path
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
+from controller_runtime.files import fsync_dir, is_temp_name, write_atomic
 from controller_runtime.logs import get_logger
-
-from .files import fsync_dir
 
 log = get_logger("csi.store")
 
@@ -27,16 +25,7 @@ R = TypeVar("R", bound=_Dataclass)
 
 
 def write_json_atomic(path: Path, doc: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    data = json.dumps(doc, sort_keys=True, indent=1).encode()
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.rename(tmp, path)
-    fsync_dir(str(path.parent))
+    write_atomic(path, json.dumps(doc, sort_keys=True, indent=1).encode())
 
 
 class RecordStore(Generic[R]):
@@ -51,11 +40,12 @@ class RecordStore(Generic[R]):
         return self.directory / f"{key}.json"
 
     def load(self) -> dict[str, R]:
-        """Reads every record; called once at start (blocking, before serving)."""
+        """Reads every record; called once at start (blocking, before serving), by the process
+        holding the state directory's lock."""
         self.directory.mkdir(parents=True, exist_ok=True)
         records: dict[str, R] = {}
         for path in sorted(self.directory.iterdir()):
-            if path.name.startswith(".") and path.name.endswith(".tmp"):
+            if is_temp_name(path.name):
                 path.unlink()  # a write interrupted before its rename; the old record still stands
                 continue
             if path.suffix != ".json":

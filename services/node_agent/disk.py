@@ -19,9 +19,10 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from controller_runtime.files import write_atomic
 
 VOL_DATA = "vol_data.json"
 CSI_DIR = "kubernetes.io~csi"
@@ -104,14 +105,9 @@ def read_vol_data(path: Path) -> VolData | None:
 
 
 def write_vol_data(path: Path, data: VolData) -> None:
-    """Atomic (temp file, fsync, rename): a crash leaves the old file or the new one."""
+    """Atomic: a crash leaves the old file or the new one."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(asdict(data), f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(asdict(data)).encode(), mode=0o644)
 
 
 def remove_volume_dir(path: Path, leaf: str, stop: Path) -> None:

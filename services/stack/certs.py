@@ -25,6 +25,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from controller_runtime.files import write_atomic
+
 CA_VALIDITY = dt.timedelta(days=3650)
 LEAF_VALIDITY = dt.timedelta(days=365)
 # A certificate closer than this to its end is replaced rather than reused, so a long-running stack
@@ -81,19 +83,6 @@ class KeyPair:
 
 def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
-
-
-def _write_private(path: Path, data: bytes) -> None:
-    """Writes atomically with mode 0600 from the start (never briefly world-readable)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.chmod(tmp, 0o600)  # in case the file pre-existed with looser bits
-    os.replace(tmp, path)
 
 
 def _new_key() -> ec.EllipticCurvePrivateKey:
@@ -214,8 +203,8 @@ class PKI:
                 .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
                 .sign(key, hashes.SHA256())
             )
-            _write_private(self.ca.key, _key_pem(key))
-            _write_private(self.ca.cert, cert.public_bytes(serialization.Encoding.PEM))
+            write_atomic(self.ca.key, _key_pem(key))
+            write_atomic(self.ca.cert, cert.public_bytes(serialization.Encoding.PEM))
         self._ca_key, self._ca_cert = key, cert
         return self.ca
 
@@ -299,8 +288,8 @@ class PKI:
             names += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in spec.ips]
             builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
         cert = builder.sign(self._ca_key, hashes.SHA256())
-        _write_private(pair.key, _key_pem(key))
-        _write_private(pair.cert, cert.public_bytes(serialization.Encoding.PEM))
+        write_atomic(pair.key, _key_pem(key))
+        write_atomic(pair.cert, cert.public_bytes(serialization.Encoding.PEM))
         return pair
 
     def ensure_serving(
@@ -324,7 +313,7 @@ class PKI:
         key = _load_key(self.service_account_key)
         if key is None:
             key = _new_key()
-            _write_private(self.service_account_key, _key_pem(key))
+            write_atomic(self.service_account_key, _key_pem(key))
         pub = key.public_key().public_bytes(
             serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
         )
@@ -333,7 +322,7 @@ class PKI:
         except OSError:
             current = b""
         if current != pub:
-            _write_private(self.service_account_pub, pub)
+            write_atomic(self.service_account_pub, pub)
         return self.service_account_key, self.service_account_pub
 
     # --- kubeconfigs ----------------------------------------------------------------------------
@@ -374,7 +363,7 @@ class PKI:
         except OSError:
             unchanged = False
         if not unchanged:
-            _write_private(path, data)
+            write_atomic(path, data)
         return path
 
 

@@ -75,11 +75,16 @@ class Driver:
     """`python -m csi_driver.main` as a subprocess, so a test can kill -9 it and start it again."""
 
     def __init__(
-        self, root: Path, mode: str = "all", node_id: str = "node-a", extra: Sequence[str] = ()
+        self,
+        root: Path,
+        mode: str = "all",
+        node_id: str = "node-a",
+        extra: Sequence[str] = (),
+        pool: Path | None = None,
     ) -> None:
         self.root = root
         self.socket = root / "csi.sock"
-        self.pool = root / "pool"
+        self.pool = pool or root / "pool"
         self.state = root / "state"
         self.mode = mode
         self.node_id = node_id
@@ -92,6 +97,10 @@ class Driver:
         return f"unix://{self.socket}"
 
     def start(self) -> Driver:
+        return self.launch().wait_ready()
+
+    def launch(self) -> Driver:
+        """Starts the process without waiting for it."""
         cmd = [
             sys.executable,
             "-m",
@@ -113,7 +122,11 @@ class Driver:
         logf = open(self.log, "ab")  # noqa: SIM115 - handed to the child for its lifetime
         self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=logf, stderr=subprocess.STDOUT)
         logf.close()
-        deadline = time.monotonic() + 30
+        return self
+
+    def wait_ready(self, timeout: float = 30.0) -> Driver:
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(

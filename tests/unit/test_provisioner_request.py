@@ -3,11 +3,13 @@ the CreateVolume request, the PV, quantities and error texts; and the intent jou
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import grpc
 import pytest
 
+from controller_runtime.files import temp_name
 from external_provisioner import names
 from external_provisioner.journal import Entry, Journal
 from external_provisioner.request import (
@@ -242,14 +244,15 @@ async def test_journal_survives_a_new_process_and_refuses_bad_names(tmp_path: Pa
     journal = Journal(tmp_path / "j")
     journal.load()
     await journal.put(Entry("u", "ns", "data", "fast", spec))
-    (tmp_path / "j" / "half.tmp").write_text("{")  # an interrupted write
+    half = Path(temp_name(tmp_path / "j" / "u.json"))
+    await asyncio.to_thread(half.write_text, "{")  # an interrupted write
     entry = journal.get("u")
     assert entry is not None
     entry.volume_id = "vol-1"
     await journal.put(entry)
     again = Journal(tmp_path / "j")
     (loaded,) = again.load()
-    assert loaded == entry and not (tmp_path / "j" / "half.tmp").exists()
+    assert loaded == entry and not await asyncio.to_thread(half.exists)
     await again.remove("u")
     assert Journal(tmp_path / "j").load() == []
     with pytest.raises(ValueError):
