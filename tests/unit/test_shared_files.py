@@ -92,7 +92,8 @@ async def test_a_held_lock_makes_the_next_holder_wait_and_says_who_holds_it(tmp_
     heard: list[str] = []
     waiter = asyncio.create_task(second.acquire(heard.append, poll=0.01))
     await asyncio.sleep(0.1)
-    assert not waiter.done() and heard == [f"{tmp_path / '.lock'} is held by another process (pid {os.getpid()})"]
+    expected = f"{tmp_path / '.lock'} is held by another process (pid {os.getpid()})"
+    assert not waiter.done() and heard == [expected]
     started = time.monotonic()
     first.release()
     await asyncio.wait_for(waiter, 5)
