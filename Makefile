@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 .PHONY: up test unit integration sanity stress-start bench lint deps binaries system-deps python-deps clean
 
 up: deps binaries
-	$(PY) -m services.stack.main up
+	$(PY) -m localstack.main up
 
 test: deps binaries
 	$(PY) -m pytest $(PYTEST_ARGS)
@@ -39,7 +39,7 @@ bench: deps binaries
 lint: python-deps
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy controller_runtime services csi_driver external_provisioner external_attacher
+	$(VENV)/bin/mypy controller_runtime services csi_driver external_provisioner external_attacher localstack
 
 deps: system-deps python-deps
 

@@ -30,9 +30,9 @@ from controller_runtime.resources import NAMESPACES, PODS, VOLUME_ATTACHMENTS, O
 from controller_runtime.toolchain import Toolchain
 from controller_runtime.volumes import va_name
 from csi_driver import DRIVER_NAME
-from services.stack.components import Component, ComponentContext
-from services.stack.proc import free_ports
-from tests.e2e.storage_stack import NODES, ShortHomeComponents, StorageStack, storage_components
+from localstack.components import Component, ComponentContext
+from localstack.proc import free_ports
+from localstack.storage_stack import NODES, ShortHomeComponents, StorageStack, storage_components
 
 from .common import control_plane, kcm_argv, percentile, print_table, write_results
 

@@ -46,9 +46,9 @@ from typing import Any
 from controller_runtime.client import ApiClient
 from controller_runtime.resources import NAMESPACES, PERSISTENT_VOLUME_CLAIMS, PERSISTENT_VOLUMES, Obj
 from controller_runtime.toolchain import REPO_ROOT
+from localstack.controlplane import ControlPlane
+from localstack.proc import free_ports
 from services.pv_controller.controller import Options
-from services.stack.controlplane import ControlPlane
-from services.stack.proc import free_ports
 
 from .common import control_plane, kcm_argv, percentile, print_table, rss_bytes, stop_process, write_results
 

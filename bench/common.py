@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from controller_runtime.toolchain import REPO_ROOT, Toolchain
-from services.stack.controlplane import ControlPlane
-from services.stack.testing import start_test_control_plane
+from localstack.controlplane import ControlPlane
+from localstack.testing import start_test_control_plane
 
 RESULTS_DIR = REPO_ROOT / "bench" / "results"
 

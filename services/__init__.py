@@ -1,2 +1,2 @@
-"""kubeloop's control-plane processes (pv-controller, attach-detach, volume-expand, node-agent) and
-the local stack launcher (services.stack)."""
+"""kubeloop's control-plane processes: pv-controller, attach-detach controller, volume-expand
+controller and node agent, one package each."""

@@ -13,8 +13,8 @@ import pytest_asyncio
 
 from controller_runtime.client import ApiClient
 from controller_runtime.resources import NAMESPACES
-from services.stack.controlplane import ControlPlane
-from services.stack.testing import start_test_control_plane
+from localstack.controlplane import ControlPlane
+from localstack.testing import start_test_control_plane
 
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session")

@@ -13,9 +13,8 @@ import pytest_asyncio
 
 from controller_runtime.client import ApiClient, ApiError
 from controller_runtime.resources import PODS, Resource
-from services.stack.controlplane import ControlPlane
-
-from .storage_stack import StorageStack, wait_for
+from localstack.controlplane import ControlPlane
+from localstack.storage_stack import StorageStack, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.root]
 

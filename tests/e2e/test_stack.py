@@ -1,4 +1,4 @@
-"""End-to-end: `python -m services.stack.main up` as a real process, checked with the real kubectl,
+"""End-to-end: `python -m localstack.main up` as a real process, checked with the real kubectl,
 then stopped with SIGTERM, leaving no process behind. Plus the component registry's mechanics
 (identity, RBAC manifests, per-node instances, health, loud death) against a real apiserver."""
 
@@ -24,8 +24,8 @@ import psutil
 import pytest
 
 from controller_runtime.toolchain import REPO_ROOT, MissingBinaryError, Toolchain
-from services.stack.certs import PKI, Identity, service_account_identity
-from services.stack.components import (
+from localstack.certs import PKI, Identity, service_account_identity
+from localstack.components import (
     REGISTRY,
     Component,
     ComponentContext,
@@ -33,9 +33,9 @@ from services.stack.components import (
     instances,
     node_names,
 )
-from services.stack.controlplane import ControlPlane, StackLockedError
-from services.stack.proc import ManagedProcess, free_ports, port_is_free
-from services.stack.testing import free_stack_ports, start_test_control_plane
+from localstack.controlplane import ControlPlane, StackLockedError
+from localstack.proc import ManagedProcess, free_ports, port_is_free
+from localstack.testing import free_stack_ports, start_test_control_plane
 
 READY_LINE = "kubeloop stack is ready"
 START_TIMEOUT = 240.0  # two cores, cold page cache: the apiserver alone can take tens of seconds
@@ -100,7 +100,7 @@ def _launch(home: Path, base: Path) -> RunningStack:
     ports = free_stack_ports()
     stdout, stderr = base / "stdout.txt", base / "stderr.txt"
     argv = [
-        sys.executable, "-m", "services.stack.main", "up",
+        sys.executable, "-m", "localstack.main", "up",
         f"--apiserver-port={ports.apiserver}",
         f"--etcd-port={ports.etcd_client}",
         f"--etcd-peer-port={ports.etcd_peer}",
@@ -256,7 +256,7 @@ def test_refuses_a_home_too_deep_for_unix_sockets(tmp_path: Path) -> None:
     toolchain()
     home = tmp_path / ("d" * 60) / "home"
     res = subprocess.run(
-        [sys.executable, "-m", "services.stack.main", "up"],
+        [sys.executable, "-m", "localstack.main", "up"],
         cwd=REPO_ROOT, env={**os.environ, "KUBELOOP_HOME": str(home)}, capture_output=True, text=True,
         timeout=60,
     )  # fmt: skip
@@ -277,7 +277,7 @@ def _refuses_taken_port(home: Path) -> None:
         s.listen()
         taken = s.getsockname()[1]
         res = subprocess.run(
-            [sys.executable, "-m", "services.stack.main", "up", f"--apiserver-port={taken}"],
+            [sys.executable, "-m", "localstack.main", "up", f"--apiserver-port={taken}"],
             cwd=REPO_ROOT,
             env={**os.environ, "KUBELOOP_HOME": str(home)},
             capture_output=True,

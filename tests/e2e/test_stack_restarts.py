@@ -1,4 +1,4 @@
-"""The whole stack (`python -m services.stack.main up`) started and stopped again and again on one
+"""The whole stack (`python -m localstack.main up`) started and stopped again and again on one
 home, as a user restarting `make up` does: every start must reach ready, every SIGTERM must stop
 everything with exit 0 and leave no process behind.
 

@@ -17,7 +17,7 @@ from controller_runtime.client import ApiClient, ApiError
 from controller_runtime.csi_client import CSIConnection, is_final_error
 from controller_runtime.resources import PERSISTENT_VOLUMES, Resource
 from kubeloop_grpc.csi import csi_pb2
-from services.stack.controlplane import ControlPlane
+from localstack.controlplane import ControlPlane
 
 pytestmark = pytest.mark.integration
 

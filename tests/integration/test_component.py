@@ -14,7 +14,7 @@ from controller_runtime.client import ApiClient
 from controller_runtime.component import serve_controller
 from controller_runtime.events import EventRecorder
 from controller_runtime.health import HealthServer
-from services.stack.controlplane import ControlPlane
+from localstack.controlplane import ControlPlane
 
 pytestmark = pytest.mark.integration
 

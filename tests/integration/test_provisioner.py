@@ -20,7 +20,7 @@ from controller_runtime.resources import (
 from controller_runtime.toolchain import REPO_ROOT
 from csi_driver import DRIVER_NAME, TOPOLOGY_KEY
 from external_provisioner import names
-from services.stack.controlplane import ControlPlane
+from localstack.controlplane import ControlPlane
 
 from .test_provisioner_support import create_topology_node, harness, kubectl, wait_for
 from .test_pv_controller_interop import create_pod, force_delete_pods

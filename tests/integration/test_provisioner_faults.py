@@ -12,7 +12,7 @@ import pytest
 from controller_runtime.client import ApiClient
 from controller_runtime.resources import CSI_NODES, NODES, PERSISTENT_VOLUME_CLAIMS
 from external_provisioner import failpoints, names
-from services.stack.controlplane import ControlPlane
+from localstack.controlplane import ControlPlane
 
 from .test_provisioner_support import create_topology_node, harness, wait_for
 

@@ -32,12 +32,12 @@ from controller_runtime.resources import (
 )
 from controller_runtime.toolchain import REPO_ROOT
 from csi_driver import DRIVER_NAME
+from localstack.certs import service_account_identity
+from localstack.controlplane import ControlPlane
+from localstack.proc import free_ports
 from services.pv_controller import names as pv_names
 from services.pv_controller.controller import Options as PVOptions
 from services.pv_controller.controller import PVController
-from services.stack.certs import service_account_identity
-from services.stack.controlplane import ControlPlane
-from services.stack.proc import free_ports
 from tests.csi.conftest import Driver
 
 IDENTITY = service_account_identity("kubeloop-external-provisioner")

@@ -12,8 +12,8 @@ import pytest
 
 from controller_runtime.client import ApiClient
 from controller_runtime.resources import PERSISTENT_VOLUME_CLAIMS, PERSISTENT_VOLUMES
+from localstack.controlplane import ControlPlane
 from services.pv_controller import names
-from services.stack.controlplane import ControlPlane
 
 from .test_pv_controller_support import (
     ANY,

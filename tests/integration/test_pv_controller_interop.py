@@ -22,10 +22,10 @@ from controller_runtime.resources import (
     Resource,
 )
 from controller_runtime.toolchain import REPO_ROOT
+from localstack.certs import service_account_identity
+from localstack.controlplane import ControlPlane
+from localstack.proc import free_ports
 from services.pv_controller import names
-from services.stack.certs import service_account_identity
-from services.stack.controlplane import ControlPlane
-from services.stack.proc import free_ports
 
 from .test_pv_controller_support import PV, PVC, SC, Case, Harness, WantEvent, WantPVC, harness, wait_for
 

@@ -22,9 +22,9 @@ from controller_runtime.resources import (
     STORAGE_CLASSES,
     Obj,
 )
+from localstack.controlplane import ControlPlane
 from services.pv_controller import names
 from services.pv_controller.controller import Options, PVController
-from services.stack.controlplane import ControlPlane
 
 OTHER_UID = "other-uid"  # a claimRef UID that belongs to no existing claim
 NO_UID = ""

@@ -1,7 +1,7 @@
 """`kubeloop-stack up` (what `make up` runs): the local Kubernetes storage stack in the foreground.
 
 It starts etcd, kube-apiserver, kube-controller-manager (storage controllers off) and kube-scheduler
-on 127.0.0.1, then the kubeloop components of services/stack/components.py, prints a line as each
+on 127.0.0.1, then the kubeloop components of localstack/components.py, prints a line as each
 becomes healthy and how to use kubectl, and runs until Ctrl-C or SIGTERM, which stop everything.
 """
 

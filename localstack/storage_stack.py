@@ -42,9 +42,9 @@ from controller_runtime.resources import NODES as NODE_OBJECTS
 from controller_runtime.volumes import va_name
 from csi_driver import DRIVER_NAME
 from kubeloop_grpc.csi import csi_pb2
-from services.stack.components import REGISTRY, Component, ComponentContext, Components, Instance
-from services.stack.controlplane import ControlPlane
-from services.stack.proc import ManagedProcess, free_ports
+from localstack.components import REGISTRY, Component, ComponentContext, Components, Instance
+from localstack.controlplane import ControlPlane
+from localstack.proc import ManagedProcess, free_ports
 
 NODES = ("node-a", "node-b")
 STORAGE_COMPONENTS = (
@@ -95,7 +95,7 @@ _taken: set[int] = set()
 
 
 def _consecutive_free(n: int) -> int:
-    from services.stack.proc import port_is_free
+    from localstack.proc import port_is_free
 
     for base in range(30000 + os.getpid() % 1000 * 20 + len(_taken) * 3, 60000, 7):
         if base in _taken:
