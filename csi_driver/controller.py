@@ -499,8 +499,12 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
             if req.HasField("volume_capability"):
                 access_type = parse_capability(req.volume_capability).access_type
             if size > vol.capacity:
-                if self.config.capacity:
+                try:
                     await self._check_room(size - vol.capacity)
+                except CsiError as e:
+                    # The spec's code for a capacity the plugin cannot give an existing volume;
+                    # a sidecar treats it as final, so a user may ask for less and be served.
+                    raise out_of_range(e.message) from e
                 await asyncio.to_thread(files.grow, self.state.volume_file(volume_id), size)
                 old, vol.capacity = vol.capacity, size
                 await self.state.put_volume(vol)

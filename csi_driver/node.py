@@ -365,7 +365,12 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
             if rec.access_type == "mount" and (
                 not rec.fs_type.startswith("ext") or await fs.ext_needs_grow(rec.device, size)
             ):
-                await fs.grow(rec.device, rec.fs_type, rec.staging_path)
+                try:
+                    await fs.grow(rec.device, rec.fs_type, rec.staging_path)
+                except fs.ResizeNotPermitted as e:
+                    # The spec's "volume in use": this filesystem can only grow while unstaged,
+                    # which the next NodeStageVolume does.
+                    raise failed_precondition(e.stderr.strip()) from e
         log.info("expanded volume on node", volume=volume_id, device=rec.device, size=size)
         return csi_pb2.NodeExpandVolumeResponse(capacity_bytes=size)
 

@@ -310,6 +310,7 @@ def test_online_expansion_keeps_data(
             with pytest.raises(grpc.RpcError) as info:
                 client.node.NodeExpandVolume(node_expand)
             assert "CAP_SYS_RESOURCE" in (info.value.details() or "")
+            assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION  # the spec's "volume in use"
             return
         assert client.node.NodeExpandVolume(node_expand).capacity_bytes == grown
         assert fs_bytes(att.target) > before + (grown - size) // 2
