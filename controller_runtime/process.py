@@ -51,6 +51,28 @@ def duration(text: str) -> float:
     return total
 
 
+def add_bool_flag(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup, name: str, default: bool, help: str
+) -> None:
+    """A boolean flag spelled as Go's flag package takes it: `--name`, `--name=true`, `--name=false`."""
+
+    def parse(text: str) -> bool:
+        if text.lower() in ("1", "t", "true"):
+            return True
+        if text.lower() in ("0", "f", "false"):
+            return False
+        raise argparse.ArgumentTypeError(f"invalid boolean {text!r} (use true or false)")
+
+    parser.add_argument(
+        name,
+        nargs="?",
+        const=True,
+        default=default,
+        type=parse,
+        help=f"{help} (default: {str(default).lower()})",
+    )
+
+
 def add_logging_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("logging")
     group.add_argument(

@@ -1,0 +1,134 @@
+"""A PersistentVolumeClaim's resize status, the part of the API the external-resizer and the node
+side (kubelet, here the node agent) share: the condition types and allocatedResourceStatuses values
+(see docs/contracts.md), and the status each step of an expansion writes, as pure functions."""
+
+from __future__ import annotations
+
+import copy
+
+from .resources import Obj
+
+# status.conditions[].type values the resize path owns; any other condition is always kept.
+RESIZING = "Resizing"
+FS_RESIZE_PENDING = "FileSystemResizePending"
+CONTROLLER_RESIZE_ERROR = "ControllerResizeError"
+NODE_RESIZE_ERROR = "NodeResizeError"
+RESIZE_CONDITIONS = (RESIZING, FS_RESIZE_PENDING, CONTROLLER_RESIZE_ERROR, NODE_RESIZE_ERROR)
+
+# status.allocatedResourceStatuses["storage"] values.
+CONTROLLER_IN_PROGRESS = "ControllerResizeInProgress"
+CONTROLLER_INFEASIBLE = "ControllerResizeInfeasible"
+NODE_PENDING = "NodeResizePending"
+NODE_IN_PROGRESS = "NodeResizeInProgress"
+NODE_INFEASIBLE = "NodeResizeInfeasible"
+
+MSG_FS_RESIZE_PENDING = "Waiting for user to (re-)start a pod to finish file system resize of volume on node."
+
+# Annotations.
+RESIZER_ANNOTATION = "volume.kubernetes.io/storage-resizer"
+NODE_EXPANSION_NOT_REQUIRED = "volume.kubernetes.io/node-expansion-not-required"
+
+
+def resize_status(claim: Obj) -> str:
+    """allocatedResourceStatuses["storage"], "" when no resize is in progress."""
+    return str(((claim.get("status") or {}).get("allocatedResourceStatuses") or {}).get("storage") or "")
+
+
+def has_condition(claim: Obj, kind: str) -> bool:
+    return any(
+        c.get("type") == kind and c.get("status") == "True"
+        for c in (claim.get("status") or {}).get("conditions") or []
+    )
+
+
+def _condition(kind: str, now: str, message: str = "") -> Obj:
+    cond: Obj = {"type": kind, "status": "True", "lastProbeTime": None, "lastTransitionTime": now}
+    if message:
+        cond["message"] = message
+    return cond
+
+
+def _conditions(status: Obj, drop: tuple[str, ...], add: list[Obj]) -> list[Obj]:
+    kinds = {c["type"] for c in add}
+    kept = [
+        c for c in status.get("conditions") or [] if c.get("type") not in drop and c.get("type") not in kinds
+    ]
+    return kept + add
+
+
+def _with_resize_status(status: Obj, value: str | None) -> Obj:
+    statuses = dict(status.get("allocatedResourceStatuses") or {})
+    if value is None:
+        statuses.pop("storage", None)
+    else:
+        statuses["storage"] = value
+    return statuses
+
+
+def in_progress(status: Obj, size_text: str, update_status: bool, now: str) -> Obj:
+    """Step 1 of a controller attempt: Resizing, and the size worked towards. `update_status` False
+    repeats an attempt at the allocated size: the other resize conditions and status stay."""
+    new = copy.deepcopy(status)
+    if update_status:
+        new["conditions"] = _conditions(status, RESIZE_CONDITIONS, [_condition(RESIZING, now)])
+        new["allocatedResourceStatuses"] = _with_resize_status(status, CONTROLLER_IN_PROGRESS)
+    else:
+        new["conditions"] = _conditions(status, (), [_condition(RESIZING, now)])
+    new["allocatedResources"] = {**(status.get("allocatedResources") or {}), "storage": size_text}
+    return new
+
+
+def controller_failed(status: Obj, message: str, infeasible: bool, now: str) -> Obj:
+    new = copy.deepcopy(status)
+    new["conditions"] = _conditions(status, (), [_condition(CONTROLLER_RESIZE_ERROR, now, message)])
+    if infeasible:
+        new["allocatedResourceStatuses"] = _with_resize_status(status, CONTROLLER_INFEASIBLE)
+    return new
+
+
+def node_expansion_pending(status: Obj, now: str) -> Obj:
+    new = copy.deepcopy(status)
+    pending = _condition(FS_RESIZE_PENDING, now, MSG_FS_RESIZE_PENDING)
+    new["conditions"] = _conditions(status, (), [pending])
+    new["allocatedResourceStatuses"] = _with_resize_status(status, NODE_PENDING)
+    return new
+
+
+def finished(status: Obj, capacity_text: str) -> Obj:
+    """The resizer's end when no node expansion is needed, and the node side's after it."""
+    new = copy.deepcopy(status)
+    new["capacity"] = {**(status.get("capacity") or {}), "storage": capacity_text}
+    new["conditions"] = _conditions(status, RESIZE_CONDITIONS, [])
+    new["allocatedResourceStatuses"] = _with_resize_status(status, None)
+    return new
+
+
+def status_patch(old: Obj, new: Obj) -> Obj:
+    """A JSON merge patch turning status `old` into `new` for the keys the resize path owns: lists
+    are replaced whole, and a map key that went away is sent as null."""
+    patch: Obj = {}
+    for key in ("conditions", "capacity", "allocatedResources", "allocatedResourceStatuses"):
+        before, after = old.get(key), new.get(key)
+        if before == after:
+            continue
+        if isinstance(before, dict) and isinstance(after, dict):
+            patch[key] = {
+                k: after.get(k) for k in before.keys() | after.keys() if before.get(k) != after.get(k)
+            }
+        else:
+            patch[key] = after
+    return patch
+
+
+def node_in_progress(status: Obj) -> Obj:
+    new = copy.deepcopy(status)
+    new["allocatedResourceStatuses"] = _with_resize_status(status, NODE_IN_PROGRESS)
+    return new
+
+
+def node_failed(status: Obj, message: str, infeasible: bool, now: str) -> Obj:
+    new = copy.deepcopy(status)
+    new["conditions"] = _conditions(status, (), [_condition(NODE_RESIZE_ERROR, now, message)])
+    if infeasible:
+        new["allocatedResourceStatuses"] = _with_resize_status(status, NODE_INFEASIBLE)
+    return new

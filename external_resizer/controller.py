@@ -1,0 +1,349 @@
+"""The external-resizer's controller: claims whose PV belongs to our driver, one idempotent sync
+each, at most one in flight per claim (the workqueue's processing set), per-claim exponential
+backoff between failed attempts.
+
+One attempt, in the order kubernetes-csi external-resizer writes:
+  1. PVC status: Resizing, allocatedResources = the size worked towards, ControllerResizeInProgress;
+  2. event Resizing, then ControllerExpandVolume;
+  3. PV spec.capacity;
+  4. PVC status: FileSystemResizePending + NodeResizePending (the node finishes), or capacity set
+     and the resize status cleared when the driver needs no node step.
+A failed ControllerExpandVolume is written to the claim (ControllerResizeError; an infeasible size
+also ControllerResizeInfeasible) so the user can lower the request, and retried with backoff.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+
+import grpc
+
+from controller_runtime import resize_status as rs
+from controller_runtime.client import ApiClient, ApiError
+from controller_runtime.controller import run_workers
+from controller_runtime.csi_client import CSIConnection
+from controller_runtime.events import EventRecorder, now_rfc3339
+from controller_runtime.informer import EventHandler, SharedInformerFactory
+from controller_runtime.logs import get_logger
+from controller_runtime.resources import PERSISTENT_VOLUME_CLAIMS, PERSISTENT_VOLUMES, PODS, Obj, key_of
+from controller_runtime.volumes import csi_volume, pod_claims, volume_capability
+from controller_runtime.workqueue import ItemExponentialRateLimiter, WorkQueue
+from external_provisioner.request import grpc_error_text, quantity
+from kubeloop_grpc.csi import csi_pb2
+from services.pv_controller.match import claim_request, parse_quantity, storage_of
+
+from .decide import (
+    EVENT_FS_RESIZE_REQUIRED,
+    EVENT_RESIZE_FAILED,
+    EVENT_RESIZE_SUCCESSFUL,
+    EVENT_RESIZING,
+    MSG_FS_RESIZE_REQUIRED,
+    MSG_RESIZE_SUCCEEDED,
+    Attempt,
+    Sizes,
+    is_final,
+    is_infeasible,
+    target,
+)
+
+log = get_logger("external-resizer")
+
+ControllerRPC = csi_pb2.ControllerServiceCapability.RPC
+NodeRPC = csi_pb2.NodeServiceCapability.RPC
+CLAIMS_BY_POD = "claims"
+
+
+@dataclass(frozen=True)
+class Options:
+    workers: int = 10
+    timeout: float = 10.0
+    retry_start: float = 1.0
+    retry_max: float = 300.0
+    handle_volume_in_use_error: bool = True
+
+
+class ResizeError(Exception):
+    """An attempt that failed; its text is the VolumeResizeFailed event's message."""
+
+
+def lease_name(driver: str) -> str:
+    """`external-resizer-<driver>`, with what a Lease name cannot hold replaced as the Go sidecar does."""
+    name = "external-resizer-" + re.sub(r"[^a-zA-Z0-9-]", "-", driver)
+    return name + "X" if name.endswith("-") else name
+
+
+def _claim_ref(claim: Obj) -> Obj:
+    return {**claim, "kind": "PersistentVolumeClaim", "apiVersion": "v1"}
+
+
+def sizes(claim: Obj, pv: Obj) -> Sizes:
+    status = claim.get("status") or {}
+    allocated = (status.get("allocatedResources") or {}).get("storage")
+    return Sizes(
+        request=claim_request(claim),
+        capacity=storage_of(status.get("capacity")),
+        pv=storage_of((pv.get("spec") or {}).get("capacity")),
+        allocated=None if allocated is None else parse_quantity(allocated),
+        resize_status=rs.resize_status(claim),
+        fs_resize_pending=rs.has_condition(claim, rs.FS_RESIZE_PENDING),
+    )
+
+
+class Resizer:
+    def __init__(
+        self,
+        client: ApiClient,
+        factory: SharedInformerFactory,
+        csi: CSIConnection,
+        recorder: EventRecorder,
+        options: Options | None = None,
+    ) -> None:
+        self.client = client
+        self.csi = csi
+        self.driver = csi.driver_name
+        self.recorder = recorder
+        self.options = options or Options()
+        # A driver without controller expansion but with node expansion gets the "trivial"
+        # resizer: no RPC, the PV takes the requested size and the node does the work.
+        self.trivial = not csi.has_controller_capability(ControllerRPC.EXPAND_VOLUME)
+        self.factory = factory
+        self.queue: WorkQueue[str] = WorkQueue(
+            f"{self.driver}-pvc", ItemExponentialRateLimiter(self.options.retry_start, self.options.retry_max)
+        )
+        self.claims = factory.informer(PERSISTENT_VOLUME_CLAIMS)
+        self.volumes = factory.informer(PERSISTENT_VOLUMES)
+        self.claims.add_handler(
+            EventHandler(lambda c: self.queue.add(key_of(c)), self._claim_updated, self._claim_deleted)
+        )
+        self.pods = None
+        if self.options.handle_volume_in_use_error:
+            self.pods = factory.informer(PODS)
+            self.pods.add_index(
+                CLAIMS_BY_POD, lambda p: [f"{p['metadata']['namespace']}/{c}" for _v, c, _ro in pod_claims(p)]
+            )
+        # In memory only, as upstream: which claims' last attempt ended in a final error, when an
+        # infeasible size was first seen, and which claims' volumes the driver said are in use.
+        self.final_errors: set[str] = set()
+        self.infeasible_since: dict[str, float] = {}
+        self.in_use: set[str] = set()
+
+    # -- handlers: enqueue only -------------------------------------------------------------------
+
+    def _claim_updated(self, old: Obj, new: Obj) -> None:
+        o_status, n_status = old.get("status") or {}, new.get("status") or {}
+        annotations = (old["metadata"].get("annotations") or {}, new["metadata"].get("annotations") or {})
+        if (
+            claim_request(old) != claim_request(new)
+            or annotations[0].get(rs.RESIZER_ANNOTATION) != annotations[1].get(rs.RESIZER_ANNOTATION)
+            or old["metadata"].get("resourceVersion") == new["metadata"].get("resourceVersion")
+            or storage_of(n_status.get("capacity")) > storage_of(o_status.get("capacity"))
+            or rs.resize_status(old) != rs.resize_status(new)
+        ):
+            self.queue.add(key_of(new))
+
+    def _claim_deleted(self, claim: Obj) -> None:
+        self.queue.forget(key_of(claim))
+
+    @property
+    def synced(self) -> bool:
+        return self.factory.has_synced
+
+    async def run(self) -> None:
+        self.factory.start()
+        await self.factory.wait_for_sync()
+        log.info(
+            "caches synced, starting workers",
+            driver=self.driver,
+            workers=self.options.workers,
+            trivial=self.trivial,
+        )
+        await run_workers(self.queue, self.sync, self.options.workers)
+
+    # -- the sync ---------------------------------------------------------------------------------
+
+    def _ours(self, claim: Obj, pv: Obj) -> bool:
+        vol = csi_volume(pv)
+        if vol is not None and vol.driver == self.driver:
+            return True
+        annotations = claim["metadata"].get("annotations") or {}
+        return bool(annotations.get(rs.RESIZER_ANNOTATION) == self.driver)
+
+    async def sync(self, key: str) -> float | None:
+        claim = self.claims.store.get(key)
+        if claim is None:
+            return None
+        pv_name = (claim.get("spec") or {}).get("volumeName")
+        if not pv_name:
+            return None
+        pv = self.volumes.store.get(pv_name)
+        if pv is None:
+            raise ResizeError(f'PV "{pv_name}" bound to pvc "{key}" not found')
+        s = sizes(claim, pv)
+        if (claim.get("status") or {}).get("phase") != "Bound" or s.request <= s.capacity:
+            return None
+        ref = (pv.get("spec") or {}).get("claimRef") or {}
+        md = claim["metadata"]
+        if (
+            not self._ours(claim, pv)
+            or ref.get("namespace") != md["namespace"]
+            or ref.get("uid") != md["uid"]
+        ):
+            return None
+        if s.resize_status == rs.CONTROLLER_INFEASIBLE:
+            self.infeasible_since.setdefault(key, time.monotonic())
+        attempt = target(s, key in self.final_errors, self.trivial)
+        if attempt is None:
+            return None
+        if not attempt.update_status and key in self.infeasible_since:
+            # The same infeasible size is tried again only once per --retry-interval-max.
+            remaining = self.infeasible_since[key] + self.options.retry_max - time.monotonic()
+            if remaining > 0:
+                log.debug(
+                    f"skipping volume expansion for pvc {key}, because expansion previously failed "
+                    "with infeasible error",
+                    retry_in=round(remaining, 1),
+                )
+                return remaining
+            self.infeasible_since.pop(key)
+        try:
+            await self._attempt(key, claim, pv, attempt)
+        except ResizeError as e:
+            self.recorder.warning(_claim_ref(claim), EVENT_RESIZE_FAILED, str(e))
+            raise
+        return None
+
+    async def _attempt(self, key: str, claim: Obj, pv: Obj, attempt: Attempt) -> None:
+        status = claim.get("status") or {}
+        try:
+            claim = await self._patch_claim(
+                claim,
+                rs.in_progress(status, quantity(attempt.size), attempt.update_status, now_rfc3339()),
+                annotations={rs.NODE_EXPANSION_NOT_REQUIRED: None},
+            )
+        except ApiError as e:
+            raise RuntimeError(f'marking pvc "{key}" as resizing failed: {e}') from e
+        pv_name = pv["metadata"]["name"]
+        if self._in_use(claim):
+            raise ResizeError(
+                f"Unable to expand {key} because CSI driver {self.driver} only supports offline expansion "
+                "and volume is currently in-use"
+            )
+        self.recorder.normal(
+            _claim_ref(claim), EVENT_RESIZING, f"External resizer is resizing volume {pv_name}"
+        )
+        new_size, node_expansion = await self._expand(key, claim, pv, attempt.size)
+        try:
+            await self.client.patch(
+                PERSISTENT_VOLUMES, pv_name, {"spec": {"capacity": {"storage": quantity(new_size)}}}
+            )
+        except ApiError as e:
+            raise ResizeError(
+                f'error updating pv "{pv_name}" by resizer: updating capacity of PV "{pv_name}" '
+                f"to {quantity(new_size)} failed: {e}"
+            ) from e
+        status = claim.get("status") or {}
+        if node_expansion:
+            try:
+                claim = await self._patch_claim(
+                    claim,
+                    rs.node_expansion_pending(status, now_rfc3339()),
+                    annotations={rs.NODE_EXPANSION_NOT_REQUIRED: None},
+                )
+            except ApiError as e:
+                raise ResizeError(f'mark PVC "{key}" as node expansion required failed: {e}') from e
+            self.recorder.normal(_claim_ref(claim), EVENT_FS_RESIZE_REQUIRED, MSG_FS_RESIZE_REQUIRED)
+        else:
+            try:
+                claim = await self._patch_claim(
+                    claim,
+                    rs.finished(status, quantity(new_size)),
+                    annotations={rs.NODE_EXPANSION_NOT_REQUIRED: "true"},
+                )
+            except ApiError as e:
+                raise ResizeError(f'mark PVC "{key}" as resize finished failed: {e}') from e
+            self.recorder.normal(_claim_ref(claim), EVENT_RESIZE_SUCCESSFUL, MSG_RESIZE_SUCCEEDED)
+        log.info("resized volume", pvc=key, pv=pv_name, size=new_size, node_expansion=node_expansion)
+
+    async def _expand(self, key: str, claim: Obj, pv: Obj, size: int) -> tuple[int, bool]:
+        """ControllerExpandVolume; a failure is recorded on the claim before it is raised."""
+        if self.trivial:
+            return size, True
+        vol = csi_volume(pv)
+        assert vol is not None  # _ours checked it
+        self.in_use.discard(key)
+        req = csi_pb2.ControllerExpandVolumeRequest(
+            volume_id=vol.handle,
+            capacity_range=csi_pb2.CapacityRange(required_bytes=size),
+            volume_capability=volume_capability(vol),
+        )
+        try:
+            rsp = await self.csi.controller.ControllerExpandVolume(req, timeout=self.options.timeout)
+        except Exception as exc:
+            code = exc.code() if isinstance(exc, grpc.aio.AioRpcError) else None
+            text = grpc_error_text(exc)
+            if code == grpc.StatusCode.FAILED_PRECONDITION:
+                self.in_use.add(key)
+            if is_final(code):
+                self.final_errors.add(key)
+                if not is_infeasible(code):
+                    self.infeasible_since.pop(key, None)
+                status = claim.get("status") or {}
+                marked = rs.controller_failed(
+                    status, f"failed to expand pvc with {text}", is_infeasible(code), now_rfc3339()
+                )
+                try:
+                    await self._patch_claim(claim, marked, resource_version=False)
+                except ApiError as e:
+                    raise ResizeError(
+                        f"resizing failed in controller with {text} but failed to update PVC {key} with: {e}"
+                    ) from e
+            else:
+                self.final_errors.discard(key)
+                self.infeasible_since.pop(key, None)
+            raise ResizeError(
+                f'resize volume "{pv["metadata"]["name"]}" by resizer "{self.driver}" failed: {text}'
+            ) from exc
+        self.final_errors.discard(key)
+        self.infeasible_since.pop(key, None)
+        return int(rsp.capacity_bytes) or size, bool(rsp.node_expansion_required)
+
+    def _in_use(self, claim: Obj) -> bool:
+        """True when the driver said this volume cannot grow while in use and a running pod uses it."""
+        key = key_of(claim)
+        if key not in self.in_use or self.pods is None:
+            return False
+        return any(
+            (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+            for p in self.pods.store.by_index(CLAIMS_BY_POD, key)
+        )
+
+    async def _patch_claim(
+        self,
+        claim: Obj,
+        status: Obj,
+        *,
+        annotations: dict[str, str | None] | None = None,
+        resource_version: bool = True,
+    ) -> Obj:
+        """Merge-patches the claim's status subresource from its cached status to `status`."""
+        metadata: Obj = {}
+        if resource_version:
+            metadata["resourceVersion"] = claim["metadata"]["resourceVersion"]
+        current = claim["metadata"].get("annotations") or {}
+        changed = {k: v for k, v in (annotations or {}).items() if current.get(k) != v}
+        if changed:
+            metadata["annotations"] = changed
+        body: Obj = {"status": rs.status_patch(claim.get("status") or {}, status)}
+        if metadata:
+            body["metadata"] = metadata
+        updated = await self.client.patch(
+            PERSISTENT_VOLUME_CLAIMS,
+            claim["metadata"]["name"],
+            body,
+            namespace=claim["metadata"]["namespace"],
+            subresource="status",
+        )
+        self.claims.store.upsert(updated)  # the next step of this attempt reads what it wrote
+        return updated

@@ -1,0 +1,102 @@
+"""The external-resizer's own decisions as pure functions: what size an attempt works towards
+(recovery from expansion failure, GA since Kubernetes 1.34) and how a CSI error is classified.
+The status each step writes is controller_runtime.resize_status, shared with the node side."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import grpc
+
+from controller_runtime.resize_status import (
+    CONTROLLER_IN_PROGRESS,
+    CONTROLLER_INFEASIBLE,
+    NODE_IN_PROGRESS,
+    NODE_INFEASIBLE,
+    NODE_PENDING,
+)
+
+# Event reasons and the messages external-resizer writes with them.
+EVENT_RESIZING = "Resizing"
+EVENT_RESIZE_FAILED = "VolumeResizeFailed"
+EVENT_RESIZE_SUCCESSFUL = "VolumeResizeSuccessful"
+EVENT_FS_RESIZE_REQUIRED = "FileSystemResizeRequired"
+MSG_FS_RESIZE_REQUIRED = "Require file system resize of volume on node"
+MSG_RESIZE_SUCCEEDED = "Resize volume succeeded"
+
+# Codes after which the operation may still be running in the driver: retry the same size.
+_NOT_FINAL = frozenset(
+    {
+        grpc.StatusCode.CANCELLED,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.ABORTED,
+    }
+)
+# Final codes that say this size can never be had: the user must ask for another.
+_INFEASIBLE = frozenset(
+    {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE, grpc.StatusCode.NOT_FOUND}
+)
+
+
+def is_final(code: grpc.StatusCode | None) -> bool:
+    """None stands for an error that is not a gRPC status: never final."""
+    return code is not None and code not in _NOT_FINAL
+
+
+def is_infeasible(code: grpc.StatusCode | None) -> bool:
+    return code in _INFEASIBLE
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """The sizes and status of one claim, in bytes; `allocated` is None when never set."""
+
+    request: int
+    capacity: int  # status.capacity
+    pv: int  # the PV's spec.capacity
+    allocated: int | None
+    resize_status: str  # allocatedResourceStatuses["storage"], "" when absent
+    fs_resize_pending: bool
+
+
+@dataclass(frozen=True)
+class Attempt:
+    size: int
+    # False when the attempt repeats the size already recorded as allocated: the status (and its
+    # conditions) stays as it is apart from a fresh Resizing condition.
+    update_status: bool
+
+
+def target(s: Sizes, final_error: bool, trivial: bool) -> Attempt | None:
+    """The size the next attempt works towards, or None when there is nothing for the resizer to
+    do (the node side is finishing). An in-flight size whose outcome is uncertain is kept until it
+    resolves; after a final error the user's current request wins."""
+    rs, alloc = s.resize_status, s.allocated
+    size: int
+    if s.pv < s.request:
+        if rs == NODE_INFEASIBLE:
+            size = alloc if alloc is not None else s.request
+        elif rs in (NODE_PENDING, NODE_IN_PROGRESS):
+            size = alloc if alloc is not None else s.request
+            if s.pv >= size:
+                return None
+        elif rs == CONTROLLER_IN_PROGRESS:
+            size = s.request if final_error or alloc is None else alloc
+        else:
+            size = s.request
+    else:
+        if rs in (NODE_IN_PROGRESS, NODE_PENDING):
+            return None
+        if rs == NODE_INFEASIBLE:
+            size = alloc if alloc is not None and not trivial else s.request
+        elif rs in (CONTROLLER_IN_PROGRESS, CONTROLLER_INFEASIBLE):
+            size = alloc if alloc is not None else s.request
+        elif alloc is not None:
+            size = alloc
+        elif s.fs_resize_pending:
+            return None
+        else:
+            size = s.request
+    return Attempt(size, update_status=alloc != size)

@@ -1,0 +1,97 @@
+"""`kubeloop-external-resizer`: the CSI external-resizer sidecar as a process."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+from controller_runtime import process
+from controller_runtime.client import ApiClient
+from controller_runtime.component import serve_controller
+from controller_runtime.csi_client import CSIConnection
+from controller_runtime.events import EventRecorder
+from controller_runtime.informer import SharedInformerFactory
+
+from .controller import Options, Resizer, lease_name
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kubeloop-external-resizer",
+        description="Expands CSI volumes whose PersistentVolumeClaim asks for more storage "
+        "(kubernetes-csi external-resizer): ControllerExpandVolume, the PV's capacity, and the "
+        "claim's resize status, leaving a filesystem to grow to the node when the driver says so.",
+    )
+    parser.add_argument(
+        "--csi-address", default="/run/csi/socket", help="CSI driver socket (default: /run/csi/socket)"
+    )
+    parser.add_argument(
+        "--timeout", type=process.duration, default=10.0, help="timeout of each CSI call (default: 10s)"
+    )
+    parser.add_argument("--workers", type=int, default=10, help="concurrent claim syncs (default: 10)")
+    parser.add_argument(
+        "--retry-interval-start",
+        type=process.duration,
+        default=1.0,
+        help="first retry delay after a failed resize (default: 1s)",
+    )
+    parser.add_argument(
+        "--retry-interval-max",
+        type=process.duration,
+        default=300.0,
+        help="longest retry delay; an infeasible size is retried once per this interval (default: 5m)",
+    )
+    parser.add_argument(
+        "--resync-period", type=process.duration, default=600.0, help="informer resync period (default: 10m)"
+    )
+    process.add_bool_flag(
+        parser,
+        "--handle-volume-inuse-error",
+        True,
+        "after the driver answers FAILED_PRECONDITION (volume in use), wait until no running pod uses "
+        "the claim before trying again; watches pods",
+    )
+    process.add_kube_flags(parser, qps=5.0, burst=10)
+    process.add_http_flags(parser)
+    process.add_leader_election_flags(parser)
+    process.add_logging_flags(parser)
+    return parser
+
+
+async def run(args: argparse.Namespace, ctx: process.Context) -> None:
+    csi = await CSIConnection.connect(args.csi_address, timeout=args.timeout)
+
+    def build(client: ApiClient, recorder: EventRecorder) -> Resizer:
+        return Resizer(
+            client,
+            SharedInformerFactory(client, resync_period=args.resync_period),
+            csi,
+            recorder,
+            Options(
+                workers=max(1, args.workers),
+                timeout=args.timeout,
+                retry_start=args.retry_interval_start,
+                retry_max=args.retry_interval_max,
+                handle_volume_in_use_error=args.handle_volume_inuse_error,
+            ),
+        )
+
+    try:
+        await serve_controller(
+            args,
+            ctx,
+            user_agent="kubeloop-external-resizer",
+            event_source=f"external-resizer {csi.driver_name}",
+            lease_name=lease_name(csi.driver_name),
+            build=build,
+        )
+    finally:
+        await csi.close()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    process.main(build_parser(), run, argv)
+
+
+if __name__ == "__main__":
+    main()
