@@ -21,6 +21,7 @@ from typing import Any
 
 import grpc
 
+from controller_runtime import mounts
 from controller_runtime.client import ApiClient, ApiError
 from controller_runtime.csi_client import CSIConnection
 from controller_runtime.events import EventRecorder
@@ -48,7 +49,6 @@ from controller_runtime.volumes import (
     va_name,
     volume_capability,
 )
-from csi_driver.backend import mounts
 from kubeloop_grpc.csi import csi_pb2
 from kubeloop_grpc.pluginregistration import api_pb2, api_pb2_grpc
 
