@@ -7,7 +7,7 @@ import asyncio
 
 from prometheus_client import REGISTRY
 
-from controller_runtime.operations import Backoff, OperationExecutor, OperationSlots, RetryLater
+from controller_runtime.operations import Backoff, OperationExecutor, RetryLater
 
 
 class Clock:
@@ -193,26 +193,3 @@ async def test_shutdown_cancels_running_and_queued_operations() -> None:
     await ops.shutdown()
     assert cancelled == ["v1"]
     assert len(ops) == 0 and ops.slots.busy == 0 and gauge("test-shutdown") == 0
-
-
-async def test_slots_unstage_style_priority_and_cancelled_waiters_give_up_their_place() -> None:
-    slots = OperationSlots(1)
-    order: list[str] = []
-    gate = asyncio.Event()
-
-    async def op(name: str, priority: int) -> None:
-        async with slots.hold(priority):
-            order.append(name)
-            await gate.wait()
-
-    first = asyncio.create_task(op("low-1", 1))
-    await asyncio.sleep(0)
-    queued = [asyncio.create_task(op(n, 1)) for n in ("low-2", "low-3")]
-    gone = asyncio.create_task(op("cancelled", 0))
-    high = asyncio.create_task(op("high", 0))
-    await asyncio.sleep(0)
-    gone.cancel()
-    gate.set()
-    await asyncio.gather(first, *queued, high)
-    assert order == ["low-1", "high", "low-2", "low-3"]
-    assert slots.busy == 0 and slots.waiting == 0
