@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import grpc
 
 from controller_runtime.logs import get_logger
+from controller_runtime.mounts import is_mounted, read_mounts
 from kubeloop_grpc.csi import csi_pb2, csi_pb2_grpc
 
 from . import TOPOLOGY_KEY
@@ -67,7 +68,7 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
         loop device of each staged volume is looked up by its backing file (`losetup -J`), and
         targets that are no longer mounted (/proc/self/mountinfo) are forgotten."""
         devices = await loop.list_devices()
-        table = mounts.read_mounts()
+        table = read_mounts()
         claimed = {r.device for r in self.state.stagings.values() if r.device}
         for rec in list(self.state.stagings.values()):
             backing = self.state.volume_file(rec.volume_id)
@@ -78,7 +79,7 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
                 # losetup): adopt an attached device no other staging claims, else restage later.
                 device = next((d for d in attached if d not in claimed), "")
                 claimed.add(device)
-            targets = {t: ro for t, ro in rec.targets.items() if mounts.is_mounted(t, table)}
+            targets = {t: ro for t, ro in rec.targets.items() if is_mounted(t, table)}
             if device != rec.device or targets != rec.targets:
                 log.info(
                     "reconciled staging with the kernel",
@@ -89,7 +90,7 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
                 )
                 rec.device, rec.targets = device, targets
                 await self.state.put_staging(rec)
-            if rec.access_type == "mount" and not mounts.is_mounted(rec.staging_path, table):
+            if rec.access_type == "mount" and not is_mounted(rec.staging_path, table):
                 log.warning(
                     "staged volume is not mounted; NodeStageVolume will mount it again",
                     volume=rec.volume_id,
@@ -163,7 +164,7 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
             return csi_pb2.VolumeCondition(
                 abnormal=True, message="loop device is not attached; restage the volume"
             )
-        if not mounts.is_mounted(path):
+        if not is_mounted(path):
             return csi_pb2.VolumeCondition(abnormal=True, message=f"{path} is not mounted")
         return csi_pb2.VolumeCondition(abnormal=False, message=f"attached as {rec.device}")
 
@@ -200,7 +201,7 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
                 )
                 await self.state.put_staging(rec)
             device = await self._ensure_device(rec, backing)
-            if cap.access_type == "mount" and not mounts.is_mounted(staging):
+            if cap.access_type == "mount" and not is_mounted(staging):
                 requested = cap.fs_type or req.volume_context.get(CTX_FS_TYPE) or context.get(CTX_FS_TYPE, "")
                 fs_type = await self._ensure_filesystem(volume_id, device, requested)
                 # A volume expanded while it was not staged (offline expansion) is grown here,
@@ -231,7 +232,7 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
                 return csi_pb2.NodeUnstageVolumeResponse()
             if rec.staging_path != staging:
                 raise not_found(f"volume {volume_id} is staged at {rec.staging_path}, not at {staging}")
-            busy = [t for t in rec.targets if mounts.is_mounted(t)]
+            busy = [t for t in rec.targets if is_mounted(t)]
             if busy:
                 raise failed_precondition(f"volume {volume_id} is still published at {', '.join(busy)}")
             if rec.access_type == "mount":
@@ -267,7 +268,7 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
                 raise failed_precondition(
                     f"volume {volume_id} was staged as {rec.access_type}, not {cap.access_type}"
                 )
-            if target in rec.targets and mounts.is_mounted(target):
+            if target in rec.targets and is_mounted(target):
                 if rec.targets[target] != read_only:
                     raise already_exists(
                         f"volume {volume_id} is already published at {target} "
@@ -275,7 +276,7 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
                     )
                 return csi_pb2.NodePublishVolumeResponse()
             if cap.mode == Mode.SINGLE_NODE_SINGLE_WRITER:
-                others = [t for t in rec.targets if t != target and mounts.is_mounted(t)]
+                others = [t for t in rec.targets if t != target and is_mounted(t)]
                 if others:
                     raise failed_precondition(
                         f"volume {volume_id} has access mode SINGLE_NODE_SINGLE_WRITER and is already "
@@ -292,7 +293,7 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
                 await asyncio.to_thread(_create_file, target)
                 await mounts.bind(rec.device, target, read_only)
             else:
-                if not mounts.is_mounted(staging):
+                if not is_mounted(staging):
                     raise failed_precondition(f"{staging} is not mounted; call NodeStageVolume again")
                 await asyncio.to_thread(os.makedirs, target, exist_ok=True)
                 await mounts.bind(staging, target, read_only)
@@ -314,7 +315,7 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
                 del rec.targets[target]
                 await self.state.put_staging(rec)
                 log.info("unpublished volume", volume=volume_id, target=target)
-            elif mounts.is_mounted(target):
+            elif is_mounted(target):
                 raise failed_precondition(
                     f"{target} is mounted but volume {volume_id} was not published there"
                 )

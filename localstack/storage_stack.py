@@ -28,6 +28,7 @@ import grpc
 
 from controller_runtime.client import ApiClient, ApiError
 from controller_runtime.csi_client import CSIConnection
+from controller_runtime.mounts import read_mounts
 from controller_runtime.resources import (
     CSI_DRIVERS,
     CSI_NODES,
@@ -371,8 +372,7 @@ async def wait_for(
 
 
 def mounts_under(root: Path) -> list[str]:
-    with open("/proc/self/mountinfo") as f:
-        points = [line.split()[4] for line in f]
+    points = [m.mountpoint for m in read_mounts()]
     return [p for p in points if p.startswith(str(root) + "/")]
 
 

@@ -14,15 +14,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Coroutine
 from dataclasses import dataclass
-from typing import Any
 
 from controller_runtime.client import ApiClient, ApiError
 from controller_runtime.controller import run_workers
 from controller_runtime.events import EventRecorder
 from controller_runtime.informer import EventHandler, SharedInformerFactory
 from controller_runtime.logs import get_logger
+from controller_runtime.operations import Backoff, OperationExecutor
 from controller_runtime.resources import (
     CSI_DRIVERS,
     NODES,
@@ -135,11 +134,17 @@ class AttachDetachController:
                 lambda _o: self._wake.set(), lambda _o, _n: self._wake.set(), lambda _o: self._wake.set()
             )
         )
-        # In-flight operations by VA name; creates count as attachments until the cache has them.
-        self._ops: dict[str, asyncio.Task[None]] = {}
+        self._wake = asyncio.Event()
+        # One operation per VA name at a time, backing off per VA name after a failure.
+        self.operations = OperationExecutor[str](
+            "attachdetach",
+            backoff=Backoff(self.options.backoff_start, self.options.backoff_max),
+            on_done=self._wake.set,
+            logger=log,
+        )
+        # Creates count as attachments until the cache has them.
         self._creating: dict[str, Attachment] = {}
         self._detaching: set[str] = set()
-        self._backoff: dict[str, tuple[float, float]] = {}  # VA name -> (retry at, last delay)
         self._unmount_wait_since: dict[str, float] = {}
         self._created_here: set[str] = set()
         self._multi_attach_reported: set[tuple[str, str]] = set()
@@ -147,7 +152,6 @@ class AttachDetachController:
         self._status_written: dict[str, tuple[tuple[str, ...], float]] = {}
         self._populated = False
         self._counts = (0, 0)
-        self._wake = asyncio.Event()
 
     # -- handlers: only enqueue ---------------------------------------------------------------------
 
@@ -299,39 +303,13 @@ class AttachDetachController:
         finally:
             METRICS.sources.remove(self._metric_counts)
             workers.cancel()
-            ops = list(self._ops.values())
-            for t in ops:
-                t.cancel()
-            await asyncio.gather(workers, *ops, return_exceptions=True)
+            await asyncio.gather(workers, self.operations.shutdown(), return_exceptions=True)
             await self.factory.stop()
 
     def _metric_counts(self) -> tuple[int, int]:
         return self._counts
 
     # -- the reconcile pass ---------------------------------------------------------------------------
-
-    def _busy(self, name: str, now: float) -> bool:
-        if name in self._ops:
-            return True
-        retry = self._backoff.get(name)
-        return retry is not None and now < retry[0]
-
-    def _spawn(self, name: str, coro: Coroutine[Any, Any, None]) -> None:
-        async def op() -> None:
-            try:
-                await coro
-            except Exception as exc:
-                _, last = self._backoff.get(name, (0.0, 0.0))
-                delay = min(self.options.backoff_max, max(self.options.backoff_start, last * 2))
-                self._backoff[name] = (time.monotonic() + delay, delay)
-                log.warning("operation failed, backing off", va=name, delay=f"{delay:.1f}s", error=str(exc))
-            else:
-                self._backoff.pop(name, None)
-            finally:
-                self._ops.pop(name, None)
-                self._wake.set()
-
-        self._ops[name] = asyncio.create_task(op(), name=f"op-{name}")
 
     async def reconcile(self) -> None:
         now = time.monotonic()
@@ -358,7 +336,7 @@ class AttachDetachController:
                 self._unmount_wait_since.pop(name, None)
 
         # 1. Detach: the node's status must stop listing the volume before its VA goes.
-        detaches = [d for d in plan.detaches if not self._busy(d.attachment.name, now)]
+        detaches = [d for d in plan.detaches if not self.operations.is_pending(d.attachment.name)]
         detach_nodes = {d.attachment.node for d in detaches}
         if detaches:
             results = await asyncio.gather(
@@ -377,11 +355,11 @@ class AttachDetachController:
             for d in detaches:
                 if d.attachment.node not in failed:
                     self._detaching.add(d.attachment.name)
-                    self._spawn(d.attachment.name, self._detach(d))
+                    self.operations.run(d.attachment.name, self._detach(d))
 
         # 2. Attach, or say why not.
         for entry in plan.attaches:
-            if not self._busy(entry.va_name, now):
+            if not self.operations.is_pending(entry.va_name):
                 self._creating[entry.va_name] = Attachment(
                     entry.va_name,
                     entry.node,
@@ -392,7 +370,7 @@ class AttachDetachController:
                     attached=False,
                     deleting=False,
                 )
-                self._spawn(entry.va_name, self._attach(entry))
+                self.operations.run(entry.va_name, self._attach(entry))
         for refusal in plan.multi_attach:
             for pod in refusal.entry.pods:
                 mark = (pod.uid, refusal.entry.volume.pv_name)
@@ -413,9 +391,7 @@ class AttachDetachController:
             )
         # Forget bookkeeping of attachments that are gone.
         self._created_here &= live | set(self._creating)
-        for name in list(self._backoff):
-            if name not in live and name not in {e.va_name for e in plan.attaches}:
-                self._backoff.pop(name, None)
+        self.operations.forget(live | {e.va_name for e in plan.attaches})
 
     def _report_attach_results(self, desired: list[DesiredEntry], attachments: list[Attachment]) -> None:
         by_name = {a.name: a for a in attachments}

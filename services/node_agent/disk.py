@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -131,3 +132,12 @@ def remove_volume_dir(path: Path, leaf: str, stop: Path) -> None:
         except OSError:
             return
         current = current.parent
+
+
+def remove_pod_dir(path: Path) -> None:
+    """Removes a pod's directory tree bottom-up if it only holds empty directories."""
+    if not path.is_dir():
+        return
+    for dirpath, _dirnames, _files in sorted(os.walk(path), key=lambda e: -len(e[0])):
+        with contextlib.suppress(OSError):
+            os.rmdir(dirpath)

@@ -16,6 +16,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from controller_runtime.mounts import read_mounts
 from kubeloop_grpc.csi import csi_pb2, csi_pb2_grpc
 
 REPO = Path(__file__).resolve().parents[2]
@@ -45,8 +46,7 @@ def loop_devices_under(root: Path) -> list[str]:
 
 
 def mounts_under(root: Path) -> list[str]:
-    with open("/proc/self/mountinfo") as f:
-        points = [line.split()[4] for line in f]
+    points = [m.mountpoint for m in read_mounts()]
     return [p for p in points if p.startswith(str(root))]
 
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from csi_driver.backend.mounts import parse_mountinfo
+from controller_runtime.mounts import parse_mountinfo
 from csi_driver.errors import CsiError
 from csi_driver.server import socket_path
 from csi_driver.validation import (

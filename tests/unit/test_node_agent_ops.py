@@ -23,8 +23,7 @@ def agent(tmp_path: Path, limit: int) -> NodeAgent:
 
 
 async def _drain(a: NodeAgent) -> None:
-    while a._ops:
-        await asyncio.gather(*list(a._ops.values()))
+    await a.volumes.operations.wait()
 
 
 def test_operations_run_in_parallel_up_to_the_limit_in_queue_order(tmp_path: Path) -> None:
@@ -43,8 +42,10 @@ def test_operations_run_in_parallel_up_to_the_limit_in_queue_order(tmp_path: Pat
             running.discard(i)
 
         for i in range(6):
-            a._spawn((DRIVER, f"v{i}"), ("mount", i), op(i))
-        assert a._busy((DRIVER, "v0"), ("mount", 0), 0.0), "a queued operation holds its volume"
+            a.volumes.operations.run((DRIVER, f"v{i}"), op(i), operation=("mount", i))
+        assert a.volumes.operations.is_pending((DRIVER, "v0"), ("mount", 0)), (
+            "a queued operation holds its volume"
+        )
         await _drain(a)
         assert peak == 2
         assert started == list(range(6))
@@ -66,7 +67,7 @@ def test_no_limit_runs_everything_at_once(tmp_path: Path) -> None:
             running.discard(i)
 
         for i in range(5):
-            a._spawn((DRIVER, f"v{i}"), ("mount", i), op(i))
+            a.volumes.operations.run((DRIVER, f"v{i}"), op(i), operation=("mount", i))
         await _drain(a)
         assert peak == 5
 
@@ -79,15 +80,17 @@ def test_queued_mount_of_a_pod_that_left_does_nothing(tmp_path: Path) -> None:
         vol = CSIVolume("pv-v1", DRIVER, "v1", ("ReadWriteOnce",), False, "ext4", False, (), {})
         pv = PodVolume("uid-1", "ns/p1", vol, False)
         # No pod in the cache and no driver registered: had the mount begun, it would raise NotReady.
-        await a._mount(pv)
-        assert pv.key not in a.mounted and not a.staged
+        await a.volumes._mount(pv)
+        assert pv.key not in a.volumes.mounted and not a.volumes.staged
         pod: dict[str, Any] = {"metadata": {"namespace": "ns", "name": "p1", "uid": "uid-1"}}
-        a.pods.store.upsert(pod)
-        assert a._still_wanted(pv)
-        a.pods.store.upsert({"metadata": {**pod["metadata"], "deletionTimestamp": "2026-01-01T00:00:00Z"}})
-        assert not a._still_wanted(pv), "a pod being deleted gets nothing new mounted"
-        a.pods.store.upsert({"metadata": {**pod["metadata"], "uid": "uid-2"}})
-        assert not a._still_wanted(pv), "a new pod of the same name is a different pod"
+        a.volumes.pods.store.upsert(pod)
+        assert a.volumes._still_wanted(pv)
+        a.volumes.pods.store.upsert(
+            {"metadata": {**pod["metadata"], "deletionTimestamp": "2026-01-01T00:00:00Z"}}
+        )
+        assert not a.volumes._still_wanted(pv), "a pod being deleted gets nothing new mounted"
+        a.volumes.pods.store.upsert({"metadata": {**pod["metadata"], "uid": "uid-2"}})
+        assert not a.volumes._still_wanted(pv), "a new pod of the same name is a different pod"
 
     asyncio.run(main())
 
@@ -112,24 +115,27 @@ def test_pass_decides_on_the_state_after_its_volumes_in_use_write(tmp_path: Path
     async def main() -> None:
         key = (DRIVER, "v1")
         a = agent(tmp_path, 2)
-        a.staged.add(key)
-        a.stage_confirmed.add(key)
+        a.volumes.staged.add(key)
+        a.volumes.stage_confirmed.add(key)
 
         def unstage_finishes() -> None:
-            a.staged.discard(key)
-            a.stage_confirmed.discard(key)
+            a.volumes.staged.discard(key)
+            a.volumes.stage_confirmed.discard(key)
 
         fake = _SlowPatchClient(unstage_finishes)
-        a.client = cast(ApiClient, fake)
+        a.volumes.client = cast(ApiClient, fake)
         await a.reconcile()
         assert fake.patches, "volumesInUse was written"
-        assert key not in a._ops, "no second unstage from the plan made before the write"
+        assert not a.volumes.operations.in_flight(key), (
+            "no second unstage from the plan made before the write"
+        )
 
     asyncio.run(main())
 
 
 def test_unstage_goes_ahead_of_queued_unpublishes_and_cancelled_waiters_give_up_their_place() -> None:
-    from services.node_agent.slots import UNPUBLISH, UNSTAGE, OperationSlots
+    from controller_runtime.operations import OperationSlots
+    from services.node_agent.volume_manager import UNPUBLISH, UNSTAGE
 
     async def main() -> None:
         slots = OperationSlots(1)

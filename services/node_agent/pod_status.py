@@ -1,0 +1,120 @@
+"""Pod status, kubelet's status manager and the end of its pod deletion: a pod whose volumes are
+all mounted is reported Running (conditions and a running status per container; nothing runs), and
+a pod being deleted is deleted for good once none of its volumes is published any more."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from controller_runtime.client import ApiClient, ApiError
+from controller_runtime.informer import SharedInformer
+from controller_runtime.logs import get_logger
+from controller_runtime.resources import PODS, Obj
+from controller_runtime.volumes import pod_terminated
+
+from .disk import remove_pod_dir
+from .formats import _rfc3339
+from .plan import PodVolume
+from .volume_manager import VolumeManager
+
+log = get_logger("node-agent")
+
+
+class PodStatus:
+    def __init__(
+        self, client: ApiClient, pods: SharedInformer, pods_dir: Path, volumes: VolumeManager
+    ) -> None:
+        self.client = client
+        self.pods = pods
+        self.pods_dir = pods_dir
+        self.volumes = volumes
+        self._deleting: set[str] = set()
+        self._reported_running: set[str] = set()
+
+    async def sync(self, complete: dict[str, list[PodVolume]]) -> None:
+        """`complete`: per pod key whose claims all resolve, its volumes (from the volume pass)."""
+        writes = []
+        for pod in self.pods.store.values():
+            md = pod["metadata"]
+            key, uid = f"{md.get('namespace', '')}/{md['name']}", md.get("uid", "")
+            if md.get("deletionTimestamp"):
+                busy = self.volumes.pod_could_have_mounted_volumes(uid)
+                if not busy and uid not in self._deleting:
+                    self._deleting.add(uid)
+                    writes.append(self._finish_deletion(pod))
+                continue
+            vols = complete.get(key)
+            if vols is None or pod_terminated(pod) or uid in self._reported_running:
+                continue
+            if self.volumes.all_mounted(vols):
+                self._reported_running.add(uid)
+                writes.append(self._set_running(pod))
+        if writes:
+            await asyncio.gather(*writes)
+
+    async def _set_running(self, pod: Obj) -> None:
+        md = pod["metadata"]
+        status = pod.get("status") or {}
+        if status.get("phase") == "Running" and any(
+            c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or []
+        ):
+            return
+        now = _rfc3339()
+        conditions = [
+            {"type": t, "status": "True", "lastTransitionTime": now}
+            for t in ("PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady", "PodScheduled")
+        ]
+        containers = [
+            {
+                "name": c["name"],
+                "image": c.get("image", ""),
+                "imageID": "",
+                "containerID": f"kubeloop://{md.get('uid', '')}/{c['name']}",
+                "ready": True,
+                "started": True,
+                "restartCount": 0,
+                "state": {"running": {"startedAt": now}},
+            }
+            for c in pod.get("spec", {}).get("containers") or []
+        ]
+        patch = {
+            "status": {
+                "phase": "Running",
+                "conditions": conditions,
+                "hostIP": "127.0.0.1",
+                "hostIPs": [{"ip": "127.0.0.1"}],
+                "podIP": "127.0.0.1",
+                "podIPs": [{"ip": "127.0.0.1"}],
+                "startTime": status.get("startTime") or now,
+                "containerStatuses": containers,
+            }
+        }
+        try:
+            await self.client.patch(
+                PODS, md["name"], patch, namespace=md.get("namespace"), subresource="status"
+            )
+            log.info("pod running", pod=f"{md.get('namespace')}/{md['name']}")
+        except ApiError as exc:
+            self._reported_running.discard(md.get("uid", ""))
+            if not exc.not_found:
+                log.warning("could not update pod status", pod=md["name"], error=str(exc))
+
+    async def _finish_deletion(self, pod: Obj) -> None:
+        """Deletes the pod for good (grace period 0) once nothing of it is mounted, as kubelet does
+        after its containers stopped and volumes were torn down."""
+        md = pod["metadata"]
+        body = {
+            "kind": "DeleteOptions",
+            "apiVersion": "v1",
+            "gracePeriodSeconds": 0,
+            "preconditions": {"uid": md.get("uid", "")},
+        }
+        try:
+            await self.client.request("DELETE", PODS.path(md.get("namespace"), md["name"]), body=body)
+            log.info("pod deleted", pod=f"{md.get('namespace')}/{md['name']}")
+        except ApiError as exc:
+            if not (exc.not_found or exc.conflict):
+                self._deleting.discard(md.get("uid", ""))
+                log.warning("could not delete pod", pod=md["name"], error=str(exc))
+        await asyncio.to_thread(remove_pod_dir, self.pods_dir / md.get("uid", "x"))
