@@ -11,12 +11,11 @@ from dataclasses import dataclass
 from kubeloop_grpc.csi import csi_pb2
 
 from .resources import Obj
+from .storage import ROX, RWO, RWOP, RWX
 
 ANN_CONTROLLER_MANAGED = "volumes.kubernetes.io/controller-managed-attach-detach"
 ANN_NODE_ID = "csi.volume.kubernetes.io/nodeid"
 CSI_PLUGIN_NAME = "kubernetes.io/csi"
-
-RWO, ROX, RWX, RWOP = "ReadWriteOnce", "ReadOnlyMany", "ReadWriteMany", "ReadWriteOncePod"
 
 
 def va_name(handle: str, driver: str, node: str) -> str:

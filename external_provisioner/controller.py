@@ -16,12 +16,14 @@ from dataclasses import dataclass
 
 import grpc
 
+from controller_runtime import storage
 from controller_runtime.client import ApiClient, ApiError
 from controller_runtime.controller import run_workers
 from controller_runtime.csi_client import CSIConnection, is_final_error
 from controller_runtime.events import EventRecorder
 from controller_runtime.informer import EventHandler, SharedInformerFactory
 from controller_runtime.logs import get_logger
+from controller_runtime.quantity import parse_quantity
 from controller_runtime.resources import (
     CSI_NODES,
     NODES,
@@ -34,9 +36,9 @@ from controller_runtime.resources import (
     VOLUME_SNAPSHOTS,
     Obj,
 )
+from controller_runtime.storage import claim_class, is_deleting
 from controller_runtime.workqueue import ItemExponentialRateLimiter, WorkQueue
 from kubeloop_grpc.csi import csi_pb2
-from services.pv_controller.match import claim_class, is_deleting, parse_quantity
 
 from . import failpoints, names
 from .journal import Entry, Journal
@@ -142,8 +144,8 @@ class Provisioner:
     def _ours(self, claim: Obj) -> bool:
         ann = claim.get("metadata", {}).get("annotations") or {}
         return self.options.driver in (
-            ann.get(names.ANN_STORAGE_PROVISIONER),
-            ann.get(names.ANN_BETA_STORAGE_PROVISIONER),
+            ann.get(storage.ANN_STORAGE_PROVISIONER),
+            ann.get(storage.ANN_BETA_STORAGE_PROVISIONER),
         )
 
     def _claim_changed(self, claim: Obj) -> None:
@@ -158,7 +160,7 @@ class Provisioner:
 
     def _volume_changed(self, pv: Obj) -> None:
         if self._provisioned_here(pv) and (
-            pv.get("status", {}).get("phase") == names.PV_RELEASED
+            pv.get("status", {}).get("phase") == storage.PV_RELEASED
             or is_deleting(pv)
             or names.PV_FINALIZER in (pv["metadata"].get("finalizers") or [])
         ):
@@ -173,7 +175,7 @@ class Provisioner:
         driver = self.options.driver
         ann = pv.get("metadata", {}).get("annotations") or {}
         return (
-            ann.get(names.ANN_PROVISIONED_BY) == driver or ann.get(names.ANN_MIGRATED_TO) == driver
+            ann.get(storage.ANN_PROVISIONED_BY) == driver or ann.get(storage.ANN_MIGRATED_TO) == driver
         ) and pv.get("spec", {}).get("csi", {}).get("driver") == driver
 
     # -- lifecycle -------------------------------------------------------------------------------------
@@ -275,7 +277,7 @@ class Provisioner:
                 raise ProvisionError(f'storageclass.storage.k8s.io "{class_name}" not found')
             if storage_class.get("provisioner") != self.options.driver:
                 return  # the class moved to another provisioner; not ours to act on
-            selected = _annotation(claim, names.ANN_SELECTED_NODE)
+            selected = _annotation(claim, storage.ANN_SELECTED_NODE)
             if storage_class.get("volumeBindingMode") == "WaitForFirstConsumer" and not selected:
                 return  # the scheduler picks a node first
             source = _data_source(claim)
@@ -286,7 +288,7 @@ class Provisioner:
         except ProvisionError as exc:
             self.recorder.warning(
                 _typed(claim, "PersistentVolumeClaim"),
-                names.PROVISIONING_FAILED,
+                storage.PROVISIONING_FAILED,
                 names.msg_failed(class_name, str(exc)),
             )
             if exc.reschedule:
@@ -314,7 +316,7 @@ class Provisioner:
         patch = {
             "metadata": {
                 "resourceVersion": md["resourceVersion"],
-                "annotations": {names.ANN_SELECTED_NODE: None},
+                "annotations": {storage.ANN_SELECTED_NODE: None},
             }
         }
         with contextlib.suppress(ApiError):  # a conflict: the next sync sees the newer claim
@@ -528,21 +530,21 @@ class Provisioner:
         finalizers = md.get("finalizers") or []
         policy = spec.get("persistentVolumeReclaimPolicy")
         phase = pv.get("status", {}).get("phase")
-        if policy != "Delete":
+        if policy != storage.DELETE:
             if names.PV_FINALIZER in finalizers:
                 await self._drop_finalizer(pv)  # Retain: the volume outlives the PV by design
             return None
         # Bound volumes wait: pv-protection keeps a deleted Bound PV until its claim lets go.
-        if phase != names.PV_RELEASED and not (is_deleting(pv) and phase != "Bound"):
+        if phase != storage.PV_RELEASED and not (is_deleting(pv) and phase != storage.PV_BOUND):
             return None
         for va in self.attachments.store.by_index(VA_BY_PV_INDEX, name):
             message = names.msg_still_attached(name, va["spec"].get("nodeName", ""))
-            self.recorder.warning(_typed(pv, "PersistentVolume"), names.VOLUME_FAILED_DELETE, message)
+            self.recorder.warning(_typed(pv, "PersistentVolume"), storage.VOLUME_FAILED_DELETE, message)
             raise RuntimeError(message)
         try:
             await self._delete_volume(spec["csi"]["volumeHandle"])
         except ProvisionError as exc:
-            self.recorder.warning(_typed(pv, "PersistentVolume"), names.VOLUME_FAILED_DELETE, str(exc))
+            self.recorder.warning(_typed(pv, "PersistentVolume"), storage.VOLUME_FAILED_DELETE, str(exc))
             raise
         if not is_deleting(pv):
             try:

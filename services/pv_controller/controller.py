@@ -13,6 +13,7 @@ import contextlib
 import gc
 from dataclasses import dataclass
 
+from controller_runtime import storage
 from controller_runtime.client import ApiClient, ApiError
 from controller_runtime.controller import run_workers
 from controller_runtime.events import EventRecorder
@@ -26,6 +27,7 @@ from controller_runtime.resources import (
     STORAGE_CLASSES,
     Obj,
 )
+from controller_runtime.storage import claim_class, claim_has_class
 from controller_runtime.workqueue import WorkQueue, default_rate_limiter
 
 from . import names
@@ -50,8 +52,6 @@ from .decide import (
 )
 from .match import (
     check_volume_satisfies_claim,
-    claim_class,
-    claim_has_class,
     claim_key,
     claim_ref_key,
     default_class,
@@ -184,7 +184,7 @@ class PVController:
     def _class_changed(self, _cls: Obj) -> None:
         # A new default class (retroactive assignment) or a class a claim was waiting for.
         for claim in self.view.all_claims():
-            if not has_annotation(claim, names.ANN_BIND_COMPLETED):
+            if not has_annotation(claim, storage.ANN_BIND_COMPLETED):
                 self.claim_queue.add(claim_key(claim))
 
     def _class_updated(self, old: Obj, new: Obj) -> None:
@@ -330,7 +330,7 @@ class PVController:
         ref = volume["spec"]["claimRef"]
         ns, name, uid = ref.get("namespace", ""), ref.get("name", ""), ref.get("uid")
         claim = self.view.claim(f"{ns}/{name}")
-        if claim is None and phase_of(volume) not in (names.PV_RELEASED, names.PV_FAILED):
+        if claim is None and phase_of(volume) not in (storage.PV_RELEASED, storage.PV_FAILED):
             claim = await self._fetch_claim(ns, name)
         if claim is not None and claim["metadata"].get("uid") != uid:
             # Our copy may be older than the claimRef (the claim was re-created): ask the API.
@@ -344,22 +344,22 @@ class PVController:
         claim = await self._claim_of(volume) if ref and ref.get("uid") else None
         action = decide_volume(volume, claim)
         if action is VolumeAction.AVAILABLE:
-            if phase_of(volume) != names.PV_AVAILABLE:
-                volume = await self._set_volume_phase(volume, names.PV_AVAILABLE)
+            if phase_of(volume) != storage.PV_AVAILABLE:
+                volume = await self._set_volume_phase(volume, storage.PV_AVAILABLE)
                 woken = self.view.wake_one(lambda claim: free_volume_fits(volume, claim))
                 if woken is not None:
                     self.claim_queue.add(woken)
         elif action is VolumeAction.PREBOUND:
-            await self._set_volume_phase(volume, names.PV_AVAILABLE)
+            await self._set_volume_phase(volume, storage.PV_AVAILABLE)
             self.claim_queue.add(f"{ref['namespace']}/{ref['name']}")
         elif action in (VolumeAction.RELEASE, VolumeAction.RELEASE_PROVISIONED):
-            if phase_of(volume) not in (names.PV_RELEASED, names.PV_FAILED):
+            if phase_of(volume) not in (storage.PV_RELEASED, storage.PV_FAILED):
                 log.info(
                     "volume released, reclaiming",
                     volume=volume["metadata"]["name"],
                     policy=volume["spec"].get("persistentVolumeReclaimPolicy", ""),
                 )
-                volume = await self._set_volume_phase(volume, names.PV_RELEASED)
+                volume = await self._set_volume_phase(volume, storage.PV_RELEASED)
             await self._reclaim(volume, claim)
         elif action is VolumeAction.MODE_MISMATCH:
             assert claim is not None
@@ -382,15 +382,15 @@ class PVController:
             assert claim is not None
             self.claim_queue.add(claim_key(claim))
         elif action is VolumeAction.BOUND:
-            await self._set_volume_phase(volume, names.PV_BOUND)
+            await self._set_volume_phase(volume, storage.PV_BOUND)
         elif action is VolumeAction.UNBIND:
             log.info(
                 "claim is bound to another volume, unbinding",
                 volume=volume["metadata"]["name"],
-                by_controller=has_annotation(volume, names.ANN_BOUND_BY_CONTROLLER),
+                by_controller=has_annotation(volume, storage.ANN_BOUND_BY_CONTROLLER),
             )
             volume = await self._update_volume(volume_unbound(volume))
-            await self._set_volume_phase(volume, names.PV_AVAILABLE)
+            await self._set_volume_phase(volume, storage.PV_AVAILABLE)
 
     async def _reclaim(self, volume: Obj, claim: Obj | None) -> None:
         decision = decide_reclaim(volume)
@@ -399,17 +399,17 @@ class PVController:
             return
         if decision.action is ReclaimAction.EXTERNAL_DELETE:
             # The provisioner deletes it; the metric ends when the volume disappears.
-            self.timer.start(name, "delete", volume["metadata"]["annotations"][names.ANN_PROVISIONED_BY])
+            self.timer.start(name, "delete", volume["metadata"]["annotations"][storage.ANN_PROVISIONED_BY])
             return
         if decision.action is ReclaimAction.FAILED_DELETE:
             if not volume_released(volume, claim):
                 return
-            event = ("Warning", names.VOLUME_FAILED_DELETE, decision.message)
+            event = ("Warning", storage.VOLUME_FAILED_DELETE, decision.message)
         elif decision.action is ReclaimAction.RECYCLE_UNSUPPORTED:
             event = ("Warning", names.VOLUME_FAILED_RECYCLE, decision.message)
         else:
             event = ("Warning", names.VOLUME_UNKNOWN_RECLAIM_POLICY, decision.message)
-        await self._set_volume_phase(volume, names.PV_FAILED, event)
+        await self._set_volume_phase(volume, storage.PV_FAILED, event)
 
     # -- claims --------------------------------------------------------------------------------------
 
@@ -418,7 +418,7 @@ class PVController:
         if claim is None:
             self.timer.drop(key, "provision")
             return None
-        if has_annotation(claim, names.ANN_BIND_COMPLETED):
+        if has_annotation(claim, storage.ANN_BIND_COMPLETED):
             self.view.waiting.pop(key, None)
             await self._sync_bound_claim(claim)
             return None
@@ -438,13 +438,13 @@ class PVController:
         action = decide_bound_claim(claim, volume)
         if action is BoundClaimAction.LOST_REFERENCE:
             event = ("Warning", names.CLAIM_LOST_REASON, names.MSG_CLAIM_LOST_REFERENCE)
-            await self._set_claim_phase(claim, names.CLAIM_LOST, None, event)
+            await self._set_claim_phase(claim, storage.CLAIM_LOST, None, event)
         elif action is BoundClaimAction.LOST_VOLUME:
             event = ("Warning", names.CLAIM_LOST_REASON, names.MSG_CLAIM_LOST_VOLUME)
-            await self._set_claim_phase(claim, names.CLAIM_LOST, None, event)
+            await self._set_claim_phase(claim, storage.CLAIM_LOST, None, event)
         elif action is BoundClaimAction.MISBOUND:
             event = ("Warning", names.CLAIM_MISBOUND, names.MSG_CLAIM_MISBOUND)
-            await self._set_claim_phase(claim, names.CLAIM_LOST, None, event)
+            await self._set_claim_phase(claim, storage.CLAIM_LOST, None, event)
         else:
             assert volume is not None
             await self._bind(volume, claim)
@@ -474,14 +474,14 @@ class PVController:
         if await self._assign_default_class(claim):
             return None
         annotations = claim.get("metadata", {}).get("annotations") or {}
-        if delay and names.ANN_SELECTED_NODE not in annotations:
+        if delay and storage.ANN_SELECTED_NODE not in annotations:
             self._event_waiting_for_consumer(claim)
         elif class_name:
             await self._provision(claim, class_name, storage_class)
             return None
         else:
             self._claim_event(claim, "Normal", names.FAILED_BINDING, names.MSG_NO_CLASS)
-        await self._set_claim_phase(claim, names.CLAIM_PENDING, None)
+        await self._set_claim_phase(claim, storage.CLAIM_PENDING, None)
         return None
 
     async def _sync_prebound_claim(self, claim: Obj, volume_name: str) -> float | None:
@@ -490,7 +490,7 @@ class PVController:
         volume = self.view.volume(volume_name)
         if volume is None:
             # Not there (yet): the claim waits; the volume's arrival enqueues it.
-            await self._set_claim_phase(claim, names.CLAIM_PENDING, None)
+            await self._set_claim_phase(claim, storage.CLAIM_PENDING, None)
             return None
         if not volume.get("spec", {}).get("claimRef"):
             if self.view.reserved_by_other(volume_name, key):
@@ -503,7 +503,7 @@ class PVController:
                     names.VOLUME_MISMATCH,
                     f'Cannot bind to requested volume "{volume_name}": {problem}',
                 )
-                await self._set_claim_phase(claim, names.CLAIM_PENDING, None)
+                await self._set_claim_phase(claim, storage.CLAIM_PENDING, None)
                 return None
             await self._bind_reserved(volume, claim)
             return None
@@ -516,8 +516,8 @@ class PVController:
             names.FAILED_BINDING,
             f'volume "{volume_name}" already bound to a different claim.',
         )
-        if not has_annotation(claim, names.ANN_BOUND_BY_CONTROLLER):
-            await self._set_claim_phase(claim, names.CLAIM_PENDING, None)
+        if not has_annotation(claim, storage.ANN_BOUND_BY_CONTROLLER):
+            await self._set_claim_phase(claim, storage.CLAIM_PENDING, None)
             return None
         raise BindingError(
             f"invalid binding of claim {key} to volume {volume_name}: "
@@ -547,13 +547,13 @@ class PVController:
         new = volume_bound_to_claim(volume, claim)
         if new is not None:
             volume = await self._update_volume(new)
-        new = volume_with_phase(volume, names.PV_BOUND)
+        new = volume_with_phase(volume, storage.PV_BOUND)
         if new is not None:
             volume = await self._update_volume_status(new)
         new = claim_bound_to_volume(claim, volume)
         if new is not None:
             claim = await self._update_claim(new)
-        await self._set_claim_phase(claim, names.CLAIM_BOUND, volume)
+        await self._set_claim_phase(claim, storage.CLAIM_BOUND, volume)
         self.timer.finish(claim_key(claim), "provision")
 
     async def _assign_default_class(self, claim: Obj) -> bool:
@@ -585,7 +585,7 @@ class PVController:
     async def _provision(self, claim: Obj, class_name: str, storage_class: Obj | None) -> None:
         problem = provisioning_error(class_name, storage_class)
         if problem is not None:
-            self._claim_event(claim, "Warning", names.PROVISIONING_FAILED, problem)
+            self._claim_event(claim, "Warning", storage.PROVISIONING_FAILED, problem)
             return
         assert storage_class is not None
         provisioner = str(storage_class["provisioner"])
@@ -595,7 +595,7 @@ class PVController:
             try:
                 claim = await self._update_claim(new)
             except ApiError as exc:
-                self._claim_event(claim, "Warning", names.PROVISIONING_FAILED, f"Error saving claim: {exc}")
+                self._claim_event(claim, "Warning", storage.PROVISIONING_FAILED, f"Error saving claim: {exc}")
                 raise
         self._claim_event(
             claim, "Normal", names.EXTERNAL_PROVISIONING, names.msg_external_provisioning(provisioner)

@@ -12,6 +12,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
+from controller_runtime import storage
 from controller_runtime.client import ApiClient, ApiError
 from controller_runtime.events import EventRecorder
 from controller_runtime.informer import SharedInformerFactory
@@ -107,8 +108,8 @@ class Case:
     want_events: tuple[WantEvent, ...] = ()
 
 
-BIND_COMPLETED = names.ANN_BIND_COMPLETED
-BOUND_BY_CONTROLLER = names.ANN_BOUND_BY_CONTROLLER
+BIND_COMPLETED = storage.ANN_BIND_COMPLETED
+BOUND_BY_CONTROLLER = storage.ANN_BOUND_BY_CONTROLLER
 
 
 class Harness:
@@ -147,7 +148,7 @@ class Harness:
             "reclaimPolicy": "Delete",
         }
         if sc.default:
-            body["metadata"]["annotations"] = {names.ANN_DEFAULT_CLASS: "true"}
+            body["metadata"]["annotations"] = {storage.ANN_DEFAULT_CLASS: "true"}
         return await self.api.create(STORAGE_CLASSES, body)
 
     async def create_pvc(self, c: PVC) -> Obj:

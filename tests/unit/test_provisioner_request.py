@@ -9,7 +9,9 @@ from pathlib import Path
 import grpc
 import pytest
 
+from controller_runtime import storage
 from controller_runtime.files import temp_name
+from controller_runtime.quantity import format_quantity
 from external_provisioner import names
 from external_provisioner.journal import Entry, Journal
 from external_provisioner.request import (
@@ -24,7 +26,6 @@ from external_provisioner.request import (
     csi_access_mode,
     grpc_error_text,
     node_affinity,
-    quantity,
     split_parameters,
     volume_spec,
 )
@@ -196,7 +197,7 @@ def test_pv_is_pre_bound_with_finalizer_affinity_and_identity() -> None:
     )
     assert pv["metadata"]["name"] == "pvc-u-1"
     assert pv["metadata"]["finalizers"] == [names.PV_FINALIZER]
-    assert pv["metadata"]["annotations"] == {names.ANN_PROVISIONED_BY: DRIVER}
+    assert pv["metadata"]["annotations"] == {storage.ANN_PROVISIONED_BY: DRIVER}
     s = pv["spec"]
     assert s["claimRef"] == {
         "kind": "PersistentVolumeClaim",
@@ -228,8 +229,12 @@ def test_pv_is_pre_bound_with_finalizer_affinity_and_identity() -> None:
 
 
 def test_quantities_and_error_texts() -> None:
-    assert quantity(1 << 30) == "1Gi" and quantity(3 * (1 << 20)) == "3Mi" and quantity(1000) == "1000"
-    assert quantity(0) == "0"
+    assert (
+        format_quantity(1 << 30) == "1Gi"
+        and format_quantity(3 * (1 << 20)) == "3Mi"
+        and format_quantity(1000) == "1000"
+    )
+    assert format_quantity(0) == "0"
 
     class Err(grpc.aio.AioRpcError):  # type: ignore[misc]
         def __init__(self) -> None:
