@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
-import datetime
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from typing import Any
 from prometheus_client import Gauge
 
 from .client import ApiClient, ApiError
+from .clock import micro_time as micro_time  # "as": services/node_agent still imports it from here
 from .logs import get_logger
 from .resources import LEASES, Obj
 
@@ -31,10 +31,6 @@ IS_LEADER = Gauge("leader_election_master_status", "1 while this process holds t
 
 class LeadershipLost(Exception):
     pass
-
-
-def micro_time() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 @dataclass

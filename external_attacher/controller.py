@@ -18,9 +18,9 @@ from dataclasses import dataclass
 import grpc
 
 from controller_runtime.client import ApiClient, ApiError
+from controller_runtime.clock import now_rfc3339
 from controller_runtime.controller import run_workers
 from controller_runtime.csi_client import CSIConnection
-from controller_runtime.events import now_rfc3339
 from controller_runtime.informer import EventHandler, SharedInformerFactory
 from controller_runtime.logs import get_logger
 from controller_runtime.resources import CSI_NODES, PERSISTENT_VOLUMES, VOLUME_ATTACHMENTS, Obj

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import copy
 import enum
-import time
 from dataclasses import dataclass
 
 from controller_runtime import storage
+from controller_runtime.clock import now_rfc3339
 from controller_runtime.resources import Obj
 
 from . import names
@@ -177,10 +177,6 @@ def volume_bound_to_claim(volume: Obj, claim: Obj) -> Obj | None:
             storage.ANN_BOUND_BY_CONTROLLER: storage.YES,
         }
     return new
-
-
-def now_rfc3339() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 def volume_with_phase(volume: Obj, phase: str, message: str = "") -> Obj | None:
