@@ -19,7 +19,7 @@ import grpc
 from controller_runtime import storage
 from controller_runtime.client import ApiClient, ApiError
 from controller_runtime.controller import run_workers
-from controller_runtime.csi_client import CSIConnection, is_final_error
+from controller_runtime.csi_client import CSIConnection, error_text, is_final_error
 from controller_runtime.events import EventRecorder
 from controller_runtime.informer import EventHandler, SharedInformerFactory
 from controller_runtime.logs import get_logger
@@ -48,7 +48,6 @@ from .request import (
     VolumeSpec,
     accessibility,
     build_pv,
-    grpc_error_text,
     pv_name_for,
     split_parameters,
     volume_spec,
@@ -398,7 +397,7 @@ class Provisioner:
         try:
             rsp = await self.conn.controller.CreateVolume(spec.to_request(secrets), timeout=self.conn.timeout)
         except grpc.aio.AioRpcError as exc:
-            raise ProvisionError(grpc_error_text(exc), final=is_final_error(exc)) from exc
+            raise ProvisionError(error_text(exc), final=is_final_error(exc)) from exc
         return CreatedVolume.from_proto(rsp.volume)
 
     async def _provision(
@@ -494,7 +493,7 @@ class Provisioner:
                 csi_pb2.DeleteVolumeRequest(volume_id=volume_id), timeout=self.conn.timeout
             )
         except grpc.aio.AioRpcError as exc:
-            raise ProvisionError(grpc_error_text(exc), final=is_final_error(exc)) from exc
+            raise ProvisionError(error_text(exc), final=is_final_error(exc)) from exc
 
     async def _abandon(self, entry: Entry) -> None:
         """The claim is gone while a volume may exist for it: finish the CreateVolume (the same

@@ -11,8 +11,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import grpc
-
 from controller_runtime import storage, volumes
 from controller_runtime.quantity import format_quantity
 from controller_runtime.resources import Obj
@@ -56,15 +54,6 @@ class ProvisionError(Exception):
         super().__init__(message)
         self.final = final
         self.reschedule = reschedule
-
-
-def grpc_error_text(exc: BaseException) -> str:
-    """A gRPC error worded as a Go client prints it, which is what users search for."""
-    if isinstance(exc, grpc.aio.AioRpcError):
-        code = "".join(part.capitalize() for part in exc.code().name.split("_"))
-        code = {"Ok": "OK"}.get(code, code)
-        return f"rpc error: code = {code} desc = {exc.details()}"
-    return str(exc) or type(exc).__name__
 
 
 def pv_name_for(prefix: str, claim: Obj) -> str:

@@ -10,6 +10,7 @@ import grpc
 import pytest
 
 from controller_runtime import storage
+from controller_runtime.csi_client import error_text
 from controller_runtime.files import temp_name
 from controller_runtime.quantity import format_quantity
 from external_provisioner import names
@@ -24,7 +25,6 @@ from external_provisioner.request import (
     allowed_segments,
     build_pv,
     csi_access_mode,
-    grpc_error_text,
     node_affinity,
     split_parameters,
     volume_spec,
@@ -240,7 +240,7 @@ def test_quantities_and_error_texts() -> None:
         def __init__(self) -> None:
             super().__init__(grpc.StatusCode.RESOURCE_EXHAUSTED, None, None, "pool full")
 
-    assert grpc_error_text(Err()) == "rpc error: code = ResourceExhausted desc = pool full"
+    assert error_text(Err()) == "rpc error: code = ResourceExhausted desc = pool full"
     assert names.msg_failed("c", "x") == 'failed to provision volume with StorageClass "c": x'
 
 
