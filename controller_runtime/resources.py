@@ -71,11 +71,20 @@ def resource_version(obj: Obj) -> str:
     return str(obj.get("metadata", {}).get("resourceVersion", ""))
 
 
-def key_of(obj: Obj) -> str:
+def object_key(namespace: str | None, name: str) -> str:
     """The cache key client-go uses: `namespace/name`, or `name` for cluster-scoped objects."""
+    return f"{namespace}/{name}" if namespace else name
+
+
+def key_of(obj: Obj) -> str:
+    """An object's cache key, from its metadata."""
     md = obj.get("metadata", {})
-    ns = md.get("namespace")
-    return f"{ns}/{md['name']}" if ns else str(md["name"])
+    return object_key(md.get("namespace"), str(md["name"]))
+
+
+def reference_key(ref: Obj) -> str:
+    """The cache key of the object a reference (claimRef, involvedObject...) names."""
+    return object_key(ref.get("namespace"), str(ref.get("name", "")))
 
 
 def split_key(key: str) -> tuple[str | None, str]:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from kubeloop_grpc.csi import csi_pb2
 
-from .resources import Obj
+from .resources import Obj, object_key
 from .storage import ROX, RWO, RWOP, RWX
 
 ANN_CONTROLLER_MANAGED = "volumes.kubernetes.io/controller-managed-attach-detach"
@@ -90,7 +90,7 @@ def pod_claims(pod: Obj) -> list[tuple[str, str, bool]]:
 
 def pod_claim_keys(pod: Obj) -> list[str]:
     ns = pod.get("metadata", {}).get("namespace", "")
-    return [f"{ns}/{claim}" for _, claim, _ in pod_claims(pod)]
+    return [object_key(ns, claim) for _, claim, _ in pod_claims(pod)]
 
 
 def bound_volume_name(pvc: Obj | None, pv: Obj | None = None) -> str:

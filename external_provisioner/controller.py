@@ -35,6 +35,8 @@ from controller_runtime.resources import (
     VOLUME_SNAPSHOT_CONTENTS,
     VOLUME_SNAPSHOTS,
     Obj,
+    key_of,
+    object_key,
 )
 from controller_runtime.storage import claim_class, is_deleting
 from controller_runtime.workqueue import ItemExponentialRateLimiter, WorkQueue
@@ -194,7 +196,9 @@ class Provisioner:
         # Entries first, so the claim handlers fired by the initial list already see them.
         for entry in await asyncio.to_thread(self.journal.load):
             log.info(
-                "found an unfinished provisioning", claim=f"{entry.namespace}/{entry.claim}", uid=entry.uid
+                "found an unfinished provisioning",
+                claim=object_key(entry.namespace, entry.claim),
+                uid=entry.uid,
             )
         try:
             self.factory.start()
@@ -311,7 +315,7 @@ class Provisioner:
     async def _reschedule(self, claim: Obj) -> None:
         """Removes selected-node so the scheduler picks again (a full pool, a vanished node)."""
         md = claim["metadata"]
-        log.info("asking the scheduler for another node", claim=f"{md['namespace']}/{md['name']}")
+        log.info("asking the scheduler for another node", claim=key_of(claim))
         patch = {
             "metadata": {
                 "resourceVersion": md["resourceVersion"],
@@ -327,17 +331,16 @@ class Provisioner:
         if source is None:
             return "", ""
         ns, name = claim["metadata"]["namespace"], source.get("name", "")
+        key = object_key(ns, name)
         if source.get("kind") == CLONE_KIND:
-            src = self.claims.store.get(f"{ns}/{name}")
+            src = self.claims.store.get(key)
             if src is None or not src["spec"].get("volumeName"):
-                raise ProvisionError(f"the source claim {ns}/{name} does not exist or is not bound")
+                raise ProvisionError(f"the source claim {key} does not exist or is not bound")
             if claim_class(src) != claim_class(claim):
-                raise ProvisionError(f"the source claim {ns}/{name} is of another StorageClass")
+                raise ProvisionError(f"the source claim {key} is of another StorageClass")
             pv = self.volumes.store.get(src["spec"]["volumeName"])
             if pv is None or pv["spec"].get("csi", {}).get("driver") != self.options.driver:
-                raise ProvisionError(
-                    f"the volume of source claim {ns}/{name} is not one of {self.options.driver}"
-                )
+                raise ProvisionError(f"the volume of source claim {key} is not one of {self.options.driver}")
             want = parse_quantity(claim["spec"]["resources"]["requests"].get("storage"))
             have = parse_quantity((src.get("status", {}).get("capacity") or {}).get("storage"))
             if want < have:
@@ -347,13 +350,13 @@ class Provisioner:
             snap = await self.client.get(VOLUME_SNAPSHOTS, name, ns)
             content_name = snap.get("status", {}).get("boundVolumeSnapshotContentName") or ""
             if not snap.get("status", {}).get("readyToUse") or not content_name:
-                raise ProvisionError(f"snapshot {ns}/{name} is not ready to use")
+                raise ProvisionError(f"snapshot {key} is not ready to use")
             content = await self.client.get(VOLUME_SNAPSHOT_CONTENTS, content_name)
         except ApiError as exc:
-            raise ProvisionError(f"error getting snapshot {ns}/{name}: {exc.message}") from exc
+            raise ProvisionError(f"error getting snapshot {key}: {exc.message}") from exc
         handle = content.get("status", {}).get("snapshotHandle") or ""
         if not handle or content.get("spec", {}).get("driver") != self.options.driver:
-            raise ProvisionError(f"snapshot {ns}/{name} has no handle of driver {self.options.driver}")
+            raise ProvisionError(f"snapshot {key} has no handle of driver {self.options.driver}")
         return "", handle
 
     def _new_spec(self, claim: Obj, storage_class: Obj, pv_name: str, node: Obj | None) -> VolumeSpec:
@@ -389,7 +392,7 @@ class Provisioner:
             if not required:
                 return {}
             raise ProvisionError(
-                f"failed to get secret {spec.secret.namespace}/{spec.secret.name}: {exc.message}"
+                f"failed to get secret {object_key(spec.secret.namespace, spec.secret.name)}: {exc.message}"
             ) from exc
         return {k: base64.b64decode(v).decode() for k, v in (secret.get("data") or {}).items()}
 
@@ -445,9 +448,7 @@ class Provisioner:
         await self._save_pv(pv, claim, entry)
         failpoints.reach(failpoints.AFTER_PV_SAVED)
         await self.journal.remove(entry.uid)
-        log.info(
-            "provisioned", claim=f"{md['namespace']}/{md['name']}", volume=pv_name, handle=created.volume_id
-        )
+        log.info("provisioned", claim=key_of(claim), volume=pv_name, handle=created.volume_id)
         self.recorder.normal(
             _typed(claim, "PersistentVolumeClaim"), names.PROVISIONING_SUCCEEDED, names.msg_succeeded(pv_name)
         )
@@ -498,7 +499,7 @@ class Provisioner:
     async def _abandon(self, entry: Entry) -> None:
         """The claim is gone while a volume may exist for it: finish the CreateVolume (the same
         request) to learn the volume's id, then delete the volume. A saved PV takes over instead."""
-        where = f"{entry.namespace}/{entry.claim}"
+        where = object_key(entry.namespace, entry.claim)
         if await self._pv_exists(entry.spec.name):
             await self.journal.remove(entry.uid)
             return

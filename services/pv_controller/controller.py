@@ -26,8 +26,12 @@ from controller_runtime.resources import (
     PODS,
     STORAGE_CLASSES,
     Obj,
+    key_of,
+    object_key,
+    reference_key,
 )
 from controller_runtime.storage import claim_class, claim_has_class
+from controller_runtime.volumes import pod_claim_keys
 from controller_runtime.workqueue import WorkQueue, default_rate_limiter
 
 from . import names
@@ -52,7 +56,6 @@ from .decide import (
 )
 from .match import (
     check_volume_satisfies_claim,
-    claim_key,
     claim_ref_key,
     default_class,
     find_best_match,
@@ -65,19 +68,6 @@ from .view import LocalView
 log = get_logger("pv-controller")
 
 POD_CLAIMS_INDEX = "pvc"
-
-
-def pod_claim_keys(pod: Obj) -> list[str]:
-    """Claims a pod uses, as namespace/name: named claims and generic ephemeral volumes."""
-    md, spec = pod.get("metadata", {}), pod.get("spec", {})
-    ns, pod_name = md.get("namespace", ""), md.get("name", "")
-    keys = []
-    for vol in spec.get("volumes") or []:
-        if vol.get("persistentVolumeClaim"):
-            keys.append(f"{ns}/{vol['persistentVolumeClaim'].get('claimName', '')}")
-        elif vol.get("ephemeral"):
-            keys.append(f"{ns}/{pod_name}-{vol.get('name', '')}")
-    return keys
 
 
 class BindingError(Exception):
@@ -166,13 +156,13 @@ class PVController:
 
     def _claim_changed(self, claim: Obj) -> None:
         self.view.store_claim(claim)
-        self.claim_queue.add(claim_key(claim))
+        self.claim_queue.add(key_of(claim))
 
     def _claim_updated(self, _old: Obj, claim: Obj) -> None:
         self._claim_changed(claim)
 
     def _claim_deleted(self, claim: Obj) -> None:
-        key = claim_key(claim)
+        key = key_of(claim)
         self.view.delete_claim(claim)
         self.claim_queue.add(key)
         for name in self.view.index.bound_to(key):
@@ -185,7 +175,7 @@ class PVController:
         # A new default class (retroactive assignment) or a class a claim was waiting for.
         for claim in self.view.all_claims():
             if not has_annotation(claim, storage.ANN_BIND_COMPLETED):
-                self.claim_queue.add(claim_key(claim))
+                self.claim_queue.add(key_of(claim))
 
     def _class_updated(self, old: Obj, new: Obj) -> None:
         if old is not new:  # a resync hands the same object: nothing changed
@@ -319,7 +309,7 @@ class PVController:
                 return None
             raise
         if self.view.store_claim(claim):
-            self.claim_queue.add(claim_key(claim))
+            self.claim_queue.add(key_of(claim))
         return claim
 
     async def _claim_of(self, volume: Obj) -> Obj | None:
@@ -329,7 +319,7 @@ class PVController:
         something to do on a stale cache."""
         ref = volume["spec"]["claimRef"]
         ns, name, uid = ref.get("namespace", ""), ref.get("name", ""), ref.get("uid")
-        claim = self.view.claim(f"{ns}/{name}")
+        claim = self.view.claim(object_key(ns, name))
         if claim is None and phase_of(volume) not in (storage.PV_RELEASED, storage.PV_FAILED):
             claim = await self._fetch_claim(ns, name)
         if claim is not None and claim["metadata"].get("uid") != uid:
@@ -351,7 +341,7 @@ class PVController:
                     self.claim_queue.add(woken)
         elif action is VolumeAction.PREBOUND:
             await self._set_volume_phase(volume, storage.PV_AVAILABLE)
-            self.claim_queue.add(f"{ref['namespace']}/{ref['name']}")
+            self.claim_queue.add(reference_key(ref))
         elif action in (VolumeAction.RELEASE, VolumeAction.RELEASE_PROVISIONED):
             if phase_of(volume) not in (storage.PV_RELEASED, storage.PV_FAILED):
                 log.info(
@@ -380,7 +370,7 @@ class PVController:
             )
         elif action is VolumeAction.SYNC_CLAIM:
             assert claim is not None
-            self.claim_queue.add(claim_key(claim))
+            self.claim_queue.add(key_of(claim))
         elif action is VolumeAction.BOUND:
             await self._set_volume_phase(volume, storage.PV_BOUND)
         elif action is VolumeAction.UNBIND:
@@ -450,7 +440,7 @@ class PVController:
             await self._bind(volume, claim)
 
     async def _sync_unbound_claim(self, claim: Obj) -> float | None:
-        key = claim_key(claim)
+        key = key_of(claim)
         volume_name = claim.get("spec", {}).get("volumeName") or ""
         if volume_name:
             return await self._sync_prebound_claim(claim, volume_name)
@@ -486,7 +476,7 @@ class PVController:
 
     async def _sync_prebound_claim(self, claim: Obj, volume_name: str) -> float | None:
         """The user named the volume in spec.volumeName."""
-        key = claim_key(claim)
+        key = key_of(claim)
         volume = self.view.volume(volume_name)
         if volume is None:
             # Not there (yet): the claim waits; the volume's arrival enqueues it.
@@ -525,7 +515,7 @@ class PVController:
         )
 
     async def _bind_reserved(self, volume: Obj, claim: Obj) -> None:
-        name, key = volume["metadata"]["name"], claim_key(claim)
+        name, key = volume["metadata"]["name"], key_of(claim)
         if not self.view.reserve(name, key):
             raise BindingError(f"volume {name} is reserved by another claim")
         try:
@@ -554,7 +544,7 @@ class PVController:
         if new is not None:
             claim = await self._update_claim(new)
         await self._set_claim_phase(claim, storage.CLAIM_BOUND, volume)
-        self.timer.finish(claim_key(claim), "provision")
+        self.timer.finish(key_of(claim), "provision")
 
     async def _assign_default_class(self, claim: Obj) -> bool:
         """Gives a claim with no class (nil, not "") the default StorageClass once one exists."""
@@ -565,11 +555,11 @@ class PVController:
             return False
         new = {**claim, "spec": {**claim["spec"], "storageClassName": cls["metadata"]["name"]}}
         await self._update_claim(new)
-        log.info("assigned the default storage class", claim=claim_key(claim), cls=cls["metadata"]["name"])
+        log.info("assigned the default storage class", claim=key_of(claim), cls=cls["metadata"]["name"])
         return True
 
     def _event_waiting_for_consumer(self, claim: Obj) -> None:
-        key = claim_key(claim)
+        key = key_of(claim)
         pods = sorted(
             p["metadata"]["name"]
             for p in self.pods.store.by_index(POD_CLAIMS_INDEX, key)
@@ -589,7 +579,7 @@ class PVController:
             return
         assert storage_class is not None
         provisioner = str(storage_class["provisioner"])
-        self.timer.start(claim_key(claim), "provision", provisioner)
+        self.timer.start(key_of(claim), "provision", provisioner)
         new = claim_with_provisioner(claim, provisioner)
         if new is not None:
             try:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from controller_runtime import storage
-from controller_runtime.resources import Obj
+from controller_runtime.resources import Obj, key_of, reference_key
 from controller_runtime.storage import (
     access_modes_key,
     claim_class,
@@ -70,16 +70,11 @@ def selector_matches(selector: Obj | None, labels: dict[str, str]) -> bool:
 # -- claim <-> volume links -------------------------------------------------------------------------
 
 
-def claim_key(claim: Obj) -> str:
-    md = claim.get("metadata", {})
-    return f"{md.get('namespace', '')}/{md.get('name', '')}"
-
-
 def claim_ref_key(volume: Obj) -> str | None:
     ref = volume.get("spec", {}).get("claimRef")
     if not ref:
         return None
-    return f"{ref.get('namespace', '')}/{ref.get('name', '')}"
+    return reference_key(ref)
 
 
 def is_bound_to_claim(volume: Obj, claim: Obj) -> bool:
@@ -200,7 +195,7 @@ def find_best_match(
     requested = spec.get("accessModes") or []
     size = claim_request(claim)
 
-    for name in index.bound_to(claim_key(claim)):
+    for name in index.bound_to(key_of(claim)):
         volume = get_volume(name)
         if volume is None or not is_bound_to_claim(volume, claim):
             continue
