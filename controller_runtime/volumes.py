@@ -1,5 +1,5 @@
 """Names and small pure helpers that the attach/mount path shares: the attach-detach controller,
-the external-attacher and the node agent must agree on them byte for byte (see CONTRACTS.md)."""
+the external-attacher and the node agent must agree on them byte for byte (see docs/contracts.md)."""
 
 from __future__ import annotations
 

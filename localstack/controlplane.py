@@ -45,7 +45,7 @@ KCM_CONTROLLERS = (
 
 
 def default_home() -> Path:
-    """`$KUBELOOP_HOME`, or `.kubeloop/` in the checkout (DESIGN.md)."""
+    """`$KUBELOOP_HOME`, or `.kubeloop/` in the checkout (docs/local-stack.md)."""
     env = os.environ.get("KUBELOOP_HOME")
     return Path(env).resolve() if env else REPO_ROOT / ".kubeloop"
 
