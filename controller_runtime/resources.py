@@ -54,11 +54,6 @@ VOLUME_SNAPSHOT_CONTENTS = Resource(
 )
 
 
-def meta(obj: Obj) -> Obj:
-    m: Obj = obj.setdefault("metadata", {})
-    return m
-
-
 def name_of(obj: Obj) -> str:
     return str(obj.get("metadata", {}).get("name", ""))
 
@@ -90,7 +85,3 @@ def reference_key(ref: Obj) -> str:
 def split_key(key: str) -> tuple[str | None, str]:
     ns, sep, name = key.partition("/")
     return (ns, name) if sep else (None, key)
-
-
-def annotations_of(obj: Obj) -> dict[str, str]:
-    return dict(obj.get("metadata", {}).get("annotations") or {})

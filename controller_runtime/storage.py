@@ -26,7 +26,6 @@ YES = "yes"  # the value of bind-completed and bound-by-controller
 
 # -- phases and reclaim policies -----------------------------------------------------------------
 
-PV_PENDING = "Pending"
 PV_AVAILABLE = "Available"
 PV_BOUND = "Bound"
 PV_RELEASED = "Released"

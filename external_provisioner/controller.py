@@ -61,7 +61,6 @@ UID_INDEX = "uid"
 VA_BY_PV_INDEX = "pv"
 CLONE_KIND = "PersistentVolumeClaim"
 SNAPSHOT_KIND = "VolumeSnapshot"
-SNAPSHOT_GROUP = "snapshot.storage.k8s.io"
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,6 @@ PARAM_PVC_NAME = PARAMETER_PREFIX + "pvc/name"
 PARAM_PVC_NAMESPACE = PARAMETER_PREFIX + "pvc/namespace"
 PARAM_PV_NAME = PARAMETER_PREFIX + "pv/name"
 
-# Topology: the label every node plugin of the kubeloop driver reports (others use their own keys).
-TOPOLOGY_KEY_HOSTNAME = "kubernetes.io/hostname"
-
 # CSIStorageCapacity labels, as the Go sidecar writes them.
 CAPACITY_LABEL_DRIVER = "csi.storage.k8s.io/drivername"
 CAPACITY_LABEL_MANAGED_BY = "csi.storage.k8s.io/managed-by"

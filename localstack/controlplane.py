@@ -20,7 +20,7 @@ import os
 import ssl
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
@@ -73,9 +73,6 @@ class Ports:
         if with_scheduler:
             out["kube-scheduler (--scheduler-port)"] = self.kube_scheduler
         return out
-
-    def as_dict(self) -> dict[str, int]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 class StackLockedError(RuntimeError):
