@@ -124,10 +124,12 @@ def check_source(layers: Layers, rel: Path, source: str) -> list[Violation]:
         return []
     tree = ast.parse(source, filename=str(rel))
     out = []
+    seen = set()  # one violation per statement and layer, not one per imported name
     for line, target_module in imported_modules(tree, module, rel.name == "__init__.py"):
         target = layers.owner(target_module)
-        if target is None:
+        if target is None or (line, target) in seen:
             continue
+        seen.add((line, target))
         reason = layers.forbidden(importer, target)
         if reason is not None:
             out.append(Violation(str(rel), line, target_module, f"{importer} -> {target}: {reason}"))
