@@ -199,9 +199,9 @@ async def test_clone_copies_the_source_and_a_missing_node_reschedules(
             "copy", "8Mi", cls, data_source={"kind": "PersistentVolumeClaim", "name": "source"}
         )
         copy = (await h.bound("copy"))["copy"]
-        with (h.root / "pool" / "volumes" / f"{copy['spec']['csi']['volumeHandle']}.img").open("rb") as f:
-            f.seek(3 * MiB)
-            assert f.read(22) == b"kubeloop clone payload"
+        with (h.root / "pool" / "volumes" / f"{copy['spec']['csi']['volumeHandle']}.img").open("rb") as out:
+            out.seek(3 * MiB)
+            assert out.read(22) == b"kubeloop clone payload"
         await h.assert_files_equal_pvs()
 
         # A selected node that does not exist (deleted after the scheduler chose it): the claim

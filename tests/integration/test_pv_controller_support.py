@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
 from controller_runtime import storage
@@ -78,7 +78,7 @@ class WantPV:
     phase: str
     claim: str | None = None  # claimRef name, None for no claimRef
     uid_of: str | None = ANY  # claimRef.uid is this claim's UID; NO_UID for empty; ANY skips
-    annotations: dict[str, str | None] = field(default_factory=dict)  # None: must be absent
+    annotations: Mapping[str, str | None] = field(default_factory=dict)  # None: must be absent
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ class WantPVC:
     name: str
     phase: str
     volume: str | None = None
-    annotations: dict[str, str | None] = field(default_factory=dict)
+    annotations: Mapping[str, str | None] = field(default_factory=dict)
     cls: str | None = ANY
 
 
@@ -312,7 +312,7 @@ class Harness:
                     problems.append(f"no event {e} among {seen}")
         return problems
 
-    def _check_annotations(self, obj: Obj, want: dict[str, str | None]) -> list[str]:
+    def _check_annotations(self, obj: Obj, want: Mapping[str, str | None]) -> list[str]:
         have = obj["metadata"].get("annotations") or {}
         return [f"annotation {k}={have.get(k)!r}, want {v!r}" for k, v in want.items() if have.get(k) != v]
 

@@ -13,6 +13,7 @@ from controller_runtime import storage
 from controller_runtime.csi_client import error_text
 from controller_runtime.files import temp_name
 from controller_runtime.quantity import format_quantity
+from controller_runtime.resources import Obj
 from external_provisioner import names
 from external_provisioner.journal import Entry, Journal
 from external_provisioner.request import (
@@ -36,7 +37,7 @@ DRIVER = "loop.csi.kubeloop.dev"
 KEY = "topology.loop.csi.kubeloop.dev/node"
 
 
-def claim(**spec: object) -> dict:
+def claim(**spec: object) -> Obj:
     return {
         "metadata": {
             "name": "data",
@@ -54,11 +55,11 @@ def claim(**spec: object) -> dict:
     }
 
 
-def node(name: str) -> dict:
+def node(name: str) -> Obj:
     return {"metadata": {"name": name, "labels": {KEY: name}}}
 
 
-def csinode(name: str, keys: list[str] | None = None) -> dict:
+def csinode(name: str, keys: list[str] | None = None) -> Obj:
     return {
         "metadata": {"name": name},
         "spec": {"drivers": [{"name": DRIVER, "nodeID": name, "topologyKeys": keys or [KEY]}]},
