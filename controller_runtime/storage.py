@@ -82,12 +82,16 @@ def claim_request(claim: Obj) -> int:
     return storage_of(claim.get("spec", {}).get("resources", {}).get("requests"))
 
 
-def claim_class(claim: Obj) -> str:
-    """The claim's class; the beta annotation wins over the field, and nil means "" (no class)."""
-    ann = claim.get("metadata", {}).get("annotations") or {}
+def _class_of(obj: Obj) -> str:
+    """A PV's or PVC's class; the beta annotation wins over the field, and nil means "" (no class)."""
+    ann = obj.get("metadata", {}).get("annotations") or {}
     if ANN_BETA_STORAGE_CLASS in ann:
         return str(ann[ANN_BETA_STORAGE_CLASS])
-    return str(claim.get("spec", {}).get("storageClassName") or "")
+    return str(obj.get("spec", {}).get("storageClassName") or "")
+
+
+def claim_class(claim: Obj) -> str:
+    return _class_of(claim)
 
 
 def claim_has_class(claim: Obj) -> bool:
@@ -97,10 +101,7 @@ def claim_has_class(claim: Obj) -> bool:
 
 
 def volume_class(volume: Obj) -> str:
-    ann = volume.get("metadata", {}).get("annotations") or {}
-    if ANN_BETA_STORAGE_CLASS in ann:
-        return str(ann[ANN_BETA_STORAGE_CLASS])
-    return str(volume.get("spec", {}).get("storageClassName") or "")
+    return _class_of(volume)
 
 
 def is_deleting(obj: Obj) -> bool:
