@@ -9,11 +9,11 @@ import platform
 import signal
 import statistics
 import tempfile
-import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from controller_runtime.clock import now_rfc3339
 from controller_runtime.toolchain import REPO_ROOT, Toolchain
 from localstack.controlplane import ControlPlane
 from localstack.testing import start_test_control_plane
@@ -56,7 +56,7 @@ def write_results(name: str, data: dict[str, Any]) -> Path:
     path = RESULTS_DIR / f"{name}.json"
     doc = {
         "benchmark": name,
-        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "time": now_rfc3339(),
         "machine": {"python": platform.python_version(), "cpus": _cpus()},
         **data,
     }

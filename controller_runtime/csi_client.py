@@ -49,6 +49,16 @@ def is_final_error(exc: BaseException) -> bool:
     return not isinstance(exc, asyncio.TimeoutError | ConnectionError)
 
 
+def error_text(exc: BaseException) -> str:
+    """An error worded as a Go client prints it (`rpc error: code = NotFound desc = ...`), which
+    is what users search for; anything other than a gRPC error as its own text."""
+    if isinstance(exc, grpc.aio.AioRpcError):
+        code = "".join(part.capitalize() for part in exc.code().name.split("_"))
+        code = {"Ok": "OK"}.get(code, code)
+        return f"rpc error: code = {code} desc = {exc.details()}"
+    return str(exc) or type(exc).__name__
+
+
 def socket_path(address: str) -> str:
     """Accepts `unix:///path`, `unix:/path` or a bare path."""
     if address.startswith("unix://"):

@@ -17,6 +17,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from .client import ApiClient, ApiError
+from .clock import now_rfc3339
 from .logs import get_logger
 from .resources import EVENTS, Obj
 
@@ -24,10 +25,6 @@ log = get_logger("events")
 
 NORMAL = "Normal"
 WARNING = "Warning"
-
-
-def now_rfc3339() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 def object_reference(obj: Obj, kind: str = "", api_version: str = "") -> Obj:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
-import datetime
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
@@ -21,8 +20,9 @@ from typing import Any
 from prometheus_client import Gauge
 
 from .client import ApiClient, ApiError
+from .clock import micro_time as micro_time  # "as": services/node_agent still imports it from here
 from .logs import get_logger
-from .resources import LEASES, Obj
+from .resources import LEASES, Obj, object_key
 
 log = get_logger("leaderelection")
 
@@ -31,10 +31,6 @@ IS_LEADER = Gauge("leader_election_master_status", "1 while this process holds t
 
 class LeadershipLost(Exception):
     pass
-
-
-def micro_time() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 @dataclass
@@ -55,6 +51,7 @@ class LeaderElector:
         self._observed_at = 0.0
         self._lease: Obj | None = None
         self._gauge = IS_LEADER.labels(config.name)
+        self._key = object_key(config.namespace, config.name)
 
     @property
     def is_leader(self) -> bool:
@@ -126,7 +123,7 @@ class LeaderElector:
                 if await self.try_acquire_or_renew():
                     log.info(
                         "acquired lease",
-                        lease=f"{self.config.namespace}/{self.config.name}",
+                        lease=self._key,
                         identity=self.config.identity,
                     )
                     self._gauge.set(1)
@@ -134,7 +131,7 @@ class LeaderElector:
                 if not logged:
                     log.info(
                         "waiting to acquire lease",
-                        lease=f"{self.config.namespace}/{self.config.name}",
+                        lease=self._key,
                         holder=self._holder(self._lease or {}),
                     )
                     logged = True
@@ -156,9 +153,7 @@ class LeaderElector:
                     log.warning("error renewing lease", error=str(exc))
                 if time.monotonic() >= deadline:
                     self._gauge.set(0)
-                    raise LeadershipLost(
-                        f"could not renew lease {cfg.namespace}/{cfg.name} within {cfg.renew_deadline}s"
-                    )
+                    raise LeadershipLost(f"could not renew lease {self._key} within {cfg.renew_deadline}s")
                 await asyncio.sleep(min(1.0, cfg.retry_period))
 
     async def release(self) -> None:
@@ -176,7 +171,7 @@ class LeaderElector:
         )
         try:
             await self.client.update(LEASES, lease)
-            log.info("released lease", lease=f"{self.config.namespace}/{self.config.name}")
+            log.info("released lease", lease=self._key)
         except ApiError as exc:
             log.warning("could not release lease", error=str(exc))
         self._lease = None

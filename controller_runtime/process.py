@@ -121,6 +121,19 @@ def add_kube_flags(parser: argparse.ArgumentParser, qps: float = 5.0, burst: int
     )
 
 
+def add_retry_flags(parser: argparse.ArgumentParser) -> None:
+    """The CSI sidecars' per-object retry backoff, with their defaults (1s doubling to 5m)."""
+    parser.add_argument(
+        "--retry-interval-start",
+        type=duration,
+        default=1.0,
+        help="first retry delay after a failure, doubling with each failure (default: 1s)",
+    )
+    parser.add_argument(
+        "--retry-interval-max", type=duration, default=300.0, help="longest retry delay (default: 5m)"
+    )
+
+
 def add_leader_election_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("leader election")
     group.add_argument(

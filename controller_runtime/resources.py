@@ -54,11 +54,6 @@ VOLUME_SNAPSHOT_CONTENTS = Resource(
 )
 
 
-def meta(obj: Obj) -> Obj:
-    m: Obj = obj.setdefault("metadata", {})
-    return m
-
-
 def name_of(obj: Obj) -> str:
     return str(obj.get("metadata", {}).get("name", ""))
 
@@ -71,17 +66,22 @@ def resource_version(obj: Obj) -> str:
     return str(obj.get("metadata", {}).get("resourceVersion", ""))
 
 
-def key_of(obj: Obj) -> str:
+def object_key(namespace: str | None, name: str) -> str:
     """The cache key client-go uses: `namespace/name`, or `name` for cluster-scoped objects."""
+    return f"{namespace}/{name}" if namespace else name
+
+
+def key_of(obj: Obj) -> str:
+    """An object's cache key, from its metadata."""
     md = obj.get("metadata", {})
-    ns = md.get("namespace")
-    return f"{ns}/{md['name']}" if ns else str(md["name"])
+    return object_key(md.get("namespace"), str(md["name"]))
+
+
+def reference_key(ref: Obj) -> str:
+    """The cache key of the object a reference (claimRef, involvedObject...) names."""
+    return object_key(ref.get("namespace"), str(ref.get("name", "")))
 
 
 def split_key(key: str) -> tuple[str | None, str]:
     ns, sep, name = key.partition("/")
     return (ns, name) if sep else (None, key)
-
-
-def annotations_of(obj: Obj) -> dict[str, str]:
-    return dict(obj.get("metadata", {}).get("annotations") or {})

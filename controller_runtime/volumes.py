@@ -1,5 +1,5 @@
 """Names and small pure helpers that the attach/mount path shares: the attach-detach controller,
-the external-attacher and the node agent must agree on them byte for byte (see CONTRACTS.md)."""
+the external-attacher and the node agent must agree on them byte for byte (see docs/contracts.md)."""
 
 from __future__ import annotations
 
@@ -10,13 +10,12 @@ from dataclasses import dataclass
 
 from kubeloop_grpc.csi import csi_pb2
 
-from .resources import Obj
+from .resources import Obj, object_key
+from .storage import ROX, RWO, RWOP, RWX
 
 ANN_CONTROLLER_MANAGED = "volumes.kubernetes.io/controller-managed-attach-detach"
 ANN_NODE_ID = "csi.volume.kubernetes.io/nodeid"
 CSI_PLUGIN_NAME = "kubernetes.io/csi"
-
-RWO, ROX, RWX, RWOP = "ReadWriteOnce", "ReadOnlyMany", "ReadWriteMany", "ReadWriteOncePod"
 
 
 def va_name(handle: str, driver: str, node: str) -> str:
@@ -91,7 +90,7 @@ def pod_claims(pod: Obj) -> list[tuple[str, str, bool]]:
 
 def pod_claim_keys(pod: Obj) -> list[str]:
     ns = pod.get("metadata", {}).get("namespace", "")
-    return [f"{ns}/{claim}" for _, claim, _ in pod_claims(pod)]
+    return [object_key(ns, claim) for _, claim, _ in pod_claims(pod)]
 
 
 def bound_volume_name(pvc: Obj | None, pv: Obj | None = None) -> str:

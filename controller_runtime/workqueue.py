@@ -237,10 +237,6 @@ class WorkQueue(Generic[K]):
     def processing(self) -> frozenset[K]:
         return frozenset(self._processing)
 
-    @property
-    def shutting_down(self) -> bool:
-        return self._shutting_down
-
     async def wait_idle(self) -> None:
         """Waits until nothing is queued, waiting for a delay, or being processed (tests, benches)."""
         await self._idle.wait()

@@ -75,10 +75,6 @@ def round_up(value: int, unit: int) -> int:
     return -(-value // unit) * unit
 
 
-def round_down(value: int, unit: int) -> int:
-    return value // unit * unit
-
-
 def choose_size(required: int, limit: int, maximum: int, default: int = DEFAULT_VOLUME_SIZE) -> int:
     """The size of a new or expanded volume for a CSI capacity_range.
 

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 import grpc
 
 from controller_runtime.client import ApiClient, ApiError
+from controller_runtime.clock import now_rfc3339
 from controller_runtime.controller import run_workers
-from controller_runtime.csi_client import CSIConnection
-from controller_runtime.events import now_rfc3339
+from controller_runtime.csi_client import CSIConnection, error_text
 from controller_runtime.informer import EventHandler, SharedInformerFactory
 from controller_runtime.logs import get_logger
 from controller_runtime.resources import CSI_NODES, PERSISTENT_VOLUMES, VOLUME_ATTACHMENTS, Obj
@@ -51,12 +51,6 @@ class Options:
 
 class AttachError(Exception):
     pass
-
-
-def _rpc_message(exc: BaseException) -> str:
-    if isinstance(exc, grpc.aio.AioRpcError):
-        return f"rpc error: code = {exc.code().name} desc = {exc.details()}"
-    return str(exc) or type(exc).__name__
 
 
 def va_pv_name(va: Obj) -> str:
@@ -206,8 +200,8 @@ class Attacher:
             try:
                 resp = await self.csi.controller.ControllerPublishVolume(req, timeout=self.options.timeout)
             except Exception as exc:
-                await self._set_error(va, "attachError", _rpc_message(exc))
-                raise AttachError(f"{name}: ControllerPublishVolume: {_rpc_message(exc)}") from exc
+                await self._set_error(va, "attachError", error_text(exc))
+                raise AttachError(f"{name}: ControllerPublishVolume: {error_text(exc)}") from exc
             context = dict(resp.publish_context)
         status = {"attached": True, "attachmentMetadata": context or None, "attachError": None}
         await self.client.patch(VOLUME_ATTACHMENTS, name, {"status": status}, subresource="status")
@@ -235,8 +229,8 @@ class Attacher:
                 await self.csi.controller.ControllerUnpublishVolume(req, timeout=self.options.timeout)
             except grpc.aio.AioRpcError as exc:
                 if exc.code() != grpc.StatusCode.NOT_FOUND:
-                    await self._set_error(va, "detachError", _rpc_message(exc))
-                    raise AttachError(f"{name}: ControllerUnpublishVolume: {_rpc_message(exc)}") from exc
+                    await self._set_error(va, "detachError", error_text(exc))
+                    raise AttachError(f"{name}: ControllerUnpublishVolume: {error_text(exc)}") from exc
                 # NOT_FOUND: the volume or node is gone, so it is not published there.
         fresh = copy.deepcopy(va)
         fresh["metadata"]["finalizers"] = [
@@ -319,7 +313,7 @@ class Attacher:
             try:
                 await self.reconcile_published()
             except Exception as exc:
-                log.warning("ListVolumes reconciliation failed", error=_rpc_message(exc))
+                log.warning("ListVolumes reconciliation failed", error=error_text(exc))
 
     async def reconcile_published(self) -> int:
         """Marks attached VAs whose volume the driver does not report published on their node as

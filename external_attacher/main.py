@@ -33,15 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--worker-threads", type=int, default=10, help="concurrent VolumeAttachment syncs (default: 10)"
     )
-    parser.add_argument(
-        "--retry-interval-start",
-        type=process.duration,
-        default=1.0,
-        help="first retry delay after a failure (default: 1s)",
-    )
-    parser.add_argument(
-        "--retry-interval-max", type=process.duration, default=300.0, help="longest retry delay (default: 5m)"
-    )
+    process.add_retry_flags(parser)
     parser.add_argument(
         "--reconcile-sync",
         type=process.duration,

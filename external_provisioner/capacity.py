@@ -14,11 +14,12 @@ from controller_runtime.client import ApiClient, ApiError
 from controller_runtime.csi_client import CSIConnection
 from controller_runtime.informer import SharedInformer
 from controller_runtime.logs import get_logger
+from controller_runtime.quantity import format_quantity
 from controller_runtime.resources import CSI_STORAGE_CAPACITIES, Obj
 from kubeloop_grpc.csi import csi_pb2
 
 from . import names
-from .request import Segment, driver_topology_keys, node_segment, quantity
+from .request import Segment, driver_topology_keys, node_segment
 
 log = get_logger("external-provisioner.capacity")
 
@@ -99,12 +100,12 @@ class CapacityPublisher:
                 "labels": dict(self.labels),
             },
             "storageClassName": class_name,
-            "capacity": quantity(capacity),
+            "capacity": format_quantity(capacity),
         }
         if segment is not None:
             obj["nodeTopology"] = {"matchLabels": dict(segment)}
         if maximum:
-            obj["maximumVolumeSize"] = quantity(maximum)
+            obj["maximumVolumeSize"] = format_quantity(maximum)
         return obj
 
     async def refresh(self) -> None:

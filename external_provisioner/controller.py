@@ -16,12 +16,14 @@ from dataclasses import dataclass
 
 import grpc
 
+from controller_runtime import storage
 from controller_runtime.client import ApiClient, ApiError
 from controller_runtime.controller import run_workers
-from controller_runtime.csi_client import CSIConnection, is_final_error
+from controller_runtime.csi_client import CSIConnection, error_text, is_final_error
 from controller_runtime.events import EventRecorder
 from controller_runtime.informer import EventHandler, SharedInformerFactory
 from controller_runtime.logs import get_logger
+from controller_runtime.quantity import parse_quantity
 from controller_runtime.resources import (
     CSI_NODES,
     NODES,
@@ -33,10 +35,12 @@ from controller_runtime.resources import (
     VOLUME_SNAPSHOT_CONTENTS,
     VOLUME_SNAPSHOTS,
     Obj,
+    key_of,
+    object_key,
 )
+from controller_runtime.storage import claim_class, is_deleting
 from controller_runtime.workqueue import ItemExponentialRateLimiter, WorkQueue
 from kubeloop_grpc.csi import csi_pb2
-from services.pv_controller.match import claim_class, is_deleting, parse_quantity
 
 from . import failpoints, names
 from .journal import Entry, Journal
@@ -46,7 +50,6 @@ from .request import (
     VolumeSpec,
     accessibility,
     build_pv,
-    grpc_error_text,
     pv_name_for,
     split_parameters,
     volume_spec,
@@ -58,7 +61,6 @@ UID_INDEX = "uid"
 VA_BY_PV_INDEX = "pv"
 CLONE_KIND = "PersistentVolumeClaim"
 SNAPSHOT_KIND = "VolumeSnapshot"
-SNAPSHOT_GROUP = "snapshot.storage.k8s.io"
 
 
 @dataclass(frozen=True)
@@ -142,8 +144,8 @@ class Provisioner:
     def _ours(self, claim: Obj) -> bool:
         ann = claim.get("metadata", {}).get("annotations") or {}
         return self.options.driver in (
-            ann.get(names.ANN_STORAGE_PROVISIONER),
-            ann.get(names.ANN_BETA_STORAGE_PROVISIONER),
+            ann.get(storage.ANN_STORAGE_PROVISIONER),
+            ann.get(storage.ANN_BETA_STORAGE_PROVISIONER),
         )
 
     def _claim_changed(self, claim: Obj) -> None:
@@ -158,7 +160,7 @@ class Provisioner:
 
     def _volume_changed(self, pv: Obj) -> None:
         if self._provisioned_here(pv) and (
-            pv.get("status", {}).get("phase") == names.PV_RELEASED
+            pv.get("status", {}).get("phase") == storage.PV_RELEASED
             or is_deleting(pv)
             or names.PV_FINALIZER in (pv["metadata"].get("finalizers") or [])
         ):
@@ -173,7 +175,7 @@ class Provisioner:
         driver = self.options.driver
         ann = pv.get("metadata", {}).get("annotations") or {}
         return (
-            ann.get(names.ANN_PROVISIONED_BY) == driver or ann.get(names.ANN_MIGRATED_TO) == driver
+            ann.get(storage.ANN_PROVISIONED_BY) == driver or ann.get(storage.ANN_MIGRATED_TO) == driver
         ) and pv.get("spec", {}).get("csi", {}).get("driver") == driver
 
     # -- lifecycle -------------------------------------------------------------------------------------
@@ -193,7 +195,9 @@ class Provisioner:
         # Entries first, so the claim handlers fired by the initial list already see them.
         for entry in await asyncio.to_thread(self.journal.load):
             log.info(
-                "found an unfinished provisioning", claim=f"{entry.namespace}/{entry.claim}", uid=entry.uid
+                "found an unfinished provisioning",
+                claim=object_key(entry.namespace, entry.claim),
+                uid=entry.uid,
             )
         try:
             self.factory.start()
@@ -275,7 +279,7 @@ class Provisioner:
                 raise ProvisionError(f'storageclass.storage.k8s.io "{class_name}" not found')
             if storage_class.get("provisioner") != self.options.driver:
                 return  # the class moved to another provisioner; not ours to act on
-            selected = _annotation(claim, names.ANN_SELECTED_NODE)
+            selected = _annotation(claim, storage.ANN_SELECTED_NODE)
             if storage_class.get("volumeBindingMode") == "WaitForFirstConsumer" and not selected:
                 return  # the scheduler picks a node first
             source = _data_source(claim)
@@ -286,7 +290,7 @@ class Provisioner:
         except ProvisionError as exc:
             self.recorder.warning(
                 _typed(claim, "PersistentVolumeClaim"),
-                names.PROVISIONING_FAILED,
+                storage.PROVISIONING_FAILED,
                 names.msg_failed(class_name, str(exc)),
             )
             if exc.reschedule:
@@ -310,11 +314,11 @@ class Provisioner:
     async def _reschedule(self, claim: Obj) -> None:
         """Removes selected-node so the scheduler picks again (a full pool, a vanished node)."""
         md = claim["metadata"]
-        log.info("asking the scheduler for another node", claim=f"{md['namespace']}/{md['name']}")
+        log.info("asking the scheduler for another node", claim=key_of(claim))
         patch = {
             "metadata": {
                 "resourceVersion": md["resourceVersion"],
-                "annotations": {names.ANN_SELECTED_NODE: None},
+                "annotations": {storage.ANN_SELECTED_NODE: None},
             }
         }
         with contextlib.suppress(ApiError):  # a conflict: the next sync sees the newer claim
@@ -326,17 +330,16 @@ class Provisioner:
         if source is None:
             return "", ""
         ns, name = claim["metadata"]["namespace"], source.get("name", "")
+        key = object_key(ns, name)
         if source.get("kind") == CLONE_KIND:
-            src = self.claims.store.get(f"{ns}/{name}")
+            src = self.claims.store.get(key)
             if src is None or not src["spec"].get("volumeName"):
-                raise ProvisionError(f"the source claim {ns}/{name} does not exist or is not bound")
+                raise ProvisionError(f"the source claim {key} does not exist or is not bound")
             if claim_class(src) != claim_class(claim):
-                raise ProvisionError(f"the source claim {ns}/{name} is of another StorageClass")
+                raise ProvisionError(f"the source claim {key} is of another StorageClass")
             pv = self.volumes.store.get(src["spec"]["volumeName"])
             if pv is None or pv["spec"].get("csi", {}).get("driver") != self.options.driver:
-                raise ProvisionError(
-                    f"the volume of source claim {ns}/{name} is not one of {self.options.driver}"
-                )
+                raise ProvisionError(f"the volume of source claim {key} is not one of {self.options.driver}")
             want = parse_quantity(claim["spec"]["resources"]["requests"].get("storage"))
             have = parse_quantity((src.get("status", {}).get("capacity") or {}).get("storage"))
             if want < have:
@@ -346,13 +349,13 @@ class Provisioner:
             snap = await self.client.get(VOLUME_SNAPSHOTS, name, ns)
             content_name = snap.get("status", {}).get("boundVolumeSnapshotContentName") or ""
             if not snap.get("status", {}).get("readyToUse") or not content_name:
-                raise ProvisionError(f"snapshot {ns}/{name} is not ready to use")
+                raise ProvisionError(f"snapshot {key} is not ready to use")
             content = await self.client.get(VOLUME_SNAPSHOT_CONTENTS, content_name)
         except ApiError as exc:
-            raise ProvisionError(f"error getting snapshot {ns}/{name}: {exc.message}") from exc
+            raise ProvisionError(f"error getting snapshot {key}: {exc.message}") from exc
         handle = content.get("status", {}).get("snapshotHandle") or ""
         if not handle or content.get("spec", {}).get("driver") != self.options.driver:
-            raise ProvisionError(f"snapshot {ns}/{name} has no handle of driver {self.options.driver}")
+            raise ProvisionError(f"snapshot {key} has no handle of driver {self.options.driver}")
         return "", handle
 
     def _new_spec(self, claim: Obj, storage_class: Obj, pv_name: str, node: Obj | None) -> VolumeSpec:
@@ -388,7 +391,7 @@ class Provisioner:
             if not required:
                 return {}
             raise ProvisionError(
-                f"failed to get secret {spec.secret.namespace}/{spec.secret.name}: {exc.message}"
+                f"failed to get secret {object_key(spec.secret.namespace, spec.secret.name)}: {exc.message}"
             ) from exc
         return {k: base64.b64decode(v).decode() for k, v in (secret.get("data") or {}).items()}
 
@@ -396,7 +399,7 @@ class Provisioner:
         try:
             rsp = await self.conn.controller.CreateVolume(spec.to_request(secrets), timeout=self.conn.timeout)
         except grpc.aio.AioRpcError as exc:
-            raise ProvisionError(grpc_error_text(exc), final=is_final_error(exc)) from exc
+            raise ProvisionError(error_text(exc), final=is_final_error(exc)) from exc
         return CreatedVolume.from_proto(rsp.volume)
 
     async def _provision(
@@ -444,9 +447,7 @@ class Provisioner:
         await self._save_pv(pv, claim, entry)
         failpoints.reach(failpoints.AFTER_PV_SAVED)
         await self.journal.remove(entry.uid)
-        log.info(
-            "provisioned", claim=f"{md['namespace']}/{md['name']}", volume=pv_name, handle=created.volume_id
-        )
+        log.info("provisioned", claim=key_of(claim), volume=pv_name, handle=created.volume_id)
         self.recorder.normal(
             _typed(claim, "PersistentVolumeClaim"), names.PROVISIONING_SUCCEEDED, names.msg_succeeded(pv_name)
         )
@@ -492,12 +493,12 @@ class Provisioner:
                 csi_pb2.DeleteVolumeRequest(volume_id=volume_id), timeout=self.conn.timeout
             )
         except grpc.aio.AioRpcError as exc:
-            raise ProvisionError(grpc_error_text(exc), final=is_final_error(exc)) from exc
+            raise ProvisionError(error_text(exc), final=is_final_error(exc)) from exc
 
     async def _abandon(self, entry: Entry) -> None:
         """The claim is gone while a volume may exist for it: finish the CreateVolume (the same
         request) to learn the volume's id, then delete the volume. A saved PV takes over instead."""
-        where = f"{entry.namespace}/{entry.claim}"
+        where = object_key(entry.namespace, entry.claim)
         if await self._pv_exists(entry.spec.name):
             await self.journal.remove(entry.uid)
             return
@@ -528,21 +529,21 @@ class Provisioner:
         finalizers = md.get("finalizers") or []
         policy = spec.get("persistentVolumeReclaimPolicy")
         phase = pv.get("status", {}).get("phase")
-        if policy != "Delete":
+        if policy != storage.DELETE:
             if names.PV_FINALIZER in finalizers:
                 await self._drop_finalizer(pv)  # Retain: the volume outlives the PV by design
             return None
         # Bound volumes wait: pv-protection keeps a deleted Bound PV until its claim lets go.
-        if phase != names.PV_RELEASED and not (is_deleting(pv) and phase != "Bound"):
+        if phase != storage.PV_RELEASED and not (is_deleting(pv) and phase != storage.PV_BOUND):
             return None
         for va in self.attachments.store.by_index(VA_BY_PV_INDEX, name):
             message = names.msg_still_attached(name, va["spec"].get("nodeName", ""))
-            self.recorder.warning(_typed(pv, "PersistentVolume"), names.VOLUME_FAILED_DELETE, message)
+            self.recorder.warning(_typed(pv, "PersistentVolume"), storage.VOLUME_FAILED_DELETE, message)
             raise RuntimeError(message)
         try:
             await self._delete_volume(spec["csi"]["volumeHandle"])
         except ProvisionError as exc:
-            self.recorder.warning(_typed(pv, "PersistentVolume"), names.VOLUME_FAILED_DELETE, str(exc))
+            self.recorder.warning(_typed(pv, "PersistentVolume"), storage.VOLUME_FAILED_DELETE, str(exc))
             raise
         if not is_deleting(pv):
             try:

@@ -45,15 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=100,
         help="concurrent provisioning and deletion syncs (default: 100)",
     )
-    parser.add_argument(
-        "--retry-interval-start",
-        type=process.duration,
-        default=1.0,
-        help="first retry delay of a failed claim or volume, doubling each time (default: 1s)",
-    )
-    parser.add_argument(
-        "--retry-interval-max", type=process.duration, default=300.0, help="largest retry delay (default: 5m)"
-    )
+    process.add_retry_flags(parser)
     parser.add_argument(
         "--volume-name-prefix", default="pvc", help="prefix of PV and CreateVolume names (default: pvc)"
     )

@@ -1,31 +1,10 @@
-"""The provisioner's contract strings (see /work/shared/CONTRACTS.md). Keys the binder shares with
-the provisioner come from the binder's module, so the two can never disagree."""
+"""The provisioner's own contract strings (docs/contracts.md). The keys, phases and reasons it shares
+with the binder are in controller_runtime.storage, so the two can never disagree."""
 
 from __future__ import annotations
 
-from services.pv_controller.names import (
-    ANN_BETA_STORAGE_PROVISIONER,
-    ANN_PROVISIONED_BY,
-    ANN_SELECTED_NODE,
-    ANN_STORAGE_PROVISIONER,
-    PROVISIONING_FAILED,
-    PV_RELEASED,
-    VOLUME_FAILED_DELETE,
-)
-
-__all__ = [
-    "ANN_BETA_STORAGE_PROVISIONER",
-    "ANN_PROVISIONED_BY",
-    "ANN_SELECTED_NODE",
-    "ANN_STORAGE_PROVISIONER",
-    "PROVISIONING_FAILED",
-    "PV_RELEASED",
-    "VOLUME_FAILED_DELETE",
-]
-
 PV_FINALIZER = "external-provisioner.volume.kubernetes.io/finalizer"
 PROVISIONER_IDENTITY = "storage.kubernetes.io/csiProvisionerIdentity"
-ANN_MIGRATED_TO = "pv.kubernetes.io/migrated-to"
 
 # Parameters under this prefix are for the provisioner, never passed to the driver as they are.
 PARAMETER_PREFIX = "csi.storage.k8s.io/"
@@ -33,9 +12,6 @@ PARAM_FSTYPE = PARAMETER_PREFIX + "fstype"
 PARAM_PVC_NAME = PARAMETER_PREFIX + "pvc/name"
 PARAM_PVC_NAMESPACE = PARAMETER_PREFIX + "pvc/namespace"
 PARAM_PV_NAME = PARAMETER_PREFIX + "pv/name"
-
-# Topology: the label every node plugin of the kubeloop driver reports (others use their own keys).
-TOPOLOGY_KEY_HOSTNAME = "kubernetes.io/hostname"
 
 # CSIStorageCapacity labels, as the Go sidecar writes them.
 CAPACITY_LABEL_DRIVER = "csi.storage.k8s.io/drivername"

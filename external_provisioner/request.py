@@ -11,12 +11,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import grpc
-
-from controller_runtime import volumes
+from controller_runtime import storage, volumes
+from controller_runtime.quantity import format_quantity
 from controller_runtime.resources import Obj
+from controller_runtime.storage import claim_class, claim_reference, claim_request
 from kubeloop_grpc.csi import csi_pb2
-from services.pv_controller.match import claim_class, claim_request
 
 from . import names
 
@@ -57,26 +56,9 @@ class ProvisionError(Exception):
         self.reschedule = reschedule
 
 
-def grpc_error_text(exc: BaseException) -> str:
-    """A gRPC error worded as a Go client prints it, which is what users search for."""
-    if isinstance(exc, grpc.aio.AioRpcError):
-        code = "".join(part.capitalize() for part in exc.code().name.split("_"))
-        code = {"Ok": "OK"}.get(code, code)
-        return f"rpc error: code = {code} desc = {exc.details()}"
-    return str(exc) or type(exc).__name__
-
-
 def pv_name_for(prefix: str, claim: Obj) -> str:
     """`<prefix>-<claim UID>`: both the PV's name and CreateVolume's idempotency key."""
     return f"{prefix}-{claim['metadata']['uid']}"
-
-
-def quantity(n: int) -> str:
-    """Bytes as a binary-SI Quantity string, as the API server would canonicalise it."""
-    for suffix, shift in (("Ei", 60), ("Pi", 50), ("Ti", 40), ("Gi", 30), ("Mi", 20), ("Ki", 10)):
-        if n and n % (1 << shift) == 0:
-            return f"{n >> shift}{suffix}"
-    return str(n)
 
 
 # -- parameters and secrets ------------------------------------------------------------------------
@@ -396,18 +378,6 @@ def node_affinity(topology: list[Segment]) -> Obj | None:
     return {"required": {"nodeSelectorTerms": terms}} if terms else None
 
 
-def claim_reference(claim: Obj) -> Obj:
-    md = claim["metadata"]
-    return {
-        "kind": "PersistentVolumeClaim",
-        "apiVersion": "v1",
-        "namespace": md["namespace"],
-        "name": md["name"],
-        "uid": md["uid"],
-        "resourceVersion": md.get("resourceVersion", ""),
-    }
-
-
 def build_pv(
     *,
     driver: str,
@@ -419,7 +389,7 @@ def build_pv(
     created: CreatedVolume,
 ) -> Obj:
     """The PV for a created volume, pre-bound to its claim: the binder finishes the bind."""
-    policy = storage_class.get("reclaimPolicy") or "Delete"
+    policy = storage_class.get("reclaimPolicy") or storage.DELETE
     csi: Obj = {
         "driver": driver,
         "volumeHandle": created.volume_id,
@@ -433,7 +403,7 @@ def build_pv(
             csi[fld] = {"name": ref.name, "namespace": ref.namespace}
     pv_spec: Obj = {
         "accessModes": list(spec.access_modes),
-        "capacity": {"storage": quantity(created.capacity or spec.capacity)},
+        "capacity": {"storage": format_quantity(created.capacity or spec.capacity)},
         "csi": csi,
         "claimRef": claim_reference(claim),
         "persistentVolumeReclaimPolicy": policy,
@@ -448,7 +418,7 @@ def build_pv(
     vac = claim.get("spec", {}).get("volumeAttributesClassName")
     if vac:
         pv_spec["volumeAttributesClassName"] = vac
-    metadata: Obj = {"name": spec.name, "annotations": {names.ANN_PROVISIONED_BY: driver}}
-    if policy == "Delete":
+    metadata: Obj = {"name": spec.name, "annotations": {storage.ANN_PROVISIONED_BY: driver}}
+    if policy == storage.DELETE:
         metadata["finalizers"] = [names.PV_FINALIZER]
     return {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": metadata, "spec": pv_spec}

@@ -218,11 +218,6 @@ class PKI:
         except x509.ExtensionNotFound:
             return False
 
-    def ca_pem(self) -> bytes:
-        self.ensure_ca()
-        assert self._ca_cert is not None
-        return self._ca_cert.public_bytes(serialization.Encoding.PEM)
-
     # --- leaves ---------------------------------------------------------------------------------
 
     def _leaf_usable(self, spec: _LeafSpec, key: ec.EllipticCurvePrivateKey, cert: x509.Certificate) -> bool:

@@ -216,7 +216,7 @@ MAX_SOCKET_PATH = 107
 
 def longest_socket_path(home: Path, nodes: Sequence[str]) -> Path:
     """The longest unix socket path the stack will create under `home`: a node's kubelet
-    plugin-registration socket, whose name CONTRACTS.md fixes."""
+    plugin-registration socket, whose name docs/contracts.md fixes."""
     longest = max(nodes, key=len)
     return node_home(home, longest) / "kubelet" / "plugins_registry" / "loop.csi.kubeloop.dev-reg.sock"
 

@@ -20,7 +20,7 @@ import os
 import ssl
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
@@ -45,7 +45,7 @@ KCM_CONTROLLERS = (
 
 
 def default_home() -> Path:
-    """`$KUBELOOP_HOME`, or `.kubeloop/` in the checkout (DESIGN.md)."""
+    """`$KUBELOOP_HOME`, or `.kubeloop/` in the checkout (docs/local-stack.md)."""
     env = os.environ.get("KUBELOOP_HOME")
     return Path(env).resolve() if env else REPO_ROOT / ".kubeloop"
 
@@ -73,9 +73,6 @@ class Ports:
         if with_scheduler:
             out["kube-scheduler (--scheduler-port)"] = self.kube_scheduler
         return out
-
-    def as_dict(self) -> dict[str, int]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 class StackLockedError(RuntimeError):

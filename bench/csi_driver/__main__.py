@@ -82,7 +82,7 @@ class Driver:
         self.log.close()
 
 
-def timed(fn: Callable[[], Any]) -> float:
+def timed(fn: Callable[..., Any]) -> float:
     start = time.perf_counter()
     fn()
     return (time.perf_counter() - start) * 1000
@@ -217,7 +217,7 @@ def main() -> None:
         subprocess.run(["rm", "-rf", str(work)], check=False)
 
     mb = {k: median(v) for k, v in rates.items()}
-    result = {
+    result: dict[str, Any] = {
         "create_volume_ms": {
             "p50": percentile(create_ms, 50),
             "p99": percentile(create_ms, 99),
@@ -288,8 +288,8 @@ def main() -> None:
             ],
         ],
     )
-    path = write_results("csi_driver", result)
-    print(f"\nwrote {path}")
+    written = write_results("csi_driver", result)
+    print(f"\nwrote {written}")
 
 
 if __name__ == "__main__":

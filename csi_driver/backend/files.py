@@ -92,10 +92,6 @@ def remove(path: str) -> None:
     fsync_dir(os.path.dirname(path))
 
 
-def allocated_bytes(path: str) -> int:
-    return os.stat(path).st_blocks * 512
-
-
 def free_bytes(path: str) -> int:
     st = os.statvfs(path)
     return st.f_bavail * st.f_frsize

@@ -25,10 +25,6 @@ class LoopDevice:
     direct_io: bool
     read_only: bool
 
-    @property
-    def sys_name(self) -> str:
-        return Path(self.name).name
-
 
 def _back_file(raw: str) -> str:
     # The kernel appends " (deleted)" when the backing file was unlinked while attached.

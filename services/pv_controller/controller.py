@@ -13,6 +13,7 @@ import contextlib
 import gc
 from dataclasses import dataclass
 
+from controller_runtime import storage
 from controller_runtime.client import ApiClient, ApiError
 from controller_runtime.controller import run_workers
 from controller_runtime.events import EventRecorder
@@ -25,7 +26,12 @@ from controller_runtime.resources import (
     PODS,
     STORAGE_CLASSES,
     Obj,
+    key_of,
+    object_key,
+    reference_key,
 )
+from controller_runtime.storage import claim_class, claim_has_class
+from controller_runtime.volumes import pod_claim_keys
 from controller_runtime.workqueue import WorkQueue, default_rate_limiter
 
 from . import names
@@ -50,9 +56,6 @@ from .decide import (
 )
 from .match import (
     check_volume_satisfies_claim,
-    claim_class,
-    claim_has_class,
-    claim_key,
     claim_ref_key,
     default_class,
     find_best_match,
@@ -65,19 +68,6 @@ from .view import LocalView
 log = get_logger("pv-controller")
 
 POD_CLAIMS_INDEX = "pvc"
-
-
-def pod_claim_keys(pod: Obj) -> list[str]:
-    """Claims a pod uses, as namespace/name: named claims and generic ephemeral volumes."""
-    md, spec = pod.get("metadata", {}), pod.get("spec", {})
-    ns, pod_name = md.get("namespace", ""), md.get("name", "")
-    keys = []
-    for vol in spec.get("volumes") or []:
-        if vol.get("persistentVolumeClaim"):
-            keys.append(f"{ns}/{vol['persistentVolumeClaim'].get('claimName', '')}")
-        elif vol.get("ephemeral"):
-            keys.append(f"{ns}/{pod_name}-{vol.get('name', '')}")
-    return keys
 
 
 class BindingError(Exception):
@@ -166,13 +156,13 @@ class PVController:
 
     def _claim_changed(self, claim: Obj) -> None:
         self.view.store_claim(claim)
-        self.claim_queue.add(claim_key(claim))
+        self.claim_queue.add(key_of(claim))
 
     def _claim_updated(self, _old: Obj, claim: Obj) -> None:
         self._claim_changed(claim)
 
     def _claim_deleted(self, claim: Obj) -> None:
-        key = claim_key(claim)
+        key = key_of(claim)
         self.view.delete_claim(claim)
         self.claim_queue.add(key)
         for name in self.view.index.bound_to(key):
@@ -184,8 +174,8 @@ class PVController:
     def _class_changed(self, _cls: Obj) -> None:
         # A new default class (retroactive assignment) or a class a claim was waiting for.
         for claim in self.view.all_claims():
-            if not has_annotation(claim, names.ANN_BIND_COMPLETED):
-                self.claim_queue.add(claim_key(claim))
+            if not has_annotation(claim, storage.ANN_BIND_COMPLETED):
+                self.claim_queue.add(key_of(claim))
 
     def _class_updated(self, old: Obj, new: Obj) -> None:
         if old is not new:  # a resync hands the same object: nothing changed
@@ -319,7 +309,7 @@ class PVController:
                 return None
             raise
         if self.view.store_claim(claim):
-            self.claim_queue.add(claim_key(claim))
+            self.claim_queue.add(key_of(claim))
         return claim
 
     async def _claim_of(self, volume: Obj) -> Obj | None:
@@ -329,8 +319,8 @@ class PVController:
         something to do on a stale cache."""
         ref = volume["spec"]["claimRef"]
         ns, name, uid = ref.get("namespace", ""), ref.get("name", ""), ref.get("uid")
-        claim = self.view.claim(f"{ns}/{name}")
-        if claim is None and phase_of(volume) not in (names.PV_RELEASED, names.PV_FAILED):
+        claim = self.view.claim(object_key(ns, name))
+        if claim is None and phase_of(volume) not in (storage.PV_RELEASED, storage.PV_FAILED):
             claim = await self._fetch_claim(ns, name)
         if claim is not None and claim["metadata"].get("uid") != uid:
             # Our copy may be older than the claimRef (the claim was re-created): ask the API.
@@ -344,22 +334,22 @@ class PVController:
         claim = await self._claim_of(volume) if ref and ref.get("uid") else None
         action = decide_volume(volume, claim)
         if action is VolumeAction.AVAILABLE:
-            if phase_of(volume) != names.PV_AVAILABLE:
-                volume = await self._set_volume_phase(volume, names.PV_AVAILABLE)
+            if phase_of(volume) != storage.PV_AVAILABLE:
+                volume = await self._set_volume_phase(volume, storage.PV_AVAILABLE)
                 woken = self.view.wake_one(lambda claim: free_volume_fits(volume, claim))
                 if woken is not None:
                     self.claim_queue.add(woken)
         elif action is VolumeAction.PREBOUND:
-            await self._set_volume_phase(volume, names.PV_AVAILABLE)
-            self.claim_queue.add(f"{ref['namespace']}/{ref['name']}")
+            await self._set_volume_phase(volume, storage.PV_AVAILABLE)
+            self.claim_queue.add(reference_key(ref))
         elif action in (VolumeAction.RELEASE, VolumeAction.RELEASE_PROVISIONED):
-            if phase_of(volume) not in (names.PV_RELEASED, names.PV_FAILED):
+            if phase_of(volume) not in (storage.PV_RELEASED, storage.PV_FAILED):
                 log.info(
                     "volume released, reclaiming",
                     volume=volume["metadata"]["name"],
                     policy=volume["spec"].get("persistentVolumeReclaimPolicy", ""),
                 )
-                volume = await self._set_volume_phase(volume, names.PV_RELEASED)
+                volume = await self._set_volume_phase(volume, storage.PV_RELEASED)
             await self._reclaim(volume, claim)
         elif action is VolumeAction.MODE_MISMATCH:
             assert claim is not None
@@ -380,17 +370,17 @@ class PVController:
             )
         elif action is VolumeAction.SYNC_CLAIM:
             assert claim is not None
-            self.claim_queue.add(claim_key(claim))
+            self.claim_queue.add(key_of(claim))
         elif action is VolumeAction.BOUND:
-            await self._set_volume_phase(volume, names.PV_BOUND)
+            await self._set_volume_phase(volume, storage.PV_BOUND)
         elif action is VolumeAction.UNBIND:
             log.info(
                 "claim is bound to another volume, unbinding",
                 volume=volume["metadata"]["name"],
-                by_controller=has_annotation(volume, names.ANN_BOUND_BY_CONTROLLER),
+                by_controller=has_annotation(volume, storage.ANN_BOUND_BY_CONTROLLER),
             )
             volume = await self._update_volume(volume_unbound(volume))
-            await self._set_volume_phase(volume, names.PV_AVAILABLE)
+            await self._set_volume_phase(volume, storage.PV_AVAILABLE)
 
     async def _reclaim(self, volume: Obj, claim: Obj | None) -> None:
         decision = decide_reclaim(volume)
@@ -399,17 +389,17 @@ class PVController:
             return
         if decision.action is ReclaimAction.EXTERNAL_DELETE:
             # The provisioner deletes it; the metric ends when the volume disappears.
-            self.timer.start(name, "delete", volume["metadata"]["annotations"][names.ANN_PROVISIONED_BY])
+            self.timer.start(name, "delete", volume["metadata"]["annotations"][storage.ANN_PROVISIONED_BY])
             return
         if decision.action is ReclaimAction.FAILED_DELETE:
             if not volume_released(volume, claim):
                 return
-            event = ("Warning", names.VOLUME_FAILED_DELETE, decision.message)
+            event = ("Warning", storage.VOLUME_FAILED_DELETE, decision.message)
         elif decision.action is ReclaimAction.RECYCLE_UNSUPPORTED:
             event = ("Warning", names.VOLUME_FAILED_RECYCLE, decision.message)
         else:
             event = ("Warning", names.VOLUME_UNKNOWN_RECLAIM_POLICY, decision.message)
-        await self._set_volume_phase(volume, names.PV_FAILED, event)
+        await self._set_volume_phase(volume, storage.PV_FAILED, event)
 
     # -- claims --------------------------------------------------------------------------------------
 
@@ -418,7 +408,7 @@ class PVController:
         if claim is None:
             self.timer.drop(key, "provision")
             return None
-        if has_annotation(claim, names.ANN_BIND_COMPLETED):
+        if has_annotation(claim, storage.ANN_BIND_COMPLETED):
             self.view.waiting.pop(key, None)
             await self._sync_bound_claim(claim)
             return None
@@ -438,19 +428,19 @@ class PVController:
         action = decide_bound_claim(claim, volume)
         if action is BoundClaimAction.LOST_REFERENCE:
             event = ("Warning", names.CLAIM_LOST_REASON, names.MSG_CLAIM_LOST_REFERENCE)
-            await self._set_claim_phase(claim, names.CLAIM_LOST, None, event)
+            await self._set_claim_phase(claim, storage.CLAIM_LOST, None, event)
         elif action is BoundClaimAction.LOST_VOLUME:
             event = ("Warning", names.CLAIM_LOST_REASON, names.MSG_CLAIM_LOST_VOLUME)
-            await self._set_claim_phase(claim, names.CLAIM_LOST, None, event)
+            await self._set_claim_phase(claim, storage.CLAIM_LOST, None, event)
         elif action is BoundClaimAction.MISBOUND:
             event = ("Warning", names.CLAIM_MISBOUND, names.MSG_CLAIM_MISBOUND)
-            await self._set_claim_phase(claim, names.CLAIM_LOST, None, event)
+            await self._set_claim_phase(claim, storage.CLAIM_LOST, None, event)
         else:
             assert volume is not None
             await self._bind(volume, claim)
 
     async def _sync_unbound_claim(self, claim: Obj) -> float | None:
-        key = claim_key(claim)
+        key = key_of(claim)
         volume_name = claim.get("spec", {}).get("volumeName") or ""
         if volume_name:
             return await self._sync_prebound_claim(claim, volume_name)
@@ -474,23 +464,23 @@ class PVController:
         if await self._assign_default_class(claim):
             return None
         annotations = claim.get("metadata", {}).get("annotations") or {}
-        if delay and names.ANN_SELECTED_NODE not in annotations:
+        if delay and storage.ANN_SELECTED_NODE not in annotations:
             self._event_waiting_for_consumer(claim)
         elif class_name:
             await self._provision(claim, class_name, storage_class)
             return None
         else:
             self._claim_event(claim, "Normal", names.FAILED_BINDING, names.MSG_NO_CLASS)
-        await self._set_claim_phase(claim, names.CLAIM_PENDING, None)
+        await self._set_claim_phase(claim, storage.CLAIM_PENDING, None)
         return None
 
     async def _sync_prebound_claim(self, claim: Obj, volume_name: str) -> float | None:
         """The user named the volume in spec.volumeName."""
-        key = claim_key(claim)
+        key = key_of(claim)
         volume = self.view.volume(volume_name)
         if volume is None:
             # Not there (yet): the claim waits; the volume's arrival enqueues it.
-            await self._set_claim_phase(claim, names.CLAIM_PENDING, None)
+            await self._set_claim_phase(claim, storage.CLAIM_PENDING, None)
             return None
         if not volume.get("spec", {}).get("claimRef"):
             if self.view.reserved_by_other(volume_name, key):
@@ -503,7 +493,7 @@ class PVController:
                     names.VOLUME_MISMATCH,
                     f'Cannot bind to requested volume "{volume_name}": {problem}',
                 )
-                await self._set_claim_phase(claim, names.CLAIM_PENDING, None)
+                await self._set_claim_phase(claim, storage.CLAIM_PENDING, None)
                 return None
             await self._bind_reserved(volume, claim)
             return None
@@ -516,8 +506,8 @@ class PVController:
             names.FAILED_BINDING,
             f'volume "{volume_name}" already bound to a different claim.',
         )
-        if not has_annotation(claim, names.ANN_BOUND_BY_CONTROLLER):
-            await self._set_claim_phase(claim, names.CLAIM_PENDING, None)
+        if not has_annotation(claim, storage.ANN_BOUND_BY_CONTROLLER):
+            await self._set_claim_phase(claim, storage.CLAIM_PENDING, None)
             return None
         raise BindingError(
             f"invalid binding of claim {key} to volume {volume_name}: "
@@ -525,7 +515,7 @@ class PVController:
         )
 
     async def _bind_reserved(self, volume: Obj, claim: Obj) -> None:
-        name, key = volume["metadata"]["name"], claim_key(claim)
+        name, key = volume["metadata"]["name"], key_of(claim)
         if not self.view.reserve(name, key):
             raise BindingError(f"volume {name} is reserved by another claim")
         try:
@@ -547,14 +537,14 @@ class PVController:
         new = volume_bound_to_claim(volume, claim)
         if new is not None:
             volume = await self._update_volume(new)
-        new = volume_with_phase(volume, names.PV_BOUND)
+        new = volume_with_phase(volume, storage.PV_BOUND)
         if new is not None:
             volume = await self._update_volume_status(new)
         new = claim_bound_to_volume(claim, volume)
         if new is not None:
             claim = await self._update_claim(new)
-        await self._set_claim_phase(claim, names.CLAIM_BOUND, volume)
-        self.timer.finish(claim_key(claim), "provision")
+        await self._set_claim_phase(claim, storage.CLAIM_BOUND, volume)
+        self.timer.finish(key_of(claim), "provision")
 
     async def _assign_default_class(self, claim: Obj) -> bool:
         """Gives a claim with no class (nil, not "") the default StorageClass once one exists."""
@@ -565,11 +555,11 @@ class PVController:
             return False
         new = {**claim, "spec": {**claim["spec"], "storageClassName": cls["metadata"]["name"]}}
         await self._update_claim(new)
-        log.info("assigned the default storage class", claim=claim_key(claim), cls=cls["metadata"]["name"])
+        log.info("assigned the default storage class", claim=key_of(claim), cls=cls["metadata"]["name"])
         return True
 
     def _event_waiting_for_consumer(self, claim: Obj) -> None:
-        key = claim_key(claim)
+        key = key_of(claim)
         pods = sorted(
             p["metadata"]["name"]
             for p in self.pods.store.by_index(POD_CLAIMS_INDEX, key)
@@ -585,17 +575,17 @@ class PVController:
     async def _provision(self, claim: Obj, class_name: str, storage_class: Obj | None) -> None:
         problem = provisioning_error(class_name, storage_class)
         if problem is not None:
-            self._claim_event(claim, "Warning", names.PROVISIONING_FAILED, problem)
+            self._claim_event(claim, "Warning", storage.PROVISIONING_FAILED, problem)
             return
         assert storage_class is not None
         provisioner = str(storage_class["provisioner"])
-        self.timer.start(claim_key(claim), "provision", provisioner)
+        self.timer.start(key_of(claim), "provision", provisioner)
         new = claim_with_provisioner(claim, provisioner)
         if new is not None:
             try:
                 claim = await self._update_claim(new)
             except ApiError as exc:
-                self._claim_event(claim, "Warning", names.PROVISIONING_FAILED, f"Error saving claim: {exc}")
+                self._claim_event(claim, "Warning", storage.PROVISIONING_FAILED, f"Error saving claim: {exc}")
                 raise
         self._claim_event(
             claim, "Normal", names.EXTERNAL_PROVISIONING, names.msg_external_provisioning(provisioner)

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import copy
 import enum
-import time
 from dataclasses import dataclass
 
+from controller_runtime import storage
+from controller_runtime.clock import now_rfc3339
 from controller_runtime.resources import Obj
 
 from . import names
@@ -75,8 +76,8 @@ def decide_volume(volume: Obj, claim: Obj | None) -> VolumeAction:
     if volume_name == volume["metadata"]["name"]:
         return VolumeAction.BOUND
     if (
-        has_annotation(volume, names.ANN_PROVISIONED_BY)
-        and spec.get("persistentVolumeReclaimPolicy") == names.DELETE
+        has_annotation(volume, storage.ANN_PROVISIONED_BY)
+        and spec.get("persistentVolumeReclaimPolicy") == storage.DELETE
     ):
         return VolumeAction.RELEASE_PROVISIONED
     return VolumeAction.UNBIND
@@ -97,15 +98,15 @@ class Reclaim:
 
 
 def decide_reclaim(volume: Obj) -> Reclaim:
-    if _annotations(volume).get(names.ANN_MIGRATED_TO):
+    if _annotations(volume).get(storage.ANN_MIGRATED_TO):
         return Reclaim(ReclaimAction.NONE)  # the CSI provisioner owns migrated volumes
     policy = volume.get("spec", {}).get("persistentVolumeReclaimPolicy") or ""
-    if policy == names.RETAIN:
+    if policy == storage.RETAIN:
         return Reclaim(ReclaimAction.NONE)
-    if policy == names.RECYCLE:
+    if policy == storage.RECYCLE:
         return Reclaim(ReclaimAction.RECYCLE_UNSUPPORTED, names.MSG_NO_RECYCLER)
-    if policy == names.DELETE:
-        provisioner = _annotations(volume).get(names.ANN_PROVISIONED_BY, "")
+    if policy == storage.DELETE:
+        provisioner = _annotations(volume).get(storage.ANN_PROVISIONED_BY, "")
         # kubeloop has no in-tree volume plugins: only an external provisioner can delete.
         if provisioner and not provisioner.startswith("kubernetes.io/"):
             return Reclaim(ReclaimAction.EXTERNAL_DELETE)
@@ -153,18 +154,6 @@ def decide_bound_claim(claim: Obj, volume: Obj | None) -> BoundClaimAction:
 # -- the four writes of a bind ------------------------------------------------------------------------
 
 
-def claim_reference(claim: Obj) -> Obj:
-    md = claim["metadata"]
-    return {
-        "kind": "PersistentVolumeClaim",
-        "namespace": md["namespace"],
-        "name": md["name"],
-        "uid": md["uid"],
-        "apiVersion": "v1",
-        "resourceVersion": md.get("resourceVersion", ""),
-    }
-
-
 def volume_bound_to_claim(volume: Obj, claim: Obj) -> Obj | None:
     """Write 1: the volume with claimRef set to the claim (and bound-by-controller when the link is
     ours, not the user's), or None when it already is."""
@@ -176,22 +165,18 @@ def volume_bound_to_claim(volume: Obj, claim: Obj) -> Obj | None:
         or ref.get("namespace") != md["namespace"]
         or ref.get("uid") != md["uid"]
     )
-    set_annotation = by_controller and not has_annotation(volume, names.ANN_BOUND_BY_CONTROLLER)
+    set_annotation = by_controller and not has_annotation(volume, storage.ANN_BOUND_BY_CONTROLLER)
     if not (set_ref or set_annotation):
         return None
     new = writable(volume)
     if set_ref:
-        new["spec"]["claimRef"] = claim_reference(claim)
+        new["spec"]["claimRef"] = storage.claim_reference(claim)
     if set_annotation:
         new["metadata"]["annotations"] = {
             **(new["metadata"].get("annotations") or {}),
-            names.ANN_BOUND_BY_CONTROLLER: names.YES,
+            storage.ANN_BOUND_BY_CONTROLLER: storage.YES,
         }
     return new
-
-
-def now_rfc3339() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 def volume_with_phase(volume: Obj, phase: str, message: str = "") -> Obj | None:
@@ -216,9 +201,9 @@ def claim_bound_to_volume(claim: Obj, volume: Obj) -> Obj | None:
     by_controller = claim.get("spec", {}).get("volumeName") != name
     ann = _annotations(claim)
     wanted = dict(ann)
-    if by_controller and names.ANN_BOUND_BY_CONTROLLER not in wanted:
-        wanted[names.ANN_BOUND_BY_CONTROLLER] = names.YES
-    wanted.setdefault(names.ANN_BIND_COMPLETED, names.YES)
+    if by_controller and storage.ANN_BOUND_BY_CONTROLLER not in wanted:
+        wanted[storage.ANN_BOUND_BY_CONTROLLER] = storage.YES
+    wanted.setdefault(storage.ANN_BIND_COMPLETED, storage.YES)
     if not by_controller and wanted == ann:
         return None
     new = writable(claim)
@@ -264,9 +249,9 @@ def volume_unbound(volume: Obj) -> Obj:
     minus the UID, so the volume stays reserved for that claim name."""
     new = writable(volume)
     ann = new["metadata"].get("annotations") or {}
-    if names.ANN_BOUND_BY_CONTROLLER in ann:
+    if storage.ANN_BOUND_BY_CONTROLLER in ann:
         new["spec"].pop("claimRef", None)
-        del ann[names.ANN_BOUND_BY_CONTROLLER]
+        del ann[storage.ANN_BOUND_BY_CONTROLLER]
         new["metadata"]["annotations"] = ann or None
     else:
         new["spec"]["claimRef"] = {k: v for k, v in new["spec"]["claimRef"].items() if k != "uid"}
@@ -277,14 +262,14 @@ def claim_with_provisioner(claim: Obj, provisioner: str) -> Obj | None:
     """The claim handed to an external provisioner (both annotation keys), or None when it is."""
     ann = _annotations(claim)
     if (
-        ann.get(names.ANN_STORAGE_PROVISIONER) == provisioner
-        and ann.get(names.ANN_BETA_STORAGE_PROVISIONER) == provisioner
+        ann.get(storage.ANN_STORAGE_PROVISIONER) == provisioner
+        and ann.get(storage.ANN_BETA_STORAGE_PROVISIONER) == provisioner
     ):
         return None
     new = writable(claim)
     new_ann = new["metadata"].setdefault("annotations", {})
-    new_ann[names.ANN_STORAGE_PROVISIONER] = provisioner
-    new_ann[names.ANN_BETA_STORAGE_PROVISIONER] = provisioner
+    new_ann[storage.ANN_STORAGE_PROVISIONER] = provisioner
+    new_ann[storage.ANN_BETA_STORAGE_PROVISIONER] = provisioner
     return new
 
 
@@ -298,6 +283,6 @@ def provisioning_error(claim_class_name: str, storage_class: Obj | None) -> str 
     if storage_class is None:
         return f'storageclass.storage.k8s.io "{claim_class_name}" not found'
     provisioner = str(storage_class.get("provisioner") or "")
-    if provisioner == names.NO_PROVISIONER or provisioner.startswith("kubernetes.io/"):
+    if provisioner == storage.NO_PROVISIONER or provisioner.startswith("kubernetes.io/"):
         return f"no volume plugin matched name: {provisioner}"
     return None

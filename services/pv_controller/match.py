@@ -1,5 +1,5 @@
-"""Pure matching logic: quantities, access modes, selectors, classes, and the volume index that
-finds the best PersistentVolume for a claim (CONTRACTS.md "Binding choice").
+"""Pure matching logic: volume modes, selectors, the default class, and the volume index that
+finds the best PersistentVolume for a claim (docs/contracts.md, "Binding choice").
 
 Nothing here talks to the API: every function takes plain-dict objects and returns a value, so the
 decisions are unit-tested without a server.
@@ -8,126 +8,23 @@ decisions are unit-tested without a server.
 from __future__ import annotations
 
 import bisect
-import functools
-import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from decimal import ROUND_CEILING, Decimal, InvalidOperation
 
-from controller_runtime.resources import Obj
-
-from . import names
-
-# -- quantities --------------------------------------------------------------------------------------
-
-_SUFFIXES: dict[str, Decimal] = {
-    "Ki": Decimal(2**10),
-    "Mi": Decimal(2**20),
-    "Gi": Decimal(2**30),
-    "Ti": Decimal(2**40),
-    "Pi": Decimal(2**50),
-    "Ei": Decimal(2**60),
-    "n": Decimal("1e-9"),
-    "u": Decimal("1e-6"),
-    "m": Decimal("1e-3"),
-    "": Decimal(1),
-    "k": Decimal(10**3),
-    "M": Decimal(10**6),
-    "G": Decimal(10**9),
-    "T": Decimal(10**12),
-    "P": Decimal(10**15),
-    "E": Decimal(10**18),
-}
-_QUANTITY = re.compile(r"^([+-]?[0-9.]+)(?:([eE][+-]?[0-9]+)|(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)?)$")
-
-
-@functools.lru_cache(maxsize=1024)
-def _parse_quantity_text(text: str) -> int:
-    m = _QUANTITY.match(text.strip())
-    if not m:
-        return 0
-    number, exponent, suffix = m.groups()
-    try:
-        value = Decimal(number)
-        value *= Decimal(f"1{exponent}") if exponent else _SUFFIXES[suffix or ""]
-    except InvalidOperation:
-        return 0
-    return int(value.to_integral_value(ROUND_CEILING))
-
-
-def parse_quantity(text: str | int | float | None) -> int:
-    """A resource.Quantity as an integer number of units, rounded up as Quantity.Value() does.
-    An empty or malformed quantity counts as 0 (the apiserver never stores one)."""
-    if text is None:
-        return 0
-    if isinstance(text, int | float):
-        return int(Decimal(str(text)).to_integral_value(ROUND_CEILING))
-    # Every cached volume and claim says "1Gi" or the like: parse each distinct text once.
-    return _parse_quantity_text(text)
-
-
-def storage_of(resources: Obj | None) -> int:
-    return parse_quantity((resources or {}).get("storage"))
-
-
-def volume_capacity(volume: Obj) -> int:
-    return storage_of(volume.get("spec", {}).get("capacity"))
-
-
-def claim_request(claim: Obj) -> int:
-    return storage_of(claim.get("spec", {}).get("resources", {}).get("requests"))
-
-
-# -- access modes ------------------------------------------------------------------------------------
-
-# The fixed order kcm writes access-mode sets in (its index keys look like "RWO,ROX").
-ACCESS_MODES: tuple[tuple[str, str], ...] = (
-    ("ReadWriteOnce", "RWO"),
-    ("ReadOnlyMany", "ROX"),
-    ("ReadWriteMany", "RWX"),
-    ("ReadWriteOncePod", "RWOP"),
+from controller_runtime import storage
+from controller_runtime.resources import Obj, key_of, reference_key
+from controller_runtime.storage import (
+    access_modes_key,
+    claim_class,
+    claim_request,
+    contains_access_modes,
+    is_deleting,
+    modes_of_key,
+    volume_capacity,
+    volume_class,
 )
-_ABBREV = dict(ACCESS_MODES)
-_FULL = {short: full for full, short in ACCESS_MODES}
 
-
-def access_modes_key(modes: Iterable[str]) -> str:
-    """The canonical index key of a set of access modes, e.g. ["ReadWriteMany", "ReadWriteOnce"] ->
-    "RWO,RWX". Unknown modes are ignored, as the apiserver never stores them."""
-    present = set(modes)
-    return ",".join(short for full, short in ACCESS_MODES if full in present)
-
-
-def modes_of_key(key: str) -> frozenset[str]:
-    return frozenset(_FULL[s] for s in key.split(",") if s in _FULL)
-
-
-def contains_access_modes(offered: Iterable[str], requested: Iterable[str]) -> bool:
-    return set(requested) <= set(offered)
-
-
-# -- classes, modes, selectors --------------------------------------------------------------------
-
-
-def claim_class(claim: Obj) -> str:
-    """The claim's class; the beta annotation wins over the field, and nil means "" (no class)."""
-    ann = claim.get("metadata", {}).get("annotations") or {}
-    if names.ANN_BETA_STORAGE_CLASS in ann:
-        return str(ann[names.ANN_BETA_STORAGE_CLASS])
-    return str(claim.get("spec", {}).get("storageClassName") or "")
-
-
-def claim_has_class(claim: Obj) -> bool:
-    """True when the user chose a class, even "": only a nil class gets the default one."""
-    ann = claim.get("metadata", {}).get("annotations") or {}
-    return names.ANN_BETA_STORAGE_CLASS in ann or claim.get("spec", {}).get("storageClassName") is not None
-
-
-def volume_class(volume: Obj) -> str:
-    ann = volume.get("metadata", {}).get("annotations") or {}
-    if names.ANN_BETA_STORAGE_CLASS in ann:
-        return str(ann[names.ANN_BETA_STORAGE_CLASS])
-    return str(volume.get("spec", {}).get("storageClassName") or "")
+# -- modes and selectors --------------------------------------------------------------------------
 
 
 def volume_mode_mismatch(claim: Obj, volume: Obj) -> bool:
@@ -141,10 +38,6 @@ def attributes_class_mismatch(claim: Obj, volume: Obj) -> bool:
     want = claim.get("spec", {}).get("volumeAttributesClassName") or ""
     have = volume.get("spec", {}).get("volumeAttributesClassName") or ""
     return bool(want != have)
-
-
-def is_deleting(obj: Obj) -> bool:
-    return bool(obj.get("metadata", {}).get("deletionTimestamp"))
 
 
 def selector_matches(selector: Obj | None, labels: dict[str, str]) -> bool:
@@ -177,16 +70,11 @@ def selector_matches(selector: Obj | None, labels: dict[str, str]) -> bool:
 # -- claim <-> volume links -------------------------------------------------------------------------
 
 
-def claim_key(claim: Obj) -> str:
-    md = claim.get("metadata", {})
-    return f"{md.get('namespace', '')}/{md.get('name', '')}"
-
-
 def claim_ref_key(volume: Obj) -> str | None:
     ref = volume.get("spec", {}).get("claimRef")
     if not ref:
         return None
-    return f"{ref.get('namespace', '')}/{ref.get('name', '')}"
+    return reference_key(ref)
 
 
 def is_bound_to_claim(volume: Obj, claim: Obj) -> bool:
@@ -307,7 +195,7 @@ def find_best_match(
     requested = spec.get("accessModes") or []
     size = claim_request(claim)
 
-    for name in index.bound_to(claim_key(claim)):
+    for name in index.bound_to(key_of(claim)):
         volume = get_volume(name)
         if volume is None or not is_bound_to_claim(volume, claim):
             continue
@@ -347,7 +235,7 @@ def free_volume_fits(volume: Obj, claim: Obj, check_size_and_modes: bool = True)
         return False
     labels = volume.get("metadata", {}).get("labels") or {}
     return not (
-        volume.get("status", {}).get("phase") != names.PV_AVAILABLE
+        volume.get("status", {}).get("phase") != storage.PV_AVAILABLE
         or is_deleting(volume)
         or volume_mode_mismatch(claim, volume)
         or attributes_class_mismatch(claim, volume)
@@ -361,8 +249,8 @@ def default_class(classes: Iterable[Obj]) -> Obj | None:
     defaults = [
         c
         for c in classes
-        if (c.get("metadata", {}).get("annotations") or {}).get(names.ANN_DEFAULT_CLASS) == "true"
-        or (c.get("metadata", {}).get("annotations") or {}).get(names.ANN_BETA_DEFAULT_CLASS) == "true"
+        if (c.get("metadata", {}).get("annotations") or {}).get(storage.ANN_DEFAULT_CLASS) == "true"
+        or (c.get("metadata", {}).get("annotations") or {}).get(storage.ANN_BETA_DEFAULT_CLASS) == "true"
     ]
     if not defaults:
         return None

@@ -12,10 +12,9 @@ from prometheus_client import REGISTRY, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from controller_runtime import storage
 from controller_runtime.resources import Obj
-
-from . import names
-from .match import claim_class, volume_class
+from controller_runtime.storage import claim_class, volume_class
 
 OPERATION_SECONDS = Histogram(
     "volume_operation_total_seconds",
@@ -32,7 +31,7 @@ def count_volumes(volumes: Iterable[Obj]) -> tuple[Counter[str], Counter[str]]:
     bound: Counter[str] = Counter()
     unbound: Counter[str] = Counter()
     for pv in volumes:
-        target = bound if pv.get("status", {}).get("phase") == names.PV_BOUND else unbound
+        target = bound if pv.get("status", {}).get("phase") == storage.PV_BOUND else unbound
         target[volume_class(pv)] += 1
     return bound, unbound
 
@@ -42,7 +41,7 @@ def count_claims(claims: Iterable[Obj]) -> tuple[Counter[tuple[str, str]], Count
     bound: Counter[tuple[str, str]] = Counter()
     unbound: Counter[tuple[str, str]] = Counter()
     for pvc in claims:
-        target = bound if pvc.get("status", {}).get("phase") == names.CLAIM_BOUND else unbound
+        target = bound if pvc.get("status", {}).get("phase") == storage.CLAIM_BOUND else unbound
         target[(pvc.get("metadata", {}).get("namespace", ""), claim_class(pvc))] += 1
     return bound, unbound
 

@@ -1,38 +1,10 @@
-"""The exact strings kcm's persistentvolume-binder uses (see /work/shared/CONTRACTS.md): annotation
-keys, event reasons and phases. Real tools (kube-scheduler, kubectl, external-provisioner) read them."""
+"""The binder's own contract strings, worded exactly as kcm's persistentvolume-binder words them
+(docs/contracts.md): its event source, event reasons and messages. The annotation keys, phases and
+reasons it shares with the provisioner are in controller_runtime.storage."""
 
 from __future__ import annotations
 
 COMPONENT = "persistentvolume-controller"  # the event source kcm's binder reports as
-
-# Annotations
-ANN_BIND_COMPLETED = "pv.kubernetes.io/bind-completed"
-ANN_BOUND_BY_CONTROLLER = "pv.kubernetes.io/bound-by-controller"
-ANN_PROVISIONED_BY = "pv.kubernetes.io/provisioned-by"
-ANN_STORAGE_PROVISIONER = "volume.kubernetes.io/storage-provisioner"
-ANN_BETA_STORAGE_PROVISIONER = "volume.beta.kubernetes.io/storage-provisioner"
-ANN_SELECTED_NODE = "volume.kubernetes.io/selected-node"
-ANN_BETA_STORAGE_CLASS = "volume.beta.kubernetes.io/storage-class"
-ANN_MIGRATED_TO = "pv.kubernetes.io/migrated-to"
-ANN_DEFAULT_CLASS = "storageclass.kubernetes.io/is-default-class"
-ANN_BETA_DEFAULT_CLASS = "storageclass.beta.kubernetes.io/is-default-class"
-NO_PROVISIONER = "kubernetes.io/no-provisioner"
-YES = "yes"
-
-# Phases
-PV_PENDING = "Pending"
-PV_AVAILABLE = "Available"
-PV_BOUND = "Bound"
-PV_RELEASED = "Released"
-PV_FAILED = "Failed"
-CLAIM_PENDING = "Pending"
-CLAIM_BOUND = "Bound"
-CLAIM_LOST = "Lost"
-
-# Reclaim policies
-RETAIN = "Retain"
-DELETE = "Delete"
-RECYCLE = "Recycle"
 
 # Event reasons
 FAILED_BINDING = "FailedBinding"
@@ -42,8 +14,6 @@ VOLUME_MISMATCH = "VolumeMismatch"
 CLAIM_LOST_REASON = "ClaimLost"
 CLAIM_MISBOUND = "ClaimMisbound"
 EXTERNAL_PROVISIONING = "ExternalProvisioning"
-PROVISIONING_FAILED = "ProvisioningFailed"
-VOLUME_FAILED_DELETE = "VolumeFailedDelete"
 VOLUME_FAILED_RECYCLE = "VolumeFailedRecycle"
 VOLUME_UNKNOWN_RECLAIM_POLICY = "VolumeUnknownReclaimPolicy"
 

@@ -13,9 +13,9 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from controller_runtime.resources import Obj
+from controller_runtime.resources import Obj, key_of
 
-from .match import VolumeIndex, claim_key
+from .match import VolumeIndex
 
 
 def rv_of(obj: Obj) -> int:
@@ -106,7 +106,7 @@ class LocalView:
         return self.claims.get(key)
 
     def store_claim(self, claim: Obj) -> bool:
-        key = claim_key(claim)
+        key = key_of(claim)
         old = self.claims.get(key)
         if old is claim:
             return True  # a resync hands back the object we hold: nothing to re-index
@@ -119,7 +119,7 @@ class LocalView:
         return True
 
     def delete_claim(self, claim: Obj) -> None:
-        key = claim_key(claim)
+        key = key_of(claim)
         self.waiting.pop(key, None)
         self._unindex_claim(key, self.claims.delete(key, claim))
 

@@ -214,7 +214,8 @@ async def test_informer_relists_after_410_gone(api: ApiClient, control_plane: An
         assert informer.reflector.last_resource_version != stale_rv
         assert cached_names(informer, label) == await fresh_names(api, label)
         assert set(cached_names(informer, label)) == {f"gone-{label}-{i}" for i in (1, 2, 3)}
-        assert informer.store.get(f"gone-{label}-1")["metadata"]["labels"]["changed"] == "yes"
+        changed = informer.store.get(f"gone-{label}-1")
+        assert changed is not None and changed["metadata"]["labels"]["changed"] == "yes"
 
 
 async def test_stale_resource_version_write_conflicts_and_retry_succeeds(api: ApiClient, label: str) -> None:

@@ -9,6 +9,7 @@ import contextlib
 
 import pytest
 
+from controller_runtime import storage
 from controller_runtime.client import ApiClient, ApiError
 from controller_runtime.resources import (
     CSI_NODES,
@@ -43,7 +44,7 @@ async def test_default_class_binds_a_new_volume_and_deleting_the_claim_deletes_i
             assert took < 10
             uid = claim["metadata"]["uid"]
             assert pv["metadata"]["name"] == f"pvc-{uid}"
-            assert pv["metadata"]["annotations"][names.ANN_PROVISIONED_BY] == DRIVER_NAME
+            assert pv["metadata"]["annotations"][storage.ANN_PROVISIONED_BY] == DRIVER_NAME
             assert names.PV_FINALIZER in pv["metadata"]["finalizers"]
             spec = pv["spec"]
             assert spec["claimRef"]["uid"] == uid and spec["claimRef"]["name"] == "data"
@@ -139,7 +140,7 @@ async def test_wait_for_first_consumer_follows_the_scheduler(
                 {"matchExpressions": [{"key": TOPOLOGY_KEY, "operator": "In", "values": [node]}]}
             ]
             claim = await h.pvc("data")
-            assert claim is not None and claim["metadata"]["annotations"][names.ANN_SELECTED_NODE] == node
+            assert claim is not None and claim["metadata"]["annotations"][storage.ANN_SELECTED_NODE] == node
 
             # Capacity: one object per WaitForFirstConsumer class and node segment.
             from controller_runtime.csi_client import CSIConnection
@@ -198,21 +199,21 @@ async def test_clone_copies_the_source_and_a_missing_node_reschedules(
             "copy", "8Mi", cls, data_source={"kind": "PersistentVolumeClaim", "name": "source"}
         )
         copy = (await h.bound("copy"))["copy"]
-        with (h.root / "pool" / "volumes" / f"{copy['spec']['csi']['volumeHandle']}.img").open("rb") as f:
-            f.seek(3 * MiB)
-            assert f.read(22) == b"kubeloop clone payload"
+        with (h.root / "pool" / "volumes" / f"{copy['spec']['csi']['volumeHandle']}.img").open("rb") as out:
+            out.seek(3 * MiB)
+            assert out.read(22) == b"kubeloop clone payload"
         await h.assert_files_equal_pvs()
 
         # A selected node that does not exist (deleted after the scheduler chose it): the claim
         # goes back to the scheduler instead of hanging.
         wffc = await h.create_class("gone-node", volumeBindingMode="WaitForFirstConsumer")
-        await h.create_pvc("orphan", "8Mi", wffc, annotations={names.ANN_SELECTED_NODE: "no-such-node"})
-        await h.wait_event("orphan", names.PROVISIONING_FAILED, 'nodes "no-such-node" not found')
+        await h.create_pvc("orphan", "8Mi", wffc, annotations={storage.ANN_SELECTED_NODE: "no-such-node"})
+        await h.wait_event("orphan", storage.PROVISIONING_FAILED, 'nodes "no-such-node" not found')
 
         async def unselected() -> list[str]:
             claim = await h.pvc("orphan")
             ann = (claim or {}).get("metadata", {}).get("annotations") or {}
-            return [f"still selected: {ann}"] if names.ANN_SELECTED_NODE in ann else []
+            return [f"still selected: {ann}"] if storage.ANN_SELECTED_NODE in ann else []
 
         assert not await wait_for(unselected, 20), h.log_tail()
         await h.assert_files_equal_pvs()

@@ -9,9 +9,10 @@ import signal
 
 import pytest
 
+from controller_runtime import storage
 from controller_runtime.client import ApiClient
 from controller_runtime.resources import CSI_NODES, NODES, PERSISTENT_VOLUME_CLAIMS
-from external_provisioner import failpoints, names
+from external_provisioner import failpoints
 from localstack.controlplane import ControlPlane
 
 from .test_provisioner_support import create_topology_node, harness, wait_for
@@ -62,7 +63,7 @@ async def test_driver_unavailable_then_back(
         assert h.driver is not None
         h.driver.stop()
         await h.create_pvc("data", "16Mi", cls)
-        message = await h.wait_event("data", names.PROVISIONING_FAILED, "rpc error: code = ")
+        message = await h.wait_event("data", storage.PROVISIONING_FAILED, "rpc error: code = ")
         assert "Unavailable" in message or "DeadlineExceeded" in message, message
         h.driver.start()
         await h.bound("data", timeout=60)
@@ -81,7 +82,7 @@ async def test_create_volume_times_out_and_a_claim_is_deleted_in_flight(
             await h.create_pvc("deleted", "16Mi", cls)
             await h.create_pvc("waited", "16Mi", cls)
             for claim in ("deleted", "waited"):
-                await h.wait_event(claim, names.PROVISIONING_FAILED, "DeadlineExceeded")
+                await h.wait_event(claim, storage.PROVISIONING_FAILED, "DeadlineExceeded")
             await api.delete(PERSISTENT_VOLUME_CLAIMS, "deleted", namespace)
             await asyncio.sleep(1)
         finally:
@@ -100,15 +101,15 @@ async def test_pool_full_fails_and_a_selected_node_is_given_back(
         try:
             cls = await h.create_class("small")
             await h.create_pvc("huge", "1Gi", cls)
-            message = await h.wait_event("huge", names.PROVISIONING_FAILED, "ResourceExhausted")
+            message = await h.wait_event("huge", storage.PROVISIONING_FAILED, "ResourceExhausted")
             assert message.startswith(f'failed to provision volume with StorageClass "{cls}": rpc error:')
             wffc = await h.create_class("small-wffc", volumeBindingMode="WaitForFirstConsumer")
-            await h.create_pvc("placed", "1Gi", wffc, annotations={names.ANN_SELECTED_NODE: node})
+            await h.create_pvc("placed", "1Gi", wffc, annotations={storage.ANN_SELECTED_NODE: node})
 
             async def given_back() -> list[str]:
                 claim = await h.pvc("placed")
                 ann = (claim or {}).get("metadata", {}).get("annotations") or {}
-                return [f"still selected: {ann}"] if names.ANN_SELECTED_NODE in ann else []
+                return [f"still selected: {ann}"] if storage.ANN_SELECTED_NODE in ann else []
 
             assert not await wait_for(given_back, 20), h.log_tail()
             await h.create_pvc("fits", "32Mi", cls)

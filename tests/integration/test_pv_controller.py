@@ -10,6 +10,7 @@ import asyncio
 
 import pytest
 
+from controller_runtime import storage
 from controller_runtime.client import ApiClient
 from controller_runtime.resources import PERSISTENT_VOLUME_CLAIMS, PERSISTENT_VOLUMES
 from localstack.controlplane import ControlPlane
@@ -142,7 +143,7 @@ UNBOUND_CLAIMS = [
     ),
     Case(
         "wait-for-first-consumer",
-        classes=(SC("local", names.NO_PROVISIONER, wait_for_consumer=True),),
+        classes=(SC("local", storage.NO_PROVISIONER, wait_for_consumer=True),),
         pvs=(PV("pv1", cls="local"),),
         pvcs=(PVC("data", cls="local"),),
         want_pvs=(WantPV("pv1", "Available"),),
@@ -289,7 +290,7 @@ VOLUMES = [
                 claim="data",
                 phase="Bound",
                 policy="Delete",
-                annotations={names.ANN_PROVISIONED_BY: PROVISIONER},
+                annotations={storage.ANN_PROVISIONED_BY: PROVISIONER},
             ),
             PV("winner", claim="data", phase="Bound"),
         ),
@@ -324,7 +325,7 @@ RECLAIM = [
                 claim_uid=OTHER_UID,
                 phase="Bound",
                 policy="Delete",
-                annotations={names.ANN_PROVISIONED_BY: PROVISIONER},
+                annotations={storage.ANN_PROVISIONED_BY: PROVISIONER},
             ),
         ),
         want_pvs=(WantPV("pv1", "Released", "gone"),),
@@ -333,7 +334,7 @@ RECLAIM = [
         "delete-without-deleter-fails",
         pvs=(PV("pv1", claim="gone", claim_uid=OTHER_UID, phase="Bound", policy="Delete"),),
         want_pvs=(WantPV("pv1", "Failed", "gone"),),
-        want_events=(WantEvent("pv1", names.VOLUME_FAILED_DELETE, "no deletable volume plugin matched"),),
+        want_events=(WantEvent("pv1", storage.VOLUME_FAILED_DELETE, "no deletable volume plugin matched"),),
     ),
     Case(
         "recycle-not-supported",
@@ -377,8 +378,8 @@ CLASSES = [
                 "data",
                 "Pending",
                 annotations={
-                    names.ANN_STORAGE_PROVISIONER: PROVISIONER,
-                    names.ANN_BETA_STORAGE_PROVISIONER: PROVISIONER,
+                    storage.ANN_STORAGE_PROVISIONER: PROVISIONER,
+                    storage.ANN_BETA_STORAGE_PROVISIONER: PROVISIONER,
                 },
             ),
         ),
@@ -389,18 +390,18 @@ CLASSES = [
     Case(
         "class-does-not-exist",
         pvcs=(PVC("data", cls="missing"),),
-        want_pvcs=(WantPVC("data", "Pending", annotations={names.ANN_STORAGE_PROVISIONER: None}),),
-        want_events=(WantEvent("data", names.PROVISIONING_FAILED, "not found"),),
+        want_pvcs=(WantPVC("data", "Pending", annotations={storage.ANN_STORAGE_PROVISIONER: None}),),
+        want_events=(WantEvent("data", storage.PROVISIONING_FAILED, "not found"),),
     ),
     Case(
         "no-provisioner-class",
-        classes=(SC("static", names.NO_PROVISIONER),),
+        classes=(SC("static", storage.NO_PROVISIONER),),
         pvcs=(PVC("data", cls="static"),),
         want_pvcs=(WantPVC("data", "Pending"),),
         want_events=(
             WantEvent(
                 "data",
-                names.PROVISIONING_FAILED,
+                storage.PROVISIONING_FAILED,
                 "no volume plugin matched name: kubernetes.io/no-provisioner",
             ),
         ),
@@ -477,7 +478,7 @@ async def test_default_class_assigned_retroactively(
                 WantPVC(
                     "nil-class",
                     "Pending",
-                    annotations={names.ANN_STORAGE_PROVISIONER: PROVISIONER},
+                    annotations={storage.ANN_STORAGE_PROVISIONER: PROVISIONER},
                     cls="fallback",
                 ),
                 WantPVC("empty-class", "Pending", cls=""),

@@ -12,6 +12,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from controller_runtime import storage
 from controller_runtime.client import ApiClient, ApiError
 from controller_runtime.resources import (
     NODES,
@@ -104,7 +105,7 @@ async def test_scheduler_prebinds_a_static_volume_and_the_pod_is_scheduled(
         node = h.pv_name("node")
         await create_ready_node(api, node)
         try:
-            await h.create_class(SC("local", names.NO_PROVISIONER, wait_for_consumer=True))
+            await h.create_class(SC("local", storage.NO_PROVISIONER, wait_for_consumer=True))
             await h.create_pvc(PVC("data", cls="local"))
             pv = await h.create_pv(PV("local", "2Gi", cls="local"))
             pv["spec"]["nodeAffinity"] = {
@@ -170,9 +171,9 @@ async def test_scheduler_selects_a_node_and_the_claim_goes_to_the_provisioner(
                         "data",
                         "Pending",
                         annotations={
-                            names.ANN_SELECTED_NODE: node,
-                            names.ANN_STORAGE_PROVISIONER: "example.com/external",
-                            names.ANN_BETA_STORAGE_PROVISIONER: "example.com/external",
+                            storage.ANN_SELECTED_NODE: node,
+                            storage.ANN_STORAGE_PROVISIONER: "example.com/external",
+                            storage.ANN_BETA_STORAGE_PROVISIONER: "example.com/external",
                         },
                     ),
                 ),
@@ -285,4 +286,4 @@ async def test_sigkill_mid_binding_then_restart_converges(
             claim = by_uid[pv["spec"]["claimRef"]["uid"]]
             assert claim["spec"]["volumeName"] == pv["metadata"]["name"]
             assert pv["status"]["phase"] == "Bound"
-            assert claim["metadata"]["annotations"][names.ANN_BIND_COMPLETED] == "yes"
+            assert claim["metadata"]["annotations"][storage.ANN_BIND_COMPLETED] == "yes"

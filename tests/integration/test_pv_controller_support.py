@@ -9,9 +9,10 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
+from controller_runtime import storage
 from controller_runtime.client import ApiClient, ApiError
 from controller_runtime.events import EventRecorder
 from controller_runtime.informer import SharedInformerFactory
@@ -77,7 +78,7 @@ class WantPV:
     phase: str
     claim: str | None = None  # claimRef name, None for no claimRef
     uid_of: str | None = ANY  # claimRef.uid is this claim's UID; NO_UID for empty; ANY skips
-    annotations: dict[str, str | None] = field(default_factory=dict)  # None: must be absent
+    annotations: Mapping[str, str | None] = field(default_factory=dict)  # None: must be absent
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,7 @@ class WantPVC:
     name: str
     phase: str
     volume: str | None = None
-    annotations: dict[str, str | None] = field(default_factory=dict)
+    annotations: Mapping[str, str | None] = field(default_factory=dict)
     cls: str | None = ANY
 
 
@@ -107,8 +108,8 @@ class Case:
     want_events: tuple[WantEvent, ...] = ()
 
 
-BIND_COMPLETED = names.ANN_BIND_COMPLETED
-BOUND_BY_CONTROLLER = names.ANN_BOUND_BY_CONTROLLER
+BIND_COMPLETED = storage.ANN_BIND_COMPLETED
+BOUND_BY_CONTROLLER = storage.ANN_BOUND_BY_CONTROLLER
 
 
 class Harness:
@@ -147,7 +148,7 @@ class Harness:
             "reclaimPolicy": "Delete",
         }
         if sc.default:
-            body["metadata"]["annotations"] = {names.ANN_DEFAULT_CLASS: "true"}
+            body["metadata"]["annotations"] = {storage.ANN_DEFAULT_CLASS: "true"}
         return await self.api.create(STORAGE_CLASSES, body)
 
     async def create_pvc(self, c: PVC) -> Obj:
@@ -311,7 +312,7 @@ class Harness:
                     problems.append(f"no event {e} among {seen}")
         return problems
 
-    def _check_annotations(self, obj: Obj, want: dict[str, str | None]) -> list[str]:
+    def _check_annotations(self, obj: Obj, want: Mapping[str, str | None]) -> list[str]:
         have = obj["metadata"].get("annotations") or {}
         return [f"annotation {k}={have.get(k)!r}, want {v!r}" for k, v in want.items() if have.get(k) != v]
 

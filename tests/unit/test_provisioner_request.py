@@ -9,7 +9,11 @@ from pathlib import Path
 import grpc
 import pytest
 
+from controller_runtime import storage
+from controller_runtime.csi_client import error_text
 from controller_runtime.files import temp_name
+from controller_runtime.quantity import format_quantity
+from controller_runtime.resources import Obj
 from external_provisioner import names
 from external_provisioner.journal import Entry, Journal
 from external_provisioner.request import (
@@ -22,9 +26,7 @@ from external_provisioner.request import (
     allowed_segments,
     build_pv,
     csi_access_mode,
-    grpc_error_text,
     node_affinity,
-    quantity,
     split_parameters,
     volume_spec,
 )
@@ -35,7 +37,7 @@ DRIVER = "loop.csi.kubeloop.dev"
 KEY = "topology.loop.csi.kubeloop.dev/node"
 
 
-def claim(**spec: object) -> dict:
+def claim(**spec: object) -> Obj:
     return {
         "metadata": {
             "name": "data",
@@ -53,11 +55,11 @@ def claim(**spec: object) -> dict:
     }
 
 
-def node(name: str) -> dict:
+def node(name: str) -> Obj:
     return {"metadata": {"name": name, "labels": {KEY: name}}}
 
 
-def csinode(name: str, keys: list[str] | None = None) -> dict:
+def csinode(name: str, keys: list[str] | None = None) -> Obj:
     return {
         "metadata": {"name": name},
         "spec": {"drivers": [{"name": DRIVER, "nodeID": name, "topologyKeys": keys or [KEY]}]},
@@ -196,7 +198,7 @@ def test_pv_is_pre_bound_with_finalizer_affinity_and_identity() -> None:
     )
     assert pv["metadata"]["name"] == "pvc-u-1"
     assert pv["metadata"]["finalizers"] == [names.PV_FINALIZER]
-    assert pv["metadata"]["annotations"] == {names.ANN_PROVISIONED_BY: DRIVER}
+    assert pv["metadata"]["annotations"] == {storage.ANN_PROVISIONED_BY: DRIVER}
     s = pv["spec"]
     assert s["claimRef"] == {
         "kind": "PersistentVolumeClaim",
@@ -228,14 +230,18 @@ def test_pv_is_pre_bound_with_finalizer_affinity_and_identity() -> None:
 
 
 def test_quantities_and_error_texts() -> None:
-    assert quantity(1 << 30) == "1Gi" and quantity(3 * (1 << 20)) == "3Mi" and quantity(1000) == "1000"
-    assert quantity(0) == "0"
+    assert (
+        format_quantity(1 << 30) == "1Gi"
+        and format_quantity(3 * (1 << 20)) == "3Mi"
+        and format_quantity(1000) == "1000"
+    )
+    assert format_quantity(0) == "0"
 
     class Err(grpc.aio.AioRpcError):  # type: ignore[misc]
         def __init__(self) -> None:
             super().__init__(grpc.StatusCode.RESOURCE_EXHAUSTED, None, None, "pool full")
 
-    assert grpc_error_text(Err()) == "rpc error: code = ResourceExhausted desc = pool full"
+    assert error_text(Err()) == "rpc error: code = ResourceExhausted desc = pool full"
     assert names.msg_failed("c", "x") == 'failed to provision volume with StorageClass "c": x'
 
 

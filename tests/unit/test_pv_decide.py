@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from controller_runtime import storage
 from controller_runtime.resources import Obj
 from services.pv_controller import names
 from services.pv_controller.decide import (
@@ -26,7 +27,7 @@ from services.pv_controller.decide import (
 )
 from services.pv_controller.view import LocalView
 
-BBC = names.ANN_BOUND_BY_CONTROLLER
+BBC = storage.ANN_BOUND_BY_CONTROLLER
 
 
 def claim(volume_name: str = "", uid: str = "u1", **spec: Any) -> Obj:
@@ -62,7 +63,7 @@ def volume(ref_uid: str | None = None, annotations: dict[str, str] | None = None
         (
             volume(
                 ref_uid="u1",
-                annotations={names.ANN_PROVISIONED_BY: "x.io"},
+                annotations={storage.ANN_PROVISIONED_BY: "x.io"},
                 persistentVolumeReclaimPolicy="Delete",
             ),
             claim("pv2"),
@@ -71,7 +72,7 @@ def volume(ref_uid: str | None = None, annotations: dict[str, str] | None = None
         (
             volume(
                 ref_uid="u1",
-                annotations={names.ANN_PROVISIONED_BY: "x.io"},
+                annotations={storage.ANN_PROVISIONED_BY: "x.io"},
                 persistentVolumeReclaimPolicy="Retain",
             ),
             claim("pv2"),
@@ -87,10 +88,10 @@ def test_decide_volume(vol: Obj, clm: Obj | None, action: VolumeAction) -> None:
     ("policy", "annotations", "action"),
     [
         ("Retain", {}, ReclaimAction.NONE),
-        ("Delete", {names.ANN_PROVISIONED_BY: "loop.csi.kubeloop.dev"}, ReclaimAction.EXTERNAL_DELETE),
+        ("Delete", {storage.ANN_PROVISIONED_BY: "loop.csi.kubeloop.dev"}, ReclaimAction.EXTERNAL_DELETE),
         ("Delete", {}, ReclaimAction.FAILED_DELETE),
-        ("Delete", {names.ANN_PROVISIONED_BY: "kubernetes.io/aws-ebs"}, ReclaimAction.FAILED_DELETE),
-        ("Delete", {names.ANN_MIGRATED_TO: "ebs.csi.aws.com"}, ReclaimAction.NONE),
+        ("Delete", {storage.ANN_PROVISIONED_BY: "kubernetes.io/aws-ebs"}, ReclaimAction.FAILED_DELETE),
+        ("Delete", {storage.ANN_MIGRATED_TO: "ebs.csi.aws.com"}, ReclaimAction.NONE),
         ("Recycle", {}, ReclaimAction.RECYCLE_UNSUPPORTED),
         ("Shred", {}, ReclaimAction.UNKNOWN_POLICY),
     ],
@@ -137,13 +138,13 @@ def test_bind_writes_set_bound_by_controller_only_for_our_links() -> None:
     assert new_pv["metadata"]["annotations"][BBC] == "yes"
     new_pvc = claim_bound_to_volume(claim(), new_pv)
     assert new_pvc is not None and new_pvc["spec"]["volumeName"] == "pv1"
-    assert new_pvc["metadata"]["annotations"] == {names.ANN_BIND_COMPLETED: "yes", BBC: "yes"}
+    assert new_pvc["metadata"]["annotations"] == {storage.ANN_BIND_COMPLETED: "yes", BBC: "yes"}
     # The user pre-bound the volume by name: the PV gets the UID but no annotation.
     user_pv = volume_bound_to_claim(volume(ref_uid=""), claim())
     assert user_pv is not None and BBC not in user_pv["metadata"]["annotations"]
     # The user named the volume in the claim: only bind-completed.
     user_pvc = claim_bound_to_volume(claim("pv1"), new_pv)
-    assert user_pvc is not None and user_pvc["metadata"]["annotations"] == {names.ANN_BIND_COMPLETED: "yes"}
+    assert user_pvc is not None and user_pvc["metadata"]["annotations"] == {storage.ANN_BIND_COMPLETED: "yes"}
 
 
 def test_bind_writes_are_skipped_when_done() -> None:
@@ -151,7 +152,7 @@ def test_bind_writes_are_skipped_when_done() -> None:
     assert volume_bound_to_claim(done_pv, claim()) is None
     assert volume_with_phase({**done_pv, "status": {"phase": "Bound"}}, "Bound") is None
     done_pvc = claim("pv1")
-    done_pvc["metadata"]["annotations"] = {names.ANN_BIND_COMPLETED: "yes"}
+    done_pvc["metadata"]["annotations"] = {storage.ANN_BIND_COMPLETED: "yes"}
     assert claim_bound_to_volume(done_pvc, done_pv) is None
 
 
@@ -189,8 +190,8 @@ def test_provisioner_handoff_writes_both_keys_once() -> None:
     assert new is not None
     ann = new["metadata"]["annotations"]
     assert (
-        ann[names.ANN_STORAGE_PROVISIONER]
-        == ann[names.ANN_BETA_STORAGE_PROVISIONER]
+        ann[storage.ANN_STORAGE_PROVISIONER]
+        == ann[storage.ANN_BETA_STORAGE_PROVISIONER]
         == "loop.csi.kubeloop.dev"
     )
     assert claim_with_provisioner(new, "loop.csi.kubeloop.dev") is None
@@ -198,7 +199,7 @@ def test_provisioner_handoff_writes_both_keys_once() -> None:
 
 def test_provisioning_errors_use_kcm_wording() -> None:
     assert provisioning_error("gold", None) == 'storageclass.storage.k8s.io "gold" not found'
-    assert provisioning_error("x", {"provisioner": names.NO_PROVISIONER}) == (
+    assert provisioning_error("x", {"provisioner": storage.NO_PROVISIONER}) == (
         "no volume plugin matched name: kubernetes.io/no-provisioner"
     )
     assert provisioning_error("x", {"provisioner": "loop.csi.kubeloop.dev"}) is None

@@ -7,17 +7,15 @@ from typing import Any
 
 import pytest
 
+from controller_runtime import storage
+from controller_runtime.quantity import parse_quantity
 from controller_runtime.resources import Obj
-from services.pv_controller import names
+from controller_runtime.storage import access_modes_key, claim_class, claim_has_class
 from services.pv_controller.match import (
     VolumeIndex,
-    access_modes_key,
     check_volume_satisfies_claim,
-    claim_class,
-    claim_has_class,
     default_class,
     find_best_match,
-    parse_quantity,
     selector_matches,
 )
 
@@ -168,7 +166,7 @@ def test_nil_and_empty_class_are_the_same() -> None:
     assert claim_class(claim) == "" and not claim_has_class(claim)
     assert claim_has_class(pvc(storageClassName=""))
     beta = pvc(storageClassName="x")
-    beta["metadata"]["annotations"] = {names.ANN_BETA_STORAGE_CLASS: "beta"}
+    beta["metadata"]["annotations"] = {storage.ANN_BETA_STORAGE_CLASS: "beta"}
     assert claim_class(beta) == "beta", "the beta annotation wins over the field"
     assert best(pvc(), [pv("unset")]) == "unset"
     assert best(pvc(storageClassName=""), [pv("empty", spec={"storageClassName": ""})]) == "empty"
@@ -190,7 +188,7 @@ def test_check_volume_satisfies_claim(volume: Obj, claim: Obj, problem: str | No
 
 def test_default_class_newest_then_name() -> None:
     def sc(name: str, ts: str, default: bool = True) -> Obj:
-        ann = {names.ANN_DEFAULT_CLASS: "true"} if default else {}
+        ann = {storage.ANN_DEFAULT_CLASS: "true"} if default else {}
         return {"metadata": {"name": name, "creationTimestamp": ts, "annotations": ann}}
 
     assert default_class([sc("a", "2024-01-01T00:00:00Z", default=False)]) is None

@@ -5,7 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 from controller_runtime.informer import EventHandler, SharedInformer, compact
-from controller_runtime.resources import PERSISTENT_VOLUMES, Obj, key_of, split_key
+from controller_runtime.resources import (
+    PERSISTENT_VOLUMES,
+    Obj,
+    key_of,
+    object_key,
+    reference_key,
+    split_key,
+)
 
 
 def pv(name: str, phase: str = "Available", rv: str = "1", **extra: Any) -> Obj:
@@ -17,6 +24,8 @@ def test_keys() -> None:
     assert key_of({"metadata": {"name": "a"}}) == "a"
     assert split_key("ns/a") == ("ns", "a")
     assert split_key("a") == (None, "a")
+    assert object_key("ns", "a") == "ns/a" and object_key(None, "a") == object_key("", "a") == "a"
+    assert reference_key({"kind": "PersistentVolumeClaim", "namespace": "ns", "name": "a"}) == "ns/a"
 
 
 def test_index_follows_updates_and_deletes() -> None:

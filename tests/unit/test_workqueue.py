@@ -145,5 +145,5 @@ async def test_wait_idle() -> None:
 
 
 def test_default_rate_limiter_is_client_go_default() -> None:
-    limiter = default_rate_limiter()
+    limiter: MaxOfRateLimiter[str] = default_rate_limiter()
     assert limiter.when("k") == 0.005
