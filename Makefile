@@ -39,7 +39,7 @@ bench: deps binaries
 lint: python-deps
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy controller_runtime services csi_driver external_provisioner external_attacher localstack tests bench
+	$(VENV)/bin/mypy controller_runtime services csi_driver external_provisioner external_attacher external_resizer localstack tests bench
 
 deps: system-deps python-deps
 

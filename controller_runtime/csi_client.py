@@ -54,7 +54,7 @@ def error_text(exc: BaseException) -> str:
     is what users search for; anything other than a gRPC error as its own text."""
     if isinstance(exc, grpc.aio.AioRpcError):
         code = "".join(part.capitalize() for part in exc.code().name.split("_"))
-        code = {"Ok": "OK"}.get(code, code)
+        code = {"Ok": "OK", "Cancelled": "Canceled"}.get(code, code)  # Go spells these so
         return f"rpc error: code = {code} desc = {exc.details()}"
     return str(exc) or type(exc).__name__
 

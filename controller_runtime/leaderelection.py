@@ -20,7 +20,7 @@ from typing import Any
 from prometheus_client import Gauge
 
 from .client import ApiClient, ApiError
-from .clock import micro_time as micro_time  # "as": services/node_agent still imports it from here
+from .clock import micro_time
 from .logs import get_logger
 from .resources import LEASES, Obj, object_key
 

@@ -54,6 +54,14 @@ VOLUME_SNAPSHOT_CONTENTS = Resource(
 )
 
 
+def typed(obj: Obj, res: Resource) -> Obj:
+    """`obj` with its kind and apiVersion: cached objects (list items) carry neither, and an
+    Event's involvedObject needs both."""
+    if obj.get("kind") == res.kind and obj.get("apiVersion") == res.api_version:
+        return obj
+    return {**obj, "kind": res.kind, "apiVersion": res.api_version}
+
+
 def name_of(obj: Obj) -> str:
     return str(obj.get("metadata", {}).get("name", ""))
 

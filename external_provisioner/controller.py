@@ -37,6 +37,7 @@ from controller_runtime.resources import (
     Obj,
     key_of,
     object_key,
+    typed,
 )
 from controller_runtime.storage import claim_class, is_deleting
 from controller_runtime.workqueue import ItemExponentialRateLimiter, WorkQueue
@@ -77,11 +78,6 @@ class Options:
     # Saving a PV is retried this often before the volume is deleted again (upstream: 5 x 10 s).
     pv_save_attempts: int = 5
     pv_save_interval: float = 10.0
-
-
-def _typed(obj: Obj, kind: str) -> Obj:
-    """Cached objects carry no kind; an Event's involvedObject needs it."""
-    return obj if obj.get("kind") == kind else {**obj, "kind": kind, "apiVersion": "v1"}
 
 
 def _annotation(obj: Obj, key: str) -> str:
@@ -289,7 +285,7 @@ class Provisioner:
             await self._provision(claim, storage_class, pv_name, entry, node)
         except ProvisionError as exc:
             self.recorder.warning(
-                _typed(claim, "PersistentVolumeClaim"),
+                typed(claim, PERSISTENT_VOLUME_CLAIMS),
                 storage.PROVISIONING_FAILED,
                 names.msg_failed(class_name, str(exc)),
             )
@@ -418,7 +414,7 @@ class Provisioner:
             storage_class.get("parameters") or {}, claim, pv_name, self.options.default_fs
         )
         self.recorder.normal(
-            _typed(claim, "PersistentVolumeClaim"),
+            typed(claim, PERSISTENT_VOLUME_CLAIMS),
             names.PROVISIONING,
             names.msg_provisioning(md["namespace"], md["name"]),
         )
@@ -449,7 +445,7 @@ class Provisioner:
         await self.journal.remove(entry.uid)
         log.info("provisioned", claim=key_of(claim), volume=pv_name, handle=created.volume_id)
         self.recorder.normal(
-            _typed(claim, "PersistentVolumeClaim"), names.PROVISIONING_SUCCEEDED, names.msg_succeeded(pv_name)
+            typed(claim, PERSISTENT_VOLUME_CLAIMS), names.PROVISIONING_SUCCEEDED, names.msg_succeeded(pv_name)
         )
 
     async def _save_pv(self, pv: Obj, claim: Obj, entry: Entry) -> None:
@@ -479,7 +475,7 @@ class Provisioner:
             await self._delete_volume(entry.volume_id)
         except ProvisionError as exc:
             self.recorder.warning(
-                _typed(claim, "PersistentVolumeClaim"),
+                typed(claim, PERSISTENT_VOLUME_CLAIMS),
                 names.PROVISIONING_CLEANUP_FAILED,
                 f"Failed to clean up volume {name} after failing to save its PersistentVolume: {exc}",
             )
@@ -538,12 +534,12 @@ class Provisioner:
             return None
         for va in self.attachments.store.by_index(VA_BY_PV_INDEX, name):
             message = names.msg_still_attached(name, va["spec"].get("nodeName", ""))
-            self.recorder.warning(_typed(pv, "PersistentVolume"), storage.VOLUME_FAILED_DELETE, message)
+            self.recorder.warning(typed(pv, PERSISTENT_VOLUMES), storage.VOLUME_FAILED_DELETE, message)
             raise RuntimeError(message)
         try:
             await self._delete_volume(spec["csi"]["volumeHandle"])
         except ProvisionError as exc:
-            self.recorder.warning(_typed(pv, "PersistentVolume"), storage.VOLUME_FAILED_DELETE, str(exc))
+            self.recorder.warning(typed(pv, PERSISTENT_VOLUMES), storage.VOLUME_FAILED_DELETE, str(exc))
             raise
         if not is_deleting(pv):
             try:

@@ -9,12 +9,10 @@ import os
 import time
 
 from controller_runtime.client import ApiClient, ApiError
-from controller_runtime.leaderelection import micro_time
+from controller_runtime.clock import micro_time, now_rfc3339
 from controller_runtime.logs import get_logger
 from controller_runtime.resources import LEASES, NODES, Obj
 from controller_runtime.volumes import ANN_CONTROLLER_MANAGED
-
-from .formats import _rfc3339
 
 log = get_logger("node-agent")
 
@@ -40,7 +38,7 @@ class NodeStatus:
         self.status_report = status_report
 
     def _conditions(self) -> list[Obj]:
-        now = _rfc3339()
+        now = now_rfc3339()
         conds = [
             ("MemoryPressure", "False", "KubeletHasSufficientMemory"),
             ("DiskPressure", "False", "KubeletHasNoDiskPressure"),

@@ -15,14 +15,12 @@ from pathlib import Path
 import grpc
 
 from controller_runtime.client import ApiClient, ApiError
-from controller_runtime.csi_client import CSIConnection
+from controller_runtime.csi_client import CSIConnection, error_text
 from controller_runtime.logs import get_logger
 from controller_runtime.resources import CSI_NODES, NODES, Obj
 from controller_runtime.volumes import ANN_NODE_ID
 from kubeloop_grpc.csi import csi_pb2
 from kubeloop_grpc.pluginregistration import api_pb2, api_pb2_grpc
-
-from .formats import _message
 
 log = get_logger("node-agent")
 
@@ -64,7 +62,7 @@ class PluginManager:
             try:
                 await self._register_plugin(sock)
             except Exception as exc:
-                log.warning("plugin registration failed", socket=str(sock), error=_message(exc))
+                log.warning("plugin registration failed", socket=str(sock), error=error_text(exc))
 
     async def watch(self) -> None:
         """Looks for new plugins every `rescan` seconds."""
@@ -87,7 +85,7 @@ class PluginManager:
                 await self._write_csinode(plugin)
             except Exception as exc:
                 await stub.NotifyRegistrationStatus(
-                    api_pb2.RegistrationStatus(plugin_registered=False, error=_message(exc)), timeout=5
+                    api_pb2.RegistrationStatus(plugin_registered=False, error=error_text(exc)), timeout=5
                 )
                 raise
             await stub.NotifyRegistrationStatus(api_pb2.RegistrationStatus(plugin_registered=True), timeout=5)

@@ -8,13 +8,13 @@ import asyncio
 from pathlib import Path
 
 from controller_runtime.client import ApiClient, ApiError
+from controller_runtime.clock import now_rfc3339
 from controller_runtime.informer import SharedInformer
 from controller_runtime.logs import get_logger
 from controller_runtime.resources import PODS, Obj
 from controller_runtime.volumes import pod_terminated
 
 from .disk import remove_pod_dir
-from .formats import _rfc3339
 from .plan import PodVolume
 from .volume_manager import VolumeManager
 
@@ -60,7 +60,7 @@ class PodStatus:
             c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or []
         ):
             return
-        now = _rfc3339()
+        now = now_rfc3339()
         conditions = [
             {"type": t, "status": "True", "lastTransitionTime": now}
             for t in ("PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady", "PodScheduled")

@@ -29,6 +29,7 @@ from controller_runtime.resources import (
     key_of,
     object_key,
     reference_key,
+    typed,
 )
 from controller_runtime.storage import claim_class, claim_has_class
 from controller_runtime.volumes import pod_claim_keys
@@ -89,13 +90,6 @@ def _cacheable(written: Obj) -> Obj:
     would only make the apiserver decode and compare them again."""
     written.get("metadata", {}).pop("managedFields", None)
     return written
-
-
-def _typed(obj: Obj, kind: str) -> Obj:
-    """List items carry no kind; events need it in involvedObject."""
-    if obj.get("kind") == kind:
-        return obj
-    return {**obj, "kind": kind, "apiVersion": "v1"}
 
 
 class PVController:
@@ -257,7 +251,7 @@ class PVController:
             return volume
         volume = await self._update_volume_status(new)
         if event is not None:
-            self.recorder.record(_typed(volume, "PersistentVolume"), *event)
+            self.recorder.record(typed(volume, PERSISTENT_VOLUMES), *event)
         return volume
 
     async def _set_claim_phase(
@@ -269,14 +263,14 @@ class PVController:
             return claim
         claim = await self._update_claim_status(new)
         if event is not None and changing:
-            self.recorder.record(_typed(claim, "PersistentVolumeClaim"), *event)
+            self.recorder.record(typed(claim, PERSISTENT_VOLUME_CLAIMS), *event)
         return claim
 
     def _claim_event(self, claim: Obj, event_type: str, reason: str, message: str) -> None:
-        self.recorder.record(_typed(claim, "PersistentVolumeClaim"), event_type, reason, message)
+        self.recorder.record(typed(claim, PERSISTENT_VOLUME_CLAIMS), event_type, reason, message)
 
     def _volume_event(self, volume: Obj, event_type: str, reason: str, message: str) -> None:
-        self.recorder.record(_typed(volume, "PersistentVolume"), event_type, reason, message)
+        self.recorder.record(typed(volume, PERSISTENT_VOLUMES), event_type, reason, message)
 
     # -- volumes -------------------------------------------------------------------------------------
 
