@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import copy
 
+import grpc
+
 from .resources import Obj
 
 # status.conditions[].type values the resize path owns; any other condition is always kept.
@@ -27,6 +29,32 @@ MSG_FS_RESIZE_PENDING = "Waiting for user to (re-)start a pod to finish file sys
 # Annotations.
 RESIZER_ANNOTATION = "volume.kubernetes.io/storage-resizer"
 NODE_EXPANSION_NOT_REQUIRED = "volume.kubernetes.io/node-expansion-not-required"
+
+
+# Codes after which the expansion may still be running in the driver: retry the same size.
+_NOT_FINAL = frozenset(
+    {
+        grpc.StatusCode.CANCELLED,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.ABORTED,
+    }
+)
+# Final codes that say this size can never be had: the user must ask for another.
+_INFEASIBLE = frozenset(
+    {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE, grpc.StatusCode.NOT_FOUND}
+)
+
+
+def is_final(code: grpc.StatusCode | None) -> bool:
+    """Whether an expansion that failed with `code` has certainly stopped; None stands for an
+    error that is not a gRPC status, never final."""
+    return code is not None and code not in _NOT_FINAL
+
+
+def is_infeasible(code: grpc.StatusCode | None) -> bool:
+    return code in _INFEASIBLE
 
 
 def resize_status(claim: Obj) -> str:

@@ -22,17 +22,25 @@ import grpc
 
 from controller_runtime import resize_status as rs
 from controller_runtime.client import ApiClient, ApiError
+from controller_runtime.clock import now_rfc3339
 from controller_runtime.controller import run_workers
-from controller_runtime.csi_client import CSIConnection
-from controller_runtime.events import EventRecorder, now_rfc3339
+from controller_runtime.csi_client import CSIConnection, error_text
+from controller_runtime.events import EventRecorder
 from controller_runtime.informer import EventHandler, SharedInformerFactory
 from controller_runtime.logs import get_logger
-from controller_runtime.resources import PERSISTENT_VOLUME_CLAIMS, PERSISTENT_VOLUMES, PODS, Obj, key_of
+from controller_runtime.quantity import format_quantity, parse_quantity
+from controller_runtime.resources import (
+    PERSISTENT_VOLUME_CLAIMS,
+    PERSISTENT_VOLUMES,
+    PODS,
+    Obj,
+    key_of,
+    typed,
+)
+from controller_runtime.storage import claim_request, storage_of
 from controller_runtime.volumes import csi_volume, pod_claims, volume_capability
 from controller_runtime.workqueue import ItemExponentialRateLimiter, WorkQueue
-from external_provisioner.request import grpc_error_text, quantity
 from kubeloop_grpc.csi import csi_pb2
-from services.pv_controller.match import claim_request, parse_quantity, storage_of
 
 from .decide import (
     EVENT_FS_RESIZE_REQUIRED,
@@ -43,8 +51,6 @@ from .decide import (
     MSG_RESIZE_SUCCEEDED,
     Attempt,
     Sizes,
-    is_final,
-    is_infeasible,
     target,
 )
 
@@ -72,10 +78,6 @@ def lease_name(driver: str) -> str:
     """`external-resizer-<driver>`, with what a Lease name cannot hold replaced as the Go sidecar does."""
     name = "external-resizer-" + re.sub(r"[^a-zA-Z0-9-]", "-", driver)
     return name + "X" if name.endswith("-") else name
-
-
-def _claim_ref(claim: Obj) -> Obj:
-    return {**claim, "kind": "PersistentVolumeClaim", "apiVersion": "v1"}
 
 
 def sizes(claim: Obj, pv: Obj) -> Sizes:
@@ -210,7 +212,7 @@ class Resizer:
         try:
             await self._attempt(key, claim, pv, attempt)
         except ResizeError as e:
-            self.recorder.warning(_claim_ref(claim), EVENT_RESIZE_FAILED, str(e))
+            self.recorder.warning(typed(claim, PERSISTENT_VOLUME_CLAIMS), EVENT_RESIZE_FAILED, str(e))
             raise
         return None
 
@@ -219,7 +221,7 @@ class Resizer:
         try:
             claim = await self._patch_claim(
                 claim,
-                rs.in_progress(status, quantity(attempt.size), attempt.update_status, now_rfc3339()),
+                rs.in_progress(status, format_quantity(attempt.size), attempt.update_status, now_rfc3339()),
                 annotations={rs.NODE_EXPANSION_NOT_REQUIRED: None},
             )
         except ApiError as e:
@@ -231,17 +233,19 @@ class Resizer:
                 "and volume is currently in-use"
             )
         self.recorder.normal(
-            _claim_ref(claim), EVENT_RESIZING, f"External resizer is resizing volume {pv_name}"
+            typed(claim, PERSISTENT_VOLUME_CLAIMS),
+            EVENT_RESIZING,
+            f"External resizer is resizing volume {pv_name}",
         )
         new_size, node_expansion = await self._expand(key, claim, pv, attempt.size)
         try:
             await self.client.patch(
-                PERSISTENT_VOLUMES, pv_name, {"spec": {"capacity": {"storage": quantity(new_size)}}}
+                PERSISTENT_VOLUMES, pv_name, {"spec": {"capacity": {"storage": format_quantity(new_size)}}}
             )
         except ApiError as e:
             raise ResizeError(
                 f'error updating pv "{pv_name}" by resizer: updating capacity of PV "{pv_name}" '
-                f"to {quantity(new_size)} failed: {e}"
+                f"to {format_quantity(new_size)} failed: {e}"
             ) from e
         status = claim.get("status") or {}
         if node_expansion:
@@ -253,17 +257,21 @@ class Resizer:
                 )
             except ApiError as e:
                 raise ResizeError(f'mark PVC "{key}" as node expansion required failed: {e}') from e
-            self.recorder.normal(_claim_ref(claim), EVENT_FS_RESIZE_REQUIRED, MSG_FS_RESIZE_REQUIRED)
+            self.recorder.normal(
+                typed(claim, PERSISTENT_VOLUME_CLAIMS), EVENT_FS_RESIZE_REQUIRED, MSG_FS_RESIZE_REQUIRED
+            )
         else:
             try:
                 claim = await self._patch_claim(
                     claim,
-                    rs.finished(status, quantity(new_size)),
+                    rs.finished(status, format_quantity(new_size)),
                     annotations={rs.NODE_EXPANSION_NOT_REQUIRED: "true"},
                 )
             except ApiError as e:
                 raise ResizeError(f'mark PVC "{key}" as resize finished failed: {e}') from e
-            self.recorder.normal(_claim_ref(claim), EVENT_RESIZE_SUCCESSFUL, MSG_RESIZE_SUCCEEDED)
+            self.recorder.normal(
+                typed(claim, PERSISTENT_VOLUME_CLAIMS), EVENT_RESIZE_SUCCESSFUL, MSG_RESIZE_SUCCEEDED
+            )
         log.info("resized volume", pvc=key, pv=pv_name, size=new_size, node_expansion=node_expansion)
 
     async def _expand(self, key: str, claim: Obj, pv: Obj, size: int) -> tuple[int, bool]:
@@ -282,16 +290,16 @@ class Resizer:
             rsp = await self.csi.controller.ControllerExpandVolume(req, timeout=self.options.timeout)
         except Exception as exc:
             code = exc.code() if isinstance(exc, grpc.aio.AioRpcError) else None
-            text = grpc_error_text(exc)
+            text = error_text(exc)
             if code == grpc.StatusCode.FAILED_PRECONDITION:
                 self.in_use.add(key)
-            if is_final(code):
+            if rs.is_final(code):
                 self.final_errors.add(key)
-                if not is_infeasible(code):
+                if not rs.is_infeasible(code):
                     self.infeasible_since.pop(key, None)
                 status = claim.get("status") or {}
                 marked = rs.controller_failed(
-                    status, f"failed to expand pvc with {text}", is_infeasible(code), now_rfc3339()
+                    status, f"failed to expand pvc with {text}", rs.is_infeasible(code), now_rfc3339()
                 )
                 try:
                     await self._patch_claim(claim, marked, resource_version=False)

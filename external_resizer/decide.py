@@ -1,12 +1,11 @@
 """The external-resizer's own decisions as pure functions: what size an attempt works towards
 (recovery from expansion failure, GA since Kubernetes 1.34) and how a CSI error is classified.
-The status each step writes is controller_runtime.resize_status, shared with the node side."""
+The status each step writes, and which CSI errors are final, are controller_runtime.resize_status,
+shared with the node side."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import grpc
 
 from controller_runtime.resize_status import (
     CONTROLLER_IN_PROGRESS,
@@ -23,30 +22,6 @@ EVENT_RESIZE_SUCCESSFUL = "VolumeResizeSuccessful"
 EVENT_FS_RESIZE_REQUIRED = "FileSystemResizeRequired"
 MSG_FS_RESIZE_REQUIRED = "Require file system resize of volume on node"
 MSG_RESIZE_SUCCEEDED = "Resize volume succeeded"
-
-# Codes after which the operation may still be running in the driver: retry the same size.
-_NOT_FINAL = frozenset(
-    {
-        grpc.StatusCode.CANCELLED,
-        grpc.StatusCode.DEADLINE_EXCEEDED,
-        grpc.StatusCode.UNAVAILABLE,
-        grpc.StatusCode.RESOURCE_EXHAUSTED,
-        grpc.StatusCode.ABORTED,
-    }
-)
-# Final codes that say this size can never be had: the user must ask for another.
-_INFEASIBLE = frozenset(
-    {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE, grpc.StatusCode.NOT_FOUND}
-)
-
-
-def is_final(code: grpc.StatusCode | None) -> bool:
-    """None stands for an error that is not a gRPC status: never final."""
-    return code is not None and code not in _NOT_FINAL
-
-
-def is_infeasible(code: grpc.StatusCode | None) -> bool:
-    return code in _INFEASIBLE
 
 
 @dataclass(frozen=True)

@@ -174,6 +174,30 @@ REGISTRY: tuple[Component, ...] = (
         http_port=18102,
         manifests=("deploy/rbac/attach-detach-controller.yaml",),
     ),
+    # Expansion: kcm's expand controller, and the resizer sidecar beside the driver's controller.
+    Component(
+        name="volume-expand-controller",
+        argv=lambda c: python_module(
+            "services.volume_expand.main",
+            f"--kubeconfig={c.kubeconfig}",
+            f"--http-endpoint={c.http_endpoint}",
+        ),
+        identity=service_account_identity("kubeloop-volume-expand"),
+        http_port=18103,
+        manifests=("deploy/rbac/volume-expand-controller.yaml",),
+    ),
+    Component(
+        name="external-resizer",
+        argv=lambda c: python_module(
+            "external_resizer.main",
+            f"--kubeconfig={c.kubeconfig}",
+            f"--csi-address=unix://{controller_socket(c)}",
+            f"--http-endpoint={c.http_endpoint}",
+        ),
+        identity=service_account_identity("kubeloop-external-resizer"),
+        http_port=18104,
+        manifests=("deploy/rbac/external-resizer.yaml",),
+    ),
 )
 
 

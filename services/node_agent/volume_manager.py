@@ -16,6 +16,7 @@ from collections.abc import Mapping
 
 from controller_runtime import mounts
 from controller_runtime.client import ApiClient
+from controller_runtime.csi_client import error_text
 from controller_runtime.events import EventRecorder
 from controller_runtime.informer import EventHandler, SharedInformer
 from controller_runtime.logs import get_logger
@@ -40,7 +41,14 @@ from controller_runtime.volumes import (
 from kubeloop_grpc.csi import csi_pb2
 
 from .disk import Layout, VolData, remove_pod_dir, remove_volume_dir, write_vol_data
-from .formats import _message
+from .expansion import (
+    FS_RESIZE_FAILED,
+    VOLUME_RESIZE_FAILED,
+    InUseExpansionError,
+    NodeExpander,
+    Target,
+    pending_size,
+)
 from .plan import Mounted, PodVolume, plan_volumes
 from .plugins import Plugin
 
@@ -52,6 +60,7 @@ log = get_logger("node-agent")
 UNSTAGE = 0
 UNPUBLISH = 1
 MOUNT = 1
+EXPAND = 1
 
 VolumeKey = tuple[str, str]  # (driver, handle): what one operation at a time is held on
 
@@ -102,17 +111,20 @@ class VolumeManager:
             backoff=backoff,
             max_concurrent=max_concurrent_operations,
             on_done=self.wake.set,
-            describe_error=_message,
+            describe_error=error_text,
             logger=log,
         )
         self._in_use_written: tuple[tuple[str, ...], float] | None = None
+        self.expander = NodeExpander(client, recorder, node_name, csi_timeout)
+        # Volumes whose driver can grow them only while unstaged: no online attempt until then.
+        self.expand_offline_only: set[VolumeKey] = set()
 
     # -- start-up -----------------------------------------------------------------------------------
 
     def start(self) -> None:
         for inf in self.informers:
             inf.start()
-        for handler_inf in (self.pods, self.node, self.vas):
+        for handler_inf in (self.pods, self.node, self.vas, self.pvs, self.pvcs):
             handler_inf.add_handler(_waker(self.wake))
 
     async def wait_for_sync(self) -> None:
@@ -228,7 +240,27 @@ class VolumeManager:
             ops.run(pv.stage_key, self._mount(pv), operation=("mount", *pv.key), priority=MOUNT)
         for skey in plan.unstage:
             ops.run(skey, self._unstage(skey), operation="unstage", priority=UNSTAGE)
+        for pv in self._expansions(desired):
+            ops.run(pv.stage_key, self._expand(pv), operation="expand", priority=EXPAND)
         return complete
+
+    def _expansions(self, desired: list[PodVolume]) -> list[PodVolume]:
+        """One mounted publish per volume whose claim waits for the node to grow it (from the
+        cache; the operation reads the claim again before acting)."""
+        out: dict[VolumeKey, PodVolume] = {}
+        for pv in desired:
+            if (
+                pv.key not in self.confirmed
+                or pv.stage_key in out
+                or pv.stage_key in self.expand_offline_only
+            ):
+                continue
+            volume = self.pvs.store.get(pv.volume.pv_name)
+            ref = (volume or {}).get("spec", {}).get("claimRef") or {}
+            claim = self.pvcs.store.get(f"{ref.get('namespace')}/{ref.get('name')}")
+            if volume is not None and claim is not None and pending_size(claim, volume) is not None:
+                out[pv.stage_key] = pv
+        return list(out.values())
 
     async def _write_in_use(self, names: tuple[str, ...]) -> bool:
         """Reports `names` as the node's volumesInUse; whether it had to write."""
@@ -339,13 +371,50 @@ class VolumeManager:
         except Exception as exc:
             if not isinstance(exc, NotReady):
                 self.recorder.warning(
-                    pod, "FailedMount", f'{step} failed for volume "{vol.pv_name}" : {_message(exc)}'
+                    pod, "FailedMount", f'{step} failed for volume "{vol.pv_name}" : {error_text(exc)}'
                 )
             raise
         self.confirmed.add(pv.key)
         # Success is logged, not recorded as an Event: kubelet dropped SuccessfulMountVolume events
         # long ago, and at 50 pods a node they would be a third of the agent's API writes.
         log.info("mounted", pod=pv.pod_key, pv=vol.pv_name, target=str(target))
+
+    async def _expand(self, pv: PodVolume) -> None:
+        vol = pv.volume
+        plugin = self._plugin(vol.driver)
+        volume = self.pvs.store.get(vol.pv_name)
+        if volume is None or pv.key not in self.confirmed:
+            return
+        ref = volume.get("spec", {}).get("claimRef") or {}
+        target = Target(
+            volume=vol,
+            volume_path=str(self.layout.target_path(pv.pod_uid, vol.pv_name, vol.block)),
+            staging_path=str(self.layout.staging_path(vol.driver, vol.handle))
+            if plugin.stage_unstage
+            else "",
+            capability=volume_capability(vol, plugin.single_node_multi_writer),
+            read_only=pv.read_only,
+            pod=self._pod_object(pv.pod_uid, pv.pod_key),
+        )
+        try:
+            await self.expander.expand(
+                plugin.conn.node, target, ref.get("namespace", ""), ref.get("name", ""), volume
+            )
+        except InUseExpansionError as e:
+            # Kubelet's "in-use expansion error": the next NodeStageVolume grows it offline.
+            self.expand_offline_only.add(pv.stage_key)
+            self.recorder.warning(
+                target.pod,
+                FS_RESIZE_FAILED,
+                f'NodeExpandVolume.NodeExpandVolume failed for volume "{vol.pv_name}" : {e}',
+            )
+        except Exception as exc:
+            self.recorder.warning(
+                target.pod,
+                VOLUME_RESIZE_FAILED,
+                f'NodeExpandVolume.NodeExpandVolume failed for volume "{vol.pv_name}" : {error_text(exc)}',
+            )
+            raise
 
     async def _unpublish(self, m: Mounted) -> None:
         plugin = self._plugin(m.driver)
@@ -377,6 +446,7 @@ class VolumeManager:
         await asyncio.to_thread(remove_volume_dir, staging.parent, staging.name, self.layout.root / "plugins")
         self.stage_confirmed.discard(key)
         self.staged.discard(key)
+        self.expand_offline_only.discard(key)
         log.info("unstaged", driver=driver, volume=handle)
 
 

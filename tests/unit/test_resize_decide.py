@@ -7,8 +7,9 @@ import grpc
 import pytest
 
 from controller_runtime import resize_status as rs
+from controller_runtime.resize_status import is_final, is_infeasible
 from external_resizer.controller import lease_name
-from external_resizer.decide import Attempt, Sizes, is_final, is_infeasible, target
+from external_resizer.decide import Attempt, Sizes, target
 
 G = 1 << 30
 NOW = "2026-11-23T10:00:00Z"

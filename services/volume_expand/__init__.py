@@ -1,0 +1,1 @@
+"""kube-controller-manager's persistentvolume-expander (the expand controller) as a process."""

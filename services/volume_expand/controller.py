@@ -1,0 +1,99 @@
+"""The expand controller of kube-controller-manager, for a cluster whose volumes are all CSI.
+
+kcm 1.36 expands no volume itself: its in-tree expandable plugins are gone, and the external
+resizer finds CSI claims by their PV's driver. What it still does for a bound claim whose request
+exceeds its capacity is check that the PV is bound to that claim and tell the user who will act:
+a Warning `ExternalExpanding` event, "waiting for an external controller to expand this PVC".
+(It sets `volume.kubernetes.io/storage-resizer` only for in-tree volumes migrated to CSI, which
+this cluster has none of.) A PVC informer, a rate-limited queue, one sync per claim at a time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from controller_runtime.client import ApiClient, ApiError
+from controller_runtime.controller import run_workers
+from controller_runtime.events import EventRecorder
+from controller_runtime.informer import EventHandler, SharedInformerFactory
+from controller_runtime.logs import get_logger
+from controller_runtime.resources import PERSISTENT_VOLUME_CLAIMS, PERSISTENT_VOLUMES, Obj, key_of, typed
+from controller_runtime.storage import claim_request, storage_of
+from controller_runtime.workqueue import WorkQueue, default_rate_limiter
+
+log = get_logger("volume-expand")
+
+COMPONENT = "volume_expand"  # the event source and queue name kcm uses
+EXTERNAL_EXPANDING = "ExternalExpanding"
+MSG_EXTERNAL = "waiting for an external controller to expand this PVC"
+PRE_RESIZE_CAPACITY = "volume.alpha.kubernetes.io/pre-resize-capacity"
+
+
+@dataclass(frozen=True)
+class Options:
+    workers: int = 10  # kcm's fixed worker count
+
+
+def _bound(claim: Obj) -> bool:
+    return (claim.get("status") or {}).get("phase") == "Bound"
+
+
+def _capacity(claim: Obj) -> int:
+    return storage_of((claim.get("status") or {}).get("capacity"))
+
+
+class ExpandController:
+    def __init__(
+        self,
+        client: ApiClient,
+        factory: SharedInformerFactory,
+        recorder: EventRecorder,
+        options: Options | None = None,
+    ) -> None:
+        self.client = client
+        self.recorder = recorder
+        self.options = options or Options()
+        self.factory = factory
+        self.queue: WorkQueue[str] = WorkQueue(COMPONENT, default_rate_limiter())
+        self.claims = factory.informer(PERSISTENT_VOLUME_CLAIMS)
+        self.claims.add_handler(EventHandler(self._enqueue, self._updated, self._enqueue))
+
+    def _enqueue(self, claim: Obj) -> None:
+        if _bound(claim):
+            self.queue.add(key_of(claim))
+
+    def _updated(self, old: Obj, new: Obj) -> None:
+        # Only a grown request or a grown capacity is news to this controller (not a resync).
+        if claim_request(new) > claim_request(old) or _capacity(new) > _capacity(old):
+            self._enqueue(new)
+
+    @property
+    def synced(self) -> bool:
+        return self.factory.has_synced
+
+    async def run(self) -> None:
+        self.factory.start()
+        await self.factory.wait_for_sync()
+        log.info("caches synced, starting workers", workers=self.options.workers)
+        await run_workers(self.queue, self.sync, self.options.workers)
+
+    async def sync(self, key: str) -> None:
+        claim = self.claims.store.get(key)
+        if claim is None:
+            return
+        pv_name = str((claim.get("spec") or {}).get("volumeName") or "")
+        if not pv_name:
+            return
+        try:
+            # A live read, as kcm does: the decision is about the PV as it is now.
+            pv = await self.client.get(PERSISTENT_VOLUMES, pv_name)
+        except ApiError as e:
+            raise RuntimeError(f'failed to get PV "{pv_name}": {e}') from e
+        md, ref = claim["metadata"], (pv.get("spec") or {}).get("claimRef") or {}
+        if ref.get("namespace") != md["namespace"] or ref.get("uid") != md["uid"]:
+            raise RuntimeError(f"persistent Volume is not bound to PVC being updated : {key}")
+        annotations = pv["metadata"].get("annotations") or {}
+        if claim_request(claim) <= _capacity(claim) and PRE_RESIZE_CAPACITY not in annotations:
+            return
+        self.recorder.warning(typed(claim, PERSISTENT_VOLUME_CLAIMS), EXTERNAL_EXPANDING, MSG_EXTERNAL)
+        log.info("claim waits for an external resizer", pvc=key, pv=pv_name)
