@@ -171,8 +171,11 @@ class StorageStack:
         modes: tuple[str, ...] = ("ReadWriteOnce",),
         block: bool = False,
         size_mi: int = 64,
+        fs_type: str = "ext4",
+        class_name: str = "",
     ) -> tuple[str, str, str]:
-        """A driver volume, a static PV for it pre-bound to a new claim; returns (pvc, pv, handle)."""
+        """A driver volume, a static PV for it pre-bound to a new claim; returns (pvc, pv, handle).
+        A `class_name` whose class allows expansion makes the claim expandable."""
         assert self.csi is not None
         name = f"e2e-{uuid.uuid4().hex[:8]}"
         cap = csi_pb2.VolumeCapability(
@@ -183,7 +186,7 @@ class StorageStack:
         if block:
             cap.block.SetInParent()
         else:
-            cap.mount.fs_type = "ext4"
+            cap.mount.fs_type = fs_type
         resp = await self.csi.controller.CreateVolume(
             csi_pb2.CreateVolumeRequest(
                 name=name,
@@ -195,7 +198,7 @@ class StorageStack:
         handle = resp.volume.volume_id
         csi: Obj = {"driver": DRIVER_NAME, "volumeHandle": handle}
         if not block:
-            csi["fsType"] = "ext4"
+            csi["fsType"] = fs_type
         await self.api.create(
             PERSISTENT_VOLUMES,
             {
@@ -205,7 +208,7 @@ class StorageStack:
                     "accessModes": list(modes),
                     "volumeMode": "Block" if block else "Filesystem",
                     "persistentVolumeReclaimPolicy": "Retain",
-                    "storageClassName": "",
+                    "storageClassName": class_name,
                     "claimRef": {"namespace": namespace, "name": name},
                     "csi": csi,
                 },
@@ -218,7 +221,7 @@ class StorageStack:
                 "spec": {
                     "accessModes": list(modes),
                     "volumeMode": "Block" if block else "Filesystem",
-                    "storageClassName": "",
+                    "storageClassName": class_name,
                     "resources": {"requests": {"storage": f"{size_mi}Mi"}},
                 },
             },
