@@ -150,8 +150,8 @@ class StorageStack:
                     if not exc.not_found:
                         raise
 
-    async def kill9(self, name: str) -> None:
-        """SIGKILL to the process group, as a crash, then start it again."""
+    async def kill9(self, name: str, restart: bool = True) -> None:
+        """SIGKILL to the process group, as a crash, then (unless told not to) start it again."""
         proc = self.process(name)
         assert proc.pid is not None
         with_group = proc.pid
@@ -160,7 +160,8 @@ class StorageStack:
             if not proc.running:
                 break
             await asyncio.sleep(0.05)
-        await proc.start()
+        if restart:
+            await proc.start()
 
     # -- volumes ------------------------------------------------------------------------------------
 
