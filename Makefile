@@ -29,11 +29,11 @@ stress-start: deps binaries
 		tests/unit/test_shared_files.py tests/csi/test_shared_pool.py tests/e2e/test_stack_restarts.py $(PYTEST_ARGS)
 
 # One benchmark: `make bench BENCHES=binding`. Each prints a table and writes bench/results/<name>.json.
-BENCHES ?= informer_sync csi_driver binding provisioning attach
+BENCHES ?= informer_sync csi_driver binding provisioning attach expansion
 
 bench: deps binaries
 	@# The Go sidecars are built only for the side-by-side benchmarks.
-	@bash tools/build-binaries.sh external-provisioner external-attacher
+	@bash tools/build-binaries.sh external-provisioner external-attacher external-resizer
 	@for b in $(BENCHES); do echo "== bench.$$b"; $(PY) -m bench.$$b || exit 1; done
 
 lint: python-deps

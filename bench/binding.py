@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import os
 import signal
 import sys
 import time
@@ -50,7 +49,16 @@ from localstack.controlplane import ControlPlane
 from localstack.proc import free_ports
 from services.pv_controller.controller import Options
 
-from .common import control_plane, kcm_argv, percentile, print_table, rss_bytes, stop_process, write_results
+from .common import (
+    control_plane,
+    cpu_seconds,
+    kcm_argv,
+    percentile,
+    print_table,
+    rss_bytes,
+    stop_process,
+    write_results,
+)
 
 NAMESPACE = "bench"
 SCENARIOS = {"default": (20.0, 30), "unthrottled": (5000.0, 10000)}
@@ -186,17 +194,6 @@ class Observer:
         for t in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
-
-
-def cpu_seconds(pid: int | None) -> float:
-    """User + system CPU time of a live process, from /proc (0 when it is gone)."""
-    if pid is None:
-        return 0.0
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def kubeloop_argv(cp: ControlPlane, qps: float, burst: int, workers: int) -> list[str]:

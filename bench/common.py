@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import platform
 import signal
 import statistics
 import tempfile
+import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -95,8 +97,6 @@ async def stop_process(proc: asyncio.subprocess.Process, timeout: float = 15.0) 
 
 
 def _cpus() -> int:
-    import os
-
     return os.cpu_count() or 0
 
 
@@ -108,3 +108,30 @@ async def control_plane(**kwargs: Any) -> AsyncIterator[ControlPlane]:
             yield cp
         finally:
             await cp.stop()
+
+
+def cpu_seconds(pid: int | None) -> float:
+    """User + system CPU time of a live process, from /proc (0 when it is gone)."""
+    if pid is None:
+        return 0.0
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def start(argv: list[str], log: Path, cwd: Path = REPO_ROOT) -> asyncio.subprocess.Process:
+    """A process in its own session, its output appended to `log`."""
+    return await asyncio.create_subprocess_exec(
+        *argv, cwd=cwd, stdout=log.open("ab"), stderr=asyncio.subprocess.STDOUT, start_new_session=True
+    )
+
+
+async def wait_socket(path: Path, proc: asyncio.subprocess.Process, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not await asyncio.to_thread(os.path.exists, path):
+        if proc.returncode is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"driver did not create {path}")
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.5)  # the driver probes ready once its state is reconciled

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import os
 import shutil
 import sys
 import tempfile
@@ -44,7 +43,17 @@ from controller_runtime.resources import (
 from controller_runtime.toolchain import REPO_ROOT, Toolchain
 from csi_driver import DRIVER_NAME, TOPOLOGY_KEY
 
-from .common import control_plane, percentile, print_table, rss_bytes, stop_process, write_results
+from .common import (
+    control_plane,
+    cpu_seconds,
+    percentile,
+    print_table,
+    rss_bytes,
+    start,
+    stop_process,
+    wait_socket,
+    write_results,
+)
 
 NAMESPACE = "bench"
 CLASS = "bench-immediate"
@@ -67,16 +76,6 @@ class Run:
     failed: int
     peak_rss_mib: float
     cpu_s: float  # the sidecar's user+system CPU over the whole run
-
-
-def cpu_seconds(pid: int | None) -> float:
-    """utime + stime of a live process, from /proc (clock ticks → seconds)."""
-    if pid is None:
-        return 0.0
-    with contextlib.suppress(OSError):
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return 0.0
 
 
 def go_binary() -> Path:
@@ -102,21 +101,6 @@ def provisioner_argv(
     if side == "go":
         return [str(go_binary()), *common, "--v=1"]
     return [sys.executable, "-m", "external_provisioner.main", *common, f"--state-dir={state}", "-v=1"]
-
-
-async def start(argv: list[str], log: Path, cwd: Path = REPO_ROOT) -> asyncio.subprocess.Process:
-    return await asyncio.create_subprocess_exec(
-        *argv, cwd=cwd, stdout=log.open("ab"), stderr=asyncio.subprocess.STDOUT, start_new_session=True
-    )
-
-
-async def wait_socket(path: Path, proc: asyncio.subprocess.Process, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not await asyncio.to_thread(os.path.exists, path):
-        if proc.returncode is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"driver did not create {path}")
-        await asyncio.sleep(0.05)
-    await asyncio.sleep(0.5)  # the driver probes ready once its state is reconciled
 
 
 async def run_one(scenario: str, side: str, n: int, work: Path) -> Run:

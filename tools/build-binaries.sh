@@ -4,7 +4,7 @@
 # pinned in tools/versions.env, and caches them by version:
 #   ${KUBELOOP_CACHE:-~/.cache/kubeloop}/bin/<component>-<version>/
 # A second run finds every binary in place and does nothing. Usage: build-binaries.sh [group...]
-# where a group is kubernetes, etcd, csi-sanity, external-provisioner or external-attacher
+# where a group is kubernetes, etcd, csi-sanity, external-provisioner, external-attacher or external-resizer
 # (default: all).
 set -euo pipefail
 
@@ -108,45 +108,25 @@ build_csi_sanity() {
   mkdir -p "$dest" && mv "$tmp/csi-sanity" "$dest/" && rm -rf "$tmp"
 }
 
-# The Go sidecar, built only for bench/provisioning.py's side-by-side run against kubeloop's.
-# Its go.mod pins modules with replace directives, which `go install pkg@version` refuses; the
-# wrapper module copies them instead.
-build_external_provisioner() {
-  local dest=$cache/bin/external-provisioner-$EXTERNAL_PROVISIONER_VERSION
-  if have_all "$dest" csi-provisioner; then say "external-provisioner $EXTERNAL_PROVISIONER_VERSION: cached in $dest"; return; fi
-  say "external-provisioner $EXTERNAL_PROVISIONER_VERSION: building csi-provisioner"
-  local module=github.com/kubernetes-csi/external-provisioner/v6 modfile
-  modfile=$(go mod download -json "$module@$EXTERNAL_PROVISIONER_VERSION" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
-  [ -n "$modfile" ] || die "could not fetch $module@$EXTERNAL_PROVISIONER_VERSION from the Go module proxy"
-  local gomod="module kubeloop.local/external-provisioner-binaries
+# A kubernetes-csi sidecar, built only for the benchmarks' side-by-side runs against kubeloop's
+# (bench/provisioning.py, bench/attach.py, bench/expansion.py). Its go.mod pins modules with
+# replace directives, which `go install pkg@version` refuses; a wrapper module copies them instead.
+#   build_sidecar <group> <module> <version> <binary>
+build_sidecar() {
+  local group=$1 module=$2 version=$3 binary=$4
+  local dest=$cache/bin/$group-$version modfile
+  if have_all "$dest" "$binary"; then say "$group $version: cached in $dest"; return; fi
+  say "$group $version: building $binary"
+  modfile=$(go mod download -json "$module@$version" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
+  [ -n "$modfile" ] || die "could not fetch $module@$version from the Go module proxy"
+  local gomod="module kubeloop.local/$group-binaries
 
 go 1.26
 
-require $module $EXTERNAL_PROVISIONER_VERSION
+require $module $version
 
 $(grep '^replace ' "$modfile")"
-  build_in_wrapper "$dest" "$gomod" "-s -w -X main.version=$EXTERNAL_PROVISIONER_VERSION" \
-    csi-provisioner=$module/cmd/csi-provisioner
-}
-
-# The Go sidecar, built only for bench/attach.py's side-by-side run against kubeloop's; same
-# wrapper-module approach as the provisioner (its go.mod may carry replace directives).
-build_external_attacher() {
-  local dest=$cache/bin/external-attacher-$EXTERNAL_ATTACHER_VERSION
-  if have_all "$dest" csi-attacher; then say "external-attacher $EXTERNAL_ATTACHER_VERSION: cached in $dest"; return; fi
-  say "external-attacher $EXTERNAL_ATTACHER_VERSION: building csi-attacher"
-  local module=github.com/kubernetes-csi/external-attacher/v4 modfile
-  modfile=$(go mod download -json "$module@$EXTERNAL_ATTACHER_VERSION" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
-  [ -n "$modfile" ] || die "could not fetch $module@$EXTERNAL_ATTACHER_VERSION from the Go module proxy"
-  local gomod="module kubeloop.local/external-attacher-binaries
-
-go 1.26
-
-require $module $EXTERNAL_ATTACHER_VERSION
-
-$(grep '^replace ' "$modfile")"
-  build_in_wrapper "$dest" "$gomod" "-s -w -X main.version=$EXTERNAL_ATTACHER_VERSION" \
-    csi-attacher=$module/cmd/csi-attacher
+  build_in_wrapper "$dest" "$gomod" "-s -w -X main.version=$version" "$binary=$module/cmd/$binary"
 }
 
 groups=("$@")
@@ -156,9 +136,16 @@ for g in "${groups[@]}"; do
     kubernetes) build_kubernetes ;;
     etcd) build_etcd ;;
     csi-sanity) build_csi_sanity ;;
-    external-provisioner) build_external_provisioner ;;
-    external-attacher) build_external_attacher ;;
-    *) die "unknown group '$g' (expected kubernetes, etcd, csi-sanity, external-provisioner or external-attacher)" ;;
+    external-provisioner)
+      build_sidecar external-provisioner github.com/kubernetes-csi/external-provisioner/v6 \
+        "$EXTERNAL_PROVISIONER_VERSION" csi-provisioner ;;
+    external-attacher)
+      build_sidecar external-attacher github.com/kubernetes-csi/external-attacher/v4 \
+        "$EXTERNAL_ATTACHER_VERSION" csi-attacher ;;
+    external-resizer)
+      build_sidecar external-resizer github.com/kubernetes-csi/external-resizer/v2 \
+        "$EXTERNAL_RESIZER_VERSION" csi-resizer ;;
+    *) die "unknown group '$g' (expected kubernetes, etcd, csi-sanity, external-provisioner, external-attacher or external-resizer)" ;;
   esac
 done
 say "binaries ready under $cache/bin"
