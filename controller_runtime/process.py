@@ -166,6 +166,23 @@ def add_leader_election_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_controller_flags(
+    parser: argparse.ArgumentParser,
+    *,
+    resync_period: float,
+    resync_help: str,
+    qps: float = 5.0,
+    burst: int = 10,
+) -> None:
+    """What every controller process takes after its own flags: --resync-period (its default and
+    help are the controller's), the kube, http, leader-election and logging flags."""
+    parser.add_argument("--resync-period", type=duration, default=resync_period, help=resync_help)
+    add_kube_flags(parser, qps=qps, burst=burst)
+    add_http_flags(parser)
+    add_leader_election_flags(parser)
+    add_logging_flags(parser)
+
+
 @dataclass
 class Context:
     """What the entry helper hands to a component's run coroutine."""

@@ -41,23 +41,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="how often ListVolumes' published nodes are compared with the VolumeAttachments; "
         "0 disables (default: 1m)",
     )
-    parser.add_argument(
-        "--resync-period", type=process.duration, default=600.0, help="informer resync period (default: 10m)"
+    process.add_controller_flags(
+        parser, resync_period=600.0, resync_help="informer resync period (default: 10m)"
     )
-    process.add_kube_flags(parser, qps=5.0, burst=10)
-    process.add_http_flags(parser)
-    process.add_leader_election_flags(parser)
-    process.add_logging_flags(parser)
     return parser
 
 
 async def run(args: argparse.Namespace, ctx: process.Context) -> None:
     csi = await CSIConnection.connect(args.csi_address, timeout=args.timeout)
 
-    def build(client: ApiClient, recorder: EventRecorder) -> Attacher:
+    def build(client: ApiClient, factory: SharedInformerFactory, recorder: EventRecorder) -> Attacher:
         return Attacher(
             client,
-            SharedInformerFactory(client, resync_period=args.resync_period),
+            factory,
             csi,
             Options(
                 workers=max(1, args.worker_threads),

@@ -41,9 +41,6 @@ def build_parser() -> argparse.ArgumentParser:
         default=300.0,
         help="longest retry delay; an infeasible size is retried once per this interval (default: 5m)",
     )
-    parser.add_argument(
-        "--resync-period", type=process.duration, default=600.0, help="informer resync period (default: 10m)"
-    )
     process.add_bool_flag(
         parser,
         "--handle-volume-inuse-error",
@@ -51,20 +48,19 @@ def build_parser() -> argparse.ArgumentParser:
         "after the driver answers FAILED_PRECONDITION (volume in use), wait until no running pod uses "
         "the claim before trying again; watches pods",
     )
-    process.add_kube_flags(parser, qps=5.0, burst=10)
-    process.add_http_flags(parser)
-    process.add_leader_election_flags(parser)
-    process.add_logging_flags(parser)
+    process.add_controller_flags(
+        parser, resync_period=600.0, resync_help="informer resync period (default: 10m)"
+    )
     return parser
 
 
 async def run(args: argparse.Namespace, ctx: process.Context) -> None:
     csi = await CSIConnection.connect(args.csi_address, timeout=args.timeout)
 
-    def build(client: ApiClient, recorder: EventRecorder) -> Resizer:
+    def build(client: ApiClient, factory: SharedInformerFactory, recorder: EventRecorder) -> Resizer:
         return Resizer(
             client,
-            SharedInformerFactory(client, resync_period=args.resync_period),
+            factory,
             csi,
             recorder,
             Options(

@@ -25,7 +25,6 @@ def build_parser() -> argparse.ArgumentParser:
         prog="kubeloop-attach-detach-controller",
         description="Attaches and detaches volumes of the pods scheduled on each node (kcm's attachdetach).",
     )
-    process.add_kube_flags(parser, qps=20.0, burst=30)
     parser.add_argument(
         "--reconciler-sync-period",
         type=process.duration,
@@ -39,26 +38,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="how long a volume still in use on a node that is not Ready is kept attached before it is "
         "force-detached (default: 6m)",
     )
-    parser.add_argument(
-        "--resync-period",
-        type=process.duration,
-        default=0.0,
-        help="informer resync period; 0 disables (default: 0)",
+    process.add_controller_flags(
+        parser,
+        resync_period=0.0,
+        resync_help="informer resync period; 0 disables (default: 0)",
+        qps=20.0,  # kube-controller-manager's client defaults
+        burst=30,
     )
-    process.add_http_flags(parser)
-    process.add_leader_election_flags(parser)
-    process.add_logging_flags(parser)
     return parser
 
 
 async def run(args: argparse.Namespace, ctx: process.Context) -> None:
-    def build(client: ApiClient, recorder: EventRecorder) -> AttachDetachController:
-        return AttachDetachController(
-            client,
-            SharedInformerFactory(client, resync_period=args.resync_period),
-            recorder,
-            Options(loop_period=args.reconciler_sync_period, max_wait_for_unmount=args.max_wait_for_unmount),
+    def build(
+        client: ApiClient, factory: SharedInformerFactory, recorder: EventRecorder
+    ) -> AttachDetachController:
+        options = Options(
+            loop_period=args.reconciler_sync_period, max_wait_for_unmount=args.max_wait_for_unmount
         )
+        return AttachDetachController(client, factory, recorder, options)
 
     await serve_controller(
         args,

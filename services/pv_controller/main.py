@@ -25,34 +25,26 @@ def build_parser() -> argparse.ArgumentParser:
         prog="kubeloop-pv-controller",
         description="Binds PersistentVolumeClaims to PersistentVolumes (kcm's persistentvolume-binder).",
     )
-    # kube-controller-manager's client defaults.
-    process.add_kube_flags(parser, qps=20.0, burst=30)
-    parser.add_argument(
-        "--resync-period",
-        type=process.duration,
-        default=15.0,
-        help="how often every volume and claim is synced again (default: 15s)",
-    )
     parser.add_argument(
         "--worker-threads",
         type=int,
         default=Options.workers,
         help=f"concurrent syncs per queue (volumes and claims) (default: {Options.workers})",
     )
-    process.add_http_flags(parser)
-    process.add_leader_election_flags(parser)
-    process.add_logging_flags(parser)
+    process.add_controller_flags(
+        parser,
+        resync_period=15.0,
+        resync_help="how often every volume and claim is synced again (default: 15s)",
+        qps=20.0,  # kube-controller-manager's client defaults
+        burst=30,
+    )
     return parser
 
 
 async def run(args: argparse.Namespace, ctx: process.Context) -> None:
-    def build(client: ApiClient, recorder: EventRecorder) -> PVController:
-        return PVController(
-            client,
-            SharedInformerFactory(client, resync_period=args.resync_period),
-            recorder,
-            Options(resync_period=args.resync_period, workers=max(1, args.worker_threads)),
-        )
+    def build(client: ApiClient, factory: SharedInformerFactory, recorder: EventRecorder) -> PVController:
+        options = Options(resync_period=args.resync_period, workers=max(1, args.worker_threads))
+        return PVController(client, factory, recorder, options)
 
     await serve_controller(
         args,

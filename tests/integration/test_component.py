@@ -14,6 +14,7 @@ from controller_runtime.client import ApiClient
 from controller_runtime.component import serve_controller
 from controller_runtime.events import EventRecorder
 from controller_runtime.health import HealthServer
+from controller_runtime.informer import SharedInformerFactory
 from localstack.controlplane import ControlPlane
 
 pytestmark = pytest.mark.integration
@@ -33,8 +34,7 @@ class Dummy:
 
 def parse(control_plane: ControlPlane, *extra: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
-    process.add_kube_flags(parser)
-    process.add_leader_election_flags(parser)
+    process.add_controller_flags(parser, resync_period=0.0, resync_help="")
     return parser.parse_args([f"--kubeconfig={control_plane.admin_kubeconfig}", *extra])
 
 
@@ -52,7 +52,7 @@ async def test_serve_controller_readiness_and_election(control_plane: ControlPla
     dummy = Dummy()
     built: list[tuple[ApiClient, EventRecorder]] = []
 
-    def build(client: ApiClient, recorder: EventRecorder) -> Dummy:
+    def build(client: ApiClient, _factory: SharedInformerFactory, recorder: EventRecorder) -> Dummy:
         built.append((client, recorder))
         return dummy
 
