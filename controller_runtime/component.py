@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Protocol
 
 from .client import ApiClient
+from .controller import ControllerContext
 from .events import EventRecorder
 from .informer import SharedInformerFactory
 from .leaderelection import LeaderElectionConfig, LeaderElector
@@ -59,11 +60,11 @@ async def run_elected(
 async def serve_controller(
     args: argparse.Namespace,
     ctx: Context,
+    build: Callable[[ControllerContext], Controller | Awaitable[Controller]],
     *,
     user_agent: str,
     event_source: str,
     lease_name: str,
-    build: Callable[[ApiClient, SharedInformerFactory, EventRecorder], Controller | Awaitable[Controller]],
 ) -> None:
     """Builds the controller once leading, from an informer factory resyncing every
     --resync-period (see process.add_controller_flags), and runs it until cancelled. /readyz fails
@@ -84,7 +85,8 @@ async def serve_controller(
 
     async def lead() -> None:
         leading.set()
-        built = build(client, SharedInformerFactory(client, resync_period=args.resync_period), recorder)
+        factory = SharedInformerFactory(client, resync_period=args.resync_period)
+        built = build(ControllerContext(client, factory, recorder))
         controller = await built if isinstance(built, Awaitable) else built
         running.append(controller)
         await controller.run()

@@ -98,6 +98,12 @@ class CSIConnection:
     plugin_capabilities: set[int] = field(default_factory=set)
     controller_capabilities: set[int] = field(default_factory=set)
 
+    async def __aenter__(self) -> CSIConnection:
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        await self.close()
+
     @property
     def identity(self) -> csi_pb2_grpc.IdentityStub:
         return csi_pb2_grpc.IdentityStub(self.channel)

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from functools import partial
 
 from controller_runtime import process
-from controller_runtime.client import ApiClient
 from controller_runtime.component import serve_controller
 from controller_runtime.csi_client import CSIConnection
-from controller_runtime.events import EventRecorder
-from controller_runtime.informer import SharedInformerFactory
 from controller_runtime.logs import get_logger
 
 from .controller import Attacher, Options
 
 log = get_logger("external-attacher")
+
+USER_AGENT = "kubeloop-external-attacher"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,35 +48,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 async def run(args: argparse.Namespace, ctx: process.Context) -> None:
-    csi = await CSIConnection.connect(args.csi_address, timeout=args.timeout)
-
-    def build(client: ApiClient, factory: SharedInformerFactory, recorder: EventRecorder) -> Attacher:
-        return Attacher(
-            client,
-            factory,
-            csi,
-            Options(
-                workers=max(1, args.worker_threads),
-                timeout=args.timeout,
-                retry_start=args.retry_interval_start,
-                retry_max=args.retry_interval_max,
-                reconcile_sync=args.reconcile_sync,
-            ),
-        )
-
-    # One lease per driver, named like the Go sidecar's (driver with dots replaced).
-    lease = "external-attacher-leader-" + csi.driver_name.replace(".", "-").replace("/", "-")
-    try:
+    options = Options(
+        workers=max(1, args.worker_threads),
+        timeout=args.timeout,
+        retry_start=args.retry_interval_start,
+        retry_max=args.retry_interval_max,
+        reconcile_sync=args.reconcile_sync,
+    )
+    async with await CSIConnection.connect(args.csi_address, timeout=args.timeout) as csi:
+        # One lease per driver, named like the Go sidecar's (driver with dots replaced).
+        lease = "external-attacher-leader-" + csi.driver_name.replace(".", "-").replace("/", "-")
+        build = partial(Attacher, csi=csi, options=options)
         await serve_controller(
-            args,
-            ctx,
-            user_agent="kubeloop-external-attacher",
-            event_source="external-attacher",
-            lease_name=lease,
-            build=build,
+            args, ctx, build, user_agent=USER_AGENT, event_source="external-attacher", lease_name=lease
         )
-    finally:
-        await csi.close()
 
 
 def main(argv: Sequence[str] | None = None) -> None:

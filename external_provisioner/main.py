@@ -15,6 +15,7 @@ from pathlib import Path
 
 from controller_runtime import process
 from controller_runtime.component import api_client, run_elected
+from controller_runtime.controller import ControllerContext
 from controller_runtime.csi_client import CSIConnection
 from controller_runtime.events import EventRecorder
 from controller_runtime.informer import SharedInformerFactory
@@ -124,9 +125,7 @@ async def run(args: argparse.Namespace, ctx: process.Context) -> None:
     async def lead() -> None:
         factory = SharedInformerFactory(client, resync_period=args.resync_period)
         prov = Provisioner(
-            client,
-            factory,
-            recorder,
+            ControllerContext(client, factory, recorder),
             conn,
             Journal(Path(args.state_dir) / "provisioning"),
             Options(

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from functools import partial
 
 from controller_runtime import process
-from controller_runtime.client import ApiClient
 from controller_runtime.component import serve_controller
 from controller_runtime.csi_client import CSIConnection
-from controller_runtime.events import EventRecorder
-from controller_runtime.informer import SharedInformerFactory
 
 from .controller import Options, Resizer, lease_name
+
+USER_AGENT = "kubeloop-external-resizer"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,34 +55,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 async def run(args: argparse.Namespace, ctx: process.Context) -> None:
-    csi = await CSIConnection.connect(args.csi_address, timeout=args.timeout)
-
-    def build(client: ApiClient, factory: SharedInformerFactory, recorder: EventRecorder) -> Resizer:
-        return Resizer(
-            client,
-            factory,
-            csi,
-            recorder,
-            Options(
-                workers=max(1, args.workers),
-                timeout=args.timeout,
-                retry_start=args.retry_interval_start,
-                retry_max=args.retry_interval_max,
-                handle_volume_in_use_error=args.handle_volume_inuse_error,
-            ),
-        )
-
-    try:
-        await serve_controller(
-            args,
-            ctx,
-            user_agent="kubeloop-external-resizer",
-            event_source=f"external-resizer {csi.driver_name}",
-            lease_name=lease_name(csi.driver_name),
-            build=build,
-        )
-    finally:
-        await csi.close()
+    options = Options(
+        workers=max(1, args.workers),
+        timeout=args.timeout,
+        retry_start=args.retry_interval_start,
+        retry_max=args.retry_interval_max,
+        handle_volume_in_use_error=args.handle_volume_inuse_error,
+    )
+    async with await CSIConnection.connect(args.csi_address, timeout=args.timeout) as csi:
+        build = partial(Resizer, csi=csi, options=options)
+        source, lease = f"external-resizer {csi.driver_name}", lease_name(csi.driver_name)
+        await serve_controller(args, ctx, build, user_agent=USER_AGENT, event_source=source, lease_name=lease)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from functools import partial
 
 from controller_runtime import process
-from controller_runtime.client import ApiClient
 from controller_runtime.component import serve_controller
-from controller_runtime.events import EventRecorder
-from controller_runtime.informer import SharedInformerFactory
 from controller_runtime.logs import get_logger
 
 from .controller import AttachDetachController, Options
@@ -17,12 +15,12 @@ from .controller import AttachDetachController, Options
 log = get_logger("attach-detach")
 
 COMPONENT = "attachdetach-controller"
-LEASE_NAME = "kubeloop-attach-detach-controller"
+NAME = "kubeloop-attach-detach-controller"  # its prog, user agent and Lease
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="kubeloop-attach-detach-controller",
+        prog=NAME,
         description="Attaches and detaches volumes of the pods scheduled on each node (kcm's attachdetach).",
     )
     parser.add_argument(
@@ -49,22 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 async def run(args: argparse.Namespace, ctx: process.Context) -> None:
-    def build(
-        client: ApiClient, factory: SharedInformerFactory, recorder: EventRecorder
-    ) -> AttachDetachController:
-        options = Options(
-            loop_period=args.reconciler_sync_period, max_wait_for_unmount=args.max_wait_for_unmount
-        )
-        return AttachDetachController(client, factory, recorder, options)
-
-    await serve_controller(
-        args,
-        ctx,
-        user_agent="kubeloop-attach-detach-controller",
-        event_source=COMPONENT,
-        lease_name=LEASE_NAME,
-        build=build,
-    )
+    options = Options(loop_period=args.reconciler_sync_period, max_wait_for_unmount=args.max_wait_for_unmount)
+    build = partial(AttachDetachController, options=options)
+    await serve_controller(args, ctx, build, user_agent=NAME, event_source=COMPONENT, lease_name=NAME)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from functools import partial
 
 from controller_runtime import process
-from controller_runtime.client import ApiClient
 from controller_runtime.component import serve_controller
-from controller_runtime.events import EventRecorder
-from controller_runtime.informer import SharedInformerFactory
 from controller_runtime.logs import get_logger
 
 from . import names
@@ -17,12 +15,12 @@ from .controller import Options, PVController
 
 log = get_logger("pv-controller")
 
-LEASE_NAME = "kubeloop-pv-controller"
+NAME = "kubeloop-pv-controller"  # its prog, user agent and Lease
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="kubeloop-pv-controller",
+        prog=NAME,
         description="Binds PersistentVolumeClaims to PersistentVolumes (kcm's persistentvolume-binder).",
     )
     parser.add_argument(
@@ -42,18 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 async def run(args: argparse.Namespace, ctx: process.Context) -> None:
-    def build(client: ApiClient, factory: SharedInformerFactory, recorder: EventRecorder) -> PVController:
-        options = Options(resync_period=args.resync_period, workers=max(1, args.worker_threads))
-        return PVController(client, factory, recorder, options)
-
-    await serve_controller(
-        args,
-        ctx,
-        user_agent="kubeloop-pv-controller",
-        event_source=names.COMPONENT,
-        lease_name=LEASE_NAME,
-        build=build,
-    )
+    options = Options(resync_period=args.resync_period, workers=max(1, args.worker_threads))
+    build = partial(PVController, options=options)
+    await serve_controller(args, ctx, build, user_agent=NAME, event_source=names.COMPONENT, lease_name=NAME)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -5,21 +5,19 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from functools import partial
 
 from controller_runtime import process
-from controller_runtime.client import ApiClient
 from controller_runtime.component import serve_controller
-from controller_runtime.events import EventRecorder
-from controller_runtime.informer import SharedInformerFactory
 
 from .controller import COMPONENT, ExpandController, Options
 
-LEASE_NAME = "kubeloop-volume-expand-controller"
+NAME = "kubeloop-volume-expand-controller"  # its prog, user agent and Lease
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="kubeloop-volume-expand-controller",
+        prog=NAME,
         description="Watches bound PersistentVolumeClaims whose request grew past their capacity and "
         "hands them to the external resizer (kcm's persistentvolume-expander): checks the PV is bound "
         "to the claim and records an ExternalExpanding event.",
@@ -41,17 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 async def run(args: argparse.Namespace, ctx: process.Context) -> None:
-    def build(client: ApiClient, factory: SharedInformerFactory, recorder: EventRecorder) -> ExpandController:
-        return ExpandController(client, factory, recorder, Options(workers=max(1, args.workers)))
-
-    await serve_controller(
-        args,
-        ctx,
-        user_agent="kubeloop-volume-expand-controller",
-        event_source=COMPONENT,
-        lease_name=LEASE_NAME,
-        build=build,
-    )
+    build = partial(ExpandController, options=Options(workers=max(1, args.workers)))
+    await serve_controller(args, ctx, build, user_agent=NAME, event_source=COMPONENT, lease_name=NAME)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -10,11 +10,9 @@ import uuid
 import pytest
 
 from controller_runtime import process
-from controller_runtime.client import ApiClient
 from controller_runtime.component import serve_controller
-from controller_runtime.events import EventRecorder
+from controller_runtime.controller import ControllerContext
 from controller_runtime.health import HealthServer
-from controller_runtime.informer import SharedInformerFactory
 from localstack.controlplane import ControlPlane
 
 pytestmark = pytest.mark.integration
@@ -50,10 +48,10 @@ async def test_serve_controller_readiness_and_election(control_plane: ControlPla
     args = parse(control_plane, *extra)
     ctx = process.Context(health=HealthServer("127.0.0.1:0"))
     dummy = Dummy()
-    built: list[tuple[ApiClient, EventRecorder]] = []
+    built: list[ControllerContext] = []
 
-    def build(client: ApiClient, _factory: SharedInformerFactory, recorder: EventRecorder) -> Dummy:
-        built.append((client, recorder))
+    def build(context: ControllerContext) -> Dummy:
+        built.append(context)
         return dummy
 
     task = asyncio.create_task(
