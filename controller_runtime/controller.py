@@ -79,17 +79,6 @@ async def run_workers(queue: WorkQueue[K], sync: Sync[K], workers: int) -> None:
 
 
 @dataclass(frozen=True)
-class SidecarOptions:
-    """What tunes every CSI sidecar's controller: its workers, the timeout of each CSI call, and the
-    per-object retry backoff (--retry-interval-start doubling to --retry-interval-max)."""
-
-    workers: int = 10
-    timeout: float = 10.0
-    retry_start: float = 1.0
-    retry_max: float = 300.0
-
-
-@dataclass(frozen=True)
 class ControllerContext:
     """What a controller is built from (kube-controller-manager calls its own ControllerContext):
     serve_controller makes one per leadership term."""

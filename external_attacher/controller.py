@@ -19,8 +19,8 @@ import grpc
 
 from controller_runtime.client import ApiError
 from controller_runtime.clock import now_rfc3339
-from controller_runtime.controller import ControllerContext, InformerController, SidecarOptions, run_workers
-from controller_runtime.csi_client import CSIConnection, error_text
+from controller_runtime.controller import ControllerContext, run_workers
+from controller_runtime.csi_client import CSIConnection, SidecarController, SidecarOptions, error_text
 from controller_runtime.informer import EventHandler
 from controller_runtime.logs import get_logger
 from controller_runtime.resources import CSI_NODES, PERSISTENT_VOLUMES, VOLUME_ATTACHMENTS, Obj
@@ -54,13 +54,11 @@ def va_pv_name(va: Obj) -> str:
     return str(va.get("spec", {}).get("source", {}).get("persistentVolumeName") or "")
 
 
-class Attacher(InformerController):
+class Attacher(SidecarController):
     def __init__(
         self, context: ControllerContext, csi: CSIConnection, options: Options | None = None
     ) -> None:
-        super().__init__(context)
-        self.csi = csi
-        self.driver = csi.driver_name
+        super().__init__(context, csi)
         self.finalizer = attacher_finalizer(self.driver)
         self.options = options or Options()
         self.can_publish = csi.has_controller_capability(ControllerRPC.PUBLISH_UNPUBLISH_VOLUME)

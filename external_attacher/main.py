@@ -15,21 +15,16 @@ from .controller import Attacher, Options
 
 log = get_logger("external-attacher")
 
-USER_AGENT = "kubeloop-external-attacher"
+NAME = "kubeloop-external-attacher"  # its prog and user agent
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="kubeloop-external-attacher",
+        prog=NAME,
         description="Attaches and detaches CSI volumes for VolumeAttachments "
         "(kubernetes-csi external-attacher).",
     )
-    parser.add_argument(
-        "--csi-address", default="/run/csi/socket", help="CSI driver socket (default: /run/csi/socket)"
-    )
-    parser.add_argument(
-        "--timeout", type=process.duration, default=15.0, help="timeout of each CSI call (default: 15s)"
-    )
+    process.add_csi_flags(parser, timeout=15.0)
     parser.add_argument(
         "--worker-threads", type=int, default=10, help="concurrent VolumeAttachment syncs (default: 10)"
     )
@@ -41,9 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="how often ListVolumes' published nodes are compared with the VolumeAttachments; "
         "0 disables (default: 1m)",
     )
-    process.add_controller_flags(
-        parser, resync_period=600.0, resync_help="informer resync period (default: 10m)"
-    )
+    process.add_controller_flags(parser)
     return parser
 
 
@@ -60,7 +53,7 @@ async def run(args: argparse.Namespace, ctx: process.Context) -> None:
         lease = "external-attacher-leader-" + csi.driver_name.replace(".", "-").replace("/", "-")
         build = partial(Attacher, csi=csi, options=options)
         await serve_controller(
-            args, ctx, build, user_agent=USER_AGENT, event_source="external-attacher", lease_name=lease
+            args, ctx, build, user_agent=NAME, event_source="external-attacher", lease_name=lease
         )
 
 

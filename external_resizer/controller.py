@@ -23,8 +23,8 @@ import grpc
 from controller_runtime import resize_status as rs
 from controller_runtime.client import ApiError
 from controller_runtime.clock import now_rfc3339
-from controller_runtime.controller import ControllerContext, InformerController, SidecarOptions, run_workers
-from controller_runtime.csi_client import CSIConnection, error_text
+from controller_runtime.controller import ControllerContext, run_workers
+from controller_runtime.csi_client import CSIConnection, SidecarController, SidecarOptions, error_text
 from controller_runtime.informer import EventHandler
 from controller_runtime.logs import get_logger
 from controller_runtime.quantity import format_quantity, parse_quantity
@@ -88,13 +88,11 @@ def sizes(claim: Obj, pv: Obj) -> Sizes:
     )
 
 
-class Resizer(InformerController):
+class Resizer(SidecarController):
     def __init__(
         self, context: ControllerContext, csi: CSIConnection, options: Options | None = None
     ) -> None:
-        super().__init__(context)
-        self.csi = csi
-        self.driver = csi.driver_name
+        super().__init__(context, csi)
         self.options = options or Options()
         # A driver without controller expansion but with node expansion gets the "trivial"
         # resizer: no RPC, the PV takes the requested size and the node does the work.

@@ -12,22 +12,17 @@ from controller_runtime.csi_client import CSIConnection
 
 from .controller import Options, Resizer, lease_name
 
-USER_AGENT = "kubeloop-external-resizer"
+NAME = "kubeloop-external-resizer"  # its prog and user agent
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="kubeloop-external-resizer",
+        prog=NAME,
         description="Expands CSI volumes whose PersistentVolumeClaim asks for more storage "
         "(kubernetes-csi external-resizer): ControllerExpandVolume, the PV's capacity, and the "
         "claim's resize status, leaving a filesystem to grow to the node when the driver says so.",
     )
-    parser.add_argument(
-        "--csi-address", default="/run/csi/socket", help="CSI driver socket (default: /run/csi/socket)"
-    )
-    parser.add_argument(
-        "--timeout", type=process.duration, default=10.0, help="timeout of each CSI call (default: 10s)"
-    )
+    process.add_csi_flags(parser, timeout=10.0)
     parser.add_argument("--workers", type=int, default=10, help="concurrent claim syncs (default: 10)")
     parser.add_argument(
         "--retry-interval-start",
@@ -48,9 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
         "after the driver answers FAILED_PRECONDITION (volume in use), wait until no running pod uses "
         "the claim before trying again; watches pods",
     )
-    process.add_controller_flags(
-        parser, resync_period=600.0, resync_help="informer resync period (default: 10m)"
-    )
+    process.add_controller_flags(parser)
     return parser
 
 
@@ -65,7 +58,7 @@ async def run(args: argparse.Namespace, ctx: process.Context) -> None:
     async with await CSIConnection.connect(args.csi_address, timeout=args.timeout) as csi:
         build = partial(Resizer, csi=csi, options=options)
         source, lease = f"external-resizer {csi.driver_name}", lease_name(csi.driver_name)
-        await serve_controller(args, ctx, build, user_agent=USER_AGENT, event_source=source, lease_name=lease)
+        await serve_controller(args, ctx, build, user_agent=NAME, event_source=source, lease_name=lease)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
