@@ -12,7 +12,9 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Protocol
 
 from .client import ApiClient
+from .controller import ControllerContext
 from .events import EventRecorder
+from .informer import SharedInformerFactory
 from .leaderelection import LeaderElectionConfig, LeaderElector
 from .process import Context
 
@@ -58,14 +60,15 @@ async def run_elected(
 async def serve_controller(
     args: argparse.Namespace,
     ctx: Context,
+    build: Callable[[ControllerContext], Controller | Awaitable[Controller]],
     *,
     user_agent: str,
     event_source: str,
     lease_name: str,
-    build: Callable[[ApiClient, EventRecorder], Controller | Awaitable[Controller]],
 ) -> None:
-    """Builds the controller once leading and runs it until cancelled. /readyz fails until its
-    caches are synced; a standby waiting for the Lease counts as ready (it serves nothing)."""
+    """Builds the controller once leading, from an informer factory resyncing every
+    --resync-period (see process.add_controller_flags), and runs it until cancelled. /readyz fails
+    until its caches are synced; a standby waiting for the Lease counts as ready (it serves nothing)."""
     client = await api_client(args, user_agent)
     recorder = EventRecorder(client, event_source)
     leading = asyncio.Event()
@@ -82,7 +85,8 @@ async def serve_controller(
 
     async def lead() -> None:
         leading.set()
-        built = build(client, recorder)
+        factory = SharedInformerFactory(client, resync_period=args.resync_period)
+        built = build(ControllerContext(client, factory, recorder))
         controller = await built if isinstance(built, Awaitable) else built
         running.append(controller)
         await controller.run()

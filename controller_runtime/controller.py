@@ -3,6 +3,10 @@
 A sync that raises is retried with the queue's per-key backoff; one that returns normally resets it.
 A sync may also return a delay to be called again later for that key (a poll, such as waiting for
 a VolumeAttachment to disappear) without counting as a failure.
+
+`ControllerContext` is what a controller is built from (the API client, the informer factory its
+caches come from, the event recorder); `InformerController` is the part every controller shares:
+those three as attributes, `synced` for /readyz, and `start_informers`.
 """
 
 from __future__ import annotations
@@ -10,10 +14,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Hashable
+from dataclasses import dataclass
 from typing import TypeVar
 
 from prometheus_client import Counter
 
+from .client import ApiClient
+from .events import EventRecorder
+from .informer import SharedInformerFactory
 from .logs import get_logger
 from .workqueue import ShutDown, WorkQueue
 
@@ -68,3 +76,32 @@ async def run_workers(queue: WorkQueue[K], sync: Sync[K], workers: int) -> None:
         queue.shutdown()
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.gather(*tasks, return_exceptions=True)
+
+
+@dataclass(frozen=True)
+class ControllerContext:
+    """What a controller is built from (kube-controller-manager calls its own ControllerContext):
+    serve_controller makes one per leadership term."""
+
+    client: ApiClient
+    factory: SharedInformerFactory
+    recorder: EventRecorder
+
+
+class InformerController:
+    """The base of every informer-fed controller: its client, informer factory and recorder as
+    attributes, `synced` while every cache is filled, and `start_informers`."""
+
+    def __init__(self, context: ControllerContext) -> None:
+        self.client = context.client
+        self.factory = context.factory
+        self.recorder = context.recorder
+
+    @property
+    def synced(self) -> bool:
+        return self.factory.has_synced
+
+    async def start_informers(self) -> None:
+        """Starts the factory's informers and waits until every cache is filled."""
+        self.factory.start()
+        await self.factory.wait_for_sync()

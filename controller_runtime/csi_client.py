@@ -4,6 +4,9 @@
 while it waits, as the Go sidecars do), then reads the driver's name and capabilities once. Every
 call made through the stubs should pass `timeout=conn.timeout`; each call's latency and gRPC code
 are recorded in `csi_sidecar_operations_seconds`, the upstream metric.
+
+`SidecarController` and `SidecarOptions` are what the external-attacher's and external-resizer's
+controllers share: the connection and driver name, and the workers, CSI timeout and retry backoff.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from prometheus_client import Histogram
 
 from kubeloop_grpc.csi import csi_pb2, csi_pb2_grpc
 
+from .controller import ControllerContext, InformerController
 from .logs import get_logger
 
 log = get_logger("csi")
@@ -98,6 +102,12 @@ class CSIConnection:
     plugin_capabilities: set[int] = field(default_factory=set)
     controller_capabilities: set[int] = field(default_factory=set)
 
+    async def __aenter__(self) -> CSIConnection:
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        await self.close()
+
     @property
     def identity(self) -> csi_pb2_grpc.IdentityStub:
         return csi_pb2_grpc.IdentityStub(self.channel)
@@ -169,3 +179,23 @@ class CSIConnection:
 
     async def close(self) -> None:
         await self.channel.close()
+
+
+@dataclass(frozen=True)
+class SidecarOptions:
+    """What tunes every CSI sidecar's controller: its workers, the timeout of each CSI call, and the
+    per-object retry backoff (--retry-interval-start doubling to --retry-interval-max)."""
+
+    workers: int = 10
+    timeout: float = 10.0
+    retry_start: float = 1.0
+    retry_max: float = 300.0
+
+
+class SidecarController(InformerController):
+    """A CSI sidecar's controller: an informer-fed controller with its driver's connection and name."""
+
+    def __init__(self, context: ControllerContext, csi: CSIConnection) -> None:
+        super().__init__(context)
+        self.csi = csi
+        self.driver = csi.driver_name

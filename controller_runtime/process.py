@@ -121,6 +121,19 @@ def add_kube_flags(parser: argparse.ArgumentParser, qps: float = 5.0, burst: int
     )
 
 
+def add_csi_flags(parser: argparse.ArgumentParser, timeout: float) -> None:
+    """A CSI sidecar's driver socket and the timeout of each call to it (`timeout` in seconds)."""
+    parser.add_argument(
+        "--csi-address", default="/run/csi/socket", help="CSI driver socket (default: /run/csi/socket)"
+    )
+    parser.add_argument(
+        "--timeout",
+        type=duration,
+        default=timeout,
+        help=f"timeout of each CSI call (default: {timeout:g}s)",
+    )
+
+
 def add_retry_flags(parser: argparse.ArgumentParser) -> None:
     """The CSI sidecars' per-object retry backoff, with their defaults (1s doubling to 5m)."""
     parser.add_argument(
@@ -164,6 +177,24 @@ def add_leader_election_flags(parser: argparse.ArgumentParser) -> None:
         default=5.0,
         help="interval between attempts to acquire or renew (default: 5s)",
     )
+
+
+def add_controller_flags(
+    parser: argparse.ArgumentParser,
+    *,
+    resync_period: float = 600.0,
+    resync_help: str = "informer resync period (default: 10m)",
+    qps: float = 5.0,
+    burst: int = 10,
+) -> None:
+    """What every controller process takes after its own flags: --resync-period (by default the
+    CSI sidecars' 10m; a controller with another default words its own help), the kube, http,
+    leader-election and logging flags."""
+    parser.add_argument("--resync-period", type=duration, default=resync_period, help=resync_help)
+    add_kube_flags(parser, qps=qps, burst=burst)
+    add_http_flags(parser)
+    add_leader_election_flags(parser)
+    add_logging_flags(parser)
 
 
 @dataclass

@@ -17,11 +17,11 @@ from dataclasses import dataclass
 
 import grpc
 
-from controller_runtime.client import ApiClient, ApiError
+from controller_runtime.client import ApiError
 from controller_runtime.clock import now_rfc3339
-from controller_runtime.controller import run_workers
-from controller_runtime.csi_client import CSIConnection, error_text
-from controller_runtime.informer import EventHandler, SharedInformerFactory
+from controller_runtime.controller import ControllerContext, run_workers
+from controller_runtime.csi_client import CSIConnection, SidecarController, SidecarOptions, error_text
+from controller_runtime.informer import EventHandler
 from controller_runtime.logs import get_logger
 from controller_runtime.resources import CSI_NODES, PERSISTENT_VOLUMES, VOLUME_ATTACHMENTS, Obj
 from controller_runtime.volumes import attacher_finalizer, csi_volume, volume_capability
@@ -40,11 +40,8 @@ VA_BY_PV = "pv"
 
 
 @dataclass(frozen=True)
-class Options:
-    workers: int = 10
+class Options(SidecarOptions):
     timeout: float = 15.0
-    retry_start: float = 1.0
-    retry_max: float = 300.0
     reconcile_sync: float = 60.0
     pv_workers: int = 4
 
@@ -57,17 +54,11 @@ def va_pv_name(va: Obj) -> str:
     return str(va.get("spec", {}).get("source", {}).get("persistentVolumeName") or "")
 
 
-class Attacher:
+class Attacher(SidecarController):
     def __init__(
-        self,
-        client: ApiClient,
-        factory: SharedInformerFactory,
-        csi: CSIConnection,
-        options: Options | None = None,
+        self, context: ControllerContext, csi: CSIConnection, options: Options | None = None
     ) -> None:
-        self.client = client
-        self.csi = csi
-        self.driver = csi.driver_name
+        super().__init__(context, csi)
         self.finalizer = attacher_finalizer(self.driver)
         self.options = options or Options()
         self.can_publish = csi.has_controller_capability(ControllerRPC.PUBLISH_UNPUBLISH_VOLUME)
@@ -87,10 +78,9 @@ class Attacher:
                 BucketRateLimiter(100.0, 1000),
             ),
         )
-        self.vas = factory.informer(VOLUME_ATTACHMENTS)
-        self.pvs = factory.informer(PERSISTENT_VOLUMES)
-        self.csinodes = factory.informer(CSI_NODES)
-        self.factory = factory
+        self.vas = self.factory.informer(VOLUME_ATTACHMENTS)
+        self.pvs = self.factory.informer(PERSISTENT_VOLUMES)
+        self.csinodes = self.factory.informer(CSI_NODES)
         self.vas.add_index(VA_BY_PV, lambda va: [n] if (n := va_pv_name(va)) else [])
         self.vas.add_handler(EventHandler(self._va_changed, lambda _o, n: self._va_changed(n), self._va_gone))
         # The VolumeAttachment list that PV checks begun before it started may share.
@@ -114,13 +104,8 @@ class Attacher:
         if self.finalizer in (pv.get("metadata", {}).get("finalizers") or []):
             self.pv_queue.add(pv["metadata"]["name"])
 
-    @property
-    def synced(self) -> bool:
-        return self.factory.has_synced
-
     async def run(self) -> None:
-        self.factory.start()
-        await self.factory.wait_for_sync()
+        await self.start_informers()
         log.info("caches synced, starting workers", driver=self.driver, workers=self.options.workers)
         tasks = [
             asyncio.create_task(run_workers(self.va_queue, self.sync_va, self.options.workers)),

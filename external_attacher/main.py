@@ -4,32 +4,27 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from functools import partial
 
 from controller_runtime import process
-from controller_runtime.client import ApiClient
 from controller_runtime.component import serve_controller
 from controller_runtime.csi_client import CSIConnection
-from controller_runtime.events import EventRecorder
-from controller_runtime.informer import SharedInformerFactory
 from controller_runtime.logs import get_logger
 
 from .controller import Attacher, Options
 
 log = get_logger("external-attacher")
 
+NAME = "kubeloop-external-attacher"  # its prog and user agent
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="kubeloop-external-attacher",
+        prog=NAME,
         description="Attaches and detaches CSI volumes for VolumeAttachments "
         "(kubernetes-csi external-attacher).",
     )
-    parser.add_argument(
-        "--csi-address", default="/run/csi/socket", help="CSI driver socket (default: /run/csi/socket)"
-    )
-    parser.add_argument(
-        "--timeout", type=process.duration, default=15.0, help="timeout of each CSI call (default: 15s)"
-    )
+    process.add_csi_flags(parser, timeout=15.0)
     parser.add_argument(
         "--worker-threads", type=int, default=10, help="concurrent VolumeAttachment syncs (default: 10)"
     )
@@ -41,46 +36,25 @@ def build_parser() -> argparse.ArgumentParser:
         help="how often ListVolumes' published nodes are compared with the VolumeAttachments; "
         "0 disables (default: 1m)",
     )
-    parser.add_argument(
-        "--resync-period", type=process.duration, default=600.0, help="informer resync period (default: 10m)"
-    )
-    process.add_kube_flags(parser, qps=5.0, burst=10)
-    process.add_http_flags(parser)
-    process.add_leader_election_flags(parser)
-    process.add_logging_flags(parser)
+    process.add_controller_flags(parser)
     return parser
 
 
 async def run(args: argparse.Namespace, ctx: process.Context) -> None:
-    csi = await CSIConnection.connect(args.csi_address, timeout=args.timeout)
-
-    def build(client: ApiClient, recorder: EventRecorder) -> Attacher:
-        return Attacher(
-            client,
-            SharedInformerFactory(client, resync_period=args.resync_period),
-            csi,
-            Options(
-                workers=max(1, args.worker_threads),
-                timeout=args.timeout,
-                retry_start=args.retry_interval_start,
-                retry_max=args.retry_interval_max,
-                reconcile_sync=args.reconcile_sync,
-            ),
-        )
-
-    # One lease per driver, named like the Go sidecar's (driver with dots replaced).
-    lease = "external-attacher-leader-" + csi.driver_name.replace(".", "-").replace("/", "-")
-    try:
+    options = Options(
+        workers=max(1, args.worker_threads),
+        timeout=args.timeout,
+        retry_start=args.retry_interval_start,
+        retry_max=args.retry_interval_max,
+        reconcile_sync=args.reconcile_sync,
+    )
+    async with await CSIConnection.connect(args.csi_address, timeout=args.timeout) as csi:
+        # One lease per driver, named like the Go sidecar's (driver with dots replaced).
+        lease = "external-attacher-leader-" + csi.driver_name.replace(".", "-").replace("/", "-")
+        build = partial(Attacher, csi=csi, options=options)
         await serve_controller(
-            args,
-            ctx,
-            user_agent="kubeloop-external-attacher",
-            event_source="external-attacher",
-            lease_name=lease,
-            build=build,
+            args, ctx, build, user_agent=NAME, event_source="external-attacher", lease_name=lease
         )
-    finally:
-        await csi.close()
 
 
 def main(argv: Sequence[str] | None = None) -> None:

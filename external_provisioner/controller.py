@@ -17,11 +17,10 @@ from dataclasses import dataclass
 import grpc
 
 from controller_runtime import storage
-from controller_runtime.client import ApiClient, ApiError
-from controller_runtime.controller import run_workers
+from controller_runtime.client import ApiError
+from controller_runtime.controller import ControllerContext, InformerController, run_workers
 from controller_runtime.csi_client import CSIConnection, error_text, is_final_error
-from controller_runtime.events import EventRecorder
-from controller_runtime.informer import EventHandler, SharedInformerFactory
+from controller_runtime.informer import EventHandler
 from controller_runtime.logs import get_logger
 from controller_runtime.quantity import parse_quantity
 from controller_runtime.resources import (
@@ -89,19 +88,11 @@ def _data_source(claim: Obj) -> Obj | None:
     return spec.get("dataSourceRef") or spec.get("dataSource") or None
 
 
-class Provisioner:
+class Provisioner(InformerController):
     def __init__(
-        self,
-        client: ApiClient,
-        factory: SharedInformerFactory,
-        recorder: EventRecorder,
-        conn: CSIConnection,
-        journal: Journal,
-        options: Options,
+        self, context: ControllerContext, conn: CSIConnection, journal: Journal, options: Options
     ) -> None:
-        self.client = client
-        self.factory = factory
-        self.recorder = recorder
+        super().__init__(context)
         self.conn = conn
         self.journal = journal
         self.options = options
@@ -117,12 +108,12 @@ class Provisioner:
         self.volume_queue: WorkQueue[str] = WorkQueue(
             "volumes", ItemExponentialRateLimiter(options.retry_start, options.retry_max)
         )
-        self.claims = factory.informer(PERSISTENT_VOLUME_CLAIMS)
-        self.volumes = factory.informer(PERSISTENT_VOLUMES)
-        self.classes = factory.informer(STORAGE_CLASSES)
-        self.nodes = factory.informer(NODES)
-        self.csinodes = factory.informer(CSI_NODES)
-        self.attachments = factory.informer(VOLUME_ATTACHMENTS)
+        self.claims = self.factory.informer(PERSISTENT_VOLUME_CLAIMS)
+        self.volumes = self.factory.informer(PERSISTENT_VOLUMES)
+        self.classes = self.factory.informer(STORAGE_CLASSES)
+        self.nodes = self.factory.informer(NODES)
+        self.csinodes = self.factory.informer(CSI_NODES)
+        self.attachments = self.factory.informer(VOLUME_ATTACHMENTS)
         self.claims.add_index(UID_INDEX, lambda c: [c["metadata"]["uid"]])
         self.attachments.add_index(
             VA_BY_PV_INDEX, lambda va: [n] if (n := va["spec"]["source"].get("persistentVolumeName")) else []
@@ -176,10 +167,6 @@ class Provisioner:
 
     # -- lifecycle -------------------------------------------------------------------------------------
 
-    @property
-    def synced(self) -> bool:
-        return self.factory.has_synced
-
     async def run(self) -> None:
         await self.journal.lock.acquire(lambda holder: log.warning("waiting for the journal", holder=holder))
         try:
@@ -196,8 +183,7 @@ class Provisioner:
                 uid=entry.uid,
             )
         try:
-            self.factory.start()
-            await self.factory.wait_for_sync()
+            await self.start_informers()
             for uid in list(self.journal.entries):
                 self.claim_queue.add(uid)
             log.info(

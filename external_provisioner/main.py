@@ -15,6 +15,7 @@ from pathlib import Path
 
 from controller_runtime import process
 from controller_runtime.component import api_client, run_elected
+from controller_runtime.controller import ControllerContext
 from controller_runtime.csi_client import CSIConnection
 from controller_runtime.events import EventRecorder
 from controller_runtime.informer import SharedInformerFactory
@@ -62,12 +63,6 @@ def build_parser() -> argparse.ArgumentParser:
         default="/var/lib/kubeloop/external-provisioner",
         help="where the intent journal lives; keep it with the driver's state (default: %(default)s)",
     )
-    parser.add_argument(
-        "--resync-period",
-        type=process.duration,
-        default=900.0,
-        help="how often every claim and volume is looked at again (default: 15m)",
-    )
     cap = parser.add_argument_group("storage capacity")
     cap.add_argument("--enable-capacity", action="store_true", help="publish CSIStorageCapacity objects")
     cap.add_argument(
@@ -86,10 +81,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also publish capacity for classes with Immediate binding",
     )
-    process.add_kube_flags(parser, qps=5.0, burst=10)
-    process.add_http_flags(parser)
-    process.add_leader_election_flags(parser)
-    process.add_logging_flags(parser)
+    process.add_controller_flags(
+        parser,
+        resync_period=900.0,
+        resync_help="how often every claim and volume is looked at again (default: 15m)",
+    )
     return parser
 
 
@@ -129,9 +125,7 @@ async def run(args: argparse.Namespace, ctx: process.Context) -> None:
     async def lead() -> None:
         factory = SharedInformerFactory(client, resync_period=args.resync_period)
         prov = Provisioner(
-            client,
-            factory,
-            recorder,
+            ControllerContext(client, factory, recorder),
             conn,
             Journal(Path(args.state_dir) / "provisioning"),
             Options(

@@ -21,12 +21,11 @@ from dataclasses import dataclass
 import grpc
 
 from controller_runtime import resize_status as rs
-from controller_runtime.client import ApiClient, ApiError
+from controller_runtime.client import ApiError
 from controller_runtime.clock import now_rfc3339
-from controller_runtime.controller import run_workers
-from controller_runtime.csi_client import CSIConnection, error_text
-from controller_runtime.events import EventRecorder
-from controller_runtime.informer import EventHandler, SharedInformerFactory
+from controller_runtime.controller import ControllerContext, run_workers
+from controller_runtime.csi_client import CSIConnection, SidecarController, SidecarOptions, error_text
+from controller_runtime.informer import EventHandler
 from controller_runtime.logs import get_logger
 from controller_runtime.quantity import format_quantity, parse_quantity
 from controller_runtime.resources import (
@@ -62,11 +61,7 @@ CLAIMS_BY_POD = "claims"
 
 
 @dataclass(frozen=True)
-class Options:
-    workers: int = 10
-    timeout: float = 10.0
-    retry_start: float = 1.0
-    retry_max: float = 300.0
+class Options(SidecarOptions):
     handle_volume_in_use_error: bool = True
 
 
@@ -93,35 +88,26 @@ def sizes(claim: Obj, pv: Obj) -> Sizes:
     )
 
 
-class Resizer:
+class Resizer(SidecarController):
     def __init__(
-        self,
-        client: ApiClient,
-        factory: SharedInformerFactory,
-        csi: CSIConnection,
-        recorder: EventRecorder,
-        options: Options | None = None,
+        self, context: ControllerContext, csi: CSIConnection, options: Options | None = None
     ) -> None:
-        self.client = client
-        self.csi = csi
-        self.driver = csi.driver_name
-        self.recorder = recorder
+        super().__init__(context, csi)
         self.options = options or Options()
         # A driver without controller expansion but with node expansion gets the "trivial"
         # resizer: no RPC, the PV takes the requested size and the node does the work.
         self.trivial = not csi.has_controller_capability(ControllerRPC.EXPAND_VOLUME)
-        self.factory = factory
         self.queue: WorkQueue[str] = WorkQueue(
             f"{self.driver}-pvc", ItemExponentialRateLimiter(self.options.retry_start, self.options.retry_max)
         )
-        self.claims = factory.informer(PERSISTENT_VOLUME_CLAIMS)
-        self.volumes = factory.informer(PERSISTENT_VOLUMES)
+        self.claims = self.factory.informer(PERSISTENT_VOLUME_CLAIMS)
+        self.volumes = self.factory.informer(PERSISTENT_VOLUMES)
         self.claims.add_handler(
             EventHandler(lambda c: self.queue.add(key_of(c)), self._claim_updated, self._claim_deleted)
         )
         self.pods = None
         if self.options.handle_volume_in_use_error:
-            self.pods = factory.informer(PODS)
+            self.pods = self.factory.informer(PODS)
             self.pods.add_index(
                 CLAIMS_BY_POD, lambda p: [f"{p['metadata']['namespace']}/{c}" for _v, c, _ro in pod_claims(p)]
             )
@@ -148,13 +134,8 @@ class Resizer:
     def _claim_deleted(self, claim: Obj) -> None:
         self.queue.forget(key_of(claim))
 
-    @property
-    def synced(self) -> bool:
-        return self.factory.has_synced
-
     async def run(self) -> None:
-        self.factory.start()
-        await self.factory.wait_for_sync()
+        await self.start_informers()
         log.info(
             "caches synced, starting workers",
             driver=self.driver,

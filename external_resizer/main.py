@@ -4,30 +4,25 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from functools import partial
 
 from controller_runtime import process
-from controller_runtime.client import ApiClient
 from controller_runtime.component import serve_controller
 from controller_runtime.csi_client import CSIConnection
-from controller_runtime.events import EventRecorder
-from controller_runtime.informer import SharedInformerFactory
 
 from .controller import Options, Resizer, lease_name
+
+NAME = "kubeloop-external-resizer"  # its prog and user agent
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="kubeloop-external-resizer",
+        prog=NAME,
         description="Expands CSI volumes whose PersistentVolumeClaim asks for more storage "
         "(kubernetes-csi external-resizer): ControllerExpandVolume, the PV's capacity, and the "
         "claim's resize status, leaving a filesystem to grow to the node when the driver says so.",
     )
-    parser.add_argument(
-        "--csi-address", default="/run/csi/socket", help="CSI driver socket (default: /run/csi/socket)"
-    )
-    parser.add_argument(
-        "--timeout", type=process.duration, default=10.0, help="timeout of each CSI call (default: 10s)"
-    )
+    process.add_csi_flags(parser, timeout=10.0)
     parser.add_argument("--workers", type=int, default=10, help="concurrent claim syncs (default: 10)")
     parser.add_argument(
         "--retry-interval-start",
@@ -41,9 +36,6 @@ def build_parser() -> argparse.ArgumentParser:
         default=300.0,
         help="longest retry delay; an infeasible size is retried once per this interval (default: 5m)",
     )
-    parser.add_argument(
-        "--resync-period", type=process.duration, default=600.0, help="informer resync period (default: 10m)"
-    )
     process.add_bool_flag(
         parser,
         "--handle-volume-inuse-error",
@@ -51,42 +43,22 @@ def build_parser() -> argparse.ArgumentParser:
         "after the driver answers FAILED_PRECONDITION (volume in use), wait until no running pod uses "
         "the claim before trying again; watches pods",
     )
-    process.add_kube_flags(parser, qps=5.0, burst=10)
-    process.add_http_flags(parser)
-    process.add_leader_election_flags(parser)
-    process.add_logging_flags(parser)
+    process.add_controller_flags(parser)
     return parser
 
 
 async def run(args: argparse.Namespace, ctx: process.Context) -> None:
-    csi = await CSIConnection.connect(args.csi_address, timeout=args.timeout)
-
-    def build(client: ApiClient, recorder: EventRecorder) -> Resizer:
-        return Resizer(
-            client,
-            SharedInformerFactory(client, resync_period=args.resync_period),
-            csi,
-            recorder,
-            Options(
-                workers=max(1, args.workers),
-                timeout=args.timeout,
-                retry_start=args.retry_interval_start,
-                retry_max=args.retry_interval_max,
-                handle_volume_in_use_error=args.handle_volume_inuse_error,
-            ),
-        )
-
-    try:
-        await serve_controller(
-            args,
-            ctx,
-            user_agent="kubeloop-external-resizer",
-            event_source=f"external-resizer {csi.driver_name}",
-            lease_name=lease_name(csi.driver_name),
-            build=build,
-        )
-    finally:
-        await csi.close()
+    options = Options(
+        workers=max(1, args.workers),
+        timeout=args.timeout,
+        retry_start=args.retry_interval_start,
+        retry_max=args.retry_interval_max,
+        handle_volume_in_use_error=args.handle_volume_inuse_error,
+    )
+    async with await CSIConnection.connect(args.csi_address, timeout=args.timeout) as csi:
+        build = partial(Resizer, csi=csi, options=options)
+        source, lease = f"external-resizer {csi.driver_name}", lease_name(csi.driver_name)
+        await serve_controller(args, ctx, build, user_agent=NAME, event_source=source, lease_name=lease)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -16,10 +16,9 @@ import contextlib
 import time
 from dataclasses import dataclass
 
-from controller_runtime.client import ApiClient, ApiError
-from controller_runtime.controller import run_workers
-from controller_runtime.events import EventRecorder
-from controller_runtime.informer import EventHandler, SharedInformerFactory
+from controller_runtime.client import ApiError
+from controller_runtime.controller import ControllerContext, InformerController, run_workers
+from controller_runtime.informer import EventHandler
 from controller_runtime.logs import get_logger
 from controller_runtime.operations import Backoff, OperationExecutor
 from controller_runtime.resources import (
@@ -96,26 +95,18 @@ def _pod_object(ref: PodRef) -> Obj:
     }
 
 
-class AttachDetachController:
-    def __init__(
-        self,
-        client: ApiClient,
-        factory: SharedInformerFactory,
-        recorder: EventRecorder,
-        options: Options | None = None,
-    ) -> None:
-        self.client = client
-        self.factory = factory
-        self.recorder = recorder
+class AttachDetachController(InformerController):
+    def __init__(self, context: ControllerContext, options: Options | None = None) -> None:
+        super().__init__(context)
         self.options = options or Options()
         self.desired = DesiredState()
         self.pod_queue: WorkQueue[str] = WorkQueue("attachdetach-pods", default_rate_limiter())
-        self.pods = factory.informer(PODS)
-        self.nodes = factory.informer(NODES)
-        self.pvs = factory.informer(PERSISTENT_VOLUMES)
-        self.pvcs = factory.informer(PERSISTENT_VOLUME_CLAIMS)
-        self.vas = factory.informer(VOLUME_ATTACHMENTS)
-        self.drivers = factory.informer(CSI_DRIVERS)
+        self.pods = self.factory.informer(PODS)
+        self.nodes = self.factory.informer(NODES)
+        self.pvs = self.factory.informer(PERSISTENT_VOLUMES)
+        self.pvcs = self.factory.informer(PERSISTENT_VOLUME_CLAIMS)
+        self.vas = self.factory.informer(VOLUME_ATTACHMENTS)
+        self.drivers = self.factory.informer(CSI_DRIVERS)
         self.pods.add_index(POD_BY_CLAIM, pod_claim_keys)
         self.pods.add_index(POD_BY_NODE, _pod_node)
         self.pods.add_handler(
@@ -272,14 +263,13 @@ class AttachDetachController:
 
     @property
     def synced(self) -> bool:
-        return self.factory.has_synced and self._populated
+        return super().synced and self._populated
 
     async def run(self) -> None:
         METRICS.sources.append(self._metric_counts)
         workers = asyncio.create_task(run_workers(self.pod_queue, self.sync_pod, self.options.pod_workers))
         try:
-            self.factory.start()
-            await self.factory.wait_for_sync()
+            await self.start_informers()
             # Populate the desired state from every pod before the first pass: a pass with a
             # half-filled desired state would detach volumes pods still need (volumesInUse would
             # stop it, but a node that is down cannot protect itself).

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from functools import partial
 
 from controller_runtime import process
-from controller_runtime.client import ApiClient
 from controller_runtime.component import serve_controller
-from controller_runtime.events import EventRecorder
-from controller_runtime.informer import SharedInformerFactory
 from controller_runtime.logs import get_logger
 
 from .controller import AttachDetachController, Options
@@ -17,15 +15,14 @@ from .controller import AttachDetachController, Options
 log = get_logger("attach-detach")
 
 COMPONENT = "attachdetach-controller"
-LEASE_NAME = "kubeloop-attach-detach-controller"
+NAME = "kubeloop-attach-detach-controller"  # its prog, user agent and Lease
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="kubeloop-attach-detach-controller",
+        prog=NAME,
         description="Attaches and detaches volumes of the pods scheduled on each node (kcm's attachdetach).",
     )
-    process.add_kube_flags(parser, qps=20.0, burst=30)
     parser.add_argument(
         "--reconciler-sync-period",
         type=process.duration,
@@ -39,35 +36,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="how long a volume still in use on a node that is not Ready is kept attached before it is "
         "force-detached (default: 6m)",
     )
-    parser.add_argument(
-        "--resync-period",
-        type=process.duration,
-        default=0.0,
-        help="informer resync period; 0 disables (default: 0)",
+    process.add_controller_flags(
+        parser,
+        resync_period=0.0,
+        resync_help="informer resync period; 0 disables (default: 0)",
+        qps=20.0,  # kube-controller-manager's client defaults
+        burst=30,
     )
-    process.add_http_flags(parser)
-    process.add_leader_election_flags(parser)
-    process.add_logging_flags(parser)
     return parser
 
 
 async def run(args: argparse.Namespace, ctx: process.Context) -> None:
-    def build(client: ApiClient, recorder: EventRecorder) -> AttachDetachController:
-        return AttachDetachController(
-            client,
-            SharedInformerFactory(client, resync_period=args.resync_period),
-            recorder,
-            Options(loop_period=args.reconciler_sync_period, max_wait_for_unmount=args.max_wait_for_unmount),
-        )
-
-    await serve_controller(
-        args,
-        ctx,
-        user_agent="kubeloop-attach-detach-controller",
-        event_source=COMPONENT,
-        lease_name=LEASE_NAME,
-        build=build,
-    )
+    options = Options(loop_period=args.reconciler_sync_period, max_wait_for_unmount=args.max_wait_for_unmount)
+    build = partial(AttachDetachController, options=options)
+    await serve_controller(args, ctx, build, user_agent=NAME, event_source=COMPONENT, lease_name=NAME)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -14,10 +14,9 @@ import gc
 from dataclasses import dataclass
 
 from controller_runtime import storage
-from controller_runtime.client import ApiClient, ApiError
-from controller_runtime.controller import run_workers
-from controller_runtime.events import EventRecorder
-from controller_runtime.informer import EventHandler, SharedInformerFactory
+from controller_runtime.client import ApiError
+from controller_runtime.controller import ControllerContext, InformerController, run_workers
+from controller_runtime.informer import EventHandler
 from controller_runtime.logs import get_logger
 from controller_runtime.resources import (
     NODES,
@@ -92,17 +91,9 @@ def _cacheable(written: Obj) -> Obj:
     return written
 
 
-class PVController:
-    def __init__(
-        self,
-        client: ApiClient,
-        factory: SharedInformerFactory,
-        recorder: EventRecorder,
-        options: Options | None = None,
-    ) -> None:
-        self.client = client
-        self.factory = factory
-        self.recorder = recorder
+class PVController(InformerController):
+    def __init__(self, context: ControllerContext, options: Options | None = None) -> None:
+        super().__init__(context)
         self.options = options or Options()
         self.view = LocalView()
         self.timer = OperationTimer()
@@ -112,13 +103,13 @@ class PVController:
         self.claim_queue: WorkQueue[str] = WorkQueue(
             "claims", default_rate_limiter(self.options.retry_base, self.options.retry_max)
         )
-        self.volumes = factory.informer(PERSISTENT_VOLUMES)
-        self.claims = factory.informer(PERSISTENT_VOLUME_CLAIMS)
-        self.classes = factory.informer(STORAGE_CLASSES)
-        self.pods = factory.informer(PODS)
+        self.volumes = self.factory.informer(PERSISTENT_VOLUMES)
+        self.claims = self.factory.informer(PERSISTENT_VOLUME_CLAIMS)
+        self.classes = self.factory.informer(STORAGE_CLASSES)
+        self.pods = self.factory.informer(PODS)
         # Upstream takes a Node informer too; kubeloop waits for it so its start-up matches, and it
         # is where topology-aware decisions would read nodes from.
-        self.nodes = factory.informer(NODES)
+        self.nodes = self.factory.informer(NODES)
         self.pods.add_index(POD_CLAIMS_INDEX, pod_claim_keys)
         self.volumes.add_handler(EventHandler(self._volume_added, self._volume_updated, self._volume_deleted))
         self.claims.add_handler(EventHandler(self._claim_changed, self._claim_updated, self._claim_deleted))
@@ -177,17 +168,12 @@ class PVController:
 
     # -- lifecycle -----------------------------------------------------------------------------------
 
-    @property
-    def synced(self) -> bool:
-        return self.factory.has_synced
-
     async def run(self) -> None:
         """Starts the informers, waits until every cache is filled, then runs the workers until
         cancelled."""
         COUNTS.sources.append(self._counts)
         try:
-            self.factory.start()
-            await self.factory.wait_for_sync()
+            await self.start_informers()
             # Everything alive now (modules, the filled caches) stays alive: keep it out of the
             # cyclic collector's full passes, which would otherwise walk it all again and again
             # (~50 ms each on a small VM, stalling every in-flight bind).

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from functools import partial
 
 from controller_runtime import process
-from controller_runtime.client import ApiClient
 from controller_runtime.component import serve_controller
-from controller_runtime.events import EventRecorder
-from controller_runtime.informer import SharedInformerFactory
 from controller_runtime.logs import get_logger
 
 from . import names
@@ -17,21 +15,13 @@ from .controller import Options, PVController
 
 log = get_logger("pv-controller")
 
-LEASE_NAME = "kubeloop-pv-controller"
+NAME = "kubeloop-pv-controller"  # its prog, user agent and Lease
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="kubeloop-pv-controller",
+        prog=NAME,
         description="Binds PersistentVolumeClaims to PersistentVolumes (kcm's persistentvolume-binder).",
-    )
-    # kube-controller-manager's client defaults.
-    process.add_kube_flags(parser, qps=20.0, burst=30)
-    parser.add_argument(
-        "--resync-period",
-        type=process.duration,
-        default=15.0,
-        help="how often every volume and claim is synced again (default: 15s)",
     )
     parser.add_argument(
         "--worker-threads",
@@ -39,29 +29,20 @@ def build_parser() -> argparse.ArgumentParser:
         default=Options.workers,
         help=f"concurrent syncs per queue (volumes and claims) (default: {Options.workers})",
     )
-    process.add_http_flags(parser)
-    process.add_leader_election_flags(parser)
-    process.add_logging_flags(parser)
+    process.add_controller_flags(
+        parser,
+        resync_period=15.0,
+        resync_help="how often every volume and claim is synced again (default: 15s)",
+        qps=20.0,  # kube-controller-manager's client defaults
+        burst=30,
+    )
     return parser
 
 
 async def run(args: argparse.Namespace, ctx: process.Context) -> None:
-    def build(client: ApiClient, recorder: EventRecorder) -> PVController:
-        return PVController(
-            client,
-            SharedInformerFactory(client, resync_period=args.resync_period),
-            recorder,
-            Options(resync_period=args.resync_period, workers=max(1, args.worker_threads)),
-        )
-
-    await serve_controller(
-        args,
-        ctx,
-        user_agent="kubeloop-pv-controller",
-        event_source=names.COMPONENT,
-        lease_name=LEASE_NAME,
-        build=build,
-    )
+    options = Options(resync_period=args.resync_period, workers=max(1, args.worker_threads))
+    build = partial(PVController, options=options)
+    await serve_controller(args, ctx, build, user_agent=NAME, event_source=names.COMPONENT, lease_name=NAME)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

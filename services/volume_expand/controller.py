@@ -12,10 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from controller_runtime.client import ApiClient, ApiError
-from controller_runtime.controller import run_workers
-from controller_runtime.events import EventRecorder
-from controller_runtime.informer import EventHandler, SharedInformerFactory
+from controller_runtime.client import ApiError
+from controller_runtime.controller import ControllerContext, InformerController, run_workers
+from controller_runtime.informer import EventHandler
 from controller_runtime.logs import get_logger
 from controller_runtime.resources import PERSISTENT_VOLUME_CLAIMS, PERSISTENT_VOLUMES, Obj, key_of, typed
 from controller_runtime.storage import claim_request, storage_of
@@ -42,20 +41,12 @@ def _capacity(claim: Obj) -> int:
     return storage_of((claim.get("status") or {}).get("capacity"))
 
 
-class ExpandController:
-    def __init__(
-        self,
-        client: ApiClient,
-        factory: SharedInformerFactory,
-        recorder: EventRecorder,
-        options: Options | None = None,
-    ) -> None:
-        self.client = client
-        self.recorder = recorder
+class ExpandController(InformerController):
+    def __init__(self, context: ControllerContext, options: Options | None = None) -> None:
+        super().__init__(context)
         self.options = options or Options()
-        self.factory = factory
         self.queue: WorkQueue[str] = WorkQueue(COMPONENT, default_rate_limiter())
-        self.claims = factory.informer(PERSISTENT_VOLUME_CLAIMS)
+        self.claims = self.factory.informer(PERSISTENT_VOLUME_CLAIMS)
         self.claims.add_handler(EventHandler(self._enqueue, self._updated, self._enqueue))
 
     def _enqueue(self, claim: Obj) -> None:
@@ -67,13 +58,8 @@ class ExpandController:
         if claim_request(new) > claim_request(old) or _capacity(new) > _capacity(old):
             self._enqueue(new)
 
-    @property
-    def synced(self) -> bool:
-        return self.factory.has_synced
-
     async def run(self) -> None:
-        self.factory.start()
-        await self.factory.wait_for_sync()
+        await self.start_informers()
         log.info("caches synced, starting workers", workers=self.options.workers)
         await run_workers(self.queue, self.sync, self.options.workers)
 

@@ -5,61 +5,42 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from functools import partial
 
 from controller_runtime import process
-from controller_runtime.client import ApiClient
 from controller_runtime.component import serve_controller
-from controller_runtime.events import EventRecorder
-from controller_runtime.informer import SharedInformerFactory
 
 from .controller import COMPONENT, ExpandController, Options
 
-LEASE_NAME = "kubeloop-volume-expand-controller"
+NAME = "kubeloop-volume-expand-controller"  # its prog, user agent and Lease
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="kubeloop-volume-expand-controller",
+        prog=NAME,
         description="Watches bound PersistentVolumeClaims whose request grew past their capacity and "
         "hands them to the external resizer (kcm's persistentvolume-expander): checks the PV is bound "
         "to the claim and records an ExternalExpanding event.",
     )
-    process.add_kube_flags(parser, qps=20.0, burst=30)  # kube-controller-manager's client defaults
     parser.add_argument(
         "--workers",
         type=int,
         default=Options.workers,
         help=f"concurrent claim syncs (default: {Options.workers})",
     )
-    parser.add_argument(
-        "--resync-period",
-        type=process.duration,
-        default=0.0,
-        help="informer resync period; a resync alone never repeats an event (default: 0, off)",
+    process.add_controller_flags(
+        parser,
+        resync_period=0.0,
+        resync_help="informer resync period; a resync alone never repeats an event (default: 0, off)",
+        qps=20.0,  # kube-controller-manager's client defaults
+        burst=30,
     )
-    process.add_http_flags(parser)
-    process.add_leader_election_flags(parser)
-    process.add_logging_flags(parser)
     return parser
 
 
 async def run(args: argparse.Namespace, ctx: process.Context) -> None:
-    def build(client: ApiClient, recorder: EventRecorder) -> ExpandController:
-        return ExpandController(
-            client,
-            SharedInformerFactory(client, resync_period=args.resync_period),
-            recorder,
-            Options(workers=max(1, args.workers)),
-        )
-
-    await serve_controller(
-        args,
-        ctx,
-        user_agent="kubeloop-volume-expand-controller",
-        event_source=COMPONENT,
-        lease_name=LEASE_NAME,
-        build=build,
-    )
+    build = partial(ExpandController, options=Options(workers=max(1, args.workers)))
+    await serve_controller(args, ctx, build, user_agent=NAME, event_source=COMPONENT, lease_name=NAME)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

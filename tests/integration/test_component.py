@@ -10,9 +10,8 @@ import uuid
 import pytest
 
 from controller_runtime import process
-from controller_runtime.client import ApiClient
 from controller_runtime.component import serve_controller
-from controller_runtime.events import EventRecorder
+from controller_runtime.controller import ControllerContext
 from controller_runtime.health import HealthServer
 from localstack.controlplane import ControlPlane
 
@@ -33,8 +32,7 @@ class Dummy:
 
 def parse(control_plane: ControlPlane, *extra: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
-    process.add_kube_flags(parser)
-    process.add_leader_election_flags(parser)
+    process.add_controller_flags(parser, resync_period=0.0, resync_help="")
     return parser.parse_args([f"--kubeconfig={control_plane.admin_kubeconfig}", *extra])
 
 
@@ -50,10 +48,10 @@ async def test_serve_controller_readiness_and_election(control_plane: ControlPla
     args = parse(control_plane, *extra)
     ctx = process.Context(health=HealthServer("127.0.0.1:0"))
     dummy = Dummy()
-    built: list[tuple[ApiClient, EventRecorder]] = []
+    built: list[ControllerContext] = []
 
-    def build(client: ApiClient, recorder: EventRecorder) -> Dummy:
-        built.append((client, recorder))
+    def build(context: ControllerContext) -> Dummy:
+        built.append(context)
         return dummy
 
     task = asyncio.create_task(

@@ -21,6 +21,7 @@ from pathlib import Path
 import aiohttp
 
 from controller_runtime.client import ApiClient, ApiError
+from controller_runtime.controller import ControllerContext
 from controller_runtime.events import EventRecorder
 from controller_runtime.informer import SharedInformerFactory
 from controller_runtime.resources import (
@@ -91,7 +92,8 @@ class Harness:
         self._pv_client = await ApiClient.from_kubeconfig(str(self.cp.admin_kubeconfig), qps=0, burst=1)
         self._pv_recorder = EventRecorder(self._pv_client, pv_names.COMPONENT)
         factory = SharedInformerFactory(self._pv_client, resync_period=2.0)
-        controller = PVController(self._pv_client, factory, self._pv_recorder, PVOptions(resync_period=2.0))
+        context = ControllerContext(self._pv_client, factory, self._pv_recorder)
+        controller = PVController(context, PVOptions(resync_period=2.0))
         self._pv_task = asyncio.create_task(controller.run())
         await asyncio.wait_for(factory.wait_for_sync(), 30)
 

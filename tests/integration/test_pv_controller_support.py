@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from controller_runtime import storage
 from controller_runtime.client import ApiClient, ApiError
+from controller_runtime.controller import ControllerContext
 from controller_runtime.events import EventRecorder
 from controller_runtime.informer import SharedInformerFactory
 from controller_runtime.resources import (
@@ -240,9 +241,8 @@ class Harness:
         )
         self._recorder = EventRecorder(self._client, names.COMPONENT)
         factory = SharedInformerFactory(self._client, resync_period=resync)
-        self.controller = PVController(
-            self._client, factory, self._recorder, Options(resync_period=resync, workers=workers)
-        )
+        context = ControllerContext(self._client, factory, self._recorder)
+        self.controller = PVController(context, Options(resync_period=resync, workers=workers))
         self._task = asyncio.create_task(self.controller.run())
         await asyncio.wait_for(factory.wait_for_sync(), 30)
         return self.controller
