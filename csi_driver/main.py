@@ -101,6 +101,12 @@ def build_parser() -> argparse.ArgumentParser:
         "so data is not cached twice (default: on)",
     )
     parser.add_argument(
+        "--kubelet-dir",
+        default="",
+        help="kubelet's root directory (node and all modes): staging and target paths must lie "
+        "under it (default: the --kubelet-root-dir, else /var/lib/kubelet)",
+    )
+    parser.add_argument(
         "--kubelet-registration-dir",
         default="",
         help="kubelet's plugins_registry directory; when set (node and all modes) the plugin "
@@ -109,7 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--kubelet-root-dir",
         default="",
-        help="kubelet's root directory; shorthand for --kubelet-registration-dir <root>/plugins_registry",
+        help="kubelet's root directory; shorthand for --kubelet-dir <root> and "
+        "--kubelet-registration-dir <root>/plugins_registry",
     )
     parser.add_argument(
         "--kubelet-registration-path",
@@ -134,6 +141,8 @@ async def run(args: argparse.Namespace, ctx: process.Context) -> None:
     node_mode = args.mode in ("node", "all")
     if node_mode:
         check_id(args.node_id, "--node-id")
+        args.kubelet_dir = args.kubelet_dir or args.kubelet_root_dir or "/var/lib/kubelet"
+        os.makedirs(args.kubelet_dir, 0o750, exist_ok=True)
     state = DriverState(args.pool_dir, args.state_dir)
     if ctx.health is not None:
         ctx.health.add_readiness_check("driver", lambda: None if state.ready else state.not_ready_reason)
@@ -165,6 +174,7 @@ async def _serve(
             NodeConfig(
                 node_id=args.node_id,
                 max_volumes_per_node=args.max_volumes_per_node,
+                kubelet_dir=args.kubelet_dir,
                 direct_io=args.direct_io == "on",
             ),
         )
