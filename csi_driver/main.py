@@ -192,15 +192,16 @@ async def _serve(
     path = socket_path(args.endpoint)
     server = await start_unix_server(path, register)
     reg_server = None
+    registration: RegistrationServer | None = None
     try:
         reg_dir = args.kubelet_registration_dir or (
             os.path.join(args.kubelet_root_dir, "plugins_registry") if args.kubelet_root_dir else ""
         )
         if node_mode and reg_dir:
             reg_path = socket_path(os.path.join(reg_dir, f"{DRIVER_NAME}-reg.sock"))
-            registration = RegistrationServer(args.kubelet_registration_path or path)
+            registration = reg = RegistrationServer(args.kubelet_registration_path or path)
             reg_server = await start_unix_server(
-                reg_path, lambda s: api_pb2_grpc.add_RegistrationServicer_to_server(registration, s)
+                reg_path, lambda s: api_pb2_grpc.add_RegistrationServicer_to_server(reg, s)
             )
         log.info(
             "CSI driver ready",
@@ -210,7 +211,13 @@ async def _serve(
             node=args.node_id if node_mode else "",
             endpoint=path,
         )
-        await server.server.wait_for_termination()
+        if registration is None:
+            await server.server.wait_for_termination()
+        else:
+            # Like node-driver-registrar: a plugin kubelet refused must not look healthy. (The
+            # server only terminates through the stop below, so waiting on this is waiting on it.)
+            await registration.refused.wait()
+            raise RuntimeError(f"kubelet refused the plugin registration: {registration.error}")
     finally:
         # Runs on SIGTERM (the run task is cancelled): finish in-flight RPCs, remove the sockets.
         if reg_server is not None:

@@ -9,6 +9,7 @@ import contextlib
 import os
 import socket
 import stat
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -150,18 +151,27 @@ async def start_unix_server(path: str, register: Callable[[grpc.aio.Server], Non
         raise ValueError(
             f"socket path {path} is {len(path.encode())} bytes; unix sockets allow {MAX_SOCKET_PATH}"
         )
-    os.makedirs(os.path.dirname(path), exist_ok=True)
+    directory = os.path.dirname(path)
+    os.makedirs(directory, exist_ok=True)
     remove_stale_socket(path)
     server = grpc.aio.server(interceptors=[CsiInterceptor()])
     register(server)
-    # The umask makes the socket 0600 from the moment it exists; the chmod is belt and braces.
-    old = os.umask(0o177)
+    # No umask games (the umask is process-wide, other tasks create files meanwhile): the socket
+    # is bound inside a fresh 0700 directory nobody else can enter, made 0600 there, then renamed
+    # into place. The server keeps serving the renamed inode.
+    private = tempfile.mkdtemp(prefix=".", dir=directory)
     try:
-        server.add_insecure_port(f"unix://{path}")
+        bound = os.path.join(private, "s")
+        if len(bound.encode()) > MAX_SOCKET_PATH:
+            raise ValueError(f"socket directory {directory} is too long to bind a socket in it")
+        server.add_insecure_port(f"unix://{bound}")
         await server.start()
+        os.chmod(bound, 0o600)
+        os.rename(bound, path)
     finally:
-        os.umask(old)
-    os.chmod(path, 0o600)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(private, "s"))
+        os.rmdir(private)
     log.info("serving gRPC", socket=path)
     return UnixServer(server, path, os.lstat(path).st_ino)
 
