@@ -18,7 +18,7 @@ from . import TOPOLOGY_KEY
 from .backend import fs, loop, mounts
 from .capabilities import Capability, Mode, require_capability
 from .controller import CTX_BACKING_FILE, CTX_FS_TYPE, CTX_READONLY
-from .errors import already_exists, failed_precondition, invalid, not_found
+from .errors import CsiError, already_exists, failed_precondition, invalid, not_found
 from .paths import KubeletDir, fd_path
 from .state import DriverState, StagingRecord
 from .validation import check_id
@@ -167,7 +167,11 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
 
     def _volume_path(self, rec: StagingRecord, path: str) -> str:
         """Checks that a volume_path from a request is where this volume is staged or published."""
-        path = self.kubelet.check(path, "volume_path")
+        try:
+            path = self.kubelet.check(path, "volume_path")
+        except CsiError:
+            # Relative, outside the kubelet directory...: certainly not where the volume is.
+            raise not_found(f"volume {rec.volume_id} is not staged or published at {path[:200]!r}") from None
         if path != rec.staging_path and path not in rec.targets:
             raise not_found(f"volume {rec.volume_id} is not staged or published at {path!r}")
         if not self.kubelet.exists(path, "volume_path"):
@@ -395,6 +399,10 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
             if not rec.device:
                 raise failed_precondition(
                     f"volume {volume_id} has no loop device; call NodeStageVolume again"
+                )
+            if rec.access_type == "mount" and (not rec.fs_type or not is_mounted(rec.staging_path)):
+                raise failed_precondition(
+                    f"volume {volume_id} is not mounted at its staging path; call NodeStageVolume again"
                 )
             await loop.refresh_capacity(rec.device)
             size = await asyncio.to_thread(loop.device_size, rec.device)

@@ -85,6 +85,11 @@ def remove_stale_socket(path: str) -> None:
     raise RuntimeError(f"another process is serving on {path}")
 
 
+@dataclass(frozen=True)
+class _Undecodable:
+    error: str
+
+
 class CsiInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     async def intercept_service(
         self,
@@ -96,9 +101,23 @@ class CsiInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             return handler
         method = details.method.rsplit("/", 1)[-1]
         behaviour: Behaviour = handler.unary_unary
+        decode = handler.request_deserializer
+
+        def deserialize(data: bytes) -> Any:
+            # grpc answers UNKNOWN when a deserializer raises (e.g. a string field that is not
+            # UTF-8, which proto3 forbids): hand the error on, to be answered INVALID_ARGUMENT.
+            try:
+                return decode(data) if decode is not None else data
+            except Exception as e:
+                return _Undecodable(f"{type(e).__name__}: {e}")
 
         async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> Any:
             start = time.monotonic()
+            if isinstance(request, _Undecodable):
+                message = f"the request is not a valid {method} message: {request.error}"
+                OPERATIONS.labels(DRIVER_NAME, method, grpc.StatusCode.INVALID_ARGUMENT.name).observe(0)
+                log.warning("rpc failed", method=method, code="INVALID_ARGUMENT", error=message)
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
             # Shielded: a CO that gives up (deadline) must not interrupt an operation half way;
             # it finishes under the volume's lock and the CO's retry finds its result.
             task = asyncio.ensure_future(behaviour(request, context))
@@ -130,7 +149,7 @@ class CsiInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 
         return grpc.unary_unary_rpc_method_handler(
             wrapped,
-            request_deserializer=handler.request_deserializer,
+            request_deserializer=deserialize,
             response_serializer=handler.response_serializer,
         )
 
