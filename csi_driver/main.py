@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import os
 import socket
@@ -212,7 +213,9 @@ async def _serve(
             endpoint=path,
         )
         if registration is None:
-            await server.server.wait_for_termination()
+            # Not server.wait_for_termination(): cancelling that (SIGTERM) cancels grpc's own
+            # shutdown future, and the stop below would then raise instead of draining RPCs.
+            await asyncio.get_running_loop().create_future()
         else:
             # Like node-driver-registrar: a plugin kubelet refused must not look healthy. (The
             # server only terminates through the stop below, so waiting on this is waiting on it.)
@@ -220,9 +223,11 @@ async def _serve(
             raise RuntimeError(f"kubelet refused the plugin registration: {registration.error}")
     finally:
         # Runs on SIGTERM (the run task is cancelled): finish in-flight RPCs, remove the sockets.
-        if reg_server is not None:
-            await stop_unix_server(reg_server, 1.0)
-        await stop_unix_server(server, args.grace_period)
+        try:
+            if reg_server is not None:
+                await stop_unix_server(reg_server, 1.0)
+        finally:
+            await stop_unix_server(server, args.grace_period)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -196,10 +196,13 @@ async def start_unix_server(path: str, register: Callable[[grpc.aio.Server], Non
 
 
 async def stop_unix_server(unix: UnixServer, grace: float) -> None:
-    await unix.server.stop(grace)
-    # A replacement process may already serve at this path (it found our socket dead and bound
-    # its own); removing its socket would cut it off, so only the file we bound goes.
-    with contextlib.suppress(FileNotFoundError):
-        if os.lstat(unix.path).st_ino == unix.inode:
-            os.unlink(unix.path)
-    log.info("stopped gRPC server", socket=unix.path)
+    try:
+        await unix.server.stop(grace)
+    finally:
+        # A replacement process may already serve at this path (it found our socket dead and bound
+        # its own); removing its socket would cut it off, so only the file we bound goes. (grpc
+        # unlinks only the path it bound, the private one, which the rename already emptied.)
+        with contextlib.suppress(FileNotFoundError):
+            if os.lstat(unix.path).st_ino == unix.inode:
+                os.unlink(unix.path)
+        log.info("stopped gRPC server", socket=unix.path)
