@@ -26,6 +26,28 @@ READ_ONLY_MODES = frozenset({Mode.SINGLE_NODE_READER_ONLY, Mode.MULTI_NODE_READE
 MULTI_NODE_WRITER_MODES = frozenset({Mode.MULTI_NODE_SINGLE_WRITER, Mode.MULTI_NODE_MULTI_WRITER})
 
 
+# mount(8) options that act on something other than the filesystem being mounted: set up another
+# loop device, run a helper, create or chown directories (X-mount.*), turn the mount into a bind,
+# move or remount of whatever the target names, or change mount propagation. A volume's mount
+# flags are for its own filesystem (noatime, discard, data=..., ...), nothing else.
+_FORBIDDEN_OPTIONS = frozenset(
+    {
+        "loop", "offset", "sizelimit", "encryption", "helper", "uhelper", "bind", "rbind", "move",
+        "rmove", "remount", "user", "users", "owner", "group", "comment", "private", "rprivate",
+        "shared", "rshared", "slave", "rslave", "unbindable", "runbindable",
+    }
+)  # fmt: skip
+
+
+def forbidden_mount_option(flags: str) -> str | None:
+    """The first option in a comma-separated mount flag that the driver refuses, else None."""
+    for option in flags.split(","):
+        key = option.split("=", 1)[0].strip().lower()
+        if key in _FORBIDDEN_OPTIONS or key.startswith(("x-", "make-")):
+            return option
+    return None
+
+
 @dataclass(frozen=True)
 class Capability:
     access_type: str  # "mount" or "block"
@@ -62,6 +84,8 @@ def unsupported_reason(cap: csi_pb2.VolumeCapability) -> str | None:
         for flag in cap.mount.mount_flags:
             if "\x00" in flag or "\n" in flag:
                 return f"mount flag {flag!r} contains a control character"
+            if (option := forbidden_mount_option(flag)) is not None:
+                return f"mount option {option!r} is not allowed: mount flags only tune the filesystem"
     return None
 
 

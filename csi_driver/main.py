@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import os
 import socket
@@ -101,6 +102,12 @@ def build_parser() -> argparse.ArgumentParser:
         "so data is not cached twice (default: on)",
     )
     parser.add_argument(
+        "--kubelet-dir",
+        default="",
+        help="kubelet's root directory (node and all modes): staging and target paths must lie "
+        "under it (default: the --kubelet-root-dir, else /var/lib/kubelet)",
+    )
+    parser.add_argument(
         "--kubelet-registration-dir",
         default="",
         help="kubelet's plugins_registry directory; when set (node and all modes) the plugin "
@@ -109,7 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--kubelet-root-dir",
         default="",
-        help="kubelet's root directory; shorthand for --kubelet-registration-dir <root>/plugins_registry",
+        help="kubelet's root directory; shorthand for --kubelet-dir <root> and "
+        "--kubelet-registration-dir <root>/plugins_registry",
     )
     parser.add_argument(
         "--kubelet-registration-path",
@@ -134,6 +142,8 @@ async def run(args: argparse.Namespace, ctx: process.Context) -> None:
     node_mode = args.mode in ("node", "all")
     if node_mode:
         check_id(args.node_id, "--node-id")
+        args.kubelet_dir = args.kubelet_dir or args.kubelet_root_dir or "/var/lib/kubelet"
+        os.makedirs(args.kubelet_dir, 0o750, exist_ok=True)
     state = DriverState(args.pool_dir, args.state_dir)
     if ctx.health is not None:
         ctx.health.add_readiness_check("driver", lambda: None if state.ready else state.not_ready_reason)
@@ -165,6 +175,7 @@ async def _serve(
             NodeConfig(
                 node_id=args.node_id,
                 max_volumes_per_node=args.max_volumes_per_node,
+                kubelet_dir=args.kubelet_dir,
                 direct_io=args.direct_io == "on",
             ),
         )
@@ -182,15 +193,16 @@ async def _serve(
     path = socket_path(args.endpoint)
     server = await start_unix_server(path, register)
     reg_server = None
+    registration: RegistrationServer | None = None
     try:
         reg_dir = args.kubelet_registration_dir or (
             os.path.join(args.kubelet_root_dir, "plugins_registry") if args.kubelet_root_dir else ""
         )
         if node_mode and reg_dir:
             reg_path = socket_path(os.path.join(reg_dir, f"{DRIVER_NAME}-reg.sock"))
-            registration = RegistrationServer(args.kubelet_registration_path or path)
+            registration = reg = RegistrationServer(args.kubelet_registration_path or path)
             reg_server = await start_unix_server(
-                reg_path, lambda s: api_pb2_grpc.add_RegistrationServicer_to_server(registration, s)
+                reg_path, lambda s: api_pb2_grpc.add_RegistrationServicer_to_server(reg, s)
             )
         log.info(
             "CSI driver ready",
@@ -200,12 +212,22 @@ async def _serve(
             node=args.node_id if node_mode else "",
             endpoint=path,
         )
-        await server.server.wait_for_termination()
+        if registration is None:
+            # Not server.wait_for_termination(): cancelling that (SIGTERM) cancels grpc's own
+            # shutdown future, and the stop below would then raise instead of draining RPCs.
+            await asyncio.get_running_loop().create_future()
+        else:
+            # Like node-driver-registrar: a plugin kubelet refused must not look healthy. (The
+            # server only terminates through the stop below, so waiting on this is waiting on it.)
+            await registration.refused.wait()
+            raise RuntimeError(f"kubelet refused the plugin registration: {registration.error}")
     finally:
         # Runs on SIGTERM (the run task is cancelled): finish in-flight RPCs, remove the sockets.
-        if reg_server is not None:
-            await stop_unix_server(reg_server, 1.0)
-        await stop_unix_server(server, args.grace_period)
+        try:
+            if reg_server is not None:
+                await stop_unix_server(reg_server, 1.0)
+        finally:
+            await stop_unix_server(server, args.grace_period)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

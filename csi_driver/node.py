@@ -4,8 +4,8 @@ only when it has none, mount it at the staging path, and bind-mount it into targ
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
+import stat
 from dataclasses import dataclass
 
 import grpc
@@ -18,9 +18,10 @@ from . import TOPOLOGY_KEY
 from .backend import fs, loop, mounts
 from .capabilities import Capability, Mode, require_capability
 from .controller import CTX_BACKING_FILE, CTX_FS_TYPE, CTX_READONLY
-from .errors import already_exists, failed_precondition, invalid, not_found
+from .errors import CsiError, already_exists, failed_precondition, invalid, not_found
+from .paths import KubeletDir, fd_path
 from .state import DriverState, StagingRecord
-from .validation import check_abs_path, check_id
+from .validation import check_id
 
 log = get_logger("csi.node")
 
@@ -38,29 +39,46 @@ CAPABILITIES = (
 class NodeConfig:
     node_id: str
     max_volumes_per_node: int
+    kubelet_dir: str
     direct_io: bool = True
-
-
-def _remove_target(path: str) -> None:
-    """Removes a target the driver created (CSI: the SP deletes it on unpublish). Never recursive:
-    a directory that still has content after unmounting is not ours to wipe."""
-    with contextlib.suppress(FileNotFoundError):
-        if os.path.isdir(path) and not os.path.islink(path):
-            os.rmdir(path)
-        else:
-            os.unlink(path)
-
-
-def _create_file(path: str) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "a"):
-        pass
 
 
 class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
     def __init__(self, state: DriverState, config: NodeConfig) -> None:
         self.state = state
         self.config = config
+        # Resolved once: every staging and target path must lie strictly under it.
+        self.kubelet = KubeletDir(config.kubelet_dir)
+
+    async def _mount_on(self, path: str, what: str, source: str, fs_type: str, options: list[str]) -> None:
+        """Mounts a device on a directory from a request, reached without following symlinks."""
+        with self.kubelet.walked(path, what) as w:
+            fd = w.open_final(directory=True)
+            await mounts.mount(source, fd_path(fd), fs_type, options, name=w.path, pass_fds=(fd,))
+
+    async def _bind_on(
+        self, source: str, src_fd: int | None, target: str, is_dir: bool, read_only: bool
+    ) -> None:
+        with self.kubelet.walked(target, "target_path") as w:
+            fd = w.open_final(directory=is_dir)
+            fds = (fd, w.parent_fd) + ((src_fd,) if src_fd is not None else ())
+            await mounts.bind(
+                fd_path(src_fd) if src_fd is not None else source,
+                fd_path(fd),
+                remount_target=w.via_parent,
+                read_only=read_only,
+                name=w.path,
+                pass_fds=fds,
+            )
+
+    async def _unmount(self, path: str, what: str) -> None:
+        if not is_mounted(path):
+            return
+        with self.kubelet.walked(path, what) as w:
+            mode = w.kind()
+            if mode is None or stat.S_ISLNK(mode):
+                raise failed_precondition(f"{w.path} is no longer the path that was mounted")
+            await mounts.unmount(w.path, w.via_parent, pass_fds=(w.parent_fd,))
 
     # --- start-up -------------------------------------------------------------------------------
     async def reconcile(self) -> None:
@@ -80,7 +98,8 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
                 device = next((d for d in attached if d not in claimed), "")
                 claimed.add(device)
             targets = {t: ro for t, ro in rec.targets.items() if is_mounted(t, table)}
-            if device != rec.device or targets != rec.targets:
+            created = [t for t in rec.created_targets if t in targets]
+            if device != rec.device or targets != rec.targets or created != rec.created_targets:
                 log.info(
                     "reconciled staging with the kernel",
                     volume=rec.volume_id,
@@ -88,7 +107,7 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
                     was=rec.device or "none",
                     targets=len(targets),
                 )
-                rec.device, rec.targets = device, targets
+                rec.device, rec.targets, rec.created_targets = device, targets, created
                 await self.state.put_staging(rec)
             if rec.access_type == "mount" and not is_mounted(rec.staging_path, table):
                 log.warning(
@@ -148,11 +167,14 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
 
     def _volume_path(self, rec: StagingRecord, path: str) -> str:
         """Checks that a volume_path from a request is where this volume is staged or published."""
-        if path.startswith("/"):
-            path = os.path.normpath(path)
+        try:
+            path = self.kubelet.check(path, "volume_path")
+        except CsiError:
+            # Relative, outside the kubelet directory...: certainly not where the volume is.
+            raise not_found(f"volume {rec.volume_id} is not staged or published at {path[:200]!r}") from None
         if path != rec.staging_path and path not in rec.targets:
             raise not_found(f"volume {rec.volume_id} is not staged or published at {path!r}")
-        if not os.path.exists(path):
+        if not self.kubelet.exists(path, "volume_path"):
             raise not_found(f"{path} does not exist")
         return path
 
@@ -173,7 +195,9 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
         self, req: csi_pb2.NodeStageVolumeRequest, _: grpc.aio.ServicerContext
     ) -> csi_pb2.NodeStageVolumeResponse:
         volume_id = check_id(req.volume_id, "volume_id")
-        staging = check_abs_path(req.staging_target_path, "staging_target_path")
+        staging = await asyncio.to_thread(
+            self.kubelet.validate, req.staging_target_path, "staging_target_path"
+        )
         cap = require_capability(req)
         context = dict(req.publish_context)
         read_only = context.get(CTX_READONLY) == "true" or cap.read_only
@@ -209,9 +233,9 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
                 size = await asyncio.to_thread(loop.device_size, device)
                 if fs_type.startswith("ext") and await fs.ext_needs_grow(device, size):
                     await fs.grow_offline(device)
-                await asyncio.to_thread(os.makedirs, staging, exist_ok=True)
+                await asyncio.to_thread(self.kubelet.make_dir, staging, "staging_target_path")
                 options = [*cap.mount_flags, *(["ro"] if read_only else [])]
-                await mounts.mount(device, staging, fs_type, options)
+                await self._mount_on(staging, "staging_target_path", device, fs_type, options)
                 if fs_type == "xfs" and not read_only:
                     await fs.grow(device, fs_type, staging)
                 rec.fs_type = fs_type
@@ -225,7 +249,7 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
         self, req: csi_pb2.NodeUnstageVolumeRequest, _: grpc.aio.ServicerContext
     ) -> csi_pb2.NodeUnstageVolumeResponse:
         volume_id = check_id(req.volume_id, "volume_id")
-        staging = check_abs_path(req.staging_target_path, "staging_target_path")
+        staging = self.kubelet.check(req.staging_target_path, "staging_target_path")
         async with self.state.locks.hold(volume_id):
             rec = self.state.stagings.get(volume_id)
             if rec is None:
@@ -236,7 +260,7 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
             if busy:
                 raise failed_precondition(f"volume {volume_id} is still published at {', '.join(busy)}")
             if rec.access_type == "mount":
-                await mounts.unmount(staging)
+                await self._unmount(staging, "staging_target_path")
             backing = self.state.volume_file(volume_id)
             for dev in await loop.devices_for(backing):
                 if dev.name == rec.device:
@@ -254,8 +278,8 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
             raise invalid(
                 "staging_target_path is required: this driver stages volumes (STAGE_UNSTAGE_VOLUME)"
             )
-        staging = check_abs_path(req.staging_target_path, "staging_target_path")
-        target = check_abs_path(req.target_path, "target_path")
+        staging = self.kubelet.check(req.staging_target_path, "staging_target_path")
+        target = await asyncio.to_thread(self.kubelet.validate, req.target_path, "target_path")
         cap: Capability = require_capability(req)
         read_only = req.readonly or req.publish_context.get(CTX_READONLY) == "true"
         async with self.state.locks.hold(volume_id):
@@ -282,21 +306,30 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
                         f"volume {volume_id} has access mode SINGLE_NODE_SINGLE_WRITER and is already "
                         f"published at {others[0]}"
                     )
-            rec.targets[target] = read_only
-            await self.state.put_staging(rec)
-            if cap.access_type == "block":
+            block = cap.access_type == "block"
+            if block:
                 backing = self.state.volume_file(volume_id)
                 if not rec.device or not any(d.name == rec.device for d in await loop.devices_for(backing)):
                     raise failed_precondition(
                         f"volume {volume_id} has no loop device; call NodeStageVolume again"
                     )
-                await asyncio.to_thread(_create_file, target)
-                await mounts.bind(rec.device, target, read_only)
+            elif not is_mounted(staging):
+                raise failed_precondition(f"{staging} is not mounted; call NodeStageVolume again")
+            # Recorded before anything is made or mounted, so a crash leaves a record to undo.
+            rec.targets[target] = read_only
+            await self.state.put_staging(rec)
+            make = self.kubelet.make_file if block else self.kubelet.make_dir
+            if await asyncio.to_thread(make, target, "target_path") and target not in rec.created_targets:
+                # Only what the driver made itself is removed at unpublish: a file or directory
+                # that was already there (someone else's) stays.
+                rec.created_targets.append(target)
+                await self.state.put_staging(rec)
+            if block:
+                await self._bind_on(rec.device, None, target, False, read_only)
             else:
-                if not is_mounted(staging):
-                    raise failed_precondition(f"{staging} is not mounted; call NodeStageVolume again")
-                await asyncio.to_thread(os.makedirs, target, exist_ok=True)
-                await mounts.bind(staging, target, read_only)
+                with self.kubelet.walked(staging, "staging_target_path") as s:
+                    src = s.open_final(directory=True)
+                    await self._bind_on("", src, target, True, read_only)
         log.info("published volume", volume=volume_id, target=target, read_only=read_only)
         return csi_pb2.NodePublishVolumeResponse()
 
@@ -304,14 +337,20 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
         self, req: csi_pb2.NodeUnpublishVolumeRequest, _: grpc.aio.ServicerContext
     ) -> csi_pb2.NodeUnpublishVolumeResponse:
         volume_id = check_id(req.volume_id, "volume_id")
-        target = check_abs_path(req.target_path, "target_path")
+        target = await asyncio.to_thread(self.kubelet.validate, req.target_path, "target_path")
         async with self.state.locks.hold(volume_id):
             rec = self.state.stagings.get(volume_id)
             # Only a target this driver published is unmounted: a request naming any other mounted
             # path must not become a way to unmount things on the host.
             if rec is not None and target in rec.targets:
-                await mounts.unmount(target)
-                await asyncio.to_thread(_remove_target, target)
+                await self._unmount(target, "target_path")
+                if target in rec.created_targets:
+                    # Never recursive: a directory with content after unmounting is not ours.
+                    try:
+                        await asyncio.to_thread(self.kubelet.remove, target, "target_path")
+                    except OSError as e:
+                        log.warning("could not remove target", target=target, error=str(e))
+                    rec.created_targets.remove(target)
                 del rec.targets[target]
                 await self.state.put_staging(rec)
                 log.info("unpublished volume", volume=volume_id, target=target)
@@ -360,6 +399,10 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
             if not rec.device:
                 raise failed_precondition(
                     f"volume {volume_id} has no loop device; call NodeStageVolume again"
+                )
+            if rec.access_type == "mount" and (not rec.fs_type or not is_mounted(rec.staging_path)):
+                raise failed_precondition(
+                    f"volume {volume_id} is not mounted at its staging path; call NodeStageVolume again"
                 )
             await loop.refresh_capacity(rec.device)
             size = await asyncio.to_thread(loop.device_size, rec.device)

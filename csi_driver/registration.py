@@ -3,6 +3,8 @@ plugins_registry directory, asks GetInfo, then reports whether registration work
 
 from __future__ import annotations
 
+import asyncio
+
 import grpc
 
 from controller_runtime.logs import get_logger
@@ -17,6 +19,8 @@ class RegistrationServer(api_pb2_grpc.RegistrationServicer):  # type: ignore[mis
     def __init__(self, endpoint: str) -> None:
         self.endpoint = endpoint  # the CSI socket path as kubelet sees it
         self.registered = False
+        self.refused = asyncio.Event()  # set when kubelet reports failure: the process exits 1
+        self.error = ""
 
     async def GetInfo(self, req: api_pb2.InfoRequest, _: grpc.aio.ServicerContext) -> api_pb2.PluginInfo:
         return api_pb2.PluginInfo(
@@ -31,4 +35,6 @@ class RegistrationServer(api_pb2_grpc.RegistrationServicer):  # type: ignore[mis
             log.info("kubelet registered the plugin", driver=DRIVER_NAME, endpoint=self.endpoint)
         else:
             log.error("kubelet rejected the plugin registration", driver=DRIVER_NAME, error=req.error)
+            self.error = req.error or "no reason given"
+            self.refused.set()
         return api_pb2.RegistrationStatusResponse()

@@ -9,6 +9,7 @@ import contextlib
 import os
 import socket
 import stat
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -84,6 +85,11 @@ def remove_stale_socket(path: str) -> None:
     raise RuntimeError(f"another process is serving on {path}")
 
 
+@dataclass(frozen=True)
+class _Undecodable:
+    error: str
+
+
 class CsiInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     async def intercept_service(
         self,
@@ -95,9 +101,23 @@ class CsiInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             return handler
         method = details.method.rsplit("/", 1)[-1]
         behaviour: Behaviour = handler.unary_unary
+        decode = handler.request_deserializer
+
+        def deserialize(data: bytes) -> Any:
+            # grpc answers UNKNOWN when a deserializer raises (e.g. a string field that is not
+            # UTF-8, which proto3 forbids): hand the error on, to be answered INVALID_ARGUMENT.
+            try:
+                return decode(data) if decode is not None else data
+            except Exception as e:
+                return _Undecodable(f"{type(e).__name__}: {e}")
 
         async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> Any:
             start = time.monotonic()
+            if isinstance(request, _Undecodable):
+                message = f"the request is not a valid {method} message: {request.error}"
+                OPERATIONS.labels(DRIVER_NAME, method, grpc.StatusCode.INVALID_ARGUMENT.name).observe(0)
+                log.warning("rpc failed", method=method, code="INVALID_ARGUMENT", error=message)
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
             # Shielded: a CO that gives up (deadline) must not interrupt an operation half way;
             # it finishes under the volume's lock and the CO's retry finds its result.
             task = asyncio.ensure_future(behaviour(request, context))
@@ -129,7 +149,7 @@ class CsiInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 
         return grpc.unary_unary_rpc_method_handler(
             wrapped,
-            request_deserializer=handler.request_deserializer,
+            request_deserializer=deserialize,
             response_serializer=handler.response_serializer,
         )
 
@@ -150,27 +170,39 @@ async def start_unix_server(path: str, register: Callable[[grpc.aio.Server], Non
         raise ValueError(
             f"socket path {path} is {len(path.encode())} bytes; unix sockets allow {MAX_SOCKET_PATH}"
         )
-    os.makedirs(os.path.dirname(path), exist_ok=True)
+    directory = os.path.dirname(path)
+    os.makedirs(directory, exist_ok=True)
     remove_stale_socket(path)
     server = grpc.aio.server(interceptors=[CsiInterceptor()])
     register(server)
-    # The umask makes the socket 0600 from the moment it exists; the chmod is belt and braces.
-    old = os.umask(0o177)
+    # No umask games (the umask is process-wide, other tasks create files meanwhile): the socket
+    # is bound inside a fresh 0700 directory nobody else can enter, made 0600 there, then renamed
+    # into place. The server keeps serving the renamed inode.
+    private = tempfile.mkdtemp(prefix=".", dir=directory)
     try:
-        server.add_insecure_port(f"unix://{path}")
+        bound = os.path.join(private, "s")
+        if len(bound.encode()) > MAX_SOCKET_PATH:
+            raise ValueError(f"socket directory {directory} is too long to bind a socket in it")
+        server.add_insecure_port(f"unix://{bound}")
         await server.start()
+        os.chmod(bound, 0o600)
+        os.rename(bound, path)
     finally:
-        os.umask(old)
-    os.chmod(path, 0o600)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(private, "s"))
+        os.rmdir(private)
     log.info("serving gRPC", socket=path)
     return UnixServer(server, path, os.lstat(path).st_ino)
 
 
 async def stop_unix_server(unix: UnixServer, grace: float) -> None:
-    await unix.server.stop(grace)
-    # A replacement process may already serve at this path (it found our socket dead and bound
-    # its own); removing its socket would cut it off, so only the file we bound goes.
-    with contextlib.suppress(FileNotFoundError):
-        if os.lstat(unix.path).st_ino == unix.inode:
-            os.unlink(unix.path)
-    log.info("stopped gRPC server", socket=unix.path)
+    try:
+        await unix.server.stop(grace)
+    finally:
+        # A replacement process may already serve at this path (it found our socket dead and bound
+        # its own); removing its socket would cut it off, so only the file we bound goes. (grpc
+        # unlinks only the path it bound, the private one, which the rename already emptied.)
+        with contextlib.suppress(FileNotFoundError):
+            if os.lstat(unix.path).st_ino == unix.inode:
+                os.unlink(unix.path)
+        log.info("stopped gRPC server", socket=unix.path)

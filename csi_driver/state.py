@@ -79,6 +79,8 @@ class StagingRecord:
     read_only: bool = False
     access_mode: int = 0
     targets: dict[str, bool] = field(default_factory=dict)  # target path -> readonly
+    # Targets the driver made itself (file or directory): only these are removed at unpublish.
+    created_targets: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -1,24 +1,30 @@
-"""Crash points for the fault-injection tests: `KUBELOOP_PROVISIONER_FAILPOINTS=after-create-volume`
-makes the process SIGKILL itself the first time it reaches that step, exactly like `kill -9` at that
-line. Unset (always, outside tests), `reach` is a dictionary lookup."""
+"""Named steps of provisioning where the fault-injection tests can stop the process.
+
+The shipped provisioner installs nothing here: no environment variable or flag arms a failpoint,
+and `reach` calls no hook, so it is a loop over an empty list. The test suite starts the
+provisioner through a test-only entry module (tests/integration/provisioner_failpoints.py) that
+installs a hook (SIGKILL at the named step) and then runs the normal main.
+"""
 
 from __future__ import annotations
 
-import os
-import signal
-
-from controller_runtime.logs import get_logger
-
-log = get_logger("external-provisioner")
+from collections.abc import Callable
 
 BEFORE_CREATE_VOLUME = "before-create-volume"
 AFTER_CREATE_VOLUME = "after-create-volume"
 AFTER_PV_SAVED = "after-pv-saved"
+POINTS = (BEFORE_CREATE_VOLUME, AFTER_CREATE_VOLUME, AFTER_PV_SAVED)
 
-_ARMED = frozenset(filter(None, os.environ.get("KUBELOOP_PROVISIONER_FAILPOINTS", "").split(",")))
+Hook = Callable[[str], None]
+
+_hooks: list[Hook] = []
+
+
+def install(hook: Hook) -> None:
+    """Adds a hook called with each point reached. Only tests call this."""
+    _hooks.append(hook)
 
 
 def reach(point: str) -> None:
-    if point in _ARMED:
-        log.warning("failpoint reached, killing the process", failpoint=point)
-        os.kill(os.getpid(), signal.SIGKILL)
+    for hook in _hooks:
+        hook(point)

@@ -58,6 +58,8 @@ class Driver:
             str(self.pool),
             "--state-dir",
             str(work / "state"),
+            "--kubelet-dir",
+            str(work),
             "--max-volumes-per-node",
             "0",
             "-v",

@@ -1,4 +1,9 @@
-"""Mount, bind-mount and unmount. Reading the mount table is controller_runtime.mounts."""
+"""Mount, bind-mount and unmount. Reading the mount table is controller_runtime.mounts.
+
+Targets and sources from requests arrive as `/proc/self/fd/<fd>[/<name>]` paths on descriptors the
+caller opened without following symlinks (csi_driver.paths); mount(8) inherits those descriptors and
+gets `--no-canonicalize`, so it never resolves a symlink of its own either.
+"""
 
 from __future__ import annotations
 
@@ -18,22 +23,42 @@ def device_number(device: str) -> str:
     return f"{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}"
 
 
-async def mount(source: str, target: str, fs_type: str, options: Sequence[str] = ()) -> None:
-    argv = ["mount", "-t", fs_type]
+async def mount(
+    source: str,
+    target: str,
+    fs_type: str,
+    options: Sequence[str] = (),
+    *,
+    name: str = "",
+    pass_fds: tuple[int, ...] = (),
+) -> None:
+    argv = ["mount", "--no-canonicalize", "-t", fs_type]
     if options:
         argv += ["-o", ",".join(options)]
-    await run(*argv, source, target)
-    log.info("mounted", source=source, target=target, fs_type=fs_type, options=",".join(options))
+    await run(*argv, source, target, pass_fds=pass_fds)
+    log.info("mounted", source=source, target=name or target, fs_type=fs_type, options=",".join(options))
 
 
-async def bind(source: str, target: str, read_only: bool) -> None:
-    # util-linux applies `ro` to a bind mount with a second (remount) call itself.
-    await run("mount", "--bind", *(["-o", "ro"] if read_only else []), source, target)
-    log.info("bind-mounted", source=source, target=target, read_only=read_only)
+async def bind(
+    source: str,
+    target: str,
+    *,
+    remount_target: str = "",
+    read_only: bool = False,
+    name: str = "",
+    pass_fds: tuple[int, ...] = (),
+) -> None:
+    """Bind-mounts source onto target; read-only with a second call on `remount_target` (the
+    target as reached through its parent, since `target` may name the directory underneath)."""
+    await run("mount", "--no-canonicalize", "--bind", source, target, pass_fds=pass_fds)
+    if read_only:
+        await run("mount", "--no-canonicalize", "-o", "remount,bind,ro", remount_target, pass_fds=pass_fds)
+    log.info("bind-mounted", source=source, target=name or target, read_only=read_only)
 
 
-async def unmount(target: str) -> None:
-    """Unmounts every mount stacked on target (a retried mount may have stacked two)."""
-    while is_mounted(target):
-        await run("umount", target)
-        log.info("unmounted", target=target)
+async def unmount(path: str, target: str, *, pass_fds: tuple[int, ...] = ()) -> None:
+    """Unmounts every mount stacked on `path` (a retried mount may have stacked two); `target` is
+    how umount reaches it."""
+    while is_mounted(path):
+        await run("umount", "--no-canonicalize", target, pass_fds=pass_fds)
+        log.info("unmounted", target=path)

@@ -31,8 +31,11 @@ class Result:
     stderr: str
 
 
-async def run(*argv: str, check: bool = True, timeout: float = 300.0) -> Result:
-    """Runs argv (never through a shell) and returns its output.
+async def run(
+    *argv: str, check: bool = True, timeout: float = 300.0, pass_fds: tuple[int, ...] = ()
+) -> Result:
+    """Runs argv (never through a shell) and returns its output. `pass_fds` are inherited by the
+    child under the same numbers (for `/proc/self/fd/<fd>` paths).
 
     The child is not killed when the calling task is cancelled: an interrupted mkfs or mount would
     leave a worse state than a finished one, so cancellation waits for the tool to exit.
@@ -43,6 +46,7 @@ async def run(*argv: str, check: bool = True, timeout: float = 300.0) -> Result:
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
         env={**os.environ, "PATH": _PATH, "LC_ALL": "C"},
+        pass_fds=pass_fds,
     )
     communicate = asyncio.ensure_future(proc.communicate())
     try:

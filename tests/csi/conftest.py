@@ -86,6 +86,8 @@ class Driver:
         self.socket = root / "csi.sock"
         self.pool = pool or root / "pool"
         self.state = root / "state"
+        # Staging and target paths must lie under the driver's kubelet directory (--kubelet-dir).
+        self.kubelet = root / "kubelet"
         self.mode = mode
         self.node_id = node_id
         self.extra = list(extra)
@@ -115,6 +117,8 @@ class Driver:
             str(self.pool),
             "--state-dir",
             str(self.state),
+            "--kubelet-dir",
+            str(self.kubelet),
             "-v",
             "4",
             *self.extra,

@@ -65,8 +65,8 @@ class Attached:
         self, client: Client, driver: Driver, volume_id: str, cap: csi_pb2.VolumeCapability, name: str = "t"
     ) -> None:
         self.client, self.volume_id, self.cap = client, volume_id, cap
-        self.staging = str(driver.root / f"staging-{name}")
-        self.target = str(driver.root / f"target-{name}" / "mount")
+        self.staging = str(driver.kubelet / f"staging-{name}")
+        self.target = str(driver.kubelet / f"target-{name}" / "mount")
         os.makedirs(self.staging, exist_ok=True)
         os.makedirs(os.path.dirname(self.target), exist_ok=True)
         pub = client.controller.ControllerPublishVolume(
@@ -177,7 +177,7 @@ def test_kill9_during_stage_then_retry(driver: Driver, client: Client, delay: fl
     it and unstage leaves nothing attached."""
     vol = create(client, f"crashy-{delay}")
     cap = mount_cap()
-    staging = str(driver.root / "staging")
+    staging = str(driver.kubelet / "staging")
     os.makedirs(staging, exist_ok=True)
     req = csi_pb2.NodeStageVolumeRequest(
         volume_id=vol.volume_id, staging_target_path=staging, volume_capability=cap
@@ -197,7 +197,7 @@ def test_kill9_during_stage_then_retry(driver: Driver, client: Client, delay: fl
     worker.join()
     driver.start()
     client.node.NodeStageVolume(req)
-    target = str(driver.root / "target")
+    target = str(driver.kubelet / "target")
     client.node.NodePublishVolume(
         csi_pb2.NodePublishVolumeRequest(
             volume_id=vol.volume_id, staging_target_path=staging, target_path=target, volume_capability=cap
@@ -372,7 +372,7 @@ def test_never_reformats_existing_data(driver: Driver, client: Client) -> None:
     vol = create(client, "keep")
     att = Attached(client, driver, vol.volume_id, mount_cap("ext4"))
     att.close()
-    staging = str(driver.root / "staging-xfs")
+    staging = str(driver.kubelet / "staging-xfs")
     os.makedirs(staging)
     code = code_of(
         lambda: client.node.NodeStageVolume(
@@ -391,7 +391,7 @@ def test_never_reformats_existing_data(driver: Driver, client: Client) -> None:
     "bad_id", ["../../etc/passwd", "..", "/etc/passwd", "a/b", "vol\x00x", ".hidden", "x" * 200]
 )
 def test_hostile_volume_ids_rejected(driver: Driver, client: Client, bad_id: str) -> None:
-    staging = str(driver.root / "staging")
+    staging = str(driver.kubelet / "staging")
     calls = [
         lambda: client.controller.DeleteVolume(csi_pb2.DeleteVolumeRequest(volume_id=bad_id)),
         lambda: client.controller.ControllerPublishVolume(
@@ -440,11 +440,20 @@ def test_hostile_paths_rejected(driver: Driver, client: Client, tmp_path: Path) 
             )
         )
         assert code == grpc.StatusCode.INVALID_ARGUMENT, staging
-    # Unpublishing a path the driver never published must not delete it.
-    client.node.NodeUnpublishVolume(
-        csi_pb2.NodeUnpublishVolumeRequest(volume_id=vol.volume_id, target_path=str(bystander))
+    # Unpublishing a path outside the kubelet directory is refused; one inside that the driver
+    # never published is left alone.
+    code = code_of(
+        lambda: client.node.NodeUnpublishVolume(
+            csi_pb2.NodeUnpublishVolumeRequest(volume_id=vol.volume_id, target_path=str(bystander))
+        )
     )
-    assert bystander.read_text() == "not the driver's"
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    inside = driver.kubelet / "bystander"
+    inside.write_text("not the driver's")
+    client.node.NodeUnpublishVolume(
+        csi_pb2.NodeUnpublishVolumeRequest(volume_id=vol.volume_id, target_path=str(inside))
+    )
+    assert bystander.read_text() == "not the driver's" and inside.read_text() == "not the driver's"
 
 
 def test_single_node_volume_refused_on_second_node(driver: Driver, client: Client) -> None:

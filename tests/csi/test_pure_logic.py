@@ -143,3 +143,37 @@ def test_socket_path_forms() -> None:
     assert socket_path("unix:///run/csi.sock") == "/run/csi.sock"
     assert socket_path("unix:/run/csi.sock") == "/run/csi.sock"
     assert socket_path("/run/csi.sock") == "/run/csi.sock"
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        "loop",
+        "ro,loop",
+        "offset=512",
+        "bind",
+        "rbind",
+        "remount",
+        "move",
+        "X-mount.mkdir",
+        "x-systemd.automount",
+        "helper=x",
+        "make-shared",
+        "shared",
+        "LOOP",
+        " bind",
+    ],
+)
+def test_mount_options_acting_outside_the_filesystem_are_refused(flags: str) -> None:
+    from csi_driver.capabilities import forbidden_mount_option
+
+    assert forbidden_mount_option(flags) is not None
+
+
+@pytest.mark.parametrize(
+    "flags", ["noatime", "discard,noatime", "data=ordered", "ro", "nodiscard", "errors=remount-ro"]
+)
+def test_filesystem_mount_options_are_accepted(flags: str) -> None:
+    from csi_driver.capabilities import forbidden_mount_option
+
+    assert forbidden_mount_option(flags) is None

@@ -50,8 +50,9 @@ def test_csi_sanity(access_type: str, csi_root: Path, capsys: pytest.CaptureFixt
                 str(binary),
                 f"--csi.endpoint={driver.endpoint}",
                 # csi-sanity creates these two itself and fails when they already exist.
-                f"--csi.stagingdir={work / 'staging'}",
-                f"--csi.mountdir={work / 'mount'}",
+                # Both under the driver's --kubelet-dir, the only place it accepts paths.
+                f"--csi.stagingdir={driver.kubelet / 'staging'}",
+                f"--csi.mountdir={driver.kubelet / 'mount'}",
                 f"--csi.testvolumeaccesstype={access_type}",
                 "--csi.testnodevolumeattachlimit",
                 f"--ginkgo.junit-report={report}",

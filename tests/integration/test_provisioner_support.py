@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import shutil
 import signal
 import sys
@@ -103,15 +102,17 @@ class Harness:
         assert self.driver is not None
         await kubectl(self.cp, "apply", "-f", str(REPO_ROOT / "deploy/rbac/external-provisioner.yaml"))
         (port,) = free_ports(1)
-        env = dict(os.environ)
-        env.pop("KUBELOOP_PROVISIONER_FAILPOINTS", None)
-        if failpoints:
-            env["KUBELOOP_PROVISIONER_FAILPOINTS"] = ",".join(failpoints)
         self.port = port
+        # Failpoints exist only in the test-only entry module; the shipped one cannot arm them.
+        entry = (
+            ["tests.integration.provisioner_failpoints", f"--failpoints={','.join(failpoints)}"]
+            if failpoints
+            else ["external_provisioner.main"]
+        )
         self.proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
-            "external_provisioner.main",
+            *entry,
             f"--kubeconfig={self.cp.kubeconfig_for(IDENTITY)}",
             f"--csi-address={self.driver.endpoint}",
             f"--state-dir={self.root / 'provisioner'}",
@@ -123,7 +124,6 @@ class Harness:
             "-v=4",
             *extra,
             cwd=REPO_ROOT,
-            env=env,
             stdout=self.log.open("ab"),
             stderr=asyncio.subprocess.STDOUT,
         )

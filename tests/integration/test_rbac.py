@@ -1,0 +1,172 @@
+"""Least privilege, checked against the real apiserver: every deploy/rbac/*.yaml is applied and
+`kubectl auth can-i --as system:serviceaccount:kube-system:<sa>` must say *no* to what each
+component must never do (and *yes* to a few things it needs, so a broken check cannot pass)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from controller_runtime.toolchain import REPO_ROOT
+from localstack.controlplane import ControlPlane
+
+from .test_provisioner_support import kubectl
+
+pytestmark = pytest.mark.integration
+
+# (verb, resource[/subresource], namespace or "")
+Check = tuple[str, str, str]
+VA = "volumeattachments.storage.k8s.io"
+LEASES = "leases.coordination.k8s.io"
+
+# What no storage component may ever do.
+EVERYONE_MUST_NOT: list[Check] = [
+    ("*", "*", ""),
+    ("get", "secrets", "default"),
+    ("list", "secrets", ""),
+    ("create", "clusterrolebindings.rbac.authorization.k8s.io", ""),
+    ("escalate", "clusterroles.rbac.authorization.k8s.io", ""),
+    ("impersonate", "serviceaccounts", "kube-system"),
+    ("create", "pods/exec", "default"),
+    ("delete", "nodes", ""),
+    ("create", LEASES, "default"),  # leader election leases live in kube-system only
+    ("delete", "namespaces", ""),
+    ("update", "persistentvolumeclaims/status", ""),
+]
+# ... except for the one component whose job it is.
+EXCEPT: dict[Check, str] = {
+    ("get", "secrets", "default"): "kubeloop-external-provisioner",  # provisioner secrets
+    ("create", LEASES, "default"): "kubeloop-node-agent",  # node leases (kube-node-lease)
+    ("update", "persistentvolumeclaims/status", ""): "kubeloop-pv-controller",  # the binder
+}
+
+MUST_NOT: dict[str, list[Check]] = {
+    "kubeloop-pv-controller": [
+        ("create", VA, ""),
+        ("delete", VA, ""),
+        ("create", "persistentvolumes", ""),
+        ("delete", "persistentvolumes", ""),
+        ("delete", "persistentvolumeclaims", "default"),
+        ("create", "pods", "default"),
+        ("patch", "nodes/status", ""),
+    ],
+    "kubeloop-attach-detach": [
+        ("delete", "persistentvolumes", ""),
+        ("update", "persistentvolumes", ""),
+        ("create", "persistentvolumes", ""),
+        ("patch", "volumeattachments/status", ""),
+        ("update", "persistentvolumeclaims", "default"),
+        ("delete", "pods", "default"),
+    ],
+    "kubeloop-external-provisioner": [
+        ("create", VA, ""),
+        ("delete", VA, ""),
+        ("update", "persistentvolumes", ""),
+        ("patch", "persistentvolumeclaims/status", "default"),
+        ("list", "secrets", "default"),
+        ("delete", "pods", "default"),
+        ("create", "csinodes.storage.k8s.io", ""),
+    ],
+    "kubeloop-external-attacher": [
+        ("delete", "persistentvolumes", ""),
+        ("create", "persistentvolumes", ""),
+        ("create", VA, ""),
+        ("delete", VA, ""),
+        ("get", "secrets", "kube-system"),
+        ("patch", "persistentvolumeclaims", "default"),
+        ("delete", "pods", "default"),
+    ],
+    "kubeloop-external-resizer": [
+        ("delete", "persistentvolumes", ""),
+        ("create", "persistentvolumes", ""),
+        ("patch", "persistentvolumeclaims", "default"),  # the claim's spec is the user's
+        ("create", VA, ""),
+        ("get", "secrets", "kube-system"),
+        ("delete", "pods", "default"),
+    ],
+    "kubeloop-volume-expand": [
+        ("patch", "persistentvolumes", ""),
+        ("patch", "persistentvolumeclaims/status", "default"),
+        ("update", "persistentvolumeclaims", "default"),
+        ("create", VA, ""),
+        ("get", "secrets", "kube-system"),
+    ],
+    "kubeloop-node-agent": [
+        ("delete", "persistentvolumes", ""),
+        ("create", "persistentvolumes", ""),
+        ("update", "persistentvolumes", ""),
+        ("create", VA, ""),
+        ("delete", VA, ""),
+        ("update", "persistentvolumeclaims", "default"),
+        ("get", "secrets", "kube-system"),
+        ("create", "pods", "default"),
+    ],
+}
+
+MUST: dict[str, list[Check]] = {
+    "kubeloop-pv-controller": [("update", "persistentvolumes", ""), ("get", LEASES, "kube-system")],
+    "kubeloop-attach-detach": [("create", VA, ""), ("delete", VA, "")],
+    "kubeloop-external-provisioner": [
+        ("create", "persistentvolumes", ""),
+        ("delete", "persistentvolumes", ""),
+        ("get", "secrets", "default"),
+    ],
+    "kubeloop-external-attacher": [
+        ("patch", "volumeattachments/status", ""),
+        ("patch", "persistentvolumes", ""),
+    ],
+    "kubeloop-external-resizer": [("patch", "persistentvolumeclaims/status", "default")],
+    "kubeloop-volume-expand": [("list", "persistentvolumeclaims", "")],
+    "kubeloop-node-agent": [("patch", "pods/status", "default"), ("patch", "nodes/status", "")],
+}
+
+
+async def can_i(cp: ControlPlane, sa: str, check: Check, gate: asyncio.Semaphore) -> bool:
+    verb, resource, namespace = check
+    args = [f"--kubeconfig={cp.admin_kubeconfig}", "auth", "can-i", verb]
+    name, _, sub = resource.partition("/")
+    if sub:
+        # "volumeattachments/status" needs its group: split "<plural>.<group>" back out.
+        name = VA if name == "volumeattachments" else name
+        args += [name, f"--subresource={sub}"]
+    else:
+        args.append(name)
+    args += ["--namespace", namespace] if namespace else ["--all-namespaces"]
+    args.append(f"--as=system:serviceaccount:kube-system:{sa}")
+    async with gate:
+        proc = await asyncio.create_subprocess_exec(
+            str(cp.toolchain.binary("kubectl")),
+            *args,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await proc.communicate()
+    answer = out.decode().strip()
+    # can-i exits 0 for yes and 1 for no; anything else (bad resource, apiserver down) is an error.
+    assert answer in ("yes", "no") and proc.returncode in (0, 1), (args, answer, err.decode())
+    return answer == "yes"
+
+
+async def test_components_cannot_do_what_they_must_not(control_plane: ControlPlane) -> None:
+    for path in sorted((REPO_ROOT / "deploy" / "rbac").glob("*.yaml")):
+        await kubectl(control_plane, "apply", "-f", str(path))
+    assert set(MUST_NOT) == set(MUST) and len(MUST_NOT) == len(
+        list((REPO_ROOT / "deploy/rbac").glob("*.yaml"))
+    )
+    gate = asyncio.Semaphore(8)
+    cases = [
+        (sa, c, False)
+        for sa, checks in MUST_NOT.items()
+        for c in [*EVERYONE_MUST_NOT, *checks]
+        if EXCEPT.get(c) != sa
+    ]
+    cases += [(sa, c, True) for sa, checks in MUST.items() for c in checks]
+    answers = await asyncio.gather(*(can_i(control_plane, sa, c, gate) for sa, c, _ in cases))
+    wrong = [
+        f"{sa} {'cannot' if expected else 'CAN'} {' '.join(c[:2])}{' in ' + c[2] if c[2] else ''}"
+        for (sa, c, expected), got in zip(cases, answers, strict=True)
+        if got != expected
+    ]
+    print(f"\n{len(cases)} can-i checks over {len(MUST)} service accounts")
+    assert not wrong, "\n".join(wrong)
