@@ -13,15 +13,17 @@ FROM ${BASE_IMAGE} AS build
 RUN apt-get update -qq \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3 python3-venv >/dev/null \
  && rm -rf /var/lib/apt/lists/*
-COPY build/wheels /wheels
+# Dependencies first: this layer stays cached until pyproject.toml changes.
+COPY build/wheels/deps /wheels/deps
 ARG PIP_NO_INDEX=1
 RUN python3 -m venv /opt/kubeloop \
  && if [ "$PIP_NO_INDEX" = 1 ]; then no_index=--no-index; else no_index=; fi \
  && /opt/kubeloop/bin/pip install -q --no-cache-dir --disable-pip-version-check $no_index \
-      --find-links=/wheels kubeloop \
- && /opt/kubeloop/bin/pip uninstall -q -y pip setuptools \
- && find /opt/kubeloop -name __pycache__ -prune -exec rm -rf {} + \
- && /opt/kubeloop/bin/python -m compileall -q /opt/kubeloop/lib >/dev/null
+      --find-links=/wheels/deps /wheels/deps/*.whl
+COPY build/wheels/kubeloop-*.whl /wheels/
+RUN /opt/kubeloop/bin/pip install -q --no-cache-dir --disable-pip-version-check --no-index --no-deps \
+      /wheels/kubeloop-*.whl \
+ && /opt/kubeloop/bin/pip uninstall -q -y pip setuptools
 
 FROM ${BASE_IMAGE}
 # The tools the CSI driver runs: losetup/blkid/findmnt (util-linux), mount, mkfs.ext4/resize2fs

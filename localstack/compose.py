@@ -364,7 +364,7 @@ HEADER = """\
 def compose_document() -> dict[str, Any]:
     img = images()
     services = _control_plane_services(img)
-    volumes = {"config": {}, "tools": {}, "etcd-data": {}}
+    volumes: dict[str, dict[str, Any]] = {"config": {}, "tools": {}, "etcd-data": {}}
     for inst in instances(REGISTRY, NODES):
         service, named = _component_service(inst)
         services[inst.name] = service

@@ -11,6 +11,7 @@
 #   4. the kubeloop image from Dockerfile (docker's layer cache makes a warm rebuild quick).
 # A daemon is started by tools/docker-env.sh when none answers (and left running: `tools/docker-env.sh
 # stop` stops it). Environment: PYTHON (default .venv/bin/python), BASE_IMAGE, DEBIAN_MIRROR.
+# `build-images.sh wheels` does step 2 only (what `docker-compose up --build` needs beside a registry).
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -28,6 +29,35 @@ die() { say "error: $*"; exit 1; }
 step() { say "$1 ($((SECONDS - t0))s)"; t0=$SECONDS; }
 t0=$SECONDS
 started=$SECONDS
+
+wheels_only=0
+[ "${1:-}" = wheels ] && wheels_only=1
+
+build_wheels() {
+  [ -x "$PY" ] || die "no Python at $PY; run make python-deps (or set PYTHON)"
+  "$PY" proto/generate.py
+  local wheels=build/wheels
+  # deps/ changes only with pyproject.toml, so the image's dependency layer stays cached.
+  local deps_stamp; deps_stamp=$wheels/deps/.stamp-$(sha256sum pyproject.toml | cut -c1-16)
+  if [ ! -f "$deps_stamp" ]; then
+    say "wheels: downloading kubeloop's dependencies (cp311, binary only)"
+    rm -rf "$wheels" && mkdir -p "$wheels/deps"
+    local deps
+    mapfile -t deps < <("$PY" -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml","rb"))["project"]["dependencies"]))')
+    "$PY" -m pip download -q --disable-pip-version-check --only-binary=:all: --python-version 3.11 \
+      --implementation cp --abi cp311 --platform manylinux_2_36_x86_64 --platform manylinux_2_28_x86_64 \
+      --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any \
+      -d "$wheels/deps" "${deps[@]}"
+    touch "$deps_stamp"
+  fi
+  rm -f "$wheels"/kubeloop-*.whl
+  rm -rf build/lib build/bdist.*
+  # A fixed timestamp makes the wheel byte-identical while the source is, so docker's cache holds.
+  SOURCE_DATE_EPOCH=315532800 "$PY" -m pip wheel -q --disable-pip-version-check --no-deps -w "$wheels" . >/dev/null
+  "$PY" -c 'import sys, zipfile; n = zipfile.ZipFile(sys.argv[1]).namelist(); sys.exit(0 if any(x.startswith("kubeloop_grpc/csi/") for x in n) else "the kubeloop wheel lacks the gRPC stubs")' "$wheels"/kubeloop-*.whl
+  step "wheels ready in $wheels"
+}
+if [ $wheels_only = 1 ]; then build_wheels; exit 0; fi
 
 bash tools/docker-env.sh start >/dev/null
 bash tools/build-binaries.sh kubernetes etcd
@@ -54,25 +84,7 @@ else
 fi
 
 # --- 2. wheels --------------------------------------------------------------------------------------
-[ -x "$PY" ] || die "no Python at $PY; run make python-deps (or set PYTHON)"
-"$PY" proto/generate.py
-wheels=build/wheels
-deps_stamp=$wheels/.deps-$(sha256sum pyproject.toml | cut -c1-16)
-if [ ! -f "$deps_stamp" ]; then
-  say "wheels: downloading kubeloop's dependencies (cp311, binary only)"
-  rm -rf "$wheels" && mkdir -p "$wheels"
-  mapfile -t deps < <("$PY" -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml","rb"))["project"]["dependencies"]))')
-  "$PY" -m pip download -q --disable-pip-version-check --only-binary=:all: --python-version 3.11 \
-    --implementation cp --abi cp311 --platform manylinux_2_36_x86_64 --platform manylinux_2_28_x86_64 \
-    --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any \
-    -d "$wheels" "${deps[@]}"
-  touch "$deps_stamp"
-fi
-rm -f "$wheels"/kubeloop-*.whl
-rm -rf build/lib build/bdist.*
-"$PY" -m pip wheel -q --disable-pip-version-check --no-deps -w "$wheels" . >/dev/null
-"$PY" -c 'import sys, zipfile; n = zipfile.ZipFile(sys.argv[1]).namelist(); sys.exit(0 if any(x.startswith("kubeloop_grpc/csi/") for x in n) else "the kubeloop wheel lacks the gRPC stubs")' "$wheels"/kubeloop-*.whl
-step "wheels ready in $wheels"
+build_wheels
 
 # --- 3. control-plane images ------------------------------------------------------------------------
 image_of() { "$PY" -c 'import sys; from localstack.compose import images; print(images()[sys.argv[1]])' "$1"; }
@@ -93,7 +105,7 @@ scratch_image() { # tag dir-in-image binary-path...
     echo "LABEL dev.kubeloop.binaries=$sum"
     echo "ENTRYPOINT [\"$dest/$(basename "$1")\"]"
   } > "$ctx/Dockerfile"
-  docker build -q -t "$tag" "$ctx" >/dev/null
+  docker build -q -t "$tag" "$ctx" >/dev/null 2> >(grep -v -e DEPRECATED -e BuildKit -e 'environment-variable' -e '^$' >&2)
   rm -rf "$ctx"
   say "$tag: built"
 }
@@ -109,7 +121,8 @@ step "control-plane images ready"
 # --- 4. the kubeloop image --------------------------------------------------------------------------
 kubeloop_image=$("$PY" -c 'from localstack.compose import KUBELOOP_IMAGE; print(KUBELOOP_IMAGE)')
 docker build -q --network host --build-arg BASE_IMAGE="$BASE_IMAGE" \
-  --build-arg KUBECTL_IMAGE="$(image_of kubectl)" -t "$kubeloop_image" . >/dev/null
+  --build-arg KUBECTL_IMAGE="$(image_of kubectl)" -t "$kubeloop_image" . >/dev/null \
+  2> >(grep -v -e DEPRECATED -e BuildKit -e 'environment-variable' -e '^$' >&2)
 step "$kubeloop_image built"
 
 say "all images ready in $((SECONDS - started))s:"
