@@ -1,6 +1,7 @@
-"""The docker-compose stack, built and started once for tests/compose.
+"""The docker-compose stack, built and started once for tests/compose (and torn down right after them,
+before the rest of the suite runs).
 
-The session fixture sets up docker with tools/docker-env.sh (starting a local-only dockerd when none
+The fixture sets up docker with tools/docker-env.sh (starting a local-only dockerd when none
 answers, and stopping it at the end), builds every image with tools/build-images.sh, runs
 `docker-compose up -d` under its own project name and waits for every service to be healthy. At the
 end `docker-compose down -v` must leave no container, volume, loop device or mount behind. When
@@ -70,6 +71,15 @@ class Stack:
     def exec(self, service: str, script: str, check: bool = True) -> str:
         return self.compose("exec", "-T", service, "sh", "-c", script, timeout=60, check=check).stdout
 
+    def kill_main_process(self, service: str) -> None:
+        """SIGKILL to the service's process from the host: the child of the container's init."""
+        container = self.compose("ps", "-q", service).stdout.split()[0]
+        init_pid = run(["docker", "inspect", "--format", "{{.State.Pid}}", container]).stdout.strip()
+        children = Path(f"/proc/{init_pid}/task/{init_pid}/children").read_text().split()
+        assert children, f"{service}: its init has no child"
+        for pid in children:
+            os.kill(int(pid), 9)
+
     def services(self) -> list[str]:
         return [s for s in self.compose("config", "--services").stdout.split() if s not in ONE_SHOT]
 
@@ -118,7 +128,7 @@ def _leftovers(loops_before: set[str]) -> tuple[list[str], list[str]]:
     return sorted(mounts), loops
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def stack() -> Iterator[Stack]:
     if os.geteuid() != 0:
         pytest.fail("tests/compose need root (dockerd, loop devices)")
