@@ -57,6 +57,11 @@ class Stack:
     kubectl_path: str
     kubeconfig: Path
     figures: dict[str, float] = field(default_factory=dict)
+    loops_before: set[str] = field(default_factory=set)
+
+    def pool_loop_devices(self) -> list[str]:
+        """Loop devices of the compose pool attached now (and not before the stack started)."""
+        return _leftovers(self.loops_before)[1]
 
     def compose(
         self, *args: str, timeout: float = 300, check: bool = True
@@ -146,7 +151,7 @@ def stack() -> Iterator[Stack]:
             pytest.fail(f"tools/build-images.sh failed:\n{build.stderr[-4000:]}")
         figures["build_images_s"] = time.monotonic() - t
         kubectl = str(Toolchain.default().binary("kubectl"))
-        s = Stack(kubectl, COMPOSE_HOME / "kubeconfig", figures)
+        s = Stack(kubectl, COMPOSE_HOME / "kubeconfig", figures, loops_before)
         s.compose("down", "-v", "--remove-orphans", check=False)
         t = time.monotonic()
         up = s.compose("up", "-d", timeout=600, check=False)
@@ -157,10 +162,15 @@ def stack() -> Iterator[Stack]:
         figures["up_to_healthy_s"] = time.monotonic() - t
         yield s
     finally:
-        problems = _tear_down(loops_before)
-        shutil.rmtree(COMPOSE_HOME / "nodes", ignore_errors=True)
-        if we_started:
-            run(["bash", "tools/docker-env.sh", "stop"], timeout=120, check=False)
+        if os.environ.get("KUBELOOP_COMPOSE_KEEP") == "1":
+            # Debugging: leave the stack (and the daemon) running; `docker-compose -p PROJECT down -v`.
+            print(f"\nKUBELOOP_COMPOSE_KEEP=1: the stack {PROJECT} keeps running")
+            problems = []
+        else:
+            problems = _tear_down(loops_before)
+            shutil.rmtree(COMPOSE_HOME / "nodes", ignore_errors=True)
+            if we_started:
+                run(["bash", "tools/docker-env.sh", "stop"], timeout=120, check=False)
         print(f"\ncompose figures: {json.dumps({k: round(v, 1) for k, v in figures.items()})}")
         if problems:
             pytest.fail("\n".join(problems))

@@ -152,6 +152,7 @@ def test_claim_pod_move_expand_delete(stack: Stack) -> None:
     s.kubectl("delete", "pvc", "data", "-n", NS, "--wait=true", "--timeout=90s")
     eventually(lambda: get(s, "pv", pv) is None, f"PV {pv} deleted")
     eventually(lambda: backing_files(s) == [], "the backing file deleted")
+    assert s.pool_loop_devices() == [], "a loop device outlived its volume"
 
 
 def test_restart_and_kill_converge(stack: Stack) -> None:
@@ -188,3 +189,4 @@ def test_restart_and_kill_converge(stack: Stack) -> None:
         s.kubectl("delete", "pvc", claim, "-n", NS, "--wait=true", "--timeout=90s")
     eventually(lambda: s.kubectl("get", "pv", "-o", "name") == "", "every PV deleted")
     eventually(lambda: backing_files(s) == [], "every backing file deleted")
+    assert s.pool_loop_devices() == [], "a loop device outlived its volume"
