@@ -5,12 +5,14 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: up test unit integration sanity stress-start bench lint deps binaries system-deps python-deps clean
+.PHONY: up test unit integration sanity stress-start bench lint deps binaries system-deps python-deps clean \
+	docker-deps images wheels compose-test
 
 up: deps binaries
 	$(PY) -m localstack.main up
 
-test: deps binaries
+# tests/compose (docker-compose end to end) needs docker, docker-compose and debootstrap.
+test: deps binaries docker-deps
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 unit: python-deps
@@ -61,6 +63,22 @@ $(VENV)/.installed: pyproject.toml
 
 binaries:
 	@bash tools/build-binaries.sh
+
+# docker-compose: Debian's docker.io, containerd, runc, docker-compose and debootstrap.
+docker-deps:
+	@bash tools/docker-env.sh install
+
+# Every image docker-compose.yml runs, built here without a registry (docs/compose.md). Starts a
+# local-only dockerd when none answers and leaves it running; `tools/docker-env.sh stop` stops it.
+images: deps binaries docker-deps
+	PYTHON=$(PY) bash tools/build-images.sh
+
+# Only build/wheels/, what `docker-compose up --build` needs on a machine that reaches a registry.
+wheels: python-deps
+	PYTHON=$(PY) bash tools/build-images.sh wheels
+
+compose-test: deps binaries docker-deps
+	$(PY) -m pytest tests/compose $(PYTEST_ARGS)
 
 clean:
 	rm -rf kubeloop_grpc .kubeloop build *.egg-info

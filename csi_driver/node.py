@@ -90,7 +90,7 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
         claimed = {r.device for r in self.state.stagings.values() if r.device}
         for rec in list(self.state.stagings.values()):
             backing = self.state.volume_file(rec.volume_id)
-            attached = [d.name for d in devices if d.back_file == backing]
+            attached = [d.name for d in devices if d.backed_by(backing)]
             device = rec.device
             if device not in attached:
                 # The recorded device is gone (reboot) or was never written (a crash right after

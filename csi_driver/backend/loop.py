@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +25,24 @@ class LoopDevice:
     back_file: str
     direct_io: bool
     read_only: bool
+    # The backing file's filesystem ("major:minor") and inode, as the kernel recorded them at attach.
+    back_dev: str = ""
+    back_ino: int = 0
+
+    def backed_by(self, path: str) -> bool:
+        """Whether `path` is this device's backing file. By path first; else by device and inode,
+        since the kernel prints the path from the reader's mount namespace: a device attached by a
+        node plugin whose container was restarted shows a path relative to a mount the new one
+        cannot see (`/volumes/x.img` instead of `/var/lib/kubeloop/pool/volumes/x.img`)."""
+        if self.back_file == path:
+            return True
+        if not self.back_ino:
+            return False
+        try:
+            st = os.stat(path)
+        except OSError:
+            return False
+        return (self.back_dev, self.back_ino) == (f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}", st.st_ino)
 
 
 def _back_file(raw: str) -> str:
@@ -33,7 +52,9 @@ def _back_file(raw: str) -> str:
 
 async def list_devices() -> list[LoopDevice]:
     """Every configured loop device on the machine, as the kernel reports it."""
-    result = await run("losetup", "--list", "--json", "--output", "NAME,BACK-FILE,DIO,RO")
+    result = await run(
+        "losetup", "--list", "--json", "--output", "NAME,BACK-FILE,BACK-MAJ:MIN,BACK-INO,DIO,RO"
+    )
     if not result.stdout.strip():
         return []
     doc = json.loads(result.stdout)
@@ -45,13 +66,15 @@ async def list_devices() -> list[LoopDevice]:
                 back_file=_back_file(str(entry.get("back-file") or "")),
                 direct_io=entry.get("dio") in (True, "1", 1),
                 read_only=entry.get("ro") in (True, "1", 1),
+                back_dev=str(entry.get("back-maj:min") or "").strip(),
+                back_ino=int(entry.get("back-ino") or 0),
             )
         )
     return devices
 
 
 async def devices_for(back_file: str) -> list[LoopDevice]:
-    return [d for d in await list_devices() if d.back_file == back_file]
+    return [d for d in await list_devices() if d.backed_by(back_file)]
 
 
 async def attach(back_file: str, direct_io: bool = True, read_only: bool = False) -> LoopDevice:

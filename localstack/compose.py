@@ -1,0 +1,458 @@
+"""The docker-compose stack: generates the checked-in docker-compose.yml from the same registry
+`make up` runs (localstack/components.py REGISTRY), and holds the one-shot commands its services run.
+
+    python -m localstack.compose generate   prints docker-compose.yml (tests/unit checks the
+                                            checked-in file equals this output)
+    python -m localstack.compose init       the `init` service: certificates, kubeconfigs, the admin
+                                            kubeconfig for the host, kubectl for the healthchecks
+    python -m localstack.compose setup      the `setup` service: applies every component's
+                                            manifests (RBAC, CSIDriver, StorageClasses) as admin
+
+Every service uses host networking (the local-only dockerd of tools/docker-env.sh has no bridge), so
+the ports are fixed and chosen apart from the local stack's (docs/compose.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from . import certs
+from .certs import Identity
+from .components import REGISTRY, Component, ComponentContext, Instance, instances, node_names
+from .controlplane import KCM_CONTROLLERS, SERVICE_ACCOUNT_ISSUER, SERVICE_CLUSTER_IP_RANGE, Ports
+
+# Paths inside the containers.
+HOME = Path("/var/lib/kubeloop")  # the stack home: pool/, components/<instance>/, nodes/<node>/
+CONFIG = Path("/etc/kubeloop")  # the `config` volume: pki/, kubeconfigs/, kubeconfig (admin)
+TOOLS = Path("/kubeloop-tools")  # the `tools` volume: kubectl, for the control plane's healthchecks
+OUT = Path("/out")  # the host directory that receives the admin kubeconfig
+MANIFESTS = Path("/usr/share/kubeloop")  # deploy/ is copied to /usr/share/kubeloop/deploy
+NONROOT = 65532  # the image's default user
+
+# Host ports (host networking), apart from `make up`'s so both can run on one machine.
+PORTS = Ports(
+    etcd_client=22379, etcd_peer=22380, apiserver=7443, kube_controller_manager=20257, kube_scheduler=20259
+)
+COMPONENT_PORT_OFFSET = 10000  # a component's port is its registry port + this (18081 -> 28081)
+
+NODES = tuple(node_names(2))
+SERVER = f"https://127.0.0.1:{PORTS.apiserver}"
+ETCD = f"http://127.0.0.1:{PORTS.etcd_client}"
+
+KUBELOOP_IMAGE = "kubeloop/kubeloop:0.1.0"
+DEFAULT_BASE_IMAGE = "debian:bookworm-slim"
+
+# Components whose process needs nothing root has: they run as the image's non-root user. The CSI
+# driver attaches loop devices and mounts (node plugin, privileged); its controller service shares
+# the pool with the node plugins, whose files are root's 0600; the sidecars and the node agent talk to
+# the driver's root-owned 0600 sockets. Those run as root, with capabilities dropped where they can.
+NON_ROOT = frozenset({"pv-controller", "attach-detach-controller", "volume-expand-controller"})
+# Capabilities a root component keeps (all others dropped); absent: docker's defaults.
+ROOT_CAPS: dict[str, list[str]] = {
+    "csi-driver-controller": ["CHOWN", "DAC_OVERRIDE", "FOWNER"],
+    "external-provisioner": [],
+    "external-attacher": [],
+    "external-resizer": [],
+}
+
+
+def read_versions() -> dict[str, str]:
+    from controller_runtime.toolchain import read_versions as read
+
+    return read()
+
+
+def images(versions: dict[str, str] | None = None) -> dict[str, str]:
+    """The control-plane images under their conventional names, at the pinned versions."""
+    v = versions or read_versions()
+    k8s = v["KUBERNETES_VERSION"]
+    return {
+        "etcd": f"registry.k8s.io/etcd:{v['ETCD_VERSION'].removeprefix('v')}-0",
+        "kube-apiserver": f"registry.k8s.io/kube-apiserver:{k8s}",
+        "kube-controller-manager": f"registry.k8s.io/kube-controller-manager:{k8s}",
+        "kube-scheduler": f"registry.k8s.io/kube-scheduler:{k8s}",
+        "kubectl": f"registry.k8s.io/kubectl:{k8s}",
+    }
+
+
+def component_identities() -> list[Identity]:
+    return [c.identity for c in REGISTRY if c.identity is not None]
+
+
+def kubeconfig_path(identity: Identity) -> Path:
+    return CONFIG / "kubeconfigs" / f"{identity.file_stem}.kubeconfig"
+
+
+def instance_port(inst: Instance) -> int | None:
+    return None if inst.http_port is None else inst.http_port + COMPONENT_PORT_OFFSET
+
+
+def context(inst: Instance) -> ComponentContext:
+    comp = inst.component
+    port = instance_port(inst)
+    return ComponentContext(
+        name=inst.name,
+        home=HOME,
+        server=SERVER,
+        ca_file=CONFIG / "pki" / "ca.crt",
+        kubeconfig=kubeconfig_path(comp.identity) if comp.identity is not None else None,
+        node=inst.node,
+        state_dir=HOME / "components" / inst.name,
+        http_endpoint=f"127.0.0.1:{port}" if port is not None else "",
+        ports=PORTS,
+        repo_root=MANIFESTS,
+    )
+
+
+def container_argv(argv: Sequence[str]) -> list[str]:
+    """The registry's argv with the launcher's interpreter replaced by the image's `python`."""
+    out = list(argv)
+    if len(out) >= 2 and out[1] == "-m":
+        out[0] = "python"
+    return out
+
+
+def http_probe(port: int, path: str) -> str:
+    """A healthcheck script for bash alone: an HTTP/1.0 GET on loopback that passes on a 2xx status.
+    A probe runs every 2 s in a dozen containers, so it must not start a Python interpreter. (`$$` is
+    compose's escape for `$`.)"""
+    return (
+        f"exec 3<>/dev/tcp/127.0.0.1/{port} && printf 'GET {path} HTTP/1.0\\r\\n\\r\\n' >&3 "
+        "&& read -r _ code _ <&3 && [[ $$code == 2?? ]]"
+    )
+
+
+# --- the compose file -------------------------------------------------------------------------------
+
+HEALTH = {"interval": "2s", "timeout": "5s", "retries": 5, "start_period": "90s"}
+
+
+def _kubectl_health(*args: str) -> dict[str, Any]:
+    return {"test": ["CMD", str(TOOLS / "kubectl"), *args], **HEALTH}
+
+
+def _needs_controller_socket(comp: Component) -> bool:
+    probe = context(Instance(comp, comp.name, NODES[0] if comp.per_node else None, comp.http_port))
+    return any("components/csi-driver-controller/csi.sock" in a for a in comp.argv(probe))
+
+
+def _control_plane_services(img: dict[str, str]) -> dict[str, Any]:
+    pki = CONFIG / "pki"
+    kc = CONFIG / "kubeconfigs"
+    cfg_ro = f"config:{CONFIG}:ro"
+    tools_ro = f"tools:{TOOLS}:ro"
+    peer = f"http://127.0.0.1:{PORTS.etcd_peer}"
+    init_done = {"init": {"condition": "service_completed_successfully"}}
+    apiserver_up = {"kube-apiserver": {"condition": "service_healthy"}}
+    base = {"network_mode": "host", "restart": "unless-stopped", "init": True}
+    kcm_kc = kc / f"{certs.KUBE_CONTROLLER_MANAGER.file_stem}.kubeconfig"
+    sched_kc = kc / f"{certs.KUBE_SCHEDULER.file_stem}.kubeconfig"
+    return {
+        "init": {
+            "image": KUBELOOP_IMAGE,
+            "build": {
+                "context": ".",
+                "network": "host",
+                "args": {"BASE_IMAGE": f"${{BASE_IMAGE:-{DEFAULT_BASE_IMAGE}}}"},
+            },
+            "network_mode": "host",
+            "user": "0",
+            "command": ["python", "-m", "localstack.compose", "init"],
+            "volumes": [
+                f"config:{CONFIG}",
+                f"tools:{TOOLS}",
+                f"${{KUBELOOP_COMPOSE_HOME:-./.kubeloop/compose}}:{OUT}",
+            ],
+            "restart": "no",
+        },
+        "etcd": {
+            **base,
+            "image": img["etcd"],
+            "entrypoint": [
+                "etcd",
+                "--name=kubeloop",
+                "--data-dir=/var/lib/etcd",
+                f"--listen-client-urls={ETCD}",
+                f"--advertise-client-urls={ETCD}",
+                f"--listen-peer-urls={peer}",
+                f"--initial-advertise-peer-urls={peer}",
+                f"--initial-cluster=kubeloop={peer}",
+                "--initial-cluster-state=new",
+                "--log-level=warn",
+            ],
+            "volumes": ["etcd-data:/var/lib/etcd"],
+            "healthcheck": {
+                "test": ["CMD", "etcdctl", f"--endpoints={ETCD}", "endpoint", "health"],
+                **HEALTH,
+            },
+        },
+        "kube-apiserver": {
+            **base,
+            "image": img["kube-apiserver"],
+            "entrypoint": [
+                "kube-apiserver",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--secure-port={PORTS.apiserver}",
+                f"--cert-dir={pki}",
+                f"--tls-cert-file={pki / 'apiserver.crt'}",
+                f"--tls-private-key-file={pki / 'apiserver.key'}",
+                f"--client-ca-file={pki / 'ca.crt'}",
+                f"--requestheader-client-ca-file={pki / 'front-proxy' / 'ca.crt'}",
+                f"--requestheader-allowed-names={certs.FRONT_PROXY_CLIENT.user}",
+                "--requestheader-username-headers=X-Remote-User",
+                "--requestheader-group-headers=X-Remote-Group",
+                "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+                f"--proxy-client-cert-file={pki / 'front-proxy' / 'client-front-proxy-client.crt'}",
+                f"--proxy-client-key-file={pki / 'front-proxy' / 'client-front-proxy-client.key'}",
+                "--authorization-mode=Node,RBAC",
+                f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
+                f"--service-account-key-file={pki / 'sa.pub'}",
+                f"--service-account-signing-key-file={pki / 'sa.key'}",
+                f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
+                f"--etcd-servers={ETCD}",
+                "--endpoint-reconciler-type=none",
+                "--profiling=false",
+            ],
+            "volumes": [cfg_ro, tools_ro],
+            "depends_on": {**init_done, "etcd": {"condition": "service_healthy"}},
+            "healthcheck": _kubectl_health(f"--kubeconfig={CONFIG / 'kubeconfig'}", "get", "--raw=/readyz"),
+        },
+        "kube-controller-manager": {
+            **base,
+            "image": img["kube-controller-manager"],
+            "entrypoint": [
+                "kube-controller-manager",
+                f"--controllers={KCM_CONTROLLERS}",
+                f"--kubeconfig={kcm_kc}",
+                f"--authentication-kubeconfig={kcm_kc}",
+                f"--authorization-kubeconfig={kcm_kc}",
+                "--use-service-account-credentials",
+                f"--service-account-private-key-file={pki / 'sa.key'}",
+                f"--root-ca-file={pki / 'ca.crt'}",
+                f"--cluster-signing-cert-file={pki / 'ca.crt'}",
+                f"--cluster-signing-key-file={pki / 'ca.key'}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={PORTS.kube_controller_manager}",
+                f"--tls-cert-file={pki / 'kube-controller-manager-serving.crt'}",
+                f"--tls-private-key-file={pki / 'kube-controller-manager-serving.key'}",
+                "--leader-elect=false",
+                "--profiling=false",
+            ],
+            "volumes": [cfg_ro, tools_ro],
+            "depends_on": apiserver_up,
+            "healthcheck": _kubectl_health(
+                f"--kubeconfig={kcm_kc}",
+                f"--server=https://127.0.0.1:{PORTS.kube_controller_manager}",
+                "get",
+                "--raw=/healthz",
+            ),
+        },
+        "kube-scheduler": {
+            **base,
+            "image": img["kube-scheduler"],
+            "entrypoint": [
+                "kube-scheduler",
+                f"--kubeconfig={sched_kc}",
+                f"--authentication-kubeconfig={sched_kc}",
+                f"--authorization-kubeconfig={sched_kc}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={PORTS.kube_scheduler}",
+                f"--tls-cert-file={pki / 'kube-scheduler-serving.crt'}",
+                f"--tls-private-key-file={pki / 'kube-scheduler-serving.key'}",
+                "--leader-elect=false",
+                "--profiling=false",
+            ],
+            "volumes": [cfg_ro, tools_ro],
+            "depends_on": apiserver_up,
+            "healthcheck": _kubectl_health(
+                f"--kubeconfig={sched_kc}",
+                f"--server=https://127.0.0.1:{PORTS.kube_scheduler}",
+                "get",
+                "--raw=/healthz",
+            ),
+        },
+        "setup": {
+            "image": KUBELOOP_IMAGE,
+            "network_mode": "host",
+            "command": ["python", "-m", "localstack.compose", "setup"],
+            "volumes": [cfg_ro],
+            "user": "0",
+            "depends_on": apiserver_up,
+            "restart": "on-failure:5",
+        },
+    }
+
+
+def _component_service(inst: Instance) -> tuple[dict[str, Any], list[str]]:
+    """One registry instance as a compose service, and the named volumes it uses."""
+    comp = inst.component
+    ctx = context(inst)
+    volumes: list[str] = []
+    named: list[str] = []
+    if comp.identity is not None:
+        volumes.append(f"config:{CONFIG}:ro")
+    controller_dir = HOME / "components" / "csi-driver-controller"
+    if comp.name == "csi-driver-controller" or _needs_controller_socket(comp):
+        # The driver's state and its socket, shared by the controller-side sidecars.
+        volumes.append(f"csi-controller:{controller_dir}")
+        named.append("csi-controller")
+    if comp.name != "csi-driver-controller" and comp.name not in NON_ROOT:
+        # What a root component keeps in its state directory survives a restart.
+        vol = f"{inst.name}-state"
+        volumes.append(f"{vol}:{ctx.state_dir}")
+        named.append(vol)
+    if comp.name.startswith("csi-driver"):
+        volumes.append(f"pool:{HOME / 'pool'}")
+        named.append("pool")
+    depends: dict[str, Any] = {"setup": {"condition": "service_completed_successfully"}}
+    if comp.name != "csi-driver-controller" and _needs_controller_socket(comp):
+        depends["csi-driver-controller"] = {"condition": "service_healthy"}
+    service: dict[str, Any] = {
+        "image": KUBELOOP_IMAGE,
+        "network_mode": "host",
+        "restart": "unless-stopped",
+        "init": True,
+        "command": container_argv(comp.argv(ctx)),
+    }
+    if inst.node is not None:
+        # The node's directory (its kubelet root and its plugin's socket) is shared by the node plugin
+        # and the node agent; rshared carries the plugin's mounts over to the agent.
+        volumes.append(f"./.kubeloop/compose/nodes/{inst.node}:{HOME / 'nodes' / inst.node}:rshared")
+        if comp.name == "node-agent":
+            depends[f"csi-driver-node-{inst.node}"] = {"condition": "service_healthy"}
+    if comp.name == "csi-driver-node":
+        service["privileged"] = True
+        volumes.append("/dev:/dev")
+    if comp.name in NON_ROOT:
+        service["user"] = str(NONROOT)
+    else:
+        service["user"] = "0"
+        caps = ROOT_CAPS.get(comp.name)
+        if caps is not None:
+            service["cap_drop"] = ["ALL"]
+            if caps:
+                service["cap_add"] = caps
+    service["volumes"] = volumes
+    service["depends_on"] = depends
+    port = instance_port(inst)
+    if comp.health_path is not None and port is not None:
+        service["healthcheck"] = {"test": ["CMD", "bash", "-c", http_probe(port, comp.health_path)], **HEALTH}
+    return service, named
+
+
+HEADER = """\
+# GENERATED by `python -m localstack.compose generate` from localstack/components.py's REGISTRY
+# (tests/unit/test_compose_file.py fails when this file and the registry disagree). Do not edit.
+#
+# The whole kubeloop stack, one process per service, on host networking. `docker-compose up` starts
+# it once the images exist (`make images` builds them here, or `docker-compose up --build` with a
+# registry); the admin kubeconfig lands in ./.kubeloop/compose/kubeconfig. See docs/compose.md.
+"""
+
+
+def compose_document() -> dict[str, Any]:
+    img = images()
+    services = _control_plane_services(img)
+    volumes: dict[str, dict[str, Any]] = {"config": {}, "tools": {}, "etcd-data": {}}
+    for inst in instances(REGISTRY, NODES):
+        service, named = _component_service(inst)
+        services[inst.name] = service
+        for vol in named:
+            volumes.setdefault(vol, {})
+    return {"services": services, "volumes": volumes}
+
+
+def render() -> str:
+    class Dumper(yaml.SafeDumper):
+        def ignore_aliases(self, data: Any) -> bool:
+            return True
+
+    body = yaml.dump(compose_document(), Dumper=Dumper, sort_keys=False, default_flow_style=False, width=200)
+    return HEADER + body
+
+
+# --- the one-shot commands --------------------------------------------------------------------------
+
+
+def init(out: Path = OUT) -> None:
+    """Certificates and kubeconfigs into the `config` volume (reused while valid, like `make up`),
+    non-root components' kubeconfigs owned by them, the admin kubeconfig copied to the host."""
+    stack = certs.ensure_stack_certs(
+        CONFIG / "pki",
+        SERVER,
+        CONFIG / "kubeconfigs",
+        admin_kubeconfig=CONFIG / "kubeconfig",
+        extra_identities=component_identities(),
+    )
+    os.chmod(CONFIG, 0o711)
+    os.chmod(CONFIG / "kubeconfigs", 0o711)  # traverse only: each file is 0600 to its owner
+    for comp in REGISTRY:
+        if comp.identity is not None:
+            uid = NONROOT if comp.name in NON_ROOT else 0
+            os.chown(stack.kubeconfigs[comp.identity], uid, uid)
+    if out.is_dir():
+        shutil.copyfile(CONFIG / "kubeconfig", out / "kubeconfig.tmp")
+        os.chmod(out / "kubeconfig.tmp", 0o600)
+        os.replace(out / "kubeconfig.tmp", out / "kubeconfig")
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        sys.exit("init: kubectl is not in the image")
+    TOOLS.mkdir(exist_ok=True)
+    shutil.copyfile(kubectl, TOOLS / "kubectl.tmp")
+    os.chmod(TOOLS / "kubectl.tmp", 0o755)
+    os.replace(TOOLS / "kubectl.tmp", TOOLS / "kubectl")
+    print(f"init: certificates and kubeconfigs ready for {SERVER}", flush=True)
+
+
+def manifests() -> list[str]:
+    seen: list[str] = []
+    for comp in REGISTRY:
+        for m in comp.manifests:
+            if m not in seen:
+                seen.append(m)
+    return seen
+
+
+def setup(root: Path = MANIFESTS, attempts: int = 30) -> None:
+    """Applies every component's manifests as admin, in registry order (what `make up` does)."""
+    args = ["kubectl", f"--kubeconfig={CONFIG / 'kubeconfig'}", "apply"]
+    for m in manifests():
+        args += ["-f", str(root / m)]
+    for attempt in range(attempts):
+        result = subprocess.run(args, capture_output=True, text=True, check=False)
+        if result.returncode == 0:
+            print(result.stdout, end="", flush=True)
+            return
+        print(f"setup: kubectl apply failed (attempt {attempt + 1}):\n{result.stderr}", file=sys.stderr)
+        time.sleep(1)
+    sys.exit(1)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m localstack.compose", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("generate", help="print docker-compose.yml")
+    sub.add_parser("init", help="the init service: certificates, kubeconfigs, kubectl for healthchecks")
+    sub.add_parser("setup", help="the setup service: apply the components' manifests as admin")
+    ns = parser.parse_args(argv)
+    if ns.command == "generate":
+        sys.stdout.write(render())
+    elif ns.command == "init":
+        init()
+    elif ns.command == "setup":
+        setup()
+
+
+if __name__ == "__main__":
+    main()
