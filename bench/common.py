@@ -9,6 +9,7 @@ import os
 import platform
 import signal
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -135,3 +136,23 @@ async def wait_socket(path: Path, proc: asyncio.subprocess.Process, timeout: flo
             raise RuntimeError(f"driver did not create {path}")
         await asyncio.sleep(0.05)
     await asyncio.sleep(0.5)  # the driver probes ready once its state is reconciled
+
+
+async def start_controller_driver(root: Path, log: Path) -> tuple[asyncio.subprocess.Process, Path]:
+    """kubeloop's CSI driver in controller mode on a pool under `root` (10Ti of --capacity, so the
+    pool's free space never limits a benchmark), once its socket is up; returns it and the socket."""
+    socket = root / "csi.sock"
+    argv = [
+        sys.executable,
+        "-m",
+        "csi_driver.main",
+        "--mode=controller",
+        f"--endpoint=unix://{socket}",
+        f"--pool-dir={root / 'pool'}",
+        f"--state-dir={root / 'state'}",
+        "--capacity=10Ti",
+        "-v=1",
+    ]
+    driver = await start(argv, log)
+    await wait_socket(socket, driver)
+    return driver, socket

@@ -52,8 +52,8 @@ from .common import (
     print_table,
     rss_bytes,
     start,
+    start_controller_driver,
     stop_process,
-    wait_socket,
     write_results,
 )
 
@@ -175,23 +175,10 @@ async def run_one(scenario: str, side: str, n: int) -> Run:
         procs: list[asyncio.subprocess.Process] = []
         csi: CSIConnection | None = None
         try:
-            socket = root / "csi.sock"
-            driver = await start(
-                [
-                    sys.executable,
-                    "-m",
-                    "csi_driver.main",
-                    "--mode=controller",
-                    f"--endpoint=unix://{socket}",
-                    f"--pool-dir={root / 'pool'}",
-                    f"--state-dir={root / 'state'}",
-                    "--capacity=10Ti",
-                    "-v=1",
-                ],
-                logs / f"expansion-{scenario}-{side}-driver.log",
+            driver, socket = await start_controller_driver(
+                root, logs / f"expansion-{scenario}-{side}-driver.log"
             )
             procs.append(driver)
-            await wait_socket(socket, driver)
             csi = await CSIConnection.connect(f"unix://{socket}", timeout=30, wait=30)
             await api.create(NAMESPACES, {"metadata": {"name": NAMESPACE}})
             await api.create(

@@ -50,8 +50,8 @@ from .common import (
     print_table,
     rss_bytes,
     start,
+    start_controller_driver,
     stop_process,
-    wait_socket,
     write_results,
 )
 
@@ -112,23 +112,10 @@ async def run_one(scenario: str, side: str, n: int, work: Path) -> Run:
         api = await ApiClient.from_kubeconfig(str(cp.admin_kubeconfig), qps=0, burst=1)
         procs: list[asyncio.subprocess.Process] = []
         try:
-            socket = root / "csi.sock"
-            driver = await start(
-                [
-                    sys.executable,
-                    "-m",
-                    "csi_driver.main",
-                    "--mode=controller",
-                    f"--endpoint=unix://{socket}",
-                    f"--pool-dir={root / 'pool'}",
-                    f"--state-dir={root / 'state'}",
-                    "--capacity=10Ti",
-                    "-v=1",
-                ],
-                logs / f"provisioning-{scenario}-{side}-driver.log",
+            driver, socket = await start_controller_driver(
+                root, logs / f"provisioning-{scenario}-{side}-driver.log"
             )
             procs.append(driver)
-            await wait_socket(socket, driver)
             procs.append(
                 await start(
                     [
