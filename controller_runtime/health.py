@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Callable
 
 from aiohttp import web
@@ -16,12 +17,14 @@ Check = Callable[[], str | None]
 """A check returns None when healthy, or a short reason when not."""
 
 
-def parse_endpoint(endpoint: str) -> tuple[str, int]:
-    """Parses `host:port` (`:8080` means 127.0.0.1:8080; kubeloop binds loopback by default)."""
+def parse_endpoint(endpoint: str) -> tuple[str | None, int]:
+    """Parses `host:port` as the kubernetes-csi sidecars read --http-endpoint: an empty host
+    (`:8080`) means every interface, IPv4 and IPv6, and is returned as None (kubelet's probes come
+    from outside the pod, to its IP). Processes that must stay on loopback say `127.0.0.1:8080`."""
     host, sep, port = endpoint.rpartition(":")
     if not sep or not port.isdigit():
         raise ValueError(f"--http-endpoint must be host:port, got {endpoint!r}")
-    return host.strip("[]") or "127.0.0.1", int(port)
+    return host.strip("[]") or None, int(port)
 
 
 class HealthServer:
@@ -66,12 +69,21 @@ class HealthServer:
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
-        await site.start()
+        try:
+            await site.start()
+        except OSError as e:
+            if self.host is not None or e.errno not in (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT):
+                raise
+            # Every interface includes IPv6, which a host may have switched off; Go's `:port`
+            # falls back to IPv4 alone there, and so does this.
+            log.warning("cannot listen on every IPv6 interface, serving IPv4 only", error=str(e))
+            site = web.TCPSite(self._runner, "0.0.0.0", self.port)
+            await site.start()
         if self.port == 0 and site._server is not None:  # an ephemeral port was asked for (tests)
             sockets = getattr(site._server, "sockets", None) or []
             if sockets:
                 self.port = sockets[0].getsockname()[1]
-        log.info("serving metrics and health", endpoint=f"{self.host}:{self.port}")
+        log.info("serving metrics and health", endpoint=f"{self.host or ''}:{self.port}")
 
     async def stop(self) -> None:
         if self._runner is not None:

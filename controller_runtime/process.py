@@ -95,8 +95,8 @@ def add_http_flags(parser: argparse.ArgumentParser, default: str = "") -> None:
     parser.add_argument(
         "--http-endpoint",
         default=default,
-        help="host:port serving /metrics, /healthz and /readyz; empty disables it "
-        f"(default: {default or 'disabled'})",
+        help="host:port serving /metrics, /healthz and /readyz; an empty host (:8080) listens on "
+        f"every interface, an empty value disables it (default: {default or 'disabled'})",
     )
 
 

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import socket
 import sys
 import textwrap
 from pathlib import Path
 
 import aiohttp
+import pytest
 from prometheus_client import CollectorRegistry, Counter
 
 from controller_runtime.health import HealthServer
 from controller_runtime.toolchain import REPO_ROOT
+from localstack.proc import free_ports
 
 
 async def test_metrics_healthz_and_readyz() -> None:
@@ -38,6 +41,41 @@ async def test_metrics_healthz_and_readyz() -> None:
                 assert (resp.status, await resp.text()) == (200, "ok")
     finally:
         await server.stop()
+
+
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+async def test_an_empty_host_serves_every_interface() -> None:
+    """`:port` is what a pod's manifest says so that kubelet can probe the pod IP; `127.0.0.1:port`
+    (the local stack) stays on IPv4 loopback."""
+    (port,) = free_ports(1)
+    hosts = ["127.0.0.1", "[::1]"] if _ipv6_loopback() else ["127.0.0.1"]
+    everywhere = HealthServer(f":{port}", registry=CollectorRegistry())
+    await everywhere.start()
+    try:
+        async with aiohttp.ClientSession() as http:
+            for host in hosts:
+                async with http.get(f"http://{host}:{port}/healthz") as resp:
+                    assert (resp.status, await resp.text()) == (200, "ok"), host
+    finally:
+        await everywhere.stop()
+    if len(hosts) < 2:
+        return
+    loopback = HealthServer(f"127.0.0.1:{port}", registry=CollectorRegistry())
+    await loopback.start()
+    try:
+        async with aiohttp.ClientSession() as http:
+            with pytest.raises(aiohttp.ClientConnectionError):
+                await http.get(f"http://[::1]:{port}/healthz")
+    finally:
+        await loopback.stop()
 
 
 COMPONENT = textwrap.dedent("""

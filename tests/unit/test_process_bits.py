@@ -63,7 +63,10 @@ def test_token_bucket_available_peeks_without_taking() -> None:
 
 
 def test_endpoint() -> None:
-    assert parse_endpoint(":8080") == ("127.0.0.1", 8080)
+    assert parse_endpoint(":8080") == (None, 8080), "an empty host is every interface"
     assert parse_endpoint("127.0.0.1:0") == ("127.0.0.1", 0)
+    assert parse_endpoint("0.0.0.0:9808") == ("0.0.0.0", 9808)
+    assert parse_endpoint("[::1]:9809") == ("::1", 9809)
+    assert parse_endpoint("[::]:9809") == ("::", 9809)
     with pytest.raises(ValueError, match="host:port"):
         parse_endpoint("8080")
