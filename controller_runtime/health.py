@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 import errno
-from collections.abc import Callable
+import inspect
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
@@ -13,8 +14,9 @@ from .logs import get_logger
 
 log = get_logger("health")
 
-Check = Callable[[], str | None]
-"""A check returns None when healthy, or a short reason when not."""
+Check = Callable[[], str | Awaitable[str | None] | None]
+"""A check returns None when healthy, or a short reason when not. It may be a coroutine function:
+a sidecar's liveness is a call to its driver."""
 
 
 def parse_endpoint(endpoint: str) -> tuple[str | None, int]:
@@ -42,12 +44,22 @@ class HealthServer:
         self._readiness[name] = check
 
     @staticmethod
-    def _report(checks: dict[str, Check]) -> web.Response:
-        failures = {name: reason for name, check in checks.items() if (reason := check()) is not None}
+    async def _reason(check: Check) -> str | None:
+        try:
+            result = check()
+            return await result if inspect.isawaitable(result) else result
+        except Exception as e:  # a check that breaks is a failing check, not a broken endpoint
+            return f"{type(e).__name__}: {e}"
+
+    async def _report(self, checks: dict[str, Check], failure_status: int) -> web.Response:
+        failures = {}
+        for name, check in checks.items():
+            if (reason := await self._reason(check)) is not None:
+                failures[name] = reason
         if not failures:
             return web.Response(text="ok")
         body = "\n".join(f"[-]{name} failed: {reason}" for name, reason in sorted(failures.items()))
-        return web.Response(status=503, text=body + "\n")
+        return web.Response(status=failure_status, text=body + "\n")
 
     async def _metrics(self, _: web.Request) -> web.Response:
         return web.Response(
@@ -55,10 +67,13 @@ class HealthServer:
         )
 
     async def _healthz(self, _: web.Request) -> web.Response:
-        return self._report(self._liveness)
+        # 500 as Kubernetes' own /healthz and the CSI sidecars' answer (kubelet restarts on any
+        # status of 400 and above; people and scripts compare with what upstream prints).
+        return await self._report(self._liveness, 500)
 
     async def _readyz(self, _: web.Request) -> web.Response:
-        return self._report({**self._liveness, **self._readiness})
+        # 503: not ready is a temporary refusal to serve, not a failure.
+        return await self._report({**self._liveness, **self._readiness}, 503)
 
     async def start(self) -> None:
         app = web.Application()

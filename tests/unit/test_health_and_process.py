@@ -43,6 +43,36 @@ async def test_metrics_healthz_and_readyz() -> None:
         await server.stop()
 
 
+async def test_liveness_checks_may_be_coroutines_and_fail_with_500() -> None:
+    server = HealthServer("127.0.0.1:0", registry=CollectorRegistry())
+    answer: dict[str, str | None] = {"reason": "driver not ready"}
+
+    async def probe() -> str | None:
+        await asyncio.sleep(0)
+        return answer["reason"]
+
+    def broken() -> str | None:
+        raise RuntimeError("boom")
+
+    server.add_liveness_check("csi", probe)
+    await server.start()
+    base = f"http://127.0.0.1:{server.port}"
+    try:
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{base}/healthz") as resp:
+                assert (resp.status, await resp.text()) == (500, "[-]csi failed: driver not ready\n")
+            async with http.get(f"{base}/readyz") as resp:
+                assert resp.status == 503
+            answer["reason"] = None
+            async with http.get(f"{base}/healthz") as resp:
+                assert (resp.status, await resp.text()) == (200, "ok")
+            server.add_liveness_check("broken", broken)
+            async with http.get(f"{base}/healthz") as resp:
+                assert (resp.status, await resp.text()) == (500, "[-]broken failed: RuntimeError: boom\n")
+    finally:
+        await server.stop()
+
+
 def _ipv6_loopback() -> bool:
     try:
         with socket.socket(socket.AF_INET6) as s:
