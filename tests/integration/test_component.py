@@ -39,7 +39,9 @@ def parse(control_plane: ControlPlane, *extra: str) -> argparse.Namespace:
 def readiness(ctx: process.Context) -> str | None:
     assert ctx.health is not None
     checks = ctx.health._readiness  # the check serve_controller registered
-    return checks["informers"]()
+    reason = checks["informers"]()
+    assert reason is None or isinstance(reason, str), "serve_controller's check is synchronous"
+    return reason
 
 
 @pytest.mark.parametrize("elected", [False, True])
