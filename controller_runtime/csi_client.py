@@ -24,6 +24,7 @@ from kubeloop_grpc.csi import csi_pb2, csi_pb2_grpc
 
 from .controller import ControllerContext, InformerController
 from .logs import get_logger
+from .unix_grpc import socket_path
 
 log = get_logger("csi")
 
@@ -61,15 +62,6 @@ def error_text(exc: BaseException) -> str:
         code = {"Ok": "OK", "Cancelled": "Canceled"}.get(code, code)  # Go spells these so
         return f"rpc error: code = {code} desc = {exc.details()}"
     return str(exc) or type(exc).__name__
-
-
-def socket_path(address: str) -> str:
-    """Accepts `unix:///path`, `unix:/path` or a bare path."""
-    if address.startswith("unix://"):
-        return address[len("unix://") :]
-    if address.startswith("unix:"):
-        return address[len("unix:") :]
-    return address
 
 
 class _Metrics(grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[misc]

@@ -18,15 +18,15 @@ import grpc
 
 from controller_runtime import process
 from controller_runtime.logs import get_logger
+from controller_runtime.plugin_registration import RegistrationServer
+from controller_runtime.unix_grpc import socket_path, start_unix_server, stop_unix_server
 from kubeloop_grpc.csi import csi_pb2_grpc
-from kubeloop_grpc.pluginregistration import api_pb2_grpc
 
 from . import DRIVER_NAME, driver_version
 from .controller import ControllerConfig, ControllerServer
 from .identity import IdentityServer
 from .node import NodeConfig, NodeServer
-from .registration import RegistrationServer
-from .server import socket_path, start_unix_server, stop_unix_server
+from .server import CsiInterceptor
 from .state import DriverState, NodeInfo
 from .validation import TiB, check_id, parse_size
 
@@ -191,7 +191,7 @@ async def _serve(
             csi_pb2_grpc.add_NodeServicer_to_server(node, server)
 
     path = socket_path(args.endpoint)
-    server = await start_unix_server(path, register)
+    server = await start_unix_server(path, register, [CsiInterceptor()])
     reg_server = None
     registration: RegistrationServer | None = None
     try:
@@ -199,11 +199,8 @@ async def _serve(
             os.path.join(args.kubelet_root_dir, "plugins_registry") if args.kubelet_root_dir else ""
         )
         if node_mode and reg_dir:
-            reg_path = socket_path(os.path.join(reg_dir, f"{DRIVER_NAME}-reg.sock"))
-            registration = reg = RegistrationServer(args.kubelet_registration_path or path)
-            reg_server = await start_unix_server(
-                reg_path, lambda s: api_pb2_grpc.add_RegistrationServicer_to_server(reg, s)
-            )
+            registration = RegistrationServer(DRIVER_NAME, args.kubelet_registration_path or path)
+            reg_server = await registration.serve(reg_dir, [CsiInterceptor()])
         log.info(
             "CSI driver ready",
             driver=DRIVER_NAME,
@@ -217,10 +214,8 @@ async def _serve(
             # shutdown future, and the stop below would then raise instead of draining RPCs.
             await asyncio.get_running_loop().create_future()
         else:
-            # Like node-driver-registrar: a plugin kubelet refused must not look healthy. (The
-            # server only terminates through the stop below, so waiting on this is waiting on it.)
-            await registration.refused.wait()
-            raise RuntimeError(f"kubelet refused the plugin registration: {registration.error}")
+            # (The server only terminates through the stop below, so waiting on this is waiting on it.)
+            await registration.wait_refused()
     finally:
         # Runs on SIGTERM (the run task is cancelled): finish in-flight RPCs, remove the sockets.
         try:

@@ -8,8 +8,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from controller_runtime.mounts import parse_mountinfo
+from controller_runtime.unix_grpc import socket_path
 from csi_driver.errors import CsiError
-from csi_driver.server import socket_path
 from csi_driver.validation import (
     GiB,
     MiB,
