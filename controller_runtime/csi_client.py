@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,6 +62,11 @@ def error_text(exc: BaseException) -> str:
         code = {"Ok": "OK", "Cancelled": "Canceled"}.get(code, code)  # Go spells these so
         return f"rpc error: code = {code} desc = {exc.details()}"
     return str(exc) or type(exc).__name__
+
+
+def probe_ready(response: csi_pb2.ProbeResponse) -> bool:
+    """A Probe answer means ready unless it says `ready: false` (an unset field is ready)."""
+    return not response.HasField("ready") or bool(response.ready.value)
 
 
 class _Metrics(grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[misc]
@@ -119,8 +124,10 @@ class CSIConnection:
         return service_type in self.plugin_capabilities
 
     @classmethod
-    async def connect(cls, address: str, timeout: float = 10.0, wait: float | None = None) -> CSIConnection:
-        """Connects and waits (forever when wait is None) until the driver answers Probe ready."""
+    def open(cls, address: str, timeout: float = 10.0) -> CSIConnection:
+        """A connection that has not talked to the driver yet: the channel connects on its first
+        call, so the socket need not exist yet. (Call it from a coroutine: grpc.aio binds the
+        channel to the running loop.)"""
         path = socket_path(address)
         conn: CSIConnection | None = None
         conn = cls(
@@ -132,29 +139,70 @@ class CSIConnection:
                 options=[("grpc.enable_retries", 0)],
             ),
         )
-        deadline = None if wait is None else time.monotonic() + wait
-        delay, last_log = 0.1, 0.0
-        while True:
+        return conn
+
+    @classmethod
+    async def connect(cls, address: str, timeout: float = 10.0, wait: float | None = None) -> CSIConnection:
+        """Connects and waits (forever when wait is None) until the driver answers Probe ready."""
+        conn = cls.open(address, timeout)
+
+        async def ready() -> str | None:
             try:
                 probe = await conn.identity.Probe(csi_pb2.ProbeRequest(), timeout=timeout)
-                if not probe.HasField("ready") or probe.ready.value:
-                    break
-                reason = "driver reports not ready"
             except grpc.aio.AioRpcError as exc:
-                reason = f"{exc.code().name}: {exc.details()}"
+                return f"{exc.code().name}: {exc.details()}"
+            return None if probe_ready(probe) else "driver reports not ready"
+
+        try:
+            await conn._wait("not ready", ready, wait)
+            await conn._read_capabilities()
+        except BaseException:
+            await conn.close()
+            raise
+        log.info(
+            "connected to CSI driver",
+            address=conn.address,
+            driver=conn.driver_name,
+            version=conn.vendor_version,
+        )
+        return conn
+
+    async def wait_driver_name(self) -> str:
+        """Asks GetPluginInfo until the driver answers (the socket may not exist yet, the driver may
+        still be starting), as node-driver-registrar and livenessprobe learn the name; an error
+        the driver does answer with is raised."""
+
+        async def answered() -> str | None:
+            try:
+                info = await self.identity.GetPluginInfo(csi_pb2.GetPluginInfoRequest(), timeout=self.timeout)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() not in IN_PROGRESS_CODES:
+                    raise
+                return f"{exc.code().name}: {exc.details()}"
+            if not info.name:
+                raise RuntimeError(f"the CSI driver at {self.address} reports an empty name")
+            self.driver_name, self.vendor_version = info.name, info.vendor_version
+            return None
+
+        await self._wait("not answering", answered, None)
+        log.info("CSI driver answered", address=self.address, driver=self.driver_name)
+        return self.driver_name
+
+    async def _wait(
+        self, state: str, attempt: Callable[[], Awaitable[str | None]], wait: float | None
+    ) -> None:
+        """Calls `attempt` until it returns None, backing off from 0.1 s to 2 s and saying every
+        10 s why it still waits (what it returned); gives up after `wait` seconds unless None."""
+        deadline = None if wait is None else time.monotonic() + wait
+        delay, last_log = 0.1, 0.0
+        while (reason := await attempt()) is not None:
             if deadline is not None and time.monotonic() > deadline:
-                await conn.close()
-                raise TimeoutError(f"CSI driver at {path} not ready after {wait}s: {reason}")
+                raise TimeoutError(f"CSI driver at {self.address} {state} after {wait}s: {reason}")
             if time.monotonic() - last_log > 10:
-                log.info("still connecting to CSI driver", address=path, reason=reason)
+                log.info("still connecting to CSI driver", address=self.address, reason=reason)
                 last_log = time.monotonic()
             await asyncio.sleep(delay)
             delay = min(delay * 2, 2.0)
-        await conn._read_capabilities()
-        log.info(
-            "connected to CSI driver", address=path, driver=conn.driver_name, version=conn.vendor_version
-        )
-        return conn
 
     async def _read_capabilities(self) -> None:
         info = await self.identity.GetPluginInfo(csi_pb2.GetPluginInfoRequest(), timeout=self.timeout)

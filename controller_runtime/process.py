@@ -91,13 +91,43 @@ def add_logging_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_http_flags(parser: argparse.ArgumentParser, default: str = "") -> None:
+def add_http_flags(parser: argparse.ArgumentParser, default: str = "", health_port: bool = False) -> None:
+    """--http-endpoint; with `health_port`, also the CSI sidecars' older `--health-port N`, which
+    means `--http-endpoint :N` (0 disables it). Only one of the two may be given, as upstream says;
+    `parse_args` settles them into args.http_endpoint."""
     parser.add_argument(
         "--http-endpoint",
-        default=default,
+        # With --health-port, None tells "not given" from "given as the default" (see parse_args).
+        default=None if health_port else default,
         help="host:port serving /metrics, /healthz and /readyz; an empty host (:8080) listens on "
         f"every interface, an empty value disables it (default: {default or 'disabled'})",
     )
+    if health_port:
+        parser.add_argument(
+            "--health-port",
+            type=int,
+            default=None,
+            help="(deprecated) port serving the same on every interface, i.e. --http-endpoint :PORT; "
+            "0 disables it; not together with --http-endpoint",
+        )
+        parser.set_defaults(http_endpoint_default=default)
+
+
+def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parses flags, settling --health-port into --http-endpoint (see add_http_flags)."""
+    args = parser.parse_args(argv)
+    if not hasattr(args, "health_port"):
+        return args
+    if args.health_port is None:
+        if args.http_endpoint is None:
+            args.http_endpoint = args.http_endpoint_default
+    elif args.http_endpoint is not None:
+        parser.error("only one of --health-port and --http-endpoint may be set")
+    elif args.health_port < 0:
+        parser.error(f"--health-port must be a port number, got {args.health_port}")
+    else:
+        args.http_endpoint = f":{args.health_port}" if args.health_port else ""
+    return args
 
 
 def add_kube_flags(parser: argparse.ArgumentParser, qps: float = 5.0, burst: int = 10) -> None:
@@ -248,7 +278,7 @@ async def _serve(run: Run, args: argparse.Namespace) -> int:
 
 def main(parser: argparse.ArgumentParser, run: Run, argv: Sequence[str] | None = None) -> None:
     """Parses flags, sets up logging and uvloop, runs `run` until it returns or a signal arrives."""
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv)
     setup_logging(getattr(args, "log_format", "text"), getattr(args, "verbosity", 2))
     import uvloop
 

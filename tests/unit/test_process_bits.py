@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 
@@ -9,7 +10,7 @@ import pytest
 
 from controller_runtime.health import parse_endpoint
 from controller_runtime.logs import JsonFormatter, TextFormatter
-from controller_runtime.process import duration
+from controller_runtime.process import add_http_flags, duration, parse_args
 from controller_runtime.ratelimit import TokenBucket
 
 
@@ -70,3 +71,20 @@ def test_endpoint() -> None:
     assert parse_endpoint("[::]:9809") == ("::", 9809)
     with pytest.raises(ValueError, match="host:port"):
         parse_endpoint("8080")
+
+
+def _sidecar(default: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sidecar")
+    add_http_flags(parser, default=default, health_port=True)
+    return parser
+
+
+def test_health_port_is_an_http_endpoint_on_every_interface() -> None:
+    assert parse_args(_sidecar(":9808"), []).http_endpoint == ":9808"
+    assert parse_args(_sidecar(":9808"), ["--health-port", "9000"]).http_endpoint == ":9000"
+    assert parse_args(_sidecar(":9808"), ["--health-port=0"]).http_endpoint == "", "0 disables it"
+    assert parse_args(_sidecar(""), ["--http-endpoint", "127.0.0.1:9809"]).http_endpoint == "127.0.0.1:9809"
+    assert parse_args(_sidecar(":9808"), ["--http-endpoint="]).http_endpoint == ""
+    for argv in (["--health-port", "9000", "--http-endpoint", ":9001"], ["--health-port=-1"]):
+        with pytest.raises(SystemExit):
+            parse_args(_sidecar(":9808"), argv)
