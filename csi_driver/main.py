@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import os
 import socket
 from collections.abc import Sequence
@@ -136,8 +135,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 async def run(args: argparse.Namespace, ctx: process.Context) -> None:
-    # grpc's own debug chatter (one line per call) would drown the driver's -v=4 messages.
-    logging.getLogger("grpc").setLevel(logging.WARNING if args.verbosity < 6 else logging.DEBUG)
     controller_mode = args.mode in ("controller", "all")
     node_mode = args.mode in ("node", "all")
     if node_mode:
