@@ -35,6 +35,7 @@ def test_no_shipped_module_reads_failpoints_from_the_environment() -> None:
         "external_provisioner",
         "external_attacher",
         "external_resizer",
+        "node_driver_registrar",
         "csi_driver",
         "services",
     ):

@@ -25,6 +25,7 @@ CANDIDATE_PROCESS_PACKAGES = (
     "external_provisioner",
     "external_attacher",
     "external_resizer",
+    "node_driver_registrar",
     "services.pv_controller",
     "services.attach_detach",
     "services.node_agent",
