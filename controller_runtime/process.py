@@ -151,11 +151,14 @@ def add_kube_flags(parser: argparse.ArgumentParser, qps: float = 5.0, burst: int
     )
 
 
-def add_csi_flags(parser: argparse.ArgumentParser, timeout: float) -> None:
-    """A CSI sidecar's driver socket and the timeout of each call to it (`timeout` in seconds)."""
+def add_csi_flags(parser: argparse.ArgumentParser, timeout: float | None) -> None:
+    """A CSI sidecar's driver socket and the timeout of each call to it (`timeout` in seconds;
+    None for a sidecar whose timeout flag has another name)."""
     parser.add_argument(
         "--csi-address", default="/run/csi/socket", help="CSI driver socket (default: /run/csi/socket)"
     )
+    if timeout is None:
+        return
     parser.add_argument(
         "--timeout",
         type=duration,

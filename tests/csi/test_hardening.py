@@ -190,6 +190,7 @@ def test_no_process_wide_umask_in_shipped_code() -> None:
         "external_attacher",
         "external_resizer",
         "node_driver_registrar",
+        "livenessprobe",
         "localstack",
     ):
         for path in (REPO / package).rglob("*.py"):

@@ -1,5 +1,5 @@
 """The node sidecars against the real node plugin: kubeloop-node-driver-registrar, with the test
-playing kubelet on its registration socket."""
+playing kubelet on its registration socket, and kubeloop-livenessprobe."""
 
 from __future__ import annotations
 
@@ -148,3 +148,42 @@ def test_registrar_exits_1_when_kubelet_refuses_the_plugin(work: Path, node_driv
         sidecar.stop()
     assert code == 1, sidecar.log.read_text()[-4000:]
     assert "unsupported version" in sidecar.log.read_text()
+
+
+def livenessprobe(work: Path, address: str) -> Sidecar:
+    return Sidecar(work, "livenessprobe.main", "--csi-address", address, "--probe-timeout", "3s")
+
+
+def test_livenessprobe_follows_the_driver(work: Path, node_driver: Driver) -> None:
+    node_driver.start()
+    sidecar = livenessprobe(work, node_driver.endpoint)
+    try:
+        sidecar.wait_serving()
+        assert sidecar.healthz() == (200, "ok")
+        # Once the driver's name is known it labels the Probe calls' latency.
+        probes = (
+            'csi_sidecar_operations_seconds_count{driver_name="loop.csi.kubeloop.dev",'
+            'grpc_status_code="OK",method_name="/csi.v1.Identity/Probe"}'
+        )
+
+        def probe_counted() -> bool:
+            sidecar.healthz()
+            with urllib.request.urlopen(f"http://127.0.0.1:{sidecar.port}/metrics", timeout=5) as resp:
+                return probes in resp.read().decode()
+
+        sidecar.wait_for(probe_counted, "the Probe metric")
+        node_driver.stop()
+        status, body = sidecar.healthz()
+        assert status == 500 and "code = Unavailable" in body, body
+    finally:
+        assert sidecar.stop() == 0, sidecar.log.read_text()[-4000:]
+
+
+def test_livenessprobe_fails_without_a_driver(work: Path) -> None:
+    sidecar = livenessprobe(work, f"unix://{work / 'absent.sock'}")
+    try:
+        sidecar.wait_serving()
+        status, body = sidecar.healthz()
+        assert status == 500 and "code = Unavailable" in body, body
+    finally:
+        assert sidecar.stop() == 0, sidecar.log.read_text()[-4000:]

@@ -36,6 +36,7 @@ def test_no_shipped_module_reads_failpoints_from_the_environment() -> None:
         "external_attacher",
         "external_resizer",
         "node_driver_registrar",
+        "livenessprobe",
         "csi_driver",
         "services",
     ):

@@ -26,6 +26,7 @@ CANDIDATE_PROCESS_PACKAGES = (
     "external_attacher",
     "external_resizer",
     "node_driver_registrar",
+    "livenessprobe",
     "services.pv_controller",
     "services.attach_detach",
     "services.node_agent",
