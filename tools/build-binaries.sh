@@ -4,7 +4,7 @@
 # pinned in tools/versions.env, and caches them by version:
 #   ${KUBELOOP_CACHE:-~/.cache/kubeloop}/bin/<component>-<version>/
 # A second run finds every binary in place and does nothing. Usage: build-binaries.sh [group...]
-# where a group is kubernetes, etcd, csi-sanity, external-provisioner, external-attacher or external-resizer
+# where a group is kubernetes, kind (the kind node image's binaries), etcd, csi-sanity, external-provisioner, external-attacher or external-resizer
 # (default: all).
 set -euo pipefail
 
@@ -52,9 +52,10 @@ build_in_wrapper() { # dest gomod_text ldflags name=pkg...
   rm -rf "$work"
 }
 
+# build_kubernetes <dest-dir> <cmd>...: commands of k8s.io/kubernetes/cmd at the pinned version.
 build_kubernetes() {
-  local dest=$cache/bin/kubernetes-$KUBERNETES_VERSION
-  local bins=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
+  local dest=$1; shift
+  local bins=("$@")
   if have_all "$dest" "${bins[@]}"; then say "kubernetes $KUBERNETES_VERSION: cached in $dest"; return; fi
   say "kubernetes $KUBERNETES_VERSION: building ${bins[*]}"
   # k8s.io/kubernetes replaces its staging modules with ./staging paths, which a dependency cannot
@@ -78,10 +79,9 @@ $replaces"
     ld+=" -X $p.gitVersion=$KUBERNETES_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$minor"
     ld+=" -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"
   done
-  build_in_wrapper "$dest" "$gomod" "$ld" \
-    kube-apiserver=k8s.io/kubernetes/cmd/kube-apiserver \
-    kube-controller-manager=k8s.io/kubernetes/cmd/kube-controller-manager \
-    kube-scheduler=k8s.io/kubernetes/cmd/kube-scheduler kubectl=k8s.io/kubernetes/cmd/kubectl
+  local specs=()
+  for b in "${bins[@]}"; do specs+=("$b=k8s.io/kubernetes/cmd/$b"); done
+  build_in_wrapper "$dest" "$gomod" "$ld" "${specs[@]}"
 }
 
 build_etcd() {
@@ -106,6 +106,37 @@ build_csi_sanity() {
   local tmp; tmp=$(mktemp -d)
   GOFLAGS= GOBIN=$tmp go install "github.com/kubernetes-csi/csi-test/v5/cmd/csi-sanity@$CSI_TEST_VERSION"
   mkdir -p "$dest" && mv "$tmp/csi-sanity" "$dest/" && rm -rf "$tmp"
+}
+
+# What a kind node image holds beyond the control plane (tools/build-kind-node.sh): kind itself,
+# kubelet, kubeadm and kube-proxy, and containerd (2.x: kubelet v1.36 needs the CRI RuntimeConfig
+# call). containerd's go.mod carries replace and exclude directives, so it is built in a wrapper
+# module that repeats them.
+build_kind() {
+  build_kubernetes "$cache/bin/kubernetes-node-$KUBERNETES_VERSION" kubelet kubeadm kube-proxy
+  local dest=$cache/bin/kind-$KIND_VERSION
+  if have_all "$dest" kind; then say "kind $KIND_VERSION: cached in $dest"; else
+    say "kind $KIND_VERSION: building"
+    local tmp; tmp=$(mktemp -d)
+    GOFLAGS= GOBIN=$tmp go install "sigs.k8s.io/kind@$KIND_VERSION"
+    mkdir -p "$dest" && mv "$tmp/kind" "$dest/" && rm -rf "$tmp"
+  fi
+  dest=$cache/bin/containerd-$CONTAINERD_VERSION
+  if have_all "$dest" containerd ctr containerd-shim-runc-v2; then say "containerd $CONTAINERD_VERSION: cached in $dest"; return; fi
+  say "containerd $CONTAINERD_VERSION: building containerd, ctr, containerd-shim-runc-v2"
+  local module=github.com/containerd/containerd/v2 modfile
+  modfile=$(go mod download -json "$module@$CONTAINERD_VERSION" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
+  [ -n "$modfile" ] || die "could not fetch $module@$CONTAINERD_VERSION from the Go module proxy"
+  local gomod="module kubeloop.local/containerd-binaries
+
+go 1.26
+
+require $module $CONTAINERD_VERSION
+
+$(grep -E '^(replace|exclude) ' "$modfile")"
+  local ld="-s -w -X $module/version.Version=$CONTAINERD_VERSION"
+  GOFLAGS="-mod=mod -tags=no_btrfs,no_devmapper,no_zfs" build_in_wrapper "$dest" "$gomod" "$ld" \
+    containerd=$module/cmd/containerd ctr=$module/cmd/ctr containerd-shim-runc-v2=$module/cmd/containerd-shim-runc-v2
 }
 
 # A kubernetes-csi sidecar, built only for the benchmarks' side-by-side runs against kubeloop's
@@ -133,7 +164,10 @@ groups=("$@")
 [ ${#groups[@]} -gt 0 ] || groups=(kubernetes etcd csi-sanity)
 for g in "${groups[@]}"; do
   case $g in
-    kubernetes) build_kubernetes ;;
+    kubernetes)
+      build_kubernetes "$cache/bin/kubernetes-$KUBERNETES_VERSION" kube-apiserver kube-controller-manager \
+        kube-scheduler kubectl ;;
+    kind) build_kind ;;
     etcd) build_etcd ;;
     csi-sanity) build_csi_sanity ;;
     external-provisioner)
@@ -145,7 +179,7 @@ for g in "${groups[@]}"; do
     external-resizer)
       build_sidecar external-resizer github.com/kubernetes-csi/external-resizer/v2 \
         "$EXTERNAL_RESIZER_VERSION" csi-resizer ;;
-    *) die "unknown group '$g' (expected kubernetes, etcd, csi-sanity, external-provisioner, external-attacher or external-resizer)" ;;
+    *) die "unknown group '$g' (expected kubernetes, kind, etcd, csi-sanity, external-provisioner, external-attacher or external-resizer)" ;;
   esac
 done
 say "binaries ready under $cache/bin"
