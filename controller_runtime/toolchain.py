@@ -42,6 +42,7 @@ class Toolchain:
             "kubernetes": f"kubernetes-{self.versions['KUBERNETES_VERSION']}",
             "etcd": f"etcd-{self.versions['ETCD_VERSION']}",
             "csi-sanity": f"csi-test-{self.versions['CSI_TEST_VERSION']}",
+            "kind": f"kind-{self.versions['KIND_VERSION']}",
         }
         return self.cache / "bin" / dirs[group]
 
@@ -54,6 +55,7 @@ class Toolchain:
             "etcd": "etcd",
             "etcdctl": "etcd",
             "csi-sanity": "csi-sanity",
+            "kind": "kind",
         }[name]
         path = self._dir(group) / name
         if not os.access(path, os.X_OK):

@@ -1,12 +1,226 @@
-"""kubeloop in a kind cluster: the names the node image, the manifests and tests/kind share."""
+"""kubeloop in a kind cluster whose kubelets are real: create the cluster from the node image of
+tools/build-kind-node.sh, load kubeloop's images, apply deploy/ and wait for every pod to be Ready;
+and take it all down again, leaving the host as it was (docs/kind.md).
+
+    python -m localstack.kind up       # build images when needed, create, load, deploy
+    python -m localstack.kind down     # delete workloads (volumes cleaned up by kubeloop), delete cluster
+    python -m localstack.kind status
+
+`make kind-up` and `make kind-down` run these; tests/kind uses the same class."""
 
 from __future__ import annotations
 
-from controller_runtime.toolchain import read_versions
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from controller_runtime.toolchain import REPO_ROOT, Toolchain, read_versions
+
+from .compose import KUBELOOP_IMAGE
 
 CLUSTER_NAME = "kubeloop"
 BUSYBOX_IMAGE = "kubeloop/busybox:1.35.0"
+CLUSTER_CONFIG = REPO_ROOT / "deploy" / "kind" / "cluster.yaml"
+# The host directory every node mounts at /var/lib/kubeloop (deploy/kind/cluster.yaml).
+SHARED_DIR = Path("/var/lib/kubeloop-kind")
+# How a backing file of the shared pool looks in `losetup --list` on the host: the path the node
+# plugin attached it by, inside its node.
+POOL_IN_NODE = "/var/lib/kubeloop/pool/"
+DEFAULT_KUBECONFIG = REPO_ROOT / ".kubeloop" / "kind" / "kubeconfig"
+# Workload namespaces are cleaned before the cluster goes, so kubeloop detaches and deletes volumes.
+SYSTEM_NAMESPACES = {"kube-system", "kube-public", "kube-node-lease", "default"}
 
 
 def node_image() -> str:
     return f"kubeloop/kind-node:{read_versions()['KUBERNETES_VERSION']}"
+
+
+class KindError(RuntimeError):
+    pass
+
+
+def run(
+    args: Sequence[str], timeout: float = 300, check: bool = True, input: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        list(args), capture_output=True, text=True, timeout=timeout, cwd=REPO_ROOT, input=input, check=False
+    )
+    if check and result.returncode != 0:
+        raise KindError(
+            f"{' '.join(args)} exited {result.returncode}:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+        )
+    return result
+
+
+def say(message: str) -> None:
+    print(f"[kind] {message}", file=sys.stderr, flush=True)
+
+
+def pool_loop_devices() -> list[str]:
+    """Loop devices on this host whose backing file is in the kind pool (`NAME BACK-FILE` lines)."""
+    out = run(["losetup", "--list", "--noheadings", "--output", "NAME,BACK-FILE"], check=False).stdout
+    return sorted(line.strip() for line in out.splitlines() if f" {POOL_IN_NODE}" in line)
+
+
+@dataclass
+class Cluster:
+    name: str = CLUSTER_NAME
+    kubeconfig: Path = DEFAULT_KUBECONFIG
+
+    def kind(self, *args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return run([str(Toolchain.default().binary("kind")), *args], timeout=timeout, check=check)
+
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True, timeout: float = 120) -> str:
+        kubectl = str(Toolchain.default().binary("kubectl"))
+        return run(
+            [kubectl, f"--kubeconfig={self.kubeconfig}", *args], input=input, check=check, timeout=timeout
+        ).stdout
+
+    def exists(self) -> bool:
+        out = self.kind("get", "clusters", check=False).stdout.split()
+        return self.name in out
+
+    def nodes(self) -> list[str]:
+        return self.kind("get", "nodes", "--name", self.name).stdout.split()
+
+    def create(self) -> float:
+        """Creates the cluster; returns the seconds it took."""
+        SHARED_DIR.mkdir(parents=True, exist_ok=True)
+        self.kubeconfig.parent.mkdir(parents=True, exist_ok=True)
+        start = time.monotonic()
+        self.kind(
+            "create", "cluster", "--name", self.name, "--config", str(CLUSTER_CONFIG),
+            "--image", node_image(), "--kubeconfig", str(self.kubeconfig), "--wait", "180s",
+            timeout=600,
+        )  # fmt: skip
+        return time.monotonic() - start
+
+    def load_images(self) -> float:
+        start = time.monotonic()
+        self.kind("load", "docker-image", "--name", self.name, KUBELOOP_IMAGE, BUSYBOX_IMAGE, timeout=600)
+        return time.monotonic() - start
+
+    def deploy(self, timeout: float = 240) -> float:
+        """Applies deploy/ and waits until every kubeloop workload has rolled out with Ready pods."""
+        start = time.monotonic()
+        self.kubectl("apply", "-k", str(REPO_ROOT / "deploy"))
+        for workload in self.kubectl(
+            "get", "deployments,daemonsets", "-n", "kube-system", "-l", "app.kubernetes.io/name=kubeloop",
+            "-o", "name",
+        ).split():  # fmt: skip
+            self.kubectl(
+                "rollout", "status", "-n", "kube-system", workload, f"--timeout={int(timeout)}s",
+                timeout=timeout + 30,
+            )  # fmt: skip
+        return time.monotonic() - start
+
+    def clean_workloads(self, timeout: float = 180) -> list[str]:
+        """Deletes every pod and claim outside the system namespaces (and in default), then waits for
+        kubeloop to delete their volumes. Returns what is still there."""
+        namespaces = [
+            ns.split("/", 1)[1]
+            for ns in self.kubectl("get", "namespaces", "-o", "name").split()
+            if ns.split("/", 1)[1] not in SYSTEM_NAMESPACES - {"default"}
+        ]
+        for ns in namespaces:
+            self.kubectl("delete", "pods,pvc", "--all", "-n", ns, "--wait=false", check=False)
+        deadline = time.monotonic() + timeout
+        while True:
+            left = self.kubectl("get", "pv,volumeattachments", "-o", "name", check=False).split()
+            if not left or time.monotonic() > deadline:
+                return left
+            time.sleep(1)
+
+    def delete(self) -> None:
+        self.kind("delete", "cluster", "--name", self.name, timeout=300)
+
+
+def up(cluster: Cluster, build: bool = True) -> dict[str, float]:
+    figures: dict[str, float] = {}
+    if run(["bash", "tools/docker-env.sh", "start"], timeout=180).returncode != 0:
+        raise KindError("docker could not be set up")
+    if build:
+        start = time.monotonic()
+        build_env = {**os.environ, "PYTHON": sys.executable}
+        result = subprocess.run(
+            ["bash", "tools/build-kind-node.sh"], cwd=REPO_ROOT, env=build_env, capture_output=True,
+            text=True, timeout=3600, check=False,
+        )  # fmt: skip
+        if result.returncode != 0:
+            raise KindError(f"tools/build-kind-node.sh failed:\n{result.stderr[-4000:]}")
+        figures["build_images_s"] = time.monotonic() - start
+    if cluster.exists():
+        say(f"cluster {cluster.name} exists: reusing it")
+        cluster.kind("export", "kubeconfig", "--name", cluster.name, "--kubeconfig", str(cluster.kubeconfig))
+    else:
+        say(f"creating cluster {cluster.name} ({node_image()})")
+        figures["create_cluster_s"] = cluster.create()
+    say("loading images")
+    figures["load_images_s"] = cluster.load_images()
+    say("applying deploy/")
+    figures["deploy_s"] = cluster.deploy()
+    say(f"ready: kubectl --kubeconfig {cluster.kubeconfig} get pods -n kube-system")
+    return figures
+
+
+def down(cluster: Cluster) -> list[str]:
+    """Deletes the workloads (so kubeloop unmounts, detaches and deletes their volumes), the cluster and
+    the shared directory. Returns what had to be cleaned up by force: it should be nothing."""
+    problems: list[str] = []
+    if cluster.exists():
+        if cluster.kubeconfig.exists():
+            left = cluster.clean_workloads()
+            if left:
+                problems.append(f"still in the cluster after its workloads were deleted: {left}")
+        cluster.delete()
+    for line in pool_loop_devices():
+        problems.append(f"loop device left attached: {line}")
+        run(["losetup", "--detach", line.split()[0]], check=False)
+    shutil.rmtree(SHARED_DIR, ignore_errors=True)
+    return problems
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m localstack.kind",
+        description="kubeloop in a kind cluster (deploy/kind/cluster.yaml): up builds the images when "
+        "needed, creates the cluster, loads the images and applies deploy/; down deletes it all.",
+    )
+    parser.add_argument("command", choices=["up", "down", "status"])
+    parser.add_argument("--name", default=CLUSTER_NAME, help=f"cluster name (default: {CLUSTER_NAME})")
+    parser.add_argument(
+        "--kubeconfig",
+        type=Path,
+        default=DEFAULT_KUBECONFIG,
+        help=f"where the kubeconfig goes (default: {DEFAULT_KUBECONFIG})",
+    )
+    parser.add_argument("--no-build", action="store_true", help="use the images docker has, build nothing")
+    args = parser.parse_args(argv)
+    cluster = Cluster(args.name, args.kubeconfig)
+    try:
+        if args.command == "up":
+            figures = up(cluster, build=not args.no_build)
+            say(" ".join(f"{k}={v:.1f}" for k, v in figures.items()))
+        elif args.command == "down":
+            problems = down(cluster)
+            for p in problems:
+                say(p)
+            sys.exit(1 if problems else 0)
+        else:
+            if not cluster.exists():
+                say(f"no cluster {cluster.name}")
+                sys.exit(1)
+            print(cluster.kubectl("get", "nodes,pods", "-A", "-o", "wide"))
+    except KindError as e:
+        say(f"error: {e}")
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,122 @@
+"""kubeloop deployed in a kind cluster with real kubelets, created once for tests/kind and deleted right
+after them (localstack/kind.py, the code behind `make kind-up` and `make kind-down`).
+
+The fixture builds the images when they are missing or stale (tools/build-kind-node.sh), creates the
+cluster, loads the images and applies deploy/. At the end it deletes every workload (kubeloop then
+unmounts, detaches and deletes the volumes), deletes the cluster and checks the host keeps no loop
+device, mount or container of it. When docker or kind cannot be set up the tests fail, never skip
+(CI runs them from `make test`). KUBELOOP_KIND_KEEP=1 leaves the cluster running for debugging."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from localstack import kind
+from localstack.kind import Cluster, KindError
+
+
+@dataclass
+class KindCluster:
+    cluster: Cluster
+    figures: dict[str, float] = field(default_factory=dict)
+
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True, timeout: float = 120) -> str:
+        return self.cluster.kubectl(*args, input=input, check=check, timeout=timeout)
+
+    def get(self, *args: str) -> dict[str, Any]:
+        result: dict[str, Any] = json.loads(self.kubectl("get", *args, "-o", "json"))
+        return result
+
+    def apply(self, manifest: str) -> None:
+        self.kubectl("apply", "-f", "-", input=manifest)
+
+    def node_exec(self, node: str, *command: str, check: bool = True) -> str:
+        return kind.run(["docker", "exec", node, *command], check=check).stdout
+
+    def workers(self) -> list[str]:
+        return sorted(n for n in self.cluster.nodes() if "control-plane" not in n)
+
+
+def wait_for(what: str, probe: Callable[[], Any], timeout: float = 120, interval: float = 0.5) -> Any:
+    """Polls until probe() returns something truthy; fails with the last value seen."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = probe()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last seen: {last!r})")
+
+
+@pytest.fixture(scope="package")
+def kind_cluster() -> Iterator[KindCluster]:
+    if os.geteuid() != 0:
+        pytest.fail("tests/kind need root (dockerd, loop devices, mounts)")
+    started = kind.run(["bash", "tools/docker-env.sh", "start"], timeout=180, check=False)
+    if started.returncode != 0:
+        pytest.fail(f"could not set up docker (tools/docker-env.sh start):\n{started.stderr}")
+    we_started = started.stdout.strip() == "started"
+    cluster = Cluster()
+    if not cluster.exists() and kind.pool_loop_devices():
+        pytest.fail(f"loop devices of a kind pool are attached with no cluster: {kind.pool_loop_devices()}")
+    kc = KindCluster(cluster)
+    problems: list[str] = []
+    try:
+        try:
+            kc.figures.update(kind.up(cluster))
+        except KindError as e:
+            pytest.fail(f"kubeloop could not be brought up in kind: {e}")
+        yield kc
+    finally:
+        if os.environ.get("KUBELOOP_KIND_KEEP") == "1":
+            print(f"\nKUBELOOP_KIND_KEEP=1: cluster {cluster.name} keeps running ({cluster.kubeconfig})")
+        else:
+            start = time.monotonic()
+            problems = kind.down(cluster)
+            kc.figures["down_s"] = time.monotonic() - start
+            problems += _host_leftovers(cluster.name)
+            if we_started:
+                kind.run(["bash", "tools/docker-env.sh", "stop"], timeout=120, check=False)
+        print(f"\nkind figures: {json.dumps({k: round(v, 1) for k, v in kc.figures.items()})}")
+    if problems:
+        pytest.fail("\n".join(problems))
+
+
+def _host_leftovers(name: str) -> list[str]:
+    problems = []
+    containers = kind.run(
+        ["docker", "ps", "-aq", "--filter", f"label=io.x-k8s.kind.cluster={name}"], check=False
+    ).stdout.split()
+    if containers:
+        problems.append(f"kind containers left: {containers}")
+    for prefix in (["bash", "tools/docker-env.sh", "nsenter"], []):
+        mounts = kind.run([*prefix, "findmnt", "-rn", "-o", "TARGET"], check=False).stdout.splitlines()
+        left = [m for m in mounts if str(kind.SHARED_DIR) in m]
+        if left:
+            problems.append(f"mounts left: {left}")
+    if kind.pool_loop_devices():
+        problems.append(f"loop devices left: {kind.pool_loop_devices()}")
+    if kind.SHARED_DIR.exists():
+        problems.append(f"{kind.SHARED_DIR} left")
+    return problems
+
+
+@pytest.fixture
+def namespace(kind_cluster: KindCluster) -> Iterator[str]:
+    name = f"kind-{uuid.uuid4().hex[:8]}"
+    kind_cluster.kubectl("create", "namespace", name)
+    try:
+        yield name
+    finally:
+        kind_cluster.kubectl(
+            "delete", "namespace", name, "--wait=true", "--timeout=180s", check=False, timeout=200
+        )
