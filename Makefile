@@ -6,13 +6,14 @@ PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
 .PHONY: up test unit integration sanity stress-start bench lint deps binaries system-deps python-deps clean \
-	docker-deps images wheels compose-test
+	docker-deps images wheels compose-test kind-deps kind-images kind-up kind-down kind-test
 
 up: deps binaries
 	$(PY) -m localstack.main up
 
-# tests/compose (docker-compose end to end) needs docker, docker-compose and debootstrap.
-test: deps binaries docker-deps
+# tests/compose (docker-compose end to end) needs docker, docker-compose and debootstrap; tests/kind
+# also kind, containerd, kubelet and kubeadm (kind-deps).
+test: deps binaries docker-deps kind-deps
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 unit: python-deps
@@ -79,6 +80,23 @@ wheels: python-deps
 
 compose-test: deps binaries docker-deps
 	$(PY) -m pytest tests/compose $(PYTEST_ARGS)
+
+# kind (docs/kind.md): kind, containerd, kubelet, kubeadm and kube-proxy built through the Go module
+# proxy; the offline node image and every image the cluster runs; a cluster with kubeloop deployed.
+kind-deps: docker-deps
+	@bash tools/build-binaries.sh kind
+
+kind-images: deps binaries kind-deps
+	PYTHON=$(PY) bash tools/build-kind-node.sh
+
+kind-up: deps binaries kind-deps
+	$(PY) -m localstack.kind up
+
+kind-down: python-deps
+	$(PY) -m localstack.kind down
+
+kind-test: deps binaries kind-deps
+	$(PY) -m pytest tests/kind $(PYTEST_ARGS)
 
 clean:
 	rm -rf kubeloop_grpc .kubeloop build *.egg-info

@@ -1,0 +1,90 @@
+"""deploy/ and deploy/kind/cluster.yaml agree with the code they deploy: every container runs a console
+script kubeloop installs, with flags that script accepts, from the image tools/build-images.sh builds;
+kustomization.yaml lists every manifest; the kind cluster asks for the etcd image the node image has."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from controller_runtime.toolchain import REPO_ROOT
+from localstack.compose import KUBELOOP_IMAGE, images
+
+DEPLOY = REPO_ROOT / "deploy"
+
+
+def documents(path: Path) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def containers() -> list[tuple[str, dict[str, Any]]]:
+    out = []
+    for path in sorted((DEPLOY / "kubernetes").glob("*.yaml")):
+        for doc in documents(path):
+            if doc["kind"] in ("Deployment", "DaemonSet"):
+                for c in doc["spec"]["template"]["spec"]["containers"]:
+                    out.append((f"{doc['metadata']['name']}/{c['name']}", c))
+    return out
+
+
+@cache
+def scripts() -> dict[str, str]:
+    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
+    return dict(project["scripts"])
+
+
+@cache
+def help_text(script: str) -> str:
+    module = scripts()[script].split(":")[0]
+    result = subprocess.run(
+        [sys.executable, "-m", module, "--help"], capture_output=True, text=True, cwd=REPO_ROOT, check=True
+    )
+    return result.stdout
+
+
+def test_kustomization_lists_every_manifest_but_the_local_stacks_kubelet() -> None:
+    listed = set(yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())["resources"])
+    present = {str(p.relative_to(DEPLOY)) for p in DEPLOY.glob("*.yaml") if p.name != "kustomization.yaml"}
+    present |= {str(p.relative_to(DEPLOY)) for p in (DEPLOY / "rbac").glob("*.yaml")}
+    present |= {str(p.relative_to(DEPLOY)) for p in (DEPLOY / "kubernetes").glob("*.yaml")}
+    assert listed == present - {"rbac/node-agent.yaml"}
+
+
+@pytest.mark.parametrize("name,container", containers(), ids=[n for n, _ in containers()])
+def test_every_container_runs_a_kubeloop_script_with_flags_it_accepts(
+    name: str, container: dict[str, Any]
+) -> None:
+    assert container["image"] == KUBELOOP_IMAGE
+    [script] = container["command"]
+    assert script in scripts(), f"{name}: {script} is not a console script of pyproject.toml"
+    usage = help_text(script)
+    for arg in container.get("args", []):
+        flag = arg.split("=", 1)[0]
+        assert flag.startswith("-") and flag in usage, f"{name}: {script} has no flag {flag}"
+
+
+def test_sidecars_of_one_pod_listen_on_different_ports() -> None:
+    by_pod: dict[str, list[str]] = {}
+    for name, container in containers():
+        for arg in container.get("args", []):
+            if arg.startswith("--http-endpoint="):
+                by_pod.setdefault(name.split("/")[0], []).append(arg.split(":")[-1])
+    for pod, ports in by_pod.items():
+        assert len(ports) == len(set(ports)), (pod, ports)
+
+
+def test_kind_cluster_asks_for_the_etcd_image_the_node_image_has() -> None:
+    config = yaml.safe_load((DEPLOY / "kind" / "cluster.yaml").read_text())
+    patches = [yaml.safe_load(p) for p in config["kubeadmConfigPatches"]]
+    [cluster_config] = [p for p in patches if p["kind"] == "ClusterConfiguration"]
+    assert images()["etcd"].rsplit(":", 1)[1] == cluster_config["etcd"]["local"]["imageTag"]
+    controllers = cluster_config["controllerManager"]["extraArgs"][0]["value"].split(",")
+    for off in ("persistentvolume-binder", "persistentvolume-attach-detach", "persistentvolume-expander"):
+        assert f"-{off}-controller" in controllers
