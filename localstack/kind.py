@@ -33,6 +33,12 @@ SHARED_DIR = Path("/var/lib/kubeloop-kind")
 # plugin attached it by, inside its node.
 POOL_IN_NODE = "/var/lib/kubeloop/pool/"
 DEFAULT_KUBECONFIG = REPO_ROOT / ".kubeloop" / "kind" / "kubeconfig"
+# kind mounts the host's /lib/modules into each node; docker creates it when the host has none, and
+# `down` removes it again when `up` noted so here.
+LIB_MODULES = Path("/lib/modules")
+MADE_LIB_MODULES = SHARED_DIR / ".made-lib-modules"
+# The docker network kind creates for its nodes and leaves behind when a cluster is deleted.
+KIND_NETWORK = "kind"
 # Workload namespaces are cleaned before the cluster goes, so kubeloop detaches and deletes volumes.
 SYSTEM_NAMESPACES = {"kube-system", "kube-public", "kube-node-lease", "default"}
 
@@ -92,6 +98,9 @@ class Cluster:
     def create(self) -> float:
         """Creates the cluster; returns the seconds it took."""
         SHARED_DIR.mkdir(parents=True, exist_ok=True)
+        if not LIB_MODULES.exists():
+            LIB_MODULES.mkdir(parents=True)
+            MADE_LIB_MODULES.touch()
         self.kubeconfig.parent.mkdir(parents=True, exist_ok=True)
         start = time.monotonic()
         self.kind(
@@ -182,6 +191,13 @@ def down(cluster: Cluster) -> list[str]:
     for line in pool_loop_devices():
         problems.append(f"loop device left attached: {line}")
         run(["losetup", "--detach", line.split()[0]], check=False)
+    network = run(
+        ["docker", "network", "inspect", KIND_NETWORK, "--format", "{{len .Containers}}"], check=False
+    )
+    if network.returncode == 0 and network.stdout.strip() == "0":
+        run(["docker", "network", "rm", KIND_NETWORK], check=False)
+    if MADE_LIB_MODULES.exists() and LIB_MODULES.is_dir() and not any(LIB_MODULES.iterdir()):
+        LIB_MODULES.rmdir()
     shutil.rmtree(SHARED_DIR, ignore_errors=True)
     return problems
 

@@ -107,6 +107,8 @@ def _host_leftovers(name: str) -> list[str]:
         problems.append(f"loop devices left: {kind.pool_loop_devices()}")
     if kind.SHARED_DIR.exists():
         problems.append(f"{kind.SHARED_DIR} left")
+    if kind.run(["docker", "network", "inspect", kind.KIND_NETWORK], check=False).returncode == 0:
+        problems.append(f"docker network {kind.KIND_NETWORK} left")
     return problems
 
 
