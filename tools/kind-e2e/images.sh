@@ -119,12 +119,14 @@ CMD ["sleep", "infinity"]
 DOCKERFILE
 }
 
+work=
+trap '[ -z "$work" ] || rm -rf "$work"' EXIT
+
 build() {
-  local work ctx id tags inputs base t fresh
+  local ctx id tags inputs base t fresh
   for b in docker go; do command -v "$b" >/dev/null 2>&1 || die "$b is not on PATH"; done
   bash tools/build-binaries.sh e2e
   work=$(mktemp -d)
-  trap 'rm -rf "$work"' RETURN
   contexts "$work"
   for ctx in busybox agnhost glibc-dns-testing; do
     base=$(sed -n 's/^FROM //p' "$work/$ctx/Dockerfile")
