@@ -43,6 +43,7 @@ class Toolchain:
             "etcd": f"etcd-{self.versions['ETCD_VERSION']}",
             "csi-sanity": f"csi-test-{self.versions['CSI_TEST_VERSION']}",
             "kind": f"kind-{self.versions['KIND_VERSION']}",
+            "e2e": f"kubernetes-e2e-{self.versions['KUBERNETES_VERSION']}",
         }
         return self.cache / "bin" / dirs[group]
 
@@ -56,6 +57,8 @@ class Toolchain:
             "etcdctl": "etcd",
             "csi-sanity": "csi-sanity",
             "kind": "kind",
+            "e2e.test": "e2e",
+            "agnhost": "e2e",
         }[name]
         path = self._dir(group) / name
         if not os.access(path, os.X_OK):

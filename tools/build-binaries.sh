@@ -4,15 +4,17 @@
 # pinned in tools/versions.env, and caches them by version:
 #   ${KUBELOOP_CACHE:-~/.cache/kubeloop}/bin/<component>-<version>/
 # A second run finds every binary in place and does nothing. Usage: build-binaries.sh [group...]
-# where a group is kubernetes, kind (the kind node image's binaries), etcd, csi-sanity, external-provisioner, external-attacher or external-resizer
-# (default: all).
+# where a group is kubernetes, kind (the kind node image's binaries), e2e (the e2e.test suite binary and
+# agnhost, for tools/kind-e2e), etcd, csi-sanity, external-provisioner, external-attacher or
+# external-resizer (default: kubernetes, etcd, csi-sanity).
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=versions.env
 source "$here/versions.env"
 cache=${KUBELOOP_CACHE:-$HOME/.cache/kubeloop}
-export CGO_ENABLED=0 GOFLAGS=-mod=mod GOTOOLCHAIN=local
+# GOFLAGS from the caller is kept after -mod=mod (GOFLAGS=-p=1 builds one package at a time).
+export CGO_ENABLED=0 GOFLAGS="-mod=mod${GOFLAGS:+ $GOFLAGS}" GOTOOLCHAIN=local
 
 say() { printf '[build-binaries] %s\n' "$*" >&2; }
 die() { say "error: $*"; exit 1; }
@@ -40,10 +42,14 @@ build_in_wrapper() { # dest gomod_text ldflags name=pkg...
     fi
     for spec in "$@"; do
       # Each argument is name=package, naming the binary explicitly (etcd's packages end in /v3).
+      # A name ending in .test is the package's test binary (go test -c) rather than its command.
       local name=${spec%%=*} pkg=${spec#*=}
       say "  compiling $name (a cold build takes several minutes)"
       local start=$SECONDS
-      go build -trimpath -ldflags "$ldflags" -o "out/$name" "$pkg"
+      case $name in
+        *.test) go test -c -trimpath -ldflags "$ldflags" -o "out/$name" "$pkg" ;;
+        *) go build -trimpath -ldflags "$ldflags" -o "out/$name" "$pkg" ;;
+      esac
       say "  built $name in $((SECONDS - start))s"
     done
   )
@@ -52,10 +58,12 @@ build_in_wrapper() { # dest gomod_text ldflags name=pkg...
   rm -rf "$work"
 }
 
-# build_kubernetes <dest-dir> <cmd>...: commands of k8s.io/kubernetes/cmd at the pinned version.
+# build_kubernetes <dest-dir> <name=package>...: packages of k8s.io/kubernetes at the pinned version,
+# built in one wrapper module (a name ending in .test is a test binary, see build_in_wrapper).
 build_kubernetes() {
   local dest=$1; shift
-  local bins=("$@")
+  local specs=("$@") bins=() spec
+  for spec in "${specs[@]}"; do bins+=("${spec%%=*}"); done
   if have_all "$dest" "${bins[@]}"; then say "kubernetes $KUBERNETES_VERSION: cached in $dest"; return; fi
   say "kubernetes $KUBERNETES_VERSION: building ${bins[*]}"
   # k8s.io/kubernetes replaces its staging modules with ./staging paths, which a dependency cannot
@@ -79,9 +87,15 @@ $replaces"
     ld+=" -X $p.gitVersion=$KUBERNETES_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$minor"
     ld+=" -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"
   done
-  local specs=()
-  for b in "${bins[@]}"; do specs+=("$b=k8s.io/kubernetes/cmd/$b"); done
   build_in_wrapper "$dest" "$gomod" "$ld" "${specs[@]}"
+}
+
+# build_kubernetes_cmds <dest-dir> <cmd>...: commands under k8s.io/kubernetes/cmd.
+build_kubernetes_cmds() {
+  local dest=$1; shift
+  local specs=() b
+  for b in "$@"; do specs+=("$b=k8s.io/kubernetes/cmd/$b"); done
+  build_kubernetes "$dest" "${specs[@]}"
 }
 
 build_etcd() {
@@ -113,7 +127,7 @@ build_csi_sanity() {
 # call). containerd's go.mod carries replace and exclude directives, so it is built in a wrapper
 # module that repeats them.
 build_kind() {
-  build_kubernetes "$cache/bin/kubernetes-node-$KUBERNETES_VERSION" kubelet kubeadm kube-proxy
+  build_kubernetes_cmds "$cache/bin/kubernetes-node-$KUBERNETES_VERSION" kubelet kubeadm kube-proxy
   local dest=$cache/bin/kind-$KIND_VERSION
   if have_all "$dest" kind; then say "kind $KIND_VERSION: cached in $dest"; else
     say "kind $KIND_VERSION: building"
@@ -135,7 +149,7 @@ require $module $CONTAINERD_VERSION
 
 $(grep -E '^(replace|exclude) ' "$modfile")"
   local ld="-s -w -X $module/version.Version=$CONTAINERD_VERSION"
-  GOFLAGS="-mod=mod -tags=no_btrfs,no_devmapper,no_zfs" build_in_wrapper "$dest" "$gomod" "$ld" \
+  GOFLAGS="$GOFLAGS -tags=no_btrfs,no_devmapper,no_zfs" build_in_wrapper "$dest" "$gomod" "$ld" \
     containerd=$module/cmd/containerd ctr=$module/cmd/ctr containerd-shim-runc-v2=$module/cmd/containerd-shim-runc-v2
 }
 
@@ -165,9 +179,14 @@ groups=("$@")
 for g in "${groups[@]}"; do
   case $g in
     kubernetes)
-      build_kubernetes "$cache/bin/kubernetes-$KUBERNETES_VERSION" kube-apiserver kube-controller-manager \
+      build_kubernetes_cmds "$cache/bin/kubernetes-$KUBERNETES_VERSION" kube-apiserver kube-controller-manager \
         kube-scheduler kubectl ;;
     kind) build_kind ;;
+    # The Kubernetes e2e suite (e2e.test, run directly, no ginkgo CLI) and agnhost, the test image
+    # binary tools/kind-e2e puts in an image; both from the same wrapper module as the commands.
+    e2e)
+      build_kubernetes "$cache/bin/kubernetes-e2e-$KUBERNETES_VERSION" \
+        e2e.test=k8s.io/kubernetes/test/e2e agnhost=k8s.io/kubernetes/test/images/agnhost ;;
     etcd) build_etcd ;;
     csi-sanity) build_csi_sanity ;;
     external-provisioner)
@@ -179,7 +198,7 @@ for g in "${groups[@]}"; do
     external-resizer)
       build_sidecar external-resizer github.com/kubernetes-csi/external-resizer/v2 \
         "$EXTERNAL_RESIZER_VERSION" csi-resizer ;;
-    *) die "unknown group '$g' (expected kubernetes, kind, etcd, csi-sanity, external-provisioner, external-attacher or external-resizer)" ;;
+    *) die "unknown group '$g' (expected kubernetes, kind, e2e, etcd, csi-sanity, external-provisioner, external-attacher or external-resizer)" ;;
   esac
 done
 say "binaries ready under $cache/bin"

@@ -1,0 +1,301 @@
+"""The Kubernetes external-storage e2e suite against kubeloop in kind (docs/e2e-storage.md).
+
+    python -m localstack.e2e_storage run        # images into the cluster, then e2e.test; a summary
+    python -m localstack.e2e_storage dry-run    # which specs the filters select; needs no cluster
+    python -m localstack.e2e_storage summary DIR/junit.xml
+
+e2e.test (tools/build-binaries.sh e2e) runs directly, without the ginkgo CLI, so its specs run one after
+the other: Ginkgo can only run a suite in parallel when its CLI hosts the processes. The driver is
+described by deploy/kind/e2e-driver.yaml; the test images are kubeloop's own (tools/kind-e2e/images.sh),
+named through tools/kind-e2e/repo-list.yaml, and `kind load`ed onto every node before a run.
+
+A run writes into its results directory: e2e.log (the suite's output), junit.xml (Ginkgo's report),
+junit_01.xml (the framework's shorter one), summary.txt and summary.json."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from controller_runtime.toolchain import REPO_ROOT, Toolchain
+
+from .kind import CLUSTER_NAME, DEFAULT_KUBECONFIG, Cluster, KindError, run
+
+DRIVER_FILE = REPO_ROOT / "deploy" / "kind" / "e2e-driver.yaml"
+REPO_LIST = REPO_ROOT / "tools" / "kind-e2e" / "repo-list.yaml"
+IMAGES_SCRIPT = REPO_ROOT / "tools" / "kind-e2e" / "images.sh"
+DEFAULT_RESULTS = REPO_ROOT / ".kubeloop" / "e2e-storage"
+DRIVER_NAME = "loop.csi.kubeloop.dev"
+
+FOCUS = "External.Storage"
+# Disruptive specs restart kubelet or nodes, Serial ones want the whole cluster, Slow ones (xfs, stress,
+# volume limits) take many minutes each on two cores.
+SKIP = "Disruptive|Serial|Slow"
+# Ginkgo's own limit for the whole suite; the process gets a few minutes more to write its reports.
+DEFAULT_TIMEOUT = "3h"
+
+
+def say(message: str) -> None:
+    print(f"[e2e-storage] {message}", file=sys.stderr, flush=True)
+
+
+def duration_seconds(text: str) -> float:
+    """Seconds in a Go duration of hours, minutes and seconds ("3h", "90m", "1h30m", "45s")."""
+    total, number = 0.0, ""
+    units = {"h": 3600, "m": 60, "s": 1}
+    for ch in text.strip():
+        if ch.isdigit() or ch == ".":
+            number += ch
+        elif ch in units and number:
+            total += float(number) * units[ch]
+            number = ""
+        else:
+            raise ValueError(f"not a duration of h, m and s: {text!r}")
+    if number or total <= 0:
+        raise ValueError(f"not a duration of h, m and s: {text!r}")
+    return total
+
+
+@dataclass
+class Options:
+    e2e_test: Path
+    results: Path
+    kubeconfig: Path = DEFAULT_KUBECONFIG
+    kubectl: Path | None = None
+    driver: Path = DRIVER_FILE
+    repo_list: Path = REPO_LIST
+    focus: str = FOCUS
+    skip: str = SKIP
+    timeout: str = DEFAULT_TIMEOUT
+    dry_run: bool = False
+    extra: list[str] = field(default_factory=list)
+
+    @property
+    def junit(self) -> Path:
+        return self.results / "junit.xml"
+
+
+def command(o: Options) -> list[str]:
+    """The e2e.test command line. The skeleton provider is the one for clusters no cloud provider
+    manages (kind); the log dump it would do after the suite needs ssh to the nodes, so it is off."""
+    argv = [
+        str(o.e2e_test),
+        f"-kubeconfig={o.kubeconfig}",
+        "-provider=skeleton",
+        f"-storage.testdriver={o.driver}",
+        f"-kube-test-repo-list={o.repo_list}",
+        f"-report-dir={o.results}",
+        f"-ginkgo.junit-report={o.junit}",
+        f"-ginkgo.focus={o.focus}",
+        f"-ginkgo.skip={o.skip}",
+        f"-ginkgo.timeout={o.timeout}",
+        "-ginkgo.no-color",
+        "-disable-log-dump",
+    ]
+    if o.kubectl is not None:
+        argv.append(f"-kubectl-path={o.kubectl}")
+    if o.dry_run:
+        argv.append("-ginkgo.dry-run")
+    return argv + o.extra
+
+
+@dataclass
+class Summary:
+    passed: int = 0
+    failed: int = 0
+    # Selected specs that skipped themselves (a capability or feature the driver or cluster lacks).
+    skipped: int = 0
+    # Specs the focus and skip expressions left out.
+    not_selected: int = 0
+    failures: list[str] = field(default_factory=list)
+    # The suite's own nodes ([SynchronizedBeforeSuite], [ReportAfterSuite] ...) that did not pass.
+    suite_failures: list[str] = field(default_factory=list)
+    selected_specs: list[str] = field(default_factory=list)
+
+    def line(self) -> str:
+        text = f"{self.passed} passed, {self.failed} failed, {self.skipped} skipped"
+        if self.suite_failures:
+            text += f" (suite setup or teardown failed: {', '.join(self.suite_failures)})"
+        return text
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed and not self.suite_failures
+
+
+FAILED_STATES = {"failed", "panicked", "timedout", "interrupted", "aborted"}
+
+
+def parse_junit(path: Path) -> Summary:
+    """Counts a Ginkgo v2 JUnit report. Every spec of the suite is in it: those the filters left out as
+    skipped without a reason ("skipped"), those that skipped themselves with one ("skipped - ...")."""
+    summary = Summary()
+    for case in ET.parse(path).getroot().iter("testcase"):
+        name = case.get("name", "")
+        status = case.get("status", "")
+        if not status:  # a report from elsewhere: infer from the children
+            if case.find("failure") is not None or case.find("error") is not None:
+                status = "failed"
+            elif case.find("skipped") is not None:
+                status = "skipped"
+            else:
+                status = "passed"
+        if not name.startswith("[It]"):
+            if status in FAILED_STATES:
+                summary.suite_failures.append(name)
+            continue
+        spec = name.removeprefix("[It]").strip()
+        if status == "skipped":
+            skipped = case.find("skipped")
+            message = skipped.get("message", "") if skipped is not None else ""
+            if message.startswith("skipped - "):
+                summary.skipped += 1
+                summary.selected_specs.append(spec)
+            else:
+                summary.not_selected += 1
+        elif status == "pending":
+            summary.not_selected += 1
+        elif status in FAILED_STATES:
+            summary.failed += 1
+            summary.failures.append(spec)
+            summary.selected_specs.append(spec)
+        else:
+            summary.passed += 1
+            summary.selected_specs.append(spec)
+    return summary
+
+
+def write_summary(summary: Summary, results: Path, argv: Sequence[str], seconds: float | None) -> None:
+    """summary.txt and summary.json; `seconds` is None for a dry run, whose specs all "pass"."""
+    if seconds is None:
+        lines = [f"dry run: {len(summary.selected_specs)} specs selected, {summary.not_selected} not"]
+    else:
+        lines = [summary.line(), f"took {seconds / 60:.1f} min"]
+    lines += [f"FAILED: {name}" for name in summary.failures]
+    lines += ["", "command:", " ".join(argv)]
+    (results / "summary.txt").write_text("\n".join(lines) + "\n")
+    data = {**asdict(summary), "seconds": seconds, "command": list(argv)}
+    (results / "summary.json").write_text(json.dumps(data, indent=2) + "\n")
+
+
+def images() -> list[str]:
+    out = run(["bash", str(IMAGES_SCRIPT), "list"], timeout=300).stdout
+    return out.split()
+
+
+def load_images(cluster: Cluster) -> float:
+    """Builds the test images when needed and loads them onto every node of the cluster."""
+    start = time.monotonic()
+    env = {**os.environ, "PYTHON": sys.executable}
+    result = subprocess.run(
+        ["bash", str(IMAGES_SCRIPT), "build"], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+        timeout=3600, check=False,
+    )  # fmt: skip
+    if result.returncode != 0:
+        raise KindError(f"{IMAGES_SCRIPT.name} build failed:\n{result.stderr[-4000:]}")
+    cluster.kind("load", "docker-image", "--name", cluster.name, *images(), timeout=900)
+    return time.monotonic() - start
+
+
+def check_cluster(cluster: Cluster) -> None:
+    """The suite only makes sense with kubeloop deployed: its CSIDriver object and every node Ready."""
+    if not cluster.kubeconfig.exists():
+        raise KindError(f"no kubeconfig at {cluster.kubeconfig}: bring the cluster up (make kind-up)")
+    cluster.kubectl("get", "csidriver", DRIVER_NAME, "-o", "name")
+    cluster.kubectl("wait", "--for=condition=Ready", "nodes", "--all", "--timeout=120s", timeout=150)
+
+
+def execute(o: Options, log: Path) -> tuple[int, float]:
+    """Runs e2e.test with its output in `log`; returns its exit code and the seconds it took."""
+    o.results.mkdir(parents=True, exist_ok=True)
+    argv = command(o)
+    start = time.monotonic()
+    with log.open("w") as out:
+        try:
+            rc = subprocess.run(
+                argv, stdout=out, stderr=subprocess.STDOUT, cwd=o.results,
+                timeout=duration_seconds(o.timeout) + 600, check=False,
+            ).returncode  # fmt: skip
+        except subprocess.TimeoutExpired:
+            rc = -1
+    return rc, time.monotonic() - start
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m localstack.e2e_storage",
+        description="The Kubernetes external-storage e2e suite (e2e.test) against kubeloop's kind cluster.",
+    )
+    parser.add_argument("command", choices=["run", "dry-run", "summary"])
+    parser.add_argument("junit", nargs="?", type=Path, help="summary: the JUnit file to count")
+    parser.add_argument("--results", type=Path, default=DEFAULT_RESULTS, help="where reports go")
+    parser.add_argument("--kubeconfig", type=Path, default=DEFAULT_KUBECONFIG)
+    parser.add_argument("--name", default=CLUSTER_NAME, help="the kind cluster (for loading images)")
+    parser.add_argument("--focus", default=FOCUS, help=f"-ginkgo.focus (default: {FOCUS})")
+    parser.add_argument("--skip", default=SKIP, help=f"-ginkgo.skip (default: {SKIP})")
+    parser.add_argument("--timeout", default=DEFAULT_TIMEOUT, help="-ginkgo.timeout for the whole suite")
+    parser.add_argument("--driver", type=Path, default=DRIVER_FILE, help="the -storage.testdriver file")
+    parser.add_argument("--no-load-images", action="store_true", help="run: the images are on the nodes")
+    parser.epilog = "Arguments after -- go to e2e.test as they are (-ginkgo.v, -ginkgo.label-filter=...)."
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
+    args = parser.parse_args(argv[: len(argv) - len(extra) - (1 if "--" in argv else 0)])
+
+    if args.command == "summary":
+        if args.junit is None:
+            parser.error("summary needs the JUnit file")
+        summary = parse_junit(args.junit)
+        print(summary.line())
+        for name in summary.failures:
+            print(f"FAILED: {name}")
+        sys.exit(0 if summary.ok else 1)
+
+    toolchain = Toolchain.default()
+    options = Options(
+        e2e_test=toolchain.binary("e2e.test"), results=args.results.resolve(),
+        kubeconfig=args.kubeconfig.resolve(), kubectl=toolchain.binary("kubectl"),
+        driver=args.driver.resolve(), focus=args.focus, skip=args.skip, timeout=args.timeout,
+        dry_run=args.command == "dry-run", extra=extra,
+    )  # fmt: skip
+    duration_seconds(options.timeout)  # refuse a bad --timeout before anything runs
+    options.results.mkdir(parents=True, exist_ok=True)
+    options.junit.unlink(missing_ok=True)
+
+    if args.command == "run":
+        cluster = Cluster(args.name, options.kubeconfig)
+        try:
+            check_cluster(cluster)
+            if not args.no_load_images:
+                say("building the test images and loading them into the cluster")
+                say(f"images loaded in {load_images(cluster):.0f}s")
+        except KindError as e:
+            say(f"error: {e}")
+            sys.exit(2)
+
+    say(" ".join(command(options)))
+    log = options.results / ("dry-run.log" if options.dry_run else "e2e.log")
+    rc, seconds = execute(options, log)
+    if not options.junit.exists():
+        say(f"e2e.test exited {rc} without a JUnit report; see {log}")
+        sys.exit(2)
+    summary = parse_junit(options.junit)
+    write_summary(summary, options.results, command(options), None if options.dry_run else seconds)
+    if options.dry_run:
+        (options.results / "specs.txt").write_text("".join(f"{s}\n" for s in summary.selected_specs))
+        say(f"{len(summary.selected_specs)} specs selected, {summary.not_selected} not ({seconds:.0f}s); "
+            f"list in {options.results / 'specs.txt'}")  # fmt: skip
+        sys.exit(0 if rc == 0 else 1)
+    say(f"{summary.line()} in {seconds / 60:.1f} min (e2e.test exit {rc}); reports in {options.results}")
+    sys.exit(0 if summary.ok and rc == 0 else 1)
+
+
+if __name__ == "__main__":
+    main()
