@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
 .PHONY: up test unit integration sanity stress-start bench lint deps binaries system-deps python-deps clean \
-	docker-deps images wheels compose-test kind-deps kind-images kind-up kind-down kind-test
+	docker-deps images wheels compose-test kind-deps kind-images kind-up kind-down kind-test e2e-storage
 
 up: deps binaries
 	$(PY) -m localstack.main up
@@ -97,6 +97,14 @@ kind-down: python-deps
 
 kind-test: deps binaries kind-deps
 	$(PY) -m pytest tests/kind $(PYTEST_ARGS)
+
+# The Kubernetes external-storage e2e suite against kubeloop in kind (docs/e2e-storage.md): builds
+# e2e.test and agnhost, brings the cluster up (or reuses it), runs the suite, writes the JUnit report
+# and a summary under .kubeloop/e2e-storage/. Not part of `make test`: the suite runs for about an hour.
+e2e-storage: deps binaries kind-deps
+	@bash tools/build-binaries.sh e2e
+	$(PY) -m localstack.kind up
+	$(PY) -m localstack.e2e_storage run $(E2E_ARGS)
 
 clean:
 	rm -rf kubeloop_grpc .kubeloop build *.egg-info
