@@ -115,6 +115,19 @@ async def events_of(stack: StorageStack, namespace: str, reason: str, name: str)
     return [e for e in await stack.events(namespace, reason) if e["involvedObject"]["name"] == name]
 
 
+async def recorded(
+    stack: StorageStack, namespace: str, reason: str, name: str, timeout: float = 30
+) -> list[Obj]:
+    """The events once there is one: each process posts its events after the status update that
+    the test waited for, so on a loaded machine they arrive a moment later."""
+
+    async def some() -> list[Obj] | None:
+        return await events_of(stack, namespace, reason, name) or None
+
+    events: list[Obj] = await wait_for(some, timeout, f"a {reason} event for {name}")
+    return events
+
+
 async def test_online_expansion_of_a_mounted_xfs_volume(stack: StorageStack, namespace: str) -> None:
     pvc, pv, handle = await stack.volume(namespace, size_mi=320, fs_type="xfs", class_name=EXPANDABLE)
     pod = await stack.pod(namespace, "app", "node-a", pvc)
@@ -134,17 +147,17 @@ async def test_online_expansion_of_a_mounted_xfs_volume(stack: StorageStack, nam
     volume = await stack.api.get(PERSISTENT_VOLUMES, pv)
     assert volume["spec"]["capacity"]["storage"] == "512Mi"
     # Who said what, with the Go components' reasons, types, messages and sources.
-    expanding = await events_of(stack, namespace, "ExternalExpanding", pvc)
+    expanding = await recorded(stack, namespace, "ExternalExpanding", pvc)
     assert [(e["type"], e["message"], e["source"]["component"]) for e in expanding] == [
         ("Warning", "waiting for an external controller to expand this PVC", "volume_expand")
     ]
-    (resizing,) = await events_of(stack, namespace, "Resizing", pvc)
+    (resizing,) = await recorded(stack, namespace, "Resizing", pvc)
     assert resizing["message"] == f"External resizer is resizing volume {pv}"
     assert resizing["source"]["component"] == f"external-resizer {DRIVER_NAME}"
-    (required,) = await events_of(stack, namespace, "FileSystemResizeRequired", pvc)
+    (required,) = await recorded(stack, namespace, "FileSystemResizeRequired", pvc)
     assert required["message"] == "Require file system resize of volume on node"
     for name in (pvc, "app"):
-        (ok,) = await events_of(stack, namespace, "FileSystemResizeSuccessful", name)
+        (ok,) = await recorded(stack, namespace, "FileSystemResizeSuccessful", name)
         assert ok["type"] == "Normal"
         assert ok["message"] == f'MountVolume.NodeExpandVolume succeeded for volume "{pv}" node-a'
 
