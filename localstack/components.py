@@ -234,10 +234,6 @@ def node_home(home: Path, node: str) -> Path:
     return home / "nodes" / node
 
 
-# sun_path holds 108 bytes including the terminating NUL.
-MAX_SOCKET_PATH = 107
-
-
 def longest_socket_path(home: Path, nodes: Sequence[str]) -> Path:
     """The longest unix socket path the stack will create under `home`: a node's kubelet
     plugin-registration socket, whose name docs/contracts.md fixes."""

@@ -17,9 +17,9 @@ from pathlib import Path
 from controller_runtime import process
 from controller_runtime.logs import get_logger
 from controller_runtime.toolchain import MissingBinaryError, Toolchain
+from controller_runtime.unix_grpc import MAX_SOCKET_PATH
 
 from .components import (
-    MAX_SOCKET_PATH,
     REGISTRY,
     ComponentError,
     Components,
