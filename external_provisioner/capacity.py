@@ -5,6 +5,7 @@ CSIStorageCapacity object, so the scheduler skips nodes whose pool cannot hold a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from dataclasses import dataclass
 
@@ -12,7 +13,7 @@ import grpc
 
 from controller_runtime.client import ApiClient, ApiError
 from controller_runtime.csi_client import CSIConnection
-from controller_runtime.informer import SharedInformer
+from controller_runtime.informer import EventHandler, SharedInformer
 from controller_runtime.logs import get_logger
 from controller_runtime.quantity import format_quantity
 from controller_runtime.resources import CSI_STORAGE_CAPACITIES, Obj
@@ -56,6 +57,28 @@ class CapacityPublisher:
             names.CAPACITY_LABEL_DRIVER: self.driver,
             names.CAPACITY_LABEL_MANAGED_BY: names.CAPACITY_MANAGED_BY,
         }
+        # A new class, a node plugin registering or a node relabelled changes which objects must
+        # exist: publish at once, as upstream does, instead of at the next poll.
+        self._changed = asyncio.Event()
+        every_change = EventHandler(
+            on_add=lambda _: self._changed.set(),
+            on_update=lambda _old, _new: self._changed.set(),
+            on_delete=lambda _: self._changed.set(),
+        )
+        classes.add_handler(every_change)
+        csinodes.add_handler(every_change)
+        nodes.add_handler(
+            EventHandler(
+                on_add=lambda _: self._changed.set(),
+                on_update=self._on_node_update,
+                on_delete=lambda _: self._changed.set(),
+            )
+        )
+
+    def _on_node_update(self, old: Obj, new: Obj) -> None:
+        # Status updates are frequent and never change a segment; labels are what segments are made of.
+        if old["metadata"].get("labels") != new["metadata"].get("labels"):
+            self._changed.set()
 
     def segments(self) -> list[Segment | None]:
         if not self.conn.has_plugin_capability(
@@ -160,9 +183,13 @@ class CapacityPublisher:
                 raise
 
     async def run(self) -> None:
+        """A round at start, then one per poll interval, or sooner when a class, CSINode or node
+        changes (changes during a round bring the next one forward)."""
         while True:
+            self._changed.clear()
             try:
                 await self.refresh()
             except Exception as exc:  # a bad round must not stop publishing (nor the process)
                 log.warning("capacity refresh failed", error=str(exc) or type(exc).__name__)
-            await asyncio.sleep(self.options.interval)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), timeout=self.options.interval)

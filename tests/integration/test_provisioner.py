@@ -17,6 +17,7 @@ from controller_runtime.resources import (
     NODES,
     PERSISTENT_VOLUME_CLAIMS,
     STORAGE_CLASSES,
+    Obj,
 )
 from controller_runtime.toolchain import REPO_ROOT
 from csi_driver import DRIVER_NAME, TOPOLOGY_KEY
@@ -159,21 +160,45 @@ async def test_wait_for_first_consumer_follows_the_scheduler(
                 CapacityOptions(namespace=namespace),
             )
             factory.start()
+
+            async def mine(class_name: str) -> list[Obj]:
+                items = (await api.list_page(CSI_STORAGE_CAPACITIES, namespace))["items"]
+                # Other tests' nodes may share this control plane: look at this test's node only.
+                return [
+                    i
+                    for i in items
+                    if i["storageClassName"] == class_name
+                    and i["nodeTopology"] == {"matchLabels": {TOPOLOGY_KEY: node}}
+                ]
+
             try:
                 await factory.wait_for_sync(10)
                 await publisher.refresh()
                 await publisher.refresh()  # idempotent: still one object
-                items = (await api.list_page(CSI_STORAGE_CAPACITIES, namespace))["items"]
-                # Other tests' nodes may share this control plane: look at this test's node only.
-                mine = [
-                    i
-                    for i in items
-                    if i["storageClassName"] == cls
-                    and i["nodeTopology"] == {"matchLabels": {TOPOLOGY_KEY: node}}
-                ]
-                assert len(mine) == 1, items
-                assert mine[0]["metadata"]["labels"][names.CAPACITY_LABEL_DRIVER] == DRIVER_NAME
-                assert int(mine[0]["capacity"].rstrip("Ki").rstrip("MGT") or 0) > 0
+                objects = await mine(cls)
+                assert len(objects) == 1, objects
+                assert objects[0]["metadata"]["labels"][names.CAPACITY_LABEL_DRIVER] == DRIVER_NAME
+                assert int(objects[0]["capacity"].rstrip("Ki").rstrip("MGT") or 0) > 0
+
+                # A class created later is published at once, not at the next poll (an hour here).
+                slow = CapacityPublisher(
+                    api,
+                    conn,
+                    factory.informer(STORAGE_CLASSES),
+                    factory.informer(CSI_NODES),
+                    factory.informer(NODES),
+                    CapacityOptions(namespace=namespace, interval=3600),
+                )
+                publishing = asyncio.create_task(slow.run())
+                try:
+                    await asyncio.sleep(0.5)
+                    later = await h.create_class("wffc-later", volumeBindingMode="WaitForFirstConsumer")
+                    deadline = asyncio.get_running_loop().time() + 10
+                    while not await mine(later):
+                        assert asyncio.get_running_loop().time() < deadline, "no object for the new class"
+                        await asyncio.sleep(0.2)
+                finally:
+                    publishing.cancel()
             finally:
                 await factory.stop()
                 await conn.close()
