@@ -89,8 +89,8 @@ class Cluster:
         ).stdout
 
     def exists(self) -> bool:
-        out = self.kind("get", "clusters", check=False).stdout.split()
-        return self.name in out
+        # An error here (no docker daemon) must not read as "no cluster": down would then skip it.
+        return self.name in self.kind("get", "clusters").stdout.split()
 
     def nodes(self) -> list[str]:
         return self.kind("get", "nodes", "--name", self.name).stdout.split()
@@ -132,10 +132,13 @@ class Cluster:
     def clean_workloads(self, timeout: float = 180) -> list[str]:
         """Deletes every pod and claim outside the system namespaces (and in default), then waits for
         kubeloop to delete their volumes. Returns what is still there."""
+        try:
+            listed = self.kubectl("get", "namespaces", "-o", "name", timeout=60).split()
+        except (KindError, subprocess.TimeoutExpired) as e:
+            # A cluster whose API server is gone (its docker daemon was stopped) still gets deleted.
+            return [f"the API server did not answer, workloads not cleaned up: {str(e).strip()[:300]}"]
         namespaces = [
-            ns.split("/", 1)[1]
-            for ns in self.kubectl("get", "namespaces", "-o", "name").split()
-            if ns.split("/", 1)[1] not in SYSTEM_NAMESPACES - {"default"}
+            ns.split("/", 1)[1] for ns in listed if ns.split("/", 1)[1] not in SYSTEM_NAMESPACES - {"default"}
         ]
         for ns in namespaces:
             self.kubectl("delete", "pods,pvc", "--all", "-n", ns, "--wait=false", check=False)
@@ -182,6 +185,7 @@ def down(cluster: Cluster) -> list[str]:
     """Deletes the workloads (so kubeloop unmounts, detaches and deletes their volumes), the cluster and
     the shared directory. Returns what had to be cleaned up by force: it should be nothing."""
     problems: list[str] = []
+    run(["bash", "tools/docker-env.sh", "start"], timeout=180)
     if cluster.exists():
         if cluster.kubeconfig.exists():
             left = cluster.clean_workloads()
