@@ -5,7 +5,6 @@ file modes without umask games, and the registrar exiting non-zero when kubelet 
 from __future__ import annotations
 
 import os
-import re
 import stat
 import subprocess
 from pathlib import Path
@@ -17,8 +16,9 @@ from csi_driver import DRIVER_NAME
 from kubeloop_grpc.csi import csi_pb2
 from kubeloop_grpc.pluginregistration import api_pb2, api_pb2_grpc
 
+from ..source_tree import offenders
 from .canary import mounted_under, snapshot_tree
-from .conftest import REPO, Client, Driver, force_cleanup
+from .conftest import Client, Driver, force_cleanup
 from .test_driver import block_cap, code_of, create, mount_cap
 
 pytestmark = pytest.mark.root
@@ -181,22 +181,7 @@ def test_sockets_and_state_files_are_private_whatever_the_umask(csi_root: Path) 
 
 def test_no_process_wide_umask_in_shipped_code() -> None:
     """os.umask is process-wide: a task changing it races every other task creating files."""
-    offenders = []
-    for package in (
-        "csi_driver",
-        "controller_runtime",
-        "services",
-        "external_provisioner",
-        "external_attacher",
-        "external_resizer",
-        "node_driver_registrar",
-        "livenessprobe",
-        "localstack",
-    ):
-        for path in (REPO / package).rglob("*.py"):
-            if re.search(r"\bumask\s*\(", path.read_text()):
-                offenders.append(str(path.relative_to(REPO)))
-    assert offenders == []
+    assert offenders(r"\bumask\s*\(") == []
 
 
 def test_registrar_exits_nonzero_when_kubelet_reports_failure(csi_root: Path) -> None:

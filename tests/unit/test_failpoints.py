@@ -4,11 +4,12 @@ the provisioner, only the test-only entry module installs the kill hook."""
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 
 from controller_runtime.toolchain import REPO_ROOT
+
+from ..source_tree import offenders
 
 REACH_ALL = (
     "from external_provisioner import failpoints\n"
@@ -30,20 +31,7 @@ def test_environment_cannot_arm_failpoints_in_the_shipped_provisioner() -> None:
 
 
 def test_no_shipped_module_reads_failpoints_from_the_environment() -> None:
-    offenders = []
-    for package in (
-        "external_provisioner",
-        "external_attacher",
-        "external_resizer",
-        "node_driver_registrar",
-        "livenessprobe",
-        "csi_driver",
-        "services",
-    ):
-        for path in (REPO_ROOT / package).rglob("*.py"):
-            if re.search(r"FAILPOINT", path.read_text()):
-                offenders.append(str(path.relative_to(REPO_ROOT)))
-    assert offenders == []
+    assert offenders("FAILPOINT") == []
 
 
 def test_the_test_entry_module_kills_at_the_named_step() -> None:
