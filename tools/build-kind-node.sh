@@ -85,11 +85,9 @@ else say "$busybox_image: present"; fi
 
 # --- the node image -----------------------------------------------------------------------------------
 packages=systemd,systemd-sysv,dbus,iproute2,iptables,mount,util-linux,e2fsprogs,procps,kmod,ca-certificates,python3,runc,containernetworking-plugins,socat,conntrack
-etcd_image=$("$PY" -c 'from localstack.compose import images; print(images()["etcd"])')
-control_plane_images=("$("$PY" -c 'from localstack.compose import images; print(images()["kube-apiserver"])')"
-  "$("$PY" -c 'from localstack.compose import images; print(images()["kube-controller-manager"])')"
-  "$("$PY" -c 'from localstack.compose import images; print(images()["kube-scheduler"])')"
-  "$etcd_image")
+mapfile -t control_plane_images < <("$PY" -c 'from localstack.compose import images
+i = images()
+print("\n".join(i[n] for n in ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "etcd")))')
 node_images=("$PROXY_IMAGE" "$PAUSE_IMAGE")
 inner_images=("${control_plane_images[@]}" "${node_images[@]}")
 inputs=$( {
