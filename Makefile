@@ -6,14 +6,15 @@ PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
 .PHONY: up test unit integration sanity stress-start bench lint deps binaries system-deps python-deps clean \
-	docker-deps images wheels compose-test kind-deps kind-images kind-up kind-down kind-test e2e-storage
+	docker-deps images wheels compose-test kind-deps kind-images kind-up kind-down kind-test e2e-deps e2e-storage \
+	e2e-storage-disruptive
 
 up: deps binaries
 	$(PY) -m localstack.main up
 
 # tests/compose (docker-compose end to end) needs docker, docker-compose and debootstrap; tests/kind
-# also kind, containerd, kubelet and kubeadm (kind-deps).
-test: deps binaries docker-deps kind-deps
+# also kind, containerd, kubelet, kubeadm and external-snapshotter (kind-deps), and e2e.test (e2e-deps).
+test: deps binaries docker-deps kind-deps e2e-deps
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 unit: python-deps
@@ -84,7 +85,11 @@ compose-test: deps binaries docker-deps
 # kind (docs/kind.md): kind, containerd, kubelet, kubeadm and kube-proxy built through the Go module
 # proxy; the offline node image and every image the cluster runs; a cluster with kubeloop deployed.
 kind-deps: docker-deps
-	@bash tools/build-binaries.sh kind
+	@bash tools/build-binaries.sh kind snapshotter
+
+# Kubernetes' e2e.test and agnhost (docs/e2e-storage.md).
+e2e-deps:
+	@bash tools/build-binaries.sh e2e
 
 kind-images: deps binaries kind-deps
 	PYTHON=$(PY) bash tools/build-kind-node.sh
@@ -100,11 +105,17 @@ kind-test: deps binaries kind-deps
 
 # The Kubernetes external-storage e2e suite against kubeloop in kind (docs/e2e-storage.md): builds
 # e2e.test and agnhost, brings the cluster up (or reuses it), runs the suite, writes the JUnit report
-# and a summary under .kubeloop/e2e-storage/. Not part of `make test`: the suite runs for about an hour.
-e2e-storage: deps binaries kind-deps
-	@bash tools/build-binaries.sh e2e
+# and a summary under .kubeloop/e2e-storage/ (e2e-storage-disruptive: .kubeloop/e2e-storage-disruptive/),
+# and takes the cluster down. Not part of `make test`, which runs a few minutes of it (tests/kind): the
+# non-disruptive specs take about 50 minutes, the Disruptive and Serial ones longer.
+e2e-storage: deps binaries kind-deps e2e-deps
 	$(PY) -m localstack.kind up
-	$(PY) -m localstack.e2e_storage run $(E2E_ARGS)
+	$(PY) -m localstack.e2e_storage run $(E2E_ARGS); rc=$$?; $(PY) -m localstack.kind down; exit $$rc
+
+e2e-storage-disruptive: deps binaries kind-deps e2e-deps
+	$(PY) -m localstack.kind up
+	$(PY) -m localstack.e2e_storage run --suite disruptive --results .kubeloop/e2e-storage-disruptive \
+		$(E2E_ARGS); rc=$$?; $(PY) -m localstack.kind down; exit $$rc
 
 clean:
 	rm -rf kubeloop_grpc .kubeloop build *.egg-info

@@ -35,10 +35,56 @@ IMAGES_SCRIPT = REPO_ROOT / "tools" / "kind-e2e" / "images.sh"
 DEFAULT_RESULTS = REPO_ROOT / ".kubeloop" / "e2e-storage"
 DRIVER_NAME = "loop.csi.kubeloop.dev"
 
-FOCUS = "External.Storage"
-# Disruptive specs restart kubelet or nodes, Serial ones want the whole cluster, Slow ones (xfs, stress,
-# volume limits) take many minutes each on two cores.
-SKIP = "Disruptive|Serial|Slow"
+# One spec of each thing kubeloop does with a real kubelet, each well under a minute.
+QUICK_SPECS = (
+    "Dynamic PV (default fs)] volumes should store data",
+    "Dynamic PV (block volmode)] volumes should store data",
+    "Dynamic PV (default fs)] provisioning should provision storage with pvc data source",
+    "Dynamic PV (default fs)] provisioning should provision storage with snapshot data source [Feature",
+    "Dynamic PV (default fs)(allowExpansion)] volume-expand Verify if offline PVC expansion works",
+    "Dynamic PV (immediate binding)] topology should provision a volume and schedule a pod with AllowedTop",
+    "Dynamic PV (default fs)] capacity provides storage capacity information",
+)
+
+
+def go_regexp_quote(text: str) -> str:
+    """`text` as a Go (RE2) regular expression matching it literally. Python's re.escape also escapes
+    spaces, which RE2 refuses."""
+    return "".join(f"\\{ch}" if ch in r"\.+*?()|[]{}^$" else ch for ch in text)
+
+
+@dataclass(frozen=True)
+class Suite:
+    """A selection of the external-storage specs: Ginkgo focus and skip expressions."""
+
+    focus: str
+    skip: str
+    about: str
+    # Its specs stop and start kubelet over ssh to the node (test/e2e/storage/utils KubeletCommand).
+    node_ssh: bool = False
+
+
+SUITES = {
+    # Disruptive specs restart kubelet or nodes, Serial ones want the whole cluster, Slow ones (xfs,
+    # stress, volume limits) take many minutes each on two cores.
+    "default": Suite(
+        "External.Storage", "Disruptive|Serial|Slow", "every spec but the Disruptive, Serial and Slow ones"
+    ),
+    # The ones the default leaves out for being disruptive or serial (some of them Slow as well).
+    "disruptive": Suite(
+        r"External.Storage.*\[(Disruptive|Serial)\]", "", "the Disruptive and Serial specs", node_ssh=True
+    ),
+    # What `make test` runs (tests/kind/test_e2e_storage.py): a few minutes of it.
+    "quick": Suite(
+        "External.Storage.*("
+        + "|".join(go_regexp_quote(f"[Testpattern: {spec}") for spec in QUICK_SPECS)
+        + ")",
+        "Disruptive|Serial|Slow",
+        "provisioning, data, block mode, clones, snapshots, offline expansion, topology and capacity: "
+        "a few minutes",
+    ),
+}
+FOCUS, SKIP = SUITES["default"].focus, SUITES["default"].skip
 # Ginkgo's own limit for the whole suite; the process gets a few minutes more to write its reports.
 DEFAULT_TIMEOUT = "3h"
 
@@ -77,6 +123,8 @@ class Options:
     timeout: str = DEFAULT_TIMEOUT
     dry_run: bool = False
     extra: list[str] = field(default_factory=list)
+    # Added to e2e.test's environment (the ssh key and user of enable_node_ssh).
+    env: dict[str, str] = field(default_factory=dict)
 
     @property
     def junit(self) -> Path:
@@ -95,7 +143,7 @@ def command(o: Options) -> list[str]:
         f"-report-dir={o.results}",
         f"-ginkgo.junit-report={o.junit}",
         f"-ginkgo.focus={o.focus}",
-        f"-ginkgo.skip={o.skip}",
+        *([f"-ginkgo.skip={o.skip}"] if o.skip else []),
         f"-ginkgo.timeout={o.timeout}",
         "-ginkgo.no-color",
         "-disable-log-dump",
@@ -205,6 +253,35 @@ def load_images(cluster: Cluster) -> float:
     return time.monotonic() - start
 
 
+def enable_node_ssh(cluster: Cluster, results: Path) -> dict[str, str]:
+    """Lets e2e.test reach every node as root over ssh, as the Disruptive specs do to stop and start
+    kubelet: a key pair made for this results directory (by a node's ssh-keygen, so the host needs no
+    ssh tools), its public half in each node's authorized_keys, and sshd started there (the node image
+    has it installed but not enabled). Returns the environment that points e2e.test at the key."""
+    nodes = cluster.nodes()
+    key = results / "ssh" / "id_ed25519"
+    if not key.exists():
+        key.parent.mkdir(parents=True, exist_ok=True)
+        key.parent.chmod(0o700)
+        made = "/run/kubeloop-e2e-key"
+        keygen = f"rm -f {made} {made}.pub && ssh-keygen -q -t ed25519 -N '' -f {made}"
+        run(["docker", "exec", nodes[0], "sh", "-c", keygen])
+        private = run(["docker", "exec", nodes[0], "cat", made]).stdout
+        public = run(["docker", "exec", nodes[0], "cat", f"{made}.pub"]).stdout
+        run(["docker", "exec", nodes[0], "rm", "-f", made, f"{made}.pub"])
+        key.touch(mode=0o600)
+        key.write_text(private)
+        key.with_name(key.name + ".pub").write_text(public)
+    public = key.with_name(key.name + ".pub").read_text()
+    for node in nodes:
+        run(
+            ["docker", "exec", "-i", node, "sh", "-c",
+             "umask 077 && mkdir -p /root/.ssh && cat > /root/.ssh/authorized_keys && systemctl start ssh"],
+            input=public,
+        )  # fmt: skip
+    return {"KUBE_SSH_KEY_PATH": str(key), "KUBE_SSH_USER": "root"}
+
+
 def check_cluster(cluster: Cluster) -> None:
     """The suite only makes sense with kubeloop deployed: its CSIDriver object and every node Ready."""
     if not cluster.kubeconfig.exists():
@@ -221,7 +298,7 @@ def execute(o: Options, log: Path) -> tuple[int, float]:
     with log.open("w") as out:
         try:
             rc = subprocess.run(
-                argv, stdout=out, stderr=subprocess.STDOUT, cwd=o.results,
+                argv, stdout=out, stderr=subprocess.STDOUT, cwd=o.results, env={**os.environ, **o.env},
                 timeout=duration_seconds(o.timeout) + 600, check=False,
             ).returncode  # fmt: skip
         except subprocess.TimeoutExpired:
@@ -239,8 +316,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--results", type=Path, default=DEFAULT_RESULTS, help="where reports go")
     parser.add_argument("--kubeconfig", type=Path, default=DEFAULT_KUBECONFIG)
     parser.add_argument("--name", default=CLUSTER_NAME, help="the kind cluster (for loading images)")
-    parser.add_argument("--focus", default=FOCUS, help=f"-ginkgo.focus (default: {FOCUS})")
-    parser.add_argument("--skip", default=SKIP, help=f"-ginkgo.skip (default: {SKIP})")
+    parser.add_argument(
+        "--suite", choices=sorted(SUITES), default="default",
+        help="which specs: " + "; ".join(f"{name}: {s.about}" for name, s in SUITES.items()),
+    )  # fmt: skip
+    parser.add_argument("--focus", help="-ginkgo.focus instead of the suite's")
+    parser.add_argument("--skip", help="-ginkgo.skip instead of the suite's")
     parser.add_argument("--timeout", default=DEFAULT_TIMEOUT, help="-ginkgo.timeout for the whole suite")
     parser.add_argument("--driver", type=Path, default=DRIVER_FILE, help="the -storage.testdriver file")
     parser.add_argument("--no-load-images", action="store_true", help="run: the images are on the nodes")
@@ -262,7 +343,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     options = Options(
         e2e_test=toolchain.binary("e2e.test"), results=args.results.resolve(),
         kubeconfig=args.kubeconfig.resolve(), kubectl=toolchain.binary("kubectl"),
-        driver=args.driver.resolve(), focus=args.focus, skip=args.skip, timeout=args.timeout,
+        driver=args.driver.resolve(), timeout=args.timeout,
+        focus=SUITES[args.suite].focus if args.focus is None else args.focus,
+        skip=SUITES[args.suite].skip if args.skip is None else args.skip,
         dry_run=args.command == "dry-run", extra=extra,
     )  # fmt: skip
     duration_seconds(options.timeout)  # refuse a bad --timeout before anything runs
@@ -276,6 +359,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             if not args.no_load_images:
                 say("building the test images and loading them into the cluster")
                 say(f"images loaded in {load_images(cluster):.0f}s")
+            if SUITES[args.suite].node_ssh:
+                say("starting sshd on every node with a key of this run (kubelet restarts)")
+                options.env.update(enable_node_ssh(cluster, options.results))
         except KindError as e:
             say(f"error: {e}")
             sys.exit(2)

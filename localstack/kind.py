@@ -26,6 +26,10 @@ from .compose import KUBELOOP_IMAGE
 
 CLUSTER_NAME = "kubeloop"
 BUSYBOX_IMAGE = "kubeloop/busybox:1.35.0"
+# external-snapshotter's snapshot-controller and csi-snapshotter (deploy/snapshots), and the
+# VolumeSnapshot CRDs tools/build-binaries.sh puts next to them.
+SNAPSHOTTER_VERSION = read_versions()["EXTERNAL_SNAPSHOTTER_VERSION"]
+SNAPSHOTTER_IMAGE = f"kubeloop/external-snapshotter:{SNAPSHOTTER_VERSION}"
 CLUSTER_CONFIG = REPO_ROOT / "deploy" / "kind" / "cluster.yaml"
 # The host directory every node mounts at /var/lib/kubeloop (deploy/kind/cluster.yaml).
 SHARED_DIR = Path("/var/lib/kubeloop-kind")
@@ -41,6 +45,15 @@ MADE_LIB_MODULES = SHARED_DIR / ".made-lib-modules"
 KIND_NETWORK = "kind"
 # Workload namespaces are cleaned before the cluster goes, so kubeloop detaches and deletes volumes.
 SYSTEM_NAMESPACES = {"kube-system", "kube-public", "kube-node-lease", "default"}
+
+
+def snapshot_crds() -> list[Path]:
+    """The snapshot.storage.k8s.io CRDs, from the cache tools/build-binaries.sh snapshotter fills."""
+    crd_dir = Toolchain.default().cache / "bin" / f"external-snapshotter-{SNAPSHOTTER_VERSION}" / "crd"
+    crds = sorted(crd_dir.glob("snapshot.storage.k8s.io_*.yaml"))
+    if len(crds) != 3:
+        raise KindError(f"no VolumeSnapshot CRDs in {crd_dir}: run tools/build-binaries.sh snapshotter")
+    return crds
 
 
 def node_image() -> str:
@@ -112,13 +125,20 @@ class Cluster:
 
     def load_images(self) -> float:
         start = time.monotonic()
-        self.kind("load", "docker-image", "--name", self.name, KUBELOOP_IMAGE, BUSYBOX_IMAGE, timeout=600)
+        self.kind(
+            "load", "docker-image", "--name", self.name, KUBELOOP_IMAGE, BUSYBOX_IMAGE, SNAPSHOTTER_IMAGE,
+            timeout=600,
+        )  # fmt: skip
         return time.monotonic() - start
 
     def deploy(self, timeout: float = 240) -> float:
-        """Applies deploy/ and waits until every kubeloop workload has rolled out with Ready pods."""
+        """Applies the VolumeSnapshot CRDs and deploy/snapshots (deploy/ with external-snapshotter) and
+        waits until every kubeloop workload has rolled out with Ready pods."""
         start = time.monotonic()
-        self.kubectl("apply", "-k", str(REPO_ROOT / "deploy"))
+        crds = [f"--filename={c}" for c in snapshot_crds()]
+        self.kubectl("apply", *crds)
+        self.kubectl("wait", "--for=condition=established", "--timeout=60s", *crds)
+        self.kubectl("apply", "-k", str(REPO_ROOT / "deploy" / "snapshots"))
         for workload in self.kubectl(
             "get", "deployments,daemonsets", "-n", "kube-system", "-l", "app.kubernetes.io/name=kubeloop",
             "-o", "name",
@@ -141,10 +161,12 @@ class Cluster:
             ns.split("/", 1)[1] for ns in listed if ns.split("/", 1)[1] not in SYSTEM_NAMESPACES - {"default"}
         ]
         for ns in namespaces:
-            self.kubectl("delete", "pods,pvc", "--all", "-n", ns, "--wait=false", check=False)
+            self.kubectl("delete", "pods,pvc,volumesnapshots", "--all", "-n", ns, "--wait=false", check=False)
         deadline = time.monotonic() + timeout
         while True:
-            left = self.kubectl("get", "pv,volumeattachments", "-o", "name", check=False).split()
+            left = self.kubectl(
+                "get", "pv,volumeattachments,volumesnapshotcontents", "-o", "name", check=False
+            ).split()
             if not left or time.monotonic() > deadline:
                 return left
             time.sleep(1)

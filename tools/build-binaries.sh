@@ -5,8 +5,9 @@
 #   ${KUBELOOP_CACHE:-~/.cache/kubeloop}/bin/<component>-<version>/
 # A second run finds every binary in place and does nothing. Usage: build-binaries.sh [group...]
 # where a group is kubernetes, kind (the kind node image's binaries), e2e (the e2e.test suite binary and
-# agnhost, for tools/kind-e2e), etcd, csi-sanity, external-provisioner, external-attacher or
-# external-resizer (default: kubernetes, etcd, csi-sanity).
+# agnhost, for tools/kind-e2e), etcd, csi-sanity, external-provisioner, external-attacher,
+# external-resizer or snapshotter (external-snapshotter's controller, sidecar and VolumeSnapshot CRDs,
+# for the kind cluster) (default: kubernetes, etcd, csi-sanity).
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -153,15 +154,17 @@ $(grep -E '^(replace|exclude) ' "$modfile")"
     containerd=$module/cmd/containerd ctr=$module/cmd/ctr containerd-shim-runc-v2=$module/cmd/containerd-shim-runc-v2
 }
 
-# A kubernetes-csi sidecar, built only for the benchmarks' side-by-side runs against kubeloop's
-# (bench/provisioning.py, bench/attach.py, bench/expansion.py). Its go.mod pins modules with
-# replace directives, which `go install pkg@version` refuses; a wrapper module copies them instead.
-#   build_sidecar <group> <module> <version> <binary>
+# A kubernetes-csi sidecar. external-provisioner, -attacher and -resizer are built only for the
+# benchmarks' side-by-side runs against kubeloop's (bench/provisioning.py, bench/attach.py,
+# bench/expansion.py); external-snapshotter's snapshot-controller and csi-snapshotter run in the kind
+# cluster, where kubeloop has no snapshotter of its own (docs/kind.md). A sidecar's go.mod pins
+# modules with replace directives, which `go install pkg@version` refuses; a wrapper module copies them.
+#   build_sidecar <group> <module> <version> <binary>...
 build_sidecar() {
-  local group=$1 module=$2 version=$3 binary=$4
-  local dest=$cache/bin/$group-$version modfile
-  if have_all "$dest" "$binary"; then say "$group $version: cached in $dest"; return; fi
-  say "$group $version: building $binary"
+  local group=$1 module=$2 version=$3; shift 3
+  local dest=$cache/bin/$group-$version modfile b specs=()
+  if have_all "$dest" "$@"; then say "$group $version: cached in $dest"; return; fi
+  say "$group $version: building $*"
   modfile=$(go mod download -json "$module@$version" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
   [ -n "$modfile" ] || die "could not fetch $module@$version from the Go module proxy"
   local gomod="module kubeloop.local/$group-binaries
@@ -170,8 +173,29 @@ go 1.26
 
 require $module $version
 
-$(grep '^replace ' "$modfile")"
-  build_in_wrapper "$dest" "$gomod" "-s -w -X main.version=$version" "$binary=$module/cmd/$binary"
+$(grep '^replace ' "$modfile" | grep -v ' => \.')
+$(local_replaces "$modfile" "$version")"
+  for b in "$@"; do specs+=("$b=$module/cmd/$b"); done
+  build_in_wrapper "$dest" "$gomod" "-s -w -X main.version=$version" "${specs[@]}"
+}
+
+# A replace pointing into the module's own tree (external-snapshotter's `client/v8 => ./client`) has
+# no directory in a wrapper module; it becomes the same module published at the same release.
+local_replaces() { # modfile version
+  sed -n 's#^replace \([^ ]*\) => \./.*#replace \1 => \1 '"$2"'#p' "$1"
+}
+
+# The VolumeSnapshot CRDs (snapshot.storage.k8s.io/v1) as external-snapshotter's client module
+# publishes them, next to its binaries: crd/*.yaml, applied by localstack/kind.py.
+snapshot_crds() {
+  local dest=$cache/bin/external-snapshotter-$EXTERNAL_SNAPSHOTTER_VERSION/crd dir
+  if compgen -G "$dest/snapshot.storage.k8s.io_*.yaml" >/dev/null; then return; fi
+  dir=$(go mod download -json "github.com/kubernetes-csi/external-snapshotter/client/v8@$EXTERNAL_SNAPSHOTTER_VERSION" |
+    sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
+  [ -d "$dir/config/crd" ] || die "external-snapshotter's client module has no config/crd at $EXTERNAL_SNAPSHOTTER_VERSION"
+  mkdir -p "$dest.tmp" && cp "$dir"/config/crd/snapshot.storage.k8s.io_*.yaml "$dest.tmp/" && chmod -R u+w "$dest.tmp"
+  mv "$dest.tmp" "$dest"
+  say "external-snapshotter $EXTERNAL_SNAPSHOTTER_VERSION: CRDs in $dest"
 }
 
 groups=("$@")
@@ -198,7 +222,11 @@ for g in "${groups[@]}"; do
     external-resizer)
       build_sidecar external-resizer github.com/kubernetes-csi/external-resizer/v2 \
         "$EXTERNAL_RESIZER_VERSION" csi-resizer ;;
-    *) die "unknown group '$g' (expected kubernetes, kind, e2e, etcd, csi-sanity, external-provisioner, external-attacher or external-resizer)" ;;
+    snapshotter)
+      build_sidecar external-snapshotter github.com/kubernetes-csi/external-snapshotter/v8 \
+        "$EXTERNAL_SNAPSHOTTER_VERSION" snapshot-controller csi-snapshotter
+      snapshot_crds ;;
+    *) die "unknown group '$g' (expected kubernetes, kind, e2e, etcd, csi-sanity, external-provisioner, external-attacher, external-resizer or snapshotter)" ;;
   esac
 done
 say "binaries ready under $cache/bin"

@@ -9,6 +9,7 @@
 #   registry.k8s.io/kube-proxy:<version>   Debian + iptables + kube-proxy
 #   registry.k8s.io/pause:3.10.1           a static pause binary (tools/kind-node/pause.c)
 #   kubeloop/busybox:<version>             Debian's busybox-static, the workload image of tests/kind
+#   kubeloop/external-snapshotter:<version>  external-snapshotter's snapshot-controller and csi-snapshotter
 # and the kubeloop image itself (tools/build-images.sh). `kind build node-image` cannot be used here: it
 # pulls a base image and the control-plane images from registries.
 #
@@ -35,7 +36,7 @@ quiet_build() { docker build -q "$@" >/dev/null 2> >(grep -v -e DEPRECATED -e Bu
 label_of() { docker image inspect --format "{{index .Config.Labels \"$2\"}}" "$1" 2>/dev/null || true; }
 
 PYTHON=$PY bash tools/build-images.sh
-bash tools/build-binaries.sh kubernetes etcd kind
+bash tools/build-binaries.sh kubernetes etcd kind snapshotter
 k8s=$cache/bin/kubernetes-$KUBERNETES_VERSION
 node_bins=$cache/bin/kubernetes-node-$KUBERNETES_VERSION
 containerd_bins=$cache/bin/containerd-$CONTAINERD_VERSION
@@ -83,8 +84,20 @@ if ! docker image inspect "$busybox_image" >/dev/null 2>&1; then
   say "$busybox_image: built"
 else say "$busybox_image: present"; fi
 
+# external-snapshotter's snapshot-controller and csi-snapshotter (deploy/snapshots): static Go binaries.
+snap_bins=$cache/bin/external-snapshotter-$EXTERNAL_SNAPSHOTTER_VERSION
+snapshotter_image=$("$PY" -c 'from localstack.kind import SNAPSHOTTER_IMAGE; print(SNAPSHOTTER_IMAGE)')
+sum=$(cat "$snap_bins/snapshot-controller" "$snap_bins/csi-snapshotter" | sha256sum | cut -c1-32)
+if [ "$(label_of "$snapshotter_image" dev.kubeloop.binaries)" != "$sum" ]; then
+  mkdir -p "$work/snapshotter" && cp "$snap_bins/snapshot-controller" "$snap_bins/csi-snapshotter" "$work/snapshotter/"
+  printf 'FROM scratch\nCOPY snapshot-controller csi-snapshotter /\nLABEL dev.kubeloop.binaries=%s\n' "$sum" \
+    > "$work/snapshotter/Dockerfile"
+  quiet_build -t "$snapshotter_image" "$work/snapshotter"
+  say "$snapshotter_image: built"
+else say "$snapshotter_image: up to date"; fi
+
 # --- the node image -----------------------------------------------------------------------------------
-packages=systemd,systemd-sysv,dbus,iproute2,iptables,mount,util-linux,e2fsprogs,procps,kmod,ca-certificates,python3,runc,containernetworking-plugins,socat,conntrack
+packages=systemd,systemd-sysv,dbus,iproute2,iptables,mount,util-linux,e2fsprogs,procps,kmod,ca-certificates,python3,runc,containernetworking-plugins,socat,conntrack,openssh-server
 mapfile -t control_plane_images < <("$PY" -c 'from localstack.compose import images
 i = images()
 print("\n".join(i[n] for n in ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "etcd")))')
@@ -158,6 +171,10 @@ for unit in containerd kubelet kubeloop-import-images kubeloop-pod-network; do
   ln -sf "/etc/systemd/system/$unit.service" "$rfs/etc/systemd/system/multi-user.target.wants/$unit.service"
 done
 ln -sf /lib/systemd/system/multi-user.target "$rfs/etc/systemd/system/default.target"
+# sshd only when an e2e run starts it (tools/kind-node/rootfs/etc/systemd/system/ssh.service.d), with
+# host keys of its own node.
+rm -f "$rfs"/etc/ssh/ssh_host_* "$rfs/etc/systemd/system/multi-user.target.wants/ssh.service" \
+  "$rfs/etc/systemd/system/sshd.service" "$rfs/etc/systemd/system/sockets.target.wants/ssh.socket"
 
 say "$NODE_IMAGE: importing"
 tar --numeric-owner -C "$rfs" -c . | docker import \

@@ -291,6 +291,19 @@ MUST_NOT = {
         "get secrets",
         "delete pods",
     ],
+    # external-snapshotter's two (deploy/snapshots): snapshots only, no volumes, no secrets.
+    "kubeloop-snapshot-controller": [
+        "delete persistentvolumes",
+        "create persistentvolumes",
+        "get secrets",
+        "delete pods",
+    ],
+    "kubeloop-csi-snapshotter": [
+        "create volumesnapshots",
+        "delete volumesnapshotcontents",
+        "update persistentvolumeclaims",
+        "get secrets",
+    ],
     "kubeloop-csi-controller": [
         "list pods",
         "get nodes",

@@ -83,6 +83,17 @@ def test_command_line(tmp_path: Path) -> None:
     assert "-ginkgo.dry-run" in command(o)
 
 
+def test_suites_select_with_go_regexps() -> None:
+    quick = e2e_storage.SUITES["quick"].focus
+    assert "\\ " not in quick  # RE2 refuses an escaped space
+    assert e2e_storage.go_regexp_quote("[Testpattern: Dynamic PV (default fs)]") == (
+        "\\[Testpattern: Dynamic PV \\(default fs\\)\\]"
+    )
+    assert "-ginkgo.skip=" not in " ".join(
+        command(e2e_storage.Options(e2e_test=Path("e2e.test"), results=Path("r"), skip=""))
+    )
+
+
 @pytest.mark.parametrize(("text", "seconds"), [("3h", 10800), ("90m", 5400), ("1h30m", 5400), ("45s", 45)])
 def test_durations(text: str, seconds: float) -> None:
     assert duration_seconds(text) == seconds
@@ -103,7 +114,7 @@ def test_driver_file_matches_the_driver() -> None:
     assert info["TopologyKeys"] == [csi_driver.TOPOLOGY_KEY]
     assert set(info["SupportedFsType"]) <= set(SUPPORTED)
     assert doc["StorageClass"] == {"FromName": True}
-    # No snapshot CRDs, controller or sidecar in the kind cluster: the snapshot specs must skip.
-    assert "snapshotDataSource" not in info["Capabilities"]
-    assert "SnapshotClass" not in doc
+    # deploy/snapshots gives the kind cluster the CRDs, snapshot-controller and csi-snapshotter.
+    assert info["Capabilities"]["snapshotDataSource"] is True
+    assert doc["SnapshotClass"] == {"FromName": True}
     assert all(v is True for v in info["Capabilities"].values())

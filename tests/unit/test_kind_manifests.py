@@ -16,6 +16,7 @@ import yaml
 
 from controller_runtime.toolchain import REPO_ROOT
 from localstack.compose import KUBELOOP_IMAGE, images
+from localstack.kind import SNAPSHOTTER_IMAGE
 
 DEPLOY = REPO_ROOT / "deploy"
 
@@ -88,3 +89,39 @@ def test_kind_cluster_asks_for_the_etcd_image_the_node_image_has() -> None:
     controllers = cluster_config["controllerManager"]["extraArgs"][0]["value"].split(",")
     for off in ("persistentvolume-binder", "persistentvolume-attach-detach", "persistentvolume-expander"):
         assert f"-{off}-controller" in controllers
+
+
+def snapshot_containers() -> list[tuple[str, dict[str, Any]]]:
+    """external-snapshotter's containers in deploy/snapshots: its controller and the sidecar patch."""
+    out = []
+    for path in sorted((DEPLOY / "snapshots").glob("*.yaml")):
+        for doc in documents(path):
+            if doc.get("kind") == "Deployment":
+                for c in doc["spec"]["template"]["spec"]["containers"]:
+                    out.append((f"{doc['metadata']['name']}/{c['name']}", c))
+    return out
+
+
+def test_snapshot_kustomization_builds_on_deploy_and_lists_every_manifest() -> None:
+    kustomization = yaml.safe_load((DEPLOY / "snapshots" / "kustomization.yaml").read_text())
+    listed = set(kustomization["resources"]) | {p["path"] for p in kustomization["patches"]}
+    present = {p.name for p in (DEPLOY / "snapshots").glob("*.yaml") if p.name != "kustomization.yaml"}
+    assert listed == present | {".."}
+
+
+def test_snapshot_containers_run_the_image_of_the_pinned_external_snapshotter() -> None:
+    found = snapshot_containers()
+    assert {name.split("/")[1] for name, _ in found} == {"snapshot-controller", "csi-snapshotter"}
+    controller_pod_ports = {
+        arg.split(":")[-1]
+        for name, c in containers()
+        if name.startswith("kubeloop-csi-controller/")
+        for arg in c.get("args", [])
+        if arg.startswith("--http-endpoint=")
+    }
+    for name, container in found:
+        assert container["image"] == SNAPSHOTTER_IMAGE, name
+        assert container["command"] == [f"/{name.split('/')[1]}"], name
+        if name.startswith("kubeloop-csi-controller/"):
+            [endpoint] = [a for a in container["args"] if a.startswith("--http-endpoint=")]
+            assert endpoint.split(":")[-1] not in controller_pod_ports
