@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from controller_runtime import storage
+from controller_runtime.quantity import parse_quantity
 from controller_runtime.resources import Obj
 from controller_runtime.volumes import pod_terminated
 
@@ -240,7 +241,15 @@ def claim_with_status(claim: Obj, phase: str, volume: Obj | None) -> Obj | None:
             dirty = True
         if status.get("phase") != phase:
             capacity = vspec.get("capacity") or {}
-            if (status.get("capacity") or {}).get("storage") != capacity.get("storage"):
+            pre_resize = _annotations(volume).get(names.ANN_PRE_RESIZE_CAPACITY)
+            if pre_resize is not None:
+                # The volume was expanded but its filesystem not yet: report the size before the
+                # expansion, so that the node still grows the filesystem (kcm does the same; an
+                # unparsable value falls back to the volume's capacity).
+                size = pre_resize if parse_quantity(pre_resize) > 0 else capacity.get("storage")
+                new_status["capacity"] = {**(status.get("capacity") or {}), "storage": size}
+                dirty = True
+            elif (status.get("capacity") or {}).get("storage") != capacity.get("storage"):
                 new_status["capacity"] = copy.deepcopy(capacity)
                 dirty = True
     if not dirty:

@@ -634,3 +634,22 @@ async def test_the_apiserver_stamps_the_phase_transition_time(
         assert available is not None
         stamped = datetime.datetime.fromisoformat(available["status"]["lastPhaseTransitionTime"])
         assert before <= stamped <= datetime.datetime.now(datetime.UTC)
+
+
+async def test_a_volume_awaiting_filesystem_expansion_binds_with_its_old_size(
+    control_plane: ControlPlane, api: ApiClient, namespace: str
+) -> None:
+    """The claim's capacity comes from the volume's pre-resize-capacity annotation, so the node
+    still grows the filesystem (kcm's updateClaimStatus)."""
+    case = Case(
+        "pre-resize",
+        pvs=(PV("pv1", "2Gi", annotations={names.ANN_PRE_RESIZE_CAPACITY: "1Gi"}),),
+        pvcs=(PVC("data"),),
+        want_pvs=(WantPV("pv1", "Bound", "data", "data"),),
+        want_pvcs=(WantPVC("data", "Bound", "pv1"),),
+    )
+    async with harness(control_plane, api, namespace) as h:
+        await h.setup(case)
+        await h.start()
+        await h.converge(case)
+        assert (await h.pvc("data"))["status"]["capacity"] == {"storage": "1Gi"}

@@ -179,6 +179,22 @@ def test_claim_status_copies_capacity_only_on_the_transition() -> None:
     assert lost is not None and lost["status"] == {"phase": "Lost"}
 
 
+def test_claim_capacity_from_the_pre_resize_annotation() -> None:
+    # updateClaimStatus: a volume expanded without its filesystem yet reports the old size, even
+    # when the claim already shows the volume's size; other capacity keys stay.
+    ann = {names.ANN_PRE_RESIZE_CAPACITY: "512Mi"}
+    pending = {**claim("pv1"), "status": {"phase": "Pending", "capacity": {"storage": "1Gi", "x": "1"}}}
+    bound = claim_with_status(pending, "Bound", volume(ref_uid="u1", annotations=ann))
+    assert bound is not None and bound["status"]["capacity"] == {"storage": "512Mi", "x": "1"}
+    bad = claim_with_status(
+        claim("pv1"), "Bound", volume(ref_uid="u1", annotations={names.ANN_PRE_RESIZE_CAPACITY: "lots"})
+    )
+    assert bad is not None and bad["status"]["capacity"] == {"storage": "1Gi"}
+    assert claim_with_status(bound, "Bound", volume(ref_uid="u1", annotations=ann)) is None, (
+        "only on the transition"
+    )
+
+
 def test_volume_phase_leaves_the_transition_time_to_the_apiserver() -> None:
     # kcm's updateVolumePhase sets phase and message only; the apiserver's status strategy stamps
     # lastPhaseTransitionTime when the phase changes and the client sent the old time unchanged.
