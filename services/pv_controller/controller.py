@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import time
 from dataclasses import dataclass
 
 from controller_runtime import storage
@@ -37,6 +38,7 @@ from controller_runtime.workqueue import WorkQueue, default_rate_limiter
 from . import names
 from .decide import (
     BoundClaimAction,
+    OperationBackoff,
     ReclaimAction,
     VolumeAction,
     claim_bound_to_volume,
@@ -99,6 +101,7 @@ class PVController(InformerController):
         self.options = options or Options()
         self.view = LocalView()
         self.timer = OperationTimer()
+        self.delete_backoff = OperationBackoff()
         self.volume_queue: WorkQueue[str] = WorkQueue(
             "volumes", default_rate_limiter(self.options.retry_base, self.options.retry_max)
         )
@@ -269,6 +272,7 @@ class PVController(InformerController):
         if volume is None:
             # Deleted: an external delete we were waiting for has finished.
             self.timer.finish(name, "delete")
+            self.delete_backoff.forget(name)
             return None
         if self.client.throttled:
             # Out of tokens, a volume's Available write would only queue in the bucket between the
@@ -383,8 +387,10 @@ class PVController(InformerController):
             # kcm starts the timer for every Delete reclaim; with no deleter its plugin is "N/A",
             # and each failed attempt counts an error.
             self.timer.start(name, "delete", NOT_AVAILABLE)
-            if not volume_released(volume, claim):
+            now = time.monotonic()
+            if not volume_released(volume, claim) or not self.delete_backoff.ready(name, now):
                 return
+            self.delete_backoff.failed(name, now)
             self.timer.failed(name, "delete")
             event = ("Warning", storage.VOLUME_FAILED_DELETE, decision.message)
         elif decision.action is ReclaimAction.RECYCLE_UNSUPPORTED:

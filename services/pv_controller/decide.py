@@ -7,7 +7,7 @@ from __future__ import annotations
 import copy
 import enum
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from controller_runtime import storage
 from controller_runtime.quantity import parse_quantity
@@ -122,6 +122,30 @@ def decide_reclaim(volume: Obj) -> Reclaim:
             "no deletable volume plugin matched",
         )
     return Reclaim(ReclaimAction.UNKNOWN_POLICY, names.MSG_UNKNOWN_RECLAIM_POLICY)
+
+
+@dataclass
+class OperationBackoff:
+    """kcm runs a delete as an operation that, once failed, may not run again before a delay that
+    starts at 0.5 s and doubles up to 2 min 2 s (goroutinemap's exponential backoff); a delete
+    that cannot succeed is retried, and counted, no more often than that. Times are monotonic
+    seconds, passed in."""
+
+    initial: float = 0.5
+    maximum: float = 122.0
+    _state: dict[str, tuple[float, float]] = field(default_factory=dict)  # key -> (failed at, delay)
+
+    def ready(self, key: str, now: float) -> bool:
+        state = self._state.get(key)
+        return state is None or now - state[0] > state[1]
+
+    def failed(self, key: str, now: float) -> None:
+        state = self._state.get(key)
+        delay = self.initial if state is None else min(self.maximum, state[1] * 2)
+        self._state[key] = (now, delay)
+
+    def forget(self, key: str) -> None:
+        self._state.pop(key, None)
 
 
 def volume_released(volume: Obj, claim: Obj | None) -> bool:

@@ -12,6 +12,7 @@ from services.pv_controller import names
 from services.pv_controller.decide import (
     BindingModeUnset,
     BoundClaimAction,
+    OperationBackoff,
     ReclaimAction,
     VolumeAction,
     claim_bound_to_volume,
@@ -111,6 +112,21 @@ def test_decide_reclaim(policy: str, annotations: dict[str, Any], action: Reclai
     assert decision.action is action
     if action is ReclaimAction.UNKNOWN_POLICY:
         assert decision.message == names.MSG_UNKNOWN_RECLAIM_POLICY
+
+
+def test_failed_deletes_back_off_as_kcm_operations() -> None:
+    backoff = OperationBackoff()
+    assert backoff.ready("pv1", 100.0)
+    backoff.failed("pv1", 100.0)
+    assert not backoff.ready("pv1", 100.5) and backoff.ready("pv1", 100.6)
+    backoff.failed("pv1", 100.6)  # the delay doubles: 1 s now
+    assert not backoff.ready("pv1", 101.5) and backoff.ready("pv1", 101.7)
+    for _ in range(20):
+        backoff.failed("pv1", 200.0)
+    assert not backoff.ready("pv1", 321.9) and backoff.ready("pv1", 322.1), "capped at 2 min 2 s"
+    assert backoff.ready("pv2", 200.0)
+    backoff.forget("pv1")
+    assert backoff.ready("pv1", 200.0)
 
 
 def test_volume_released() -> None:
