@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import time
 from dataclasses import dataclass
 
 from controller_runtime import storage
@@ -30,16 +31,18 @@ from controller_runtime.resources import (
     reference_key,
     typed,
 )
-from controller_runtime.storage import claim_class, claim_has_class
+from controller_runtime.storage import claim_class, claim_has_class, volume_class
 from controller_runtime.volumes import pod_claim_keys
 from controller_runtime.workqueue import WorkQueue, default_rate_limiter
 
 from . import names
 from .decide import (
     BoundClaimAction,
+    OperationBackoff,
     ReclaimAction,
     VolumeAction,
     claim_bound_to_volume,
+    claim_lost,
     claim_with_provisioner,
     claim_with_status,
     decide_bound_claim,
@@ -49,6 +52,7 @@ from .decide import (
     is_delay_binding,
     phase_of,
     provisioning_error,
+    unscheduled_pods,
     volume_bound_to_claim,
     volume_released,
     volume_unbound,
@@ -62,7 +66,7 @@ from .match import (
     free_volume_fits,
     is_bound_to_claim,
 )
-from .metrics import COUNTS, OperationTimer
+from .metrics import METRICS, NOT_AVAILABLE, OperationTimer
 from .view import LocalView
 
 log = get_logger("pv-controller")
@@ -97,6 +101,7 @@ class PVController(InformerController):
         self.options = options or Options()
         self.view = LocalView()
         self.timer = OperationTimer()
+        self.delete_backoff = OperationBackoff()
         self.volume_queue: WorkQueue[str] = WorkQueue(
             "volumes", default_rate_limiter(self.options.retry_base, self.options.retry_max)
         )
@@ -171,7 +176,7 @@ class PVController(InformerController):
     async def run(self) -> None:
         """Starts the informers, waits until every cache is filled, then runs the workers until
         cancelled."""
-        COUNTS.sources.append(self._counts)
+        METRICS.sources.append(self._counts)
         try:
             await self.start_informers()
             # Everything alive now (modules, the filled caches) stays alive: keep it out of the
@@ -202,7 +207,7 @@ class PVController(InformerController):
             self.volume_queue.shutdown()
             self.claim_queue.shutdown()
             with contextlib.suppress(ValueError):
-                COUNTS.sources.remove(self._counts)
+                METRICS.sources.remove(self._counts)
             await self.factory.stop()
 
     # -- writes: each stores its answer in the view so the next decision sees it ----------------------
@@ -240,17 +245,19 @@ class PVController(InformerController):
             self.recorder.record(typed(volume, PERSISTENT_VOLUMES), *event)
         return volume
 
-    async def _set_claim_phase(
-        self, claim: Obj, phase: str, volume: Obj | None, event: tuple[str, str, str] | None = None
-    ) -> Obj:
-        changing = phase_of(claim) != phase
+    async def _set_claim_phase(self, claim: Obj, phase: str, volume: Obj | None) -> Obj:
+        """Sets the phase, and the access modes and capacity that go with it."""
         new = claim_with_status(claim, phase, volume)
         if new is None:
             return claim
-        claim = await self._update_claim_status(new)
-        if event is not None and changing:
-            self.recorder.record(typed(claim, PERSISTENT_VOLUME_CLAIMS), *event)
-        return claim
+        return await self._update_claim_status(new)
+
+    async def _mark_claim_lost(self, claim: Obj, reason: str, message: str) -> None:
+        """Lost with a Warning event, once: a claim already Lost is not written again."""
+        new = claim_lost(claim)
+        if new is not None:
+            claim = await self._update_claim_status(new)
+            self._claim_event(claim, "Warning", reason, message)
 
     def _claim_event(self, claim: Obj, event_type: str, reason: str, message: str) -> None:
         self.recorder.record(typed(claim, PERSISTENT_VOLUME_CLAIMS), event_type, reason, message)
@@ -265,6 +272,7 @@ class PVController(InformerController):
         if volume is None:
             # Deleted: an external delete we were waiting for has finished.
             self.timer.finish(name, "delete")
+            self.delete_backoff.forget(name)
             return None
         if self.client.throttled:
             # Out of tokens, a volume's Available write would only queue in the bucket between the
@@ -368,12 +376,22 @@ class PVController(InformerController):
         if decision.action is ReclaimAction.NONE:
             return
         if decision.action is ReclaimAction.EXTERNAL_DELETE:
-            # The provisioner deletes it; the metric ends when the volume disappears.
-            self.timer.start(name, "delete", volume["metadata"]["annotations"][storage.ANN_PROVISIONED_BY])
+            # The provisioner deletes it; the metric ends when the volume disappears. kcm labels it
+            # with the provisioner of the volume's class, not the annotation (fewer label values).
+            cls = self.classes.store.get(volume_class(volume))
+            self.timer.start(
+                name, "delete", str(cls.get("provisioner") or NOT_AVAILABLE) if cls else NOT_AVAILABLE
+            )
             return
         if decision.action is ReclaimAction.FAILED_DELETE:
-            if not volume_released(volume, claim):
+            # kcm starts the timer for every Delete reclaim; with no deleter its plugin is "N/A",
+            # and each failed attempt counts an error.
+            self.timer.start(name, "delete", NOT_AVAILABLE)
+            now = time.monotonic()
+            if not volume_released(volume, claim) or not self.delete_backoff.ready(name, now):
                 return
+            self.delete_backoff.failed(name, now)
+            self.timer.failed(name, "delete")
             event = ("Warning", storage.VOLUME_FAILED_DELETE, decision.message)
         elif decision.action is ReclaimAction.RECYCLE_UNSUPPORTED:
             event = ("Warning", names.VOLUME_FAILED_RECYCLE, decision.message)
@@ -407,14 +425,11 @@ class PVController(InformerController):
                     raise
         action = decide_bound_claim(claim, volume)
         if action is BoundClaimAction.LOST_REFERENCE:
-            event = ("Warning", names.CLAIM_LOST_REASON, names.MSG_CLAIM_LOST_REFERENCE)
-            await self._set_claim_phase(claim, storage.CLAIM_LOST, None, event)
+            await self._mark_claim_lost(claim, names.CLAIM_LOST_REASON, names.MSG_CLAIM_LOST_REFERENCE)
         elif action is BoundClaimAction.LOST_VOLUME:
-            event = ("Warning", names.CLAIM_LOST_REASON, names.MSG_CLAIM_LOST_VOLUME)
-            await self._set_claim_phase(claim, storage.CLAIM_LOST, None, event)
+            await self._mark_claim_lost(claim, names.CLAIM_LOST_REASON, names.MSG_CLAIM_LOST_VOLUME)
         elif action is BoundClaimAction.MISBOUND:
-            event = ("Warning", names.CLAIM_MISBOUND, names.MSG_CLAIM_MISBOUND)
-            await self._set_claim_phase(claim, storage.CLAIM_LOST, None, event)
+            await self._mark_claim_lost(claim, names.CLAIM_MISBOUND, names.MSG_CLAIM_MISBOUND)
         else:
             assert volume is not None
             await self._bind(volume, claim)
@@ -426,7 +441,7 @@ class PVController(InformerController):
             return await self._sync_prebound_claim(claim, volume_name)
         class_name = claim_class(claim)
         storage_class = self.classes.store.get(class_name) if class_name else None
-        delay = is_delay_binding(claim, storage_class)
+        delay = is_delay_binding(class_name, storage_class)  # raises for a class without a mode
         # No await between the search and the reservation: concurrent workers cannot both take it.
         volume = find_best_match(
             claim,
@@ -508,6 +523,10 @@ class PVController(InformerController):
                     await self._bind(volume, claim)
             else:
                 await self._bind(volume, claim)
+        except Exception:
+            # A provision's bind that fails counts as a failed provision (the timer keeps running).
+            self.timer.failed(key, "provision")
+            raise
         finally:
             self.view.release(name, key)
 
@@ -534,17 +553,17 @@ class PVController(InformerController):
         if cls is None:
             return False
         new = {**claim, "spec": {**claim["spec"], "storageClassName": cls["metadata"]["name"]}}
-        await self._update_claim(new)
+        try:
+            await self._update_claim(new)
+        except Exception:
+            METRICS.retroactive_assignment(success=False)
+            raise
+        METRICS.retroactive_assignment(success=True)
         log.info("assigned the default storage class", claim=key_of(claim), cls=cls["metadata"]["name"])
         return True
 
     def _event_waiting_for_consumer(self, claim: Obj) -> None:
-        key = key_of(claim)
-        pods = sorted(
-            p["metadata"]["name"]
-            for p in self.pods.store.by_index(POD_CLAIMS_INDEX, key)
-            if not p.get("spec", {}).get("nodeName")
-        )
+        pods = unscheduled_pods(self.pods.store.by_index(POD_CLAIMS_INDEX, key_of(claim)))
         if pods:
             self._claim_event(
                 claim, "Normal", names.WAIT_FOR_POD_SCHEDULED, names.msg_wait_pods_scheduled(pods)
@@ -566,6 +585,7 @@ class PVController(InformerController):
                 claim = await self._update_claim(new)
             except ApiError as exc:
                 self._claim_event(claim, "Warning", storage.PROVISIONING_FAILED, f"Error saving claim: {exc}")
+                self.timer.failed(key_of(claim), "provision")
                 raise
         self._claim_event(
             claim, "Normal", names.EXTERNAL_PROVISIONING, names.msg_external_provisioning(provisioner)

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import copy
 import enum
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 
 from controller_runtime import storage
-from controller_runtime.clock import now_rfc3339
+from controller_runtime.quantity import parse_quantity
 from controller_runtime.resources import Obj
+from controller_runtime.volumes import pod_terminated
 
 from . import names
 from .match import is_bound_to_claim, volume_mode_mismatch
@@ -107,8 +109,12 @@ def decide_reclaim(volume: Obj) -> Reclaim:
         return Reclaim(ReclaimAction.RECYCLE_UNSUPPORTED, names.MSG_NO_RECYCLER)
     if policy == storage.DELETE:
         provisioner = _annotations(volume).get(storage.ANN_PROVISIONED_BY, "")
-        # kubeloop has no in-tree volume plugins: only an external provisioner can delete.
+        # kubeloop has no in-tree volume plugins: only an external provisioner can delete. Like
+        # kcm (HonorPVReclaimPolicy), a CSI volume without the annotation is left to an external
+        # deleter too, and stays Released.
         if provisioner and not provisioner.startswith("kubernetes.io/"):
+            return Reclaim(ReclaimAction.EXTERNAL_DELETE)
+        if not provisioner and volume.get("spec", {}).get("csi"):
             return Reclaim(ReclaimAction.EXTERNAL_DELETE)
         return Reclaim(
             ReclaimAction.FAILED_DELETE,
@@ -116,6 +122,30 @@ def decide_reclaim(volume: Obj) -> Reclaim:
             "no deletable volume plugin matched",
         )
     return Reclaim(ReclaimAction.UNKNOWN_POLICY, names.MSG_UNKNOWN_RECLAIM_POLICY)
+
+
+@dataclass
+class OperationBackoff:
+    """kcm runs a delete as an operation that, once failed, may not run again before a delay that
+    starts at 0.5 s and doubles up to 2 min 2 s (goroutinemap's exponential backoff); a delete
+    that cannot succeed is retried, and counted, no more often than that. Times are monotonic
+    seconds, passed in."""
+
+    initial: float = 0.5
+    maximum: float = 122.0
+    _state: dict[str, tuple[float, float]] = field(default_factory=dict)  # key -> (failed at, delay)
+
+    def ready(self, key: str, now: float) -> bool:
+        state = self._state.get(key)
+        return state is None or now - state[0] > state[1]
+
+    def failed(self, key: str, now: float) -> None:
+        state = self._state.get(key)
+        delay = self.initial if state is None else min(self.maximum, state[1] * 2)
+        self._state[key] = (now, delay)
+
+    def forget(self, key: str) -> None:
+        self._state.pop(key, None)
 
 
 def volume_released(volume: Obj, claim: Obj | None) -> bool:
@@ -180,13 +210,14 @@ def volume_bound_to_claim(volume: Obj, claim: Obj) -> Obj | None:
 
 
 def volume_with_phase(volume: Obj, phase: str, message: str = "") -> Obj | None:
-    """Writes 2 (and every other phase change): the volume's status, or None when unchanged."""
+    """Writes 2 (and every other phase change): the volume's status, or None when unchanged.
+    lastPhaseTransitionTime is left as read: the apiserver's status strategy stamps it when the
+    phase changes and the client did not change it, as it does for kcm's writes."""
     if phase_of(volume) == phase:
         return None
     new = writable(volume)
     status = new["status"]
     status["phase"] = phase
-    status["lastPhaseTransitionTime"] = now_rfc3339()
     if message:
         status["message"] = message
     else:
@@ -234,7 +265,15 @@ def claim_with_status(claim: Obj, phase: str, volume: Obj | None) -> Obj | None:
             dirty = True
         if status.get("phase") != phase:
             capacity = vspec.get("capacity") or {}
-            if (status.get("capacity") or {}).get("storage") != capacity.get("storage"):
+            pre_resize = _annotations(volume).get(names.ANN_PRE_RESIZE_CAPACITY)
+            if pre_resize is not None:
+                # The volume was expanded but its filesystem not yet: report the size before the
+                # expansion, so that the node still grows the filesystem (kcm does the same; an
+                # unparsable value falls back to the volume's capacity).
+                size = pre_resize if parse_quantity(pre_resize) > 0 else capacity.get("storage")
+                new_status["capacity"] = {**(status.get("capacity") or {}), "storage": size}
+                dirty = True
+            elif (status.get("capacity") or {}).get("storage") != capacity.get("storage"):
                 new_status["capacity"] = copy.deepcopy(capacity)
                 dirty = True
     if not dirty:
@@ -242,6 +281,15 @@ def claim_with_status(claim: Obj, phase: str, volume: Obj | None) -> Obj | None:
     new = writable(claim)
     new["status"] = new_status
     return new
+
+
+def claim_lost(claim: Obj) -> Obj | None:
+    """The claim marked Lost, without access modes and capacity; None when it already is Lost. As
+    kcm's updateClaimStatusWithEvent: a claim already in the phase is not touched at all, whatever
+    else its status says (and no second event is recorded)."""
+    if phase_of(claim) == storage.CLAIM_LOST:
+        return None
+    return claim_with_status(claim, storage.CLAIM_LOST, None)
 
 
 def volume_unbound(volume: Obj) -> Obj:
@@ -273,9 +321,30 @@ def claim_with_provisioner(claim: Obj, provisioner: str) -> Obj | None:
     return new
 
 
-def is_delay_binding(claim: Obj, storage_class: Obj | None) -> bool:
-    """WaitForFirstConsumer class; a missing class binds immediately (it fails at provisioning)."""
-    return storage_class is not None and storage_class.get("volumeBindingMode") == "WaitForFirstConsumer"
+def unscheduled_pods(pods: Iterable[Obj]) -> list[str]:
+    """Names of the pods using a claim that still wait for a node, for the WaitForPodScheduled
+    event; finished pods wait for nothing (kcm's findNonScheduledPodsByPVC skips them too)."""
+    return sorted(
+        str(p["metadata"]["name"])
+        for p in pods
+        if not p.get("spec", {}).get("nodeName") and not pod_terminated(p)
+    )
+
+
+class BindingModeUnset(Exception):
+    """The claim's StorageClass has no volumeBindingMode (the apiserver defaults it, so only a class
+    that bypassed defaulting gets here): kcm fails the claim's sync with this message and retries."""
+
+
+def is_delay_binding(class_name: str, storage_class: Obj | None) -> bool:
+    """WaitForFirstConsumer class; no class or a missing one binds immediately (a missing one fails
+    at provisioning); a class without a binding mode is an error."""
+    if not class_name or storage_class is None:
+        return False
+    mode = storage_class.get("volumeBindingMode")
+    if mode is None:
+        raise BindingModeUnset(f'VolumeBindingMode not set for StorageClass "{class_name}"')
+    return bool(mode == "WaitForFirstConsumer")
 
 
 def provisioning_error(claim_class_name: str, storage_class: Obj | None) -> str | None:

@@ -163,11 +163,11 @@ class VolumeIndex:
         """Names of volumes whose claimRef names this claim (any UID), sorted."""
         return sorted(self._by_claim.get(claim_key_, ()))
 
-    def buckets_for(self, requested: Iterable[str]) -> list[str]:
-        """Access-mode keys offering every requested mode, fewest modes first (then by key, so the
-        order is deterministic)."""
+    def buckets_for(self, requested: Iterable[str], extra: Iterable[str] = ()) -> list[str]:
+        """Access-mode keys of free volumes, plus `extra` keys, that offer every requested mode,
+        fewest modes first (then by key, so the order is deterministic)."""
         want = set(requested)
-        keys = [k for k in self._buckets if want <= modes_of_key(k)]
+        keys = {k for k in (*self._buckets, *extra) if want <= modes_of_key(k)}
         return sorted(keys, key=lambda k: (len(modes_of_key(k)), k))
 
     def free_at_least(self, bucket: str, size: int) -> Iterable[str]:
@@ -187,14 +187,17 @@ def find_best_match(
 ) -> Obj | None:
     """The volume a claim without spec.volumeName should bind to, or None.
 
-    A volume already pointing at the claim wins when it fits. Otherwise, unless binding is delayed
-    to the scheduler, the smallest Available volume in the bucket with the fewest access modes that
-    passes every filter. `unusable(name)` excludes volumes another claim has reserved meanwhile.
+    kcm searches one access-mode set at a time, fewest modes first, and inside a set a volume
+    already pointing at the claim (and fitting it) wins over the smallest Available one. So a free
+    volume with exactly the requested modes beats a volume pre-bound to the claim that offers
+    more modes. Unless binding is delayed to the scheduler, which still takes pre-bound volumes.
+    `unusable(name)` excludes volumes another claim has reserved meanwhile.
     """
     spec = claim.get("spec", {})
     requested = spec.get("accessModes") or []
     size = claim_request(claim)
 
+    pointing: dict[str, Obj] = {}  # access-mode key -> first fitting volume pointing at the claim
     for name in index.bound_to(key_of(claim)):
         volume = get_volume(name)
         if volume is None or not is_bound_to_claim(volume, claim):
@@ -204,14 +207,14 @@ def find_best_match(
             and not volume_mode_mismatch(claim, volume)
             and not attributes_class_mismatch(claim, volume)
             and not is_deleting(volume)
-            and contains_access_modes(volume.get("spec", {}).get("accessModes") or [], requested)
         ):
-            return volume
+            pointing.setdefault(access_modes_key(volume.get("spec", {}).get("accessModes") or []), volume)
 
-    if delay_binding:
-        return None  # the scheduler picks the volume together with the node
-
-    for bucket in index.buckets_for(requested):
+    for bucket in index.buckets_for(requested, pointing):
+        if bucket in pointing:
+            return pointing[bucket]
+        if delay_binding:
+            continue  # the scheduler picks free volumes together with the node
         for name in index.free_at_least(bucket, size):
             volume = get_volume(name)
             if volume is None or unusable(name):

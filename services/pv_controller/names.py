@@ -6,6 +6,10 @@ from __future__ import annotations
 
 COMPONENT = "persistentvolume-controller"  # the event source kcm's binder reports as
 
+# Set on a PV by a resizer whose volume grew while the filesystem did not yet; the binder reports
+# this size as the claim's capacity when it binds.
+ANN_PRE_RESIZE_CAPACITY = "volume.alpha.kubernetes.io/pre-resize-capacity"
+
 # Event reasons
 FAILED_BINDING = "FailedBinding"
 WAIT_FOR_FIRST_CONSUMER = "WaitForFirstConsumer"

@@ -7,6 +7,7 @@ leave them), starts one controller in-process, and waits for the expected final 
 from __future__ import annotations
 
 import asyncio
+import datetime
 
 import pytest
 
@@ -337,6 +338,13 @@ RECLAIM = [
         want_events=(WantEvent("pv1", storage.VOLUME_FAILED_DELETE, "no deletable volume plugin matched"),),
     ),
     Case(
+        # kcm (HonorPVReclaimPolicy) leaves a CSI volume without provisioned-by to an external
+        # deleter: Released, no VolumeFailedDelete (as kcm 1.36 did with the same volume).
+        "static-csi-delete-left-to-an-external-deleter",
+        pvs=(PV("pv1", claim="gone", claim_uid=OTHER_UID, phase="Bound", policy="Delete", csi=True),),
+        want_pvs=(WantPV("pv1", "Released", "gone"),),
+    ),
+    Case(
         "recycle-not-supported",
         pvs=(PV("pv1", claim="gone", claim_uid=OTHER_UID, phase="Bound", policy="Recycle"),),
         want_pvs=(WantPV("pv1", "Failed", "gone"),),
@@ -419,6 +427,38 @@ CLASSES = [
         pvcs=(PVC("data"),),
         want_pvs=(WantPV("fs", "Bound", "data"), WantPV("block", "Available")),
         want_pvcs=(WantPVC("data", "Bound", "fs"),),
+    ),
+    Case(
+        # kcm searches one access-mode set at a time, fewest modes first: a free volume with just
+        # the requested mode wins over a volume pre-bound to the claim offering more modes, which
+        # stays Available and reserved (as kcm 1.36 did with the same objects).
+        "pre-bound-volume-loses-to-a-narrower-free-one",
+        pvs=(
+            PV(
+                "wide",
+                modes=("ReadWriteOnce", "ReadWriteMany"),
+                claim="data",
+                claim_uid=NO_UID,
+                phase="Available",
+            ),
+            PV("narrow", "2Gi", phase="Available"),
+        ),
+        pvcs=(PVC("data"),),
+        want_pvs=(
+            WantPV("narrow", "Bound", "data", "data", {BOUND_BY_CONTROLLER: "yes"}),
+            WantPV("wide", "Available", "data", NO_UID),
+        ),
+        want_pvcs=(WantPVC("data", "Bound", "narrow", CONTROLLER_BOUND),),
+    ),
+    Case(
+        "pre-bound-volume-wins-inside-its-access-mode-set",
+        pvs=(
+            PV("reserved", "3Gi", claim="data", claim_uid=NO_UID, phase="Available"),
+            PV("small", "2Gi", phase="Available"),
+        ),
+        pvcs=(PVC("data"),),
+        want_pvs=(WantPV("reserved", "Bound", "data", "data"), WantPV("small", "Available")),
+        want_pvcs=(WantPVC("data", "Bound", "reserved"),),
     ),
     Case(
         "two-volumes-pre-bound-to-one-claim",
@@ -550,3 +590,66 @@ async def test_concurrent_workers_never_bind_a_volume_twice(
             claim = bound[pv["metadata"]["name"]]
             assert ref["uid"] == claim["metadata"]["uid"], "volume and claim point at each other"
             assert pv["status"]["phase"] == "Bound"
+
+
+async def test_a_lost_claim_is_left_alone_until_its_volume_returns(
+    control_plane: ControlPlane, api: ApiClient, namespace: str
+) -> None:
+    """kcm writes nothing to a claim already Lost (not even the access modes and capacity a Lost
+    claim should not have) and records no second event; when its volume reappears unbound the
+    claim is bound to it again (syncBoundClaim)."""
+    async with harness(control_plane, api, namespace) as h:
+        claim = await h.create_pvc(PVC("data", volume="gone", annotations=BOUND_CLAIM))
+        claim["status"] = {"phase": "Lost", "accessModes": list(RWO), "capacity": {"storage": "1Gi"}}
+        claim = await api.update_status(PERSISTENT_VOLUME_CLAIMS, claim)
+        await h.start(resync=0.5)
+        await asyncio.sleep(2.5)  # several resyncs
+        still = await h.pvc("data")
+        assert still["metadata"]["resourceVersion"] == claim["metadata"]["resourceVersion"], still["status"]
+        assert [e for e in await h.events() if e[0] == "data"] == []
+        await h.create_pv(PV("gone", phase="Available"))
+        case = Case(
+            "lost-claim-volume-returns",
+            want_pvs=(WantPV("gone", "Bound", "data", "data"),),
+            want_pvcs=(WantPVC("data", "Bound", "gone"),),
+        )
+        await h.converge(case)
+
+
+async def test_the_apiserver_stamps_the_phase_transition_time(
+    control_plane: ControlPlane, api: ApiClient, namespace: str
+) -> None:
+    """The controller sends lastPhaseTransitionTime back unchanged, as kcm does; the apiserver's
+    status strategy replaces it when the phase changes."""
+    async with harness(control_plane, api, namespace) as h:
+        pv = await h.create_pv(PV("pv1"))
+        old = "2020-01-02T03:04:05Z"
+        pv["status"] = {"phase": "Pending", "lastPhaseTransitionTime": old}
+        pv = await api.update_status(PERSISTENT_VOLUMES, pv)
+        assert pv["status"]["lastPhaseTransitionTime"] == old, "a client may set it when the phase stays"
+        before = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
+        await h.start()
+        await h.converge(Case("available", want_pvs=(WantPV("pv1", "Available"),)))
+        available = await h.pv("pv1")
+        assert available is not None
+        stamped = datetime.datetime.fromisoformat(available["status"]["lastPhaseTransitionTime"])
+        assert before <= stamped <= datetime.datetime.now(datetime.UTC)
+
+
+async def test_a_volume_awaiting_filesystem_expansion_binds_with_its_old_size(
+    control_plane: ControlPlane, api: ApiClient, namespace: str
+) -> None:
+    """The claim's capacity comes from the volume's pre-resize-capacity annotation, so the node
+    still grows the filesystem (kcm's updateClaimStatus)."""
+    case = Case(
+        "pre-resize",
+        pvs=(PV("pv1", "2Gi", annotations={names.ANN_PRE_RESIZE_CAPACITY: "1Gi"}),),
+        pvcs=(PVC("data"),),
+        want_pvs=(WantPV("pv1", "Bound", "data", "data"),),
+        want_pvcs=(WantPVC("data", "Bound", "pv1"),),
+    )
+    async with harness(control_plane, api, namespace) as h:
+        await h.setup(case)
+        await h.start()
+        await h.converge(case)
+        assert (await h.pvc("data"))["status"]["capacity"] == {"storage": "1Gi"}

@@ -37,7 +37,7 @@ HOSTNAME = "kubernetes.io/hostname"
 SERVICE_ACCOUNTS = Resource("", "v1", "serviceaccounts", "ServiceAccount", True)
 
 
-async def create_pod(api: ApiClient, namespace: str, name: str, claim: str) -> None:
+async def create_pod(api: ApiClient, namespace: str, name: str, claim: str, scheduler: str = "") -> Obj:
     """Creates the pod once the namespace's default ServiceAccount exists (kcm makes it shortly
     after the namespace; admission refuses pods before that)."""
 
@@ -51,7 +51,10 @@ async def create_pod(api: ApiClient, namespace: str, name: str, claim: str) -> N
         return []
 
     assert not await wait_for(no_account, 30)
-    await api.create(PODS, pod(name, claim), namespace)
+    body = pod(name, claim)
+    if scheduler:
+        body["spec"]["schedulerName"] = scheduler
+    return await api.create(PODS, body, namespace)
 
 
 async def create_ready_node(api: ApiClient, name: str) -> Obj:
@@ -151,6 +154,40 @@ async def test_scheduler_prebinds_a_static_volume_and_the_pod_is_scheduled(
             await force_delete_pods(api, namespace)
             with contextlib.suppress(ApiError):
                 await api.delete(NODES, node)
+
+
+async def test_finished_pods_do_not_wait_for_scheduling(
+    control_plane: ControlPlane, api: ApiClient, namespace: str
+) -> None:
+    """A WaitForFirstConsumer claim used only by a finished, never scheduled pod waits for its first
+    consumer; one used by a live unscheduled pod names it (kcm's findNonScheduledPodsByPVC)."""
+    async with harness(control_plane, api, namespace) as h:
+        await h.create_class(SC("late", wait_for_consumer=True))
+        await h.create_pvc(PVC("finished", cls="late"))
+        await h.create_pvc(PVC("live", cls="late"))
+        # A scheduler nobody runs: the real one would try to place the pods and select a node, and
+        # with no scheduler and no kubelet nothing else writes the pod's status.
+        done = await create_pod(api, namespace, "done", "finished", scheduler="nobody")
+        done["status"] = {**done.get("status", {}), "phase": "Failed"}
+        await api.update_status(PODS, done)
+        await create_pod(api, namespace, "waiting", "live", scheduler="nobody")
+        try:
+            await h.start(resync=1)
+            case = Case(
+                "finished-pods",
+                want_pvcs=(WantPVC("finished", "Pending"), WantPVC("live", "Pending")),
+                want_events=(
+                    WantEvent("finished", names.WAIT_FOR_FIRST_CONSUMER, names.MSG_WAIT_FIRST_CONSUMER),
+                    WantEvent(
+                        "live", names.WAIT_FOR_POD_SCHEDULED, names.msg_wait_pods_scheduled(["waiting"])
+                    ),
+                ),
+            )
+            await h.converge(case)
+            reasons = {reason for obj, reason, _ in await h.events() if obj == "finished"}
+            assert reasons == {names.WAIT_FOR_FIRST_CONSUMER}
+        finally:
+            await force_delete_pods(api, namespace)
 
 
 async def test_scheduler_selects_a_node_and_the_claim_goes_to_the_provisioner(

@@ -47,6 +47,7 @@ class PV:
     annotations: dict[str, str] = field(default_factory=dict)
     volume_mode: str | None = None
     policy: str = "Retain"
+    csi: bool = False  # a CSI volume source instead of hostPath
 
 
 @dataclass(frozen=True)
@@ -180,8 +181,11 @@ class Harness:
             "capacity": {"storage": v.size},
             "accessModes": list(v.modes),
             "persistentVolumeReclaimPolicy": v.policy,
-            "hostPath": {"path": f"/tmp/kubeloop-test/{self.pv_name(v.name)}"},
         }
+        if v.csi:
+            spec["csi"] = {"driver": "loop.csi.kubeloop.dev", "volumeHandle": self.pv_name(v.name)}
+        else:
+            spec["hostPath"] = {"path": f"/tmp/kubeloop-test/{self.pv_name(v.name)}"}
         if v.cls is not None:
             spec["storageClassName"] = self._cls(v.cls)
         if v.volume_mode is not None:

@@ -10,16 +10,21 @@ from controller_runtime import storage
 from controller_runtime.resources import Obj
 from services.pv_controller import names
 from services.pv_controller.decide import (
+    BindingModeUnset,
     BoundClaimAction,
+    OperationBackoff,
     ReclaimAction,
     VolumeAction,
     claim_bound_to_volume,
+    claim_lost,
     claim_with_provisioner,
     claim_with_status,
     decide_bound_claim,
     decide_reclaim,
     decide_volume,
+    is_delay_binding,
     provisioning_error,
+    unscheduled_pods,
     volume_bound_to_claim,
     volume_released,
     volume_unbound,
@@ -91,18 +96,37 @@ def test_decide_volume(vol: Obj, clm: Obj | None, action: VolumeAction) -> None:
         ("Delete", {storage.ANN_PROVISIONED_BY: "loop.csi.kubeloop.dev"}, ReclaimAction.EXTERNAL_DELETE),
         ("Delete", {}, ReclaimAction.FAILED_DELETE),
         ("Delete", {storage.ANN_PROVISIONED_BY: "kubernetes.io/aws-ebs"}, ReclaimAction.FAILED_DELETE),
+        ("Delete", {"csi": True}, ReclaimAction.EXTERNAL_DELETE),
         ("Delete", {storage.ANN_MIGRATED_TO: "ebs.csi.aws.com"}, ReclaimAction.NONE),
         ("Recycle", {}, ReclaimAction.RECYCLE_UNSUPPORTED),
         ("Shred", {}, ReclaimAction.UNKNOWN_POLICY),
     ],
 )
-def test_decide_reclaim(policy: str, annotations: dict[str, str], action: ReclaimAction) -> None:
-    decision = decide_reclaim(
-        volume(ref_uid="u1", annotations=annotations, persistentVolumeReclaimPolicy=policy)
-    )
+def test_decide_reclaim(policy: str, annotations: dict[str, Any], action: ReclaimAction) -> None:
+    # {"csi": True} stands for a static CSI volume (no provisioned-by): kcm leaves it to an
+    # external deleter (findDeletablePlugin) and it stays Released, measured against kcm 1.36.
+    spec: dict[str, Any] = {"persistentVolumeReclaimPolicy": policy}
+    if annotations.pop("csi", False):
+        spec["csi"] = {"driver": "loop.csi.kubeloop.dev", "volumeHandle": "h"}
+    decision = decide_reclaim(volume(ref_uid="u1", annotations=annotations, **spec))
     assert decision.action is action
     if action is ReclaimAction.UNKNOWN_POLICY:
         assert decision.message == names.MSG_UNKNOWN_RECLAIM_POLICY
+
+
+def test_failed_deletes_back_off_as_kcm_operations() -> None:
+    backoff = OperationBackoff()
+    assert backoff.ready("pv1", 100.0)
+    backoff.failed("pv1", 100.0)
+    assert not backoff.ready("pv1", 100.5) and backoff.ready("pv1", 100.6)
+    backoff.failed("pv1", 100.6)  # the delay doubles: 1 s now
+    assert not backoff.ready("pv1", 101.5) and backoff.ready("pv1", 101.7)
+    for _ in range(20):
+        backoff.failed("pv1", 200.0)
+    assert not backoff.ready("pv1", 321.9) and backoff.ready("pv1", 322.1), "capped at 2 min 2 s"
+    assert backoff.ready("pv2", 200.0)
+    backoff.forget("pv1")
+    assert backoff.ready("pv1", 200.0)
 
 
 def test_volume_released() -> None:
@@ -171,11 +195,84 @@ def test_claim_status_copies_capacity_only_on_the_transition() -> None:
     assert lost is not None and lost["status"] == {"phase": "Lost"}
 
 
-def test_volume_phase_records_transition_time_and_message() -> None:
-    new = volume_with_phase(volume(), "Failed", "boom")
+def test_claim_capacity_from_the_pre_resize_annotation() -> None:
+    # updateClaimStatus: a volume expanded without its filesystem yet reports the old size, even
+    # when the claim already shows the volume's size; other capacity keys stay.
+    ann = {names.ANN_PRE_RESIZE_CAPACITY: "512Mi"}
+    pending = {**claim("pv1"), "status": {"phase": "Pending", "capacity": {"storage": "1Gi", "x": "1"}}}
+    bound = claim_with_status(pending, "Bound", volume(ref_uid="u1", annotations=ann))
+    assert bound is not None and bound["status"]["capacity"] == {"storage": "512Mi", "x": "1"}
+    bad = claim_with_status(
+        claim("pv1"), "Bound", volume(ref_uid="u1", annotations={names.ANN_PRE_RESIZE_CAPACITY: "lots"})
+    )
+    assert bad is not None and bad["status"]["capacity"] == {"storage": "1Gi"}
+    assert claim_with_status(bound, "Bound", volume(ref_uid="u1", annotations=ann)) is None, (
+        "only on the transition"
+    )
+
+
+def test_volume_phase_leaves_the_transition_time_to_the_apiserver() -> None:
+    # kcm's updateVolumePhase sets phase and message only; the apiserver's status strategy stamps
+    # lastPhaseTransitionTime when the phase changes and the client sent the old time unchanged.
+    old = volume()
+    old["status"]["lastPhaseTransitionTime"] = "2026-01-02T03:04:05Z"
+    new = volume_with_phase(old, "Failed", "boom")
     assert new is not None
-    assert new["status"]["phase"] == "Failed" and new["status"]["message"] == "boom"
-    assert new["status"]["lastPhaseTransitionTime"].endswith("Z")
+    assert new["status"] == {
+        "phase": "Failed",
+        "message": "boom",
+        "lastPhaseTransitionTime": "2026-01-02T03:04:05Z",
+    }
+    fresh = volume_with_phase(volume(), "Bound")
+    assert fresh is not None and "lastPhaseTransitionTime" not in fresh["status"]
+
+
+def test_a_claim_already_lost_is_left_alone() -> None:
+    # updateClaimStatusWithEvent returns at once when the phase is already set: no write, no event,
+    # even when the status still carries access modes and capacity (measured against kcm 1.36).
+    bound = {
+        **claim("pv1"),
+        "status": {"phase": "Bound", "accessModes": ["ReadWriteOnce"], "capacity": {"storage": "1Gi"}},
+    }
+    lost = claim_lost(bound)
+    assert lost is not None and lost["status"] == {"phase": "Lost"}
+    assert claim_lost(lost) is None
+    assert claim_lost({**bound, "status": {**bound["status"], "phase": "Lost"}}) is None
+
+
+def test_only_live_unscheduled_pods_wait_for_scheduling() -> None:
+    def pod(name: str, node: str = "", phase: str = "Pending", **md: Any) -> Obj:
+        return {"metadata": {"name": name, **md}, "spec": {"nodeName": node}, "status": {"phase": phase}}
+
+    pods = [
+        pod("waiting-b"),
+        pod("waiting-a"),
+        pod("scheduled", node="n1"),
+        pod("failed", phase="Failed"),
+        pod("succeeded", phase="Succeeded"),
+        pod("deleted", deletionTimestamp="2026-01-02T03:04:05Z"),
+    ]
+    assert unscheduled_pods(pods) == ["waiting-a", "waiting-b"]
+    assert unscheduled_pods([pod("failed", phase="Failed")]) == []
+
+
+@pytest.mark.parametrize(
+    ("class_name", "cls", "delay"),
+    [
+        ("", None, False),
+        ("gone", None, False),
+        ("fast", {"volumeBindingMode": "Immediate"}, False),
+        ("slow", {"volumeBindingMode": "WaitForFirstConsumer"}, True),
+    ],
+)
+def test_delay_binding(class_name: str, cls: Obj | None, delay: bool) -> None:
+    assert is_delay_binding(class_name, cls) is delay
+
+
+def test_a_class_without_binding_mode_is_an_error() -> None:
+    with pytest.raises(BindingModeUnset) as raised:
+        is_delay_binding("odd", {"provisioner": "x.io"})
+    assert str(raised.value) == 'VolumeBindingMode not set for StorageClass "odd"'
 
 
 def test_unbind_drops_our_binding_but_keeps_a_users_claim_name() -> None:

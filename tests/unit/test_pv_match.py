@@ -136,6 +136,26 @@ def test_prebound_volume_wins_over_a_better_fit() -> None:
     assert best(pvc(), other) is None, "a claimRef with another UID is not ours"
 
 
+def test_prebound_volume_wins_only_inside_its_access_mode_set() -> None:
+    # kcm searches one access-mode set at a time, fewest modes first (index.go findByClaim): a free
+    # RWO volume beats a volume pre-bound to the claim that offers RWO+RWX, measured against kcm
+    # 1.36 (the claim was bound to the free volume, the pre-bound one stayed Available).
+    wide = pv("wide", modes=("ReadWriteOnce", "ReadWriteMany"), claim="data")
+    narrow = pv("narrow", "2Gi")
+    assert best(pvc(), [wide, narrow]) == "narrow"
+    # Inside one set the pre-bound volume wins over a smaller free one (also measured).
+    assert best(pvc(), [pv("reserved", "3Gi", claim="data"), pv("small", "2Gi")]) == "reserved"
+    # With nothing free in the narrower set, the search reaches the pre-bound volume's set.
+    assert best(pvc(), [wide, pv("taken", claim="other", uid="x")]) == "wide"
+    # Delayed binding skips free volumes but still takes a pre-bound one in a later set.
+    assert best(pvc(), [wide, narrow], delay=True) == "wide"
+    # A wider set only offering the requested modes partially is never searched.
+    assert (
+        best(pvc(modes=("ReadWriteMany",)), [narrow, pv("rox", modes=("ReadOnlyMany",), claim="data")])
+        is None
+    )
+
+
 def test_prebound_volume_still_has_to_fit() -> None:
     assert best(pvc("2Gi"), [pv("reserved", "1Gi", claim="data")]) is None
     block = pv("reserved", claim="data", spec={"volumeMode": "Block"})
