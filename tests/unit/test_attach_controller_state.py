@@ -128,6 +128,15 @@ class World:
         context = ControllerContext(client, SharedInformerFactory(client), cast(EventRecorder, self.events))
         self.c = AttachDetachController(context, Options(clock=self.clock))
 
+    @classmethod
+    def mounted_on_node_a(cls) -> World:
+        """Volume v attached to node-a (VA and node status) and mounted there."""
+        w = cls()
+        w.add_volume("v")
+        w.add_node(node("node-a", in_use=(unique("v"),), attached=(unique("v"),)))
+        w.c.vas.store.upsert(va("v", "node-a"))
+        return w
+
     def add_volume(self, handle: str, modes: tuple[str, ...] = ("ReadWriteOnce",)) -> None:
         self.c.pvs.store.upsert(pv(handle, modes))
         self.c.pvcs.store.upsert(pvc(handle))
@@ -195,10 +204,7 @@ def test_node_status_is_the_actual_state_at_start() -> None:
 
 def test_deleted_node_keeps_its_mounts_and_its_pods_volumes() -> None:
     async def main() -> None:
-        w = World()
-        w.add_volume("v")
-        w.add_node(node("node-a", in_use=(unique("v"),), attached=(unique("v"),)))
-        w.c.vas.store.upsert(va("v", "node-a"))
+        w = World.mounted_on_node_a()
         await w.add_pod(pod("p", "node-a", "v"))
         w.c.seed_actual_state()
         await w.reconcile()
@@ -283,11 +289,8 @@ def test_attach_waits_for_its_timeout_then_is_uncertain() -> None:
 
 def test_multi_attach_event_once_per_node_and_volume() -> None:
     async def main() -> None:
-        w = World()
-        w.add_volume("v")
-        w.add_node(node("node-a", in_use=(unique("v"),), attached=(unique("v"),)))
+        w = World.mounted_on_node_a()
         w.add_node(node("node-b"))
-        w.c.vas.store.upsert(va("v", "node-a"))
         w.c.seed_actual_state()
         await w.add_pod(pod("web-0", "node-a", "v"))
         await w.add_pod(pod("web-1", "node-b", "v"))
