@@ -353,8 +353,9 @@ class AttachDetachController(InformerController):
 
     def seed_actual_state(self) -> None:
         """kcm's start: volumes the nodes list in status.volumesAttached are attached, whether a
-        VolumeAttachment exists or not; a VA that no node lists is uncertain and, being new to the
-        actual state, counts as mounted until its node reports again."""
+        VolumeAttachment exists or not; a VA that no node lists is uncertain, counts as mounted
+        until its node reports again (it is new to the actual state) and, if a pod wants it, gets
+        the SuccessfulAttachVolume event once attached (kcm attaches it again)."""
         listed: set[str] = set()
         for node in self.nodes.store.values():
             node_name = node["metadata"]["name"]
@@ -371,6 +372,8 @@ class AttachDetachController(InformerController):
                         name, node_name, "", driver, handle, unique, attached=True, deleting=False
                     )
         self._known = listed
+        # kcm runs an attach for each of those that a pod wants, which reports its success.
+        self._created_here |= set(self.vas.store.keys()) - listed
 
     # -- desired-state populator ----------------------------------------------------------------------
 

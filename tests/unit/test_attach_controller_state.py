@@ -303,3 +303,23 @@ def test_multi_attach_event_once_per_node_and_volume() -> None:
         )
 
     asyncio.run(main())
+
+
+def test_attachment_no_node_listed_at_start_is_reported_once_attached() -> None:
+    async def main() -> None:
+        w = World()
+        w.add_volume("v")
+        w.add_volume("w")
+        w.add_node(node("node-a", in_use=(unique("w"),), attached=(unique("w"),)))
+        w.c.vas.store.upsert(va("v", "node-a"))  # attached, but the node status never said so
+        w.c.vas.store.upsert(va("w", "node-a"))  # attached and listed: nothing to report
+        await w.add_pod(pod("p", "node-a", "v"))
+        await w.add_pod(pod("q", "node-a", "w"))
+        w.c.seed_actual_state()
+        await w.reconcile()
+        assert w.events.items == [
+            ("p", "SuccessfulAttachVolume", 'AttachVolume.Attach succeeded for volume "pv-v"')
+        ]
+        assert w.written("patch", "nodes") == ["node-a"]
+
+    asyncio.run(main())
