@@ -1,11 +1,16 @@
-"""The external-attacher's controller: VolumeAttachments of one driver, one idempotent sync each.
+"""The external-attacher's controller: VolumeAttachments of one driver, one idempotent sync each,
+as csi-attacher's csiHandler (or, for a driver without PUBLISH_UNPUBLISH_VOLUME, its trivial
+handler: status.attached and nothing else, no finalizers at all).
 
-Attach: finalizers on the VA and the PV first (so neither can vanish while the driver may have
-published the volume), then ControllerPublishVolume, then status.attached with the publish context.
-Detach (VA being deleted): ControllerUnpublishVolume, then drop the VA finalizer; the PV finalizer
-goes once no VolumeAttachment names the PV any more. Failures are written to attachError /
-detachError and retried with per-key exponential backoff. A periodic pass compares ListVolumes'
-published nodes with the VAs and re-attaches what the driver forgot.
+Attach: the PV's finalizer first, then the VA's finalizer and node-id annotation (so neither
+object can vanish while the driver may have published the volume, and a detach still knows the
+node id once the CSINode is gone), then ControllerPublishVolume, then status.attached with the
+publish context. Detach (VA being deleted): ControllerUnpublishVolume, whatever error it returns
+being retried, then the VA finalizer goes and the status says detached; the PV finalizer goes
+only when the PV itself is being deleted and no VolumeAttachment names it. Failures are written
+to attachError / detachError and retried with per-key exponential backoff. A periodic pass
+compares ListVolumes' published nodes with every VA of the driver and re-syncs each one whose
+status.attached disagrees, either way, even if its status says nothing is left to do.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass
 
 import grpc
@@ -24,7 +30,7 @@ from controller_runtime.csi_client import CSIConnection, SidecarController, Side
 from controller_runtime.informer import EventHandler
 from controller_runtime.logs import get_logger
 from controller_runtime.resources import CSI_NODES, PERSISTENT_VOLUMES, VOLUME_ATTACHMENTS, Obj
-from controller_runtime.volumes import attacher_finalizer, csi_volume, volume_capability
+from controller_runtime.volumes import CSIVolume, attacher_finalizer, csi_volume, volume_capability
 from controller_runtime.workqueue import (
     BucketRateLimiter,
     ItemExponentialRateLimiter,
@@ -37,6 +43,8 @@ log = get_logger("external-attacher")
 
 ControllerRPC = csi_pb2.ControllerServiceCapability.RPC
 VA_BY_PV = "pv"
+# Where the attach records the node id, for a detach after the node's CSINode is gone.
+ANN_VA_NODE_ID = "csi.alpha.kubernetes.io/node-id"
 
 
 @dataclass(frozen=True)
@@ -66,6 +74,10 @@ class Attacher(SidecarController):
             ControllerRPC.LIST_VOLUMES
         ) and csi.has_controller_capability(ControllerRPC.LIST_VOLUMES_PUBLISHED_NODES)
         self.single_node_multi_writer = csi.has_controller_capability(ControllerRPC.SINGLE_NODE_MULTI_WRITER)
+        # "CO MUST set readonly to false if SP does not have PUBLISH_READONLY" (CSI spec).
+        self.can_publish_readonly = csi.has_controller_capability(ControllerRPC.PUBLISH_READONLY)
+        # VAs the ListVolumes pass found out of step: their next sync runs even if nothing seems due.
+        self._force_sync: set[str] = set()
         limiter: MaxOfRateLimiter[str] = MaxOfRateLimiter(
             ItemExponentialRateLimiter(self.options.retry_start, self.options.retry_max),
             BucketRateLimiter(100.0, 1000),
@@ -97,12 +109,13 @@ class Attacher(SidecarController):
             self.va_queue.add(va["metadata"]["name"])
 
     def _va_gone(self, va: Obj) -> None:
-        if self._ours(va) and (pv := va_pv_name(va)):
+        if pv := va_pv_name(va):
             self.pv_queue.add(pv)
 
     def _pv_changed(self, pv: Obj) -> None:
-        if self.finalizer in (pv.get("metadata", {}).get("finalizers") or []):
-            self.pv_queue.add(pv["metadata"]["name"])
+        md = pv.get("metadata", {})
+        if self.finalizer in (md.get("finalizers") or []) and md.get("deletionTimestamp"):
+            self.pv_queue.add(md["name"])
 
     async def run(self) -> None:
         await self.start_informers()
@@ -111,7 +124,7 @@ class Attacher(SidecarController):
             asyncio.create_task(run_workers(self.va_queue, self.sync_va, self.options.workers)),
             asyncio.create_task(run_workers(self.pv_queue, self.sync_pv, self.options.pv_workers)),
         ]
-        if self.can_list and self.options.reconcile_sync > 0:
+        if self.can_publish and self.can_list and self.options.reconcile_sync > 0:
             tasks.append(asyncio.create_task(self._reconcile_loop()))
         try:
             await asyncio.gather(*tasks)
@@ -127,114 +140,151 @@ class Attacher(SidecarController):
         va = self.vas.store.get(name)
         if va is None or not self._ours(va):
             return None
+        if not self.can_publish:
+            # csi-attacher's trivial handler: nothing to publish, so no finalizer to hold the VA
+            # (or the PV) back; it marks every VA of the driver attached, nothing more.
+            if not va.get("status", {}).get("attached"):
+                await self._mark_attached(va, {})
+            return None
+        forced = name in self._force_sync
+        self._force_sync.discard(name)
         if va["metadata"].get("deletionTimestamp"):
-            await self._detach(va)
+            if forced or self.finalizer in (va["metadata"].get("finalizers") or []):
+                await self._guarded(va, "detachError", self._detach(va))
             return None
-        if va.get("status", {}).get("attached"):
-            return None
-        await self._attach(va)
+        if forced or not va.get("status", {}).get("attached"):
+            await self._guarded(va, "attachError", self._attach(va))
         return None
 
-    def _node_id(self, node: str) -> str:
-        csinode = self.csinodes.store.get(node)
-        for drv in (csinode or {}).get("spec", {}).get("drivers") or []:
-            if drv.get("name") == self.driver:
-                return str(drv.get("nodeID") or "")
-        return ""
+    async def _guarded(self, va: Obj, error_field: str, work: Awaitable[None]) -> None:
+        """Runs an attach or detach; its failure is written to the VA's status and raised again, so
+        the queue retries with backoff."""
+        try:
+            await work
+        except AttachError as exc:
+            await self._set_error(va, error_field, str(exc))
+            raise
 
-    async def _attach(self, va: Obj) -> None:
-        name = va["metadata"]["name"]
+    def _node_id_from_csinode(self, node: str) -> str:
+        """The driver's node id from the node's CSINode; AttachError, with csi-attacher's words, when
+        there is none."""
+        csinode = self.csinodes.store.get(node)
+        if csinode is None:
+            raise AttachError(f'csinode.storage.k8s.io "{node}" not found')
+        for drv in csinode.get("spec", {}).get("drivers") or []:
+            if drv.get("name") == self.driver and drv.get("nodeID"):
+                return str(drv["nodeID"])
+        raise AttachError(f"CSINode {node} does not contain driver {self.driver}")
+
+    def _node_id(self, va: Obj) -> str:
+        """For a detach or the ListVolumes pass: the CSINode's node id, else the one the attach
+        recorded on the VA (the node and its CSINode may be gone by now)."""
+        try:
+            return self._node_id_from_csinode(va["spec"]["nodeName"])
+        except AttachError:
+            recorded = (va["metadata"].get("annotations") or {}).get(ANN_VA_NODE_ID)
+            if recorded is None:
+                raise
+            return str(recorded)
+
+    def _pv_of(self, va: Obj) -> Obj:
         if va["spec"].get("source", {}).get("inlineVolumeSpec"):
-            raise AttachError(f"{name}: inline volumes are not supported")
+            raise AttachError("inline volumes are not supported")
         pv_name = va_pv_name(va)
         pv = self.pvs.store.get(pv_name)
         if pv is None:
-            await self._set_error(va, "attachError", f"PersistentVolume {pv_name!r} not found")
-            raise AttachError(f"{name}: PV {pv_name} not found")
+            raise AttachError(f'persistentvolume "{pv_name}" not found')
+        return pv
+
+    @staticmethod
+    def _csi_source(pv: Obj) -> CSIVolume:
+        vol = csi_volume(pv)
+        if vol is None:
+            raise AttachError("pv spec contained non-csi source that was not migrated")
+        return vol
+
+    async def _attach(self, va: Obj) -> None:
+        name = va["metadata"]["name"]
+        pv = self._pv_of(va)
+        if pv["metadata"].get("deletionTimestamp"):
+            raise AttachError(f'PersistentVolume "{pv["metadata"]["name"]}" is marked for deletion')
+        node = va["spec"]["nodeName"]
+        try:
+            vol = self._csi_source(pv)
+            node_id = self._node_id_from_csinode(node)
+        except AttachError:
+            # csi-attacher has added the PV finalizer before it finds out, but not the VA's.
+            await self._ensure_pv_finalizer(pv)
+            raise
         # Both finalizers before the driver is asked, written side by side (two requests, one
         # round trip of latency).
         va_result, pv_result = await asyncio.gather(
-            self._ensure_va_finalizer(va), self._ensure_pv_finalizer(pv), return_exceptions=True
+            self._ensure_va_finalizer(va, node_id), self._ensure_pv_finalizer(pv), return_exceptions=True
         )
-        for result in (va_result, pv_result):
+        for result in (pv_result, va_result):
             if isinstance(result, BaseException):
                 raise result
         assert isinstance(va_result, dict)
-        va = va_result
-        context: dict[str, str] = {}
-        if self.can_publish:
-            vol = csi_volume(pv)
-            if vol is None or vol.driver != self.driver:
-                await self._set_error(
-                    va, "attachError", f"PersistentVolume {pv_name!r} is not a {self.driver} volume"
-                )
-                raise AttachError(f"{name}: PV {pv_name} is not ours")
-            node = va["spec"]["nodeName"]
-            node_id = self._node_id(node)
-            if not node_id:
-                msg = f"node {node!r} has no CSINode entry for driver {self.driver}"
-                await self._set_error(va, "attachError", msg)
-                raise AttachError(msg)
-            req = csi_pb2.ControllerPublishVolumeRequest(
-                volume_id=vol.handle,
-                node_id=node_id,
-                volume_capability=volume_capability(vol, self.single_node_multi_writer),
-                readonly=vol.read_only,
-                volume_context=vol.attributes,
-            )
-            try:
-                resp = await self.csi.controller.ControllerPublishVolume(req, timeout=self.options.timeout)
-            except Exception as exc:
-                await self._set_error(va, "attachError", error_text(exc))
-                raise AttachError(f"{name}: ControllerPublishVolume: {error_text(exc)}") from exc
-            context = dict(resp.publish_context)
+        req = csi_pb2.ControllerPublishVolumeRequest(
+            volume_id=vol.handle,
+            node_id=node_id,
+            volume_capability=volume_capability(vol, self.single_node_multi_writer),
+            readonly=vol.read_only and self.can_publish_readonly,
+            volume_context=vol.attributes,
+        )
+        try:
+            resp = await self.csi.controller.ControllerPublishVolume(req, timeout=self.options.timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise AttachError(error_text(exc)) from exc
+        await self._mark_attached(va_result, dict(resp.publish_context))
+        log.info("attached", va=name, pv=pv["metadata"]["name"], node=node)
+
+    async def _mark_attached(self, va: Obj, context: dict[str, str]) -> None:
         status = {"attached": True, "attachmentMetadata": context or None, "attachError": None}
+        name = va["metadata"]["name"]
         await self.client.patch(VOLUME_ATTACHMENTS, name, {"status": status}, subresource="status")
-        log.info("attached", va=name, pv=pv_name, node=va["spec"]["nodeName"])
 
     async def _detach(self, va: Obj) -> None:
         name = va["metadata"]["name"]
-        if self.finalizer not in (va["metadata"].get("finalizers") or []):
-            return
-        if self.can_publish:
-            node = va["spec"]["nodeName"]
-            node_id = self._node_id(node)
-            pv = self.pvs.store.get(va_pv_name(va))
-            vol = csi_volume(pv) if pv is not None else None
-            if vol is None:
-                msg = f"cannot detach: PersistentVolume {va_pv_name(va)!r} is gone or has no CSI source"
-                await self._set_error(va, "detachError", msg)
-                raise AttachError(msg)
-            if not node_id:
-                # CSINode is garbage-collected with its Node, yet a VA of a deleted node must still
-                # be detachable: kubeloop's node plugins use the node name as their node id.
-                node_id = node
-            req = csi_pb2.ControllerUnpublishVolumeRequest(volume_id=vol.handle, node_id=node_id)
-            try:
-                await self.csi.controller.ControllerUnpublishVolume(req, timeout=self.options.timeout)
-            except grpc.aio.AioRpcError as exc:
-                if exc.code() != grpc.StatusCode.NOT_FOUND:
-                    await self._set_error(va, "detachError", error_text(exc))
-                    raise AttachError(f"{name}: ControllerUnpublishVolume: {error_text(exc)}") from exc
-                # NOT_FOUND: the volume or node is gone, so it is not published there.
-        fresh = copy.deepcopy(va)
-        fresh["metadata"]["finalizers"] = [
-            f for f in fresh["metadata"].get("finalizers") or [] if f != self.finalizer
-        ]
+        vol = self._csi_source(self._pv_of(va))
+        req = csi_pb2.ControllerUnpublishVolumeRequest(volume_id=vol.handle, node_id=self._node_id(va))
         try:
-            await self.client.update(VOLUME_ATTACHMENTS, fresh)
+            await self.csi.controller.ControllerUnpublishVolume(req, timeout=self.options.timeout)
+        except grpc.aio.AioRpcError as exc:
+            # Every error, NotFound included, leaves the VA for another try: csi-attacher trusts
+            # only an OK answer (a driver that found nothing to unpublish must say OK).
+            raise AttachError(error_text(exc)) from exc
+        # The finalizer first: a deleted VA without it counts as detached whatever its status says.
+        finalizers = va["metadata"].get("finalizers") or []
+        if self.finalizer in finalizers:
+            fresh = copy.deepcopy(va)
+            fresh["metadata"]["finalizers"] = [f for f in finalizers if f != self.finalizer]
+            try:
+                await self.client.update(VOLUME_ATTACHMENTS, fresh)
+            except ApiError as exc:
+                if not exc.not_found:
+                    raise
+        status = {"attached": False, "detachError": None, "attachmentMetadata": None}
+        try:
+            await self.client.patch(VOLUME_ATTACHMENTS, name, {"status": status}, subresource="status")
         except ApiError as exc:
-            if not exc.not_found:
+            if not exc.not_found:  # usually gone already: the finalizer was the last one
                 raise
         log.info("detached", va=name, pv=va_pv_name(va), node=va["spec"]["nodeName"])
 
-    async def _ensure_va_finalizer(self, va: Obj) -> Obj:
+    async def _ensure_va_finalizer(self, va: Obj, node_id: str) -> Obj:
         finalizers = va["metadata"].get("finalizers") or []
-        if self.finalizer in finalizers:
+        annotations = va["metadata"].get("annotations") or {}
+        if self.finalizer in finalizers and annotations.get(ANN_VA_NODE_ID) == node_id:
             return va
         fresh = copy.deepcopy(va)
-        fresh["metadata"]["finalizers"] = [*finalizers, self.finalizer]
-        return await self.client.update(VOLUME_ATTACHMENTS, fresh)  # 409 → requeue
+        if self.finalizer not in finalizers:
+            fresh["metadata"]["finalizers"] = [*finalizers, self.finalizer]
+        fresh["metadata"]["annotations"] = {**annotations, ANN_VA_NODE_ID: node_id}
+        try:
+            return await self.client.update(VOLUME_ATTACHMENTS, fresh)  # 409 → requeue
+        except ApiError as exc:
+            raise AttachError(f"could not save VolumeAttachment: {exc.message}") from exc
 
     async def _ensure_pv_finalizer(self, pv: Obj) -> None:
         finalizers = pv["metadata"].get("finalizers") or []
@@ -242,7 +292,10 @@ class Attacher(SidecarController):
             return
         fresh = copy.deepcopy(pv)
         fresh["metadata"]["finalizers"] = [*finalizers, self.finalizer]
-        await self.client.update(PERSISTENT_VOLUMES, fresh)
+        try:
+            await self.client.update(PERSISTENT_VOLUMES, fresh)
+        except ApiError as exc:
+            raise AttachError(f"could not add PersistentVolume finalizer: {exc.message}") from exc
 
     async def _set_error(self, va: Obj, field: str, message: str) -> None:
         status = {field: {"time": now_rfc3339(), "message": message}}
@@ -256,15 +309,21 @@ class Attacher(SidecarController):
     # -- PV finalizer -----------------------------------------------------------------------------
 
     async def sync_pv(self, name: str) -> float | None:
+        """Lets go of a PV that is being deleted once no VolumeAttachment (of any driver) names it.
+        A PV that is not being deleted keeps the finalizer, as with csi-attacher."""
         pv = self.pvs.store.get(name)
-        if pv is None or self.finalizer not in (pv["metadata"].get("finalizers") or []):
+        if pv is None or not self.can_publish:
+            return None
+        if not pv["metadata"].get("deletionTimestamp"):
+            return None
+        if self.finalizer not in (pv["metadata"].get("finalizers") or []):
             return None
         checked = time.monotonic()
-        if any(self._ours(va) for va in self.vas.store.by_index(VA_BY_PV, name)):
+        if self.vas.store.by_index(VA_BY_PV, name):
             return None
         # The cache may lag behind a VA just created for this PV: ask the API before letting go.
         items = await self._vas_listed_after(checked)
-        if any(self._ours(va) and va_pv_name(va) == name for va in items):
+        if any(va_pv_name(va) == name for va in items):
             return None
         fresh = copy.deepcopy(pv)
         fresh["metadata"]["finalizers"] = [f for f in pv["metadata"]["finalizers"] if f != self.finalizer]
@@ -277,8 +336,8 @@ class Attacher(SidecarController):
 
     async def _vas_listed_after(self, after: float) -> list[Obj]:
         """Every VolumeAttachment, from a list begun at or after `after` (so it holds everything
-        created before then). PVs checked while one such list is under way share it: when a node's
-        volumes detach together that is one LIST for many PVs instead of one each."""
+        created before then). PVs checked while one such list is under way share it: when many
+        PVs are deleted together that is one LIST for all of them instead of one each."""
         current = self._va_list
         if current is None or current[0] < after:
 
@@ -301,8 +360,9 @@ class Attacher(SidecarController):
                 log.warning("ListVolumes reconciliation failed", error=error_text(exc))
 
     async def reconcile_published(self) -> int:
-        """Marks attached VAs whose volume the driver does not report published on their node as
-        not attached, so the next sync publishes again. Returns how many were repaired."""
+        """Compares every VA of the driver (being deleted or not) with the nodes ListVolumes says
+        each volume is published on; a VA whose status.attached disagrees is queued for a forced
+        sync (attach again, or detach again), never written to directly. Returns how many."""
         started = time.monotonic()
         published: dict[str, set[str]] = {}
         token = ""
@@ -311,35 +371,37 @@ class Attacher(SidecarController):
                 csi_pb2.ListVolumesRequest(starting_token=token), timeout=self.options.timeout
             )
             for entry in resp.entries:
-                published[entry.volume.volume_id] = set(entry.status.published_node_ids)
+                if entry.HasField("volume") and entry.HasField("status"):
+                    published[entry.volume.volume_id] = set(entry.status.published_node_ids)
             token = resp.next_token
             if not token:
                 break
-        repaired = 0
+        queued = 0
         for va in self.vas.store.values():
-            if not self._ours(va) or va["metadata"].get("deletionTimestamp"):
+            if not self._ours(va):
                 continue
-            if not va.get("status", {}).get("attached"):
+            try:
+                node_id = self._node_id(va)
+                vol = self._csi_source(self._pv_of(va))
+            except AttachError:
+                continue  # nothing to compare with: csi-attacher skips it too
+            attached = bool(va.get("status", {}).get("attached"))
+            if attached == (node_id in published.get(vol.handle, set())):
                 continue
-            pv = self.pvs.store.get(va_pv_name(va))
-            vol = csi_volume(pv) if pv is not None else None
-            node_id = self._node_id(va["spec"]["nodeName"])
-            if vol is None or not node_id:
-                continue
-            if node_id in published.get(vol.handle, set()):
-                continue
-            log.warning("driver lost a publication, attaching again", va=va["metadata"]["name"], node=node_id)
-            await self.client.patch(
-                VOLUME_ATTACHMENTS,
-                va["metadata"]["name"],
-                {"status": {"attached": False}},
-                subresource="status",
+            name = va["metadata"]["name"]
+            log.warning(
+                "VolumeAttachment status and the driver's published nodes disagree, syncing it again",
+                va=name,
+                attached=attached,
+                node=node_id,
             )
-            repaired += 1
+            self._force_sync.add(name)
+            self.va_queue.add(name)
+            queued += 1
         log.debug(
             "ListVolumes reconciled",
             volumes=len(published),
-            repaired=repaired,
+            queued=queued,
             took=f"{time.monotonic() - started:.3f}s",
         )
-        return repaired
+        return queued

@@ -2,11 +2,15 @@
 with the pods scheduled on nodes that let the controller manage their attachments.
 
 Pods go through a workqueue whose sync recomputes that pod's contribution to the desired state
-(PVC → bound PV → spec.csi). The actual state is the VolumeAttachment cache itself, plus the
-creates still in flight, so a restart at any point starts from the truth: VA names are
-deterministic, so nothing is ever attached twice, and nothing is detached while the node lists it
-in volumesInUse. A reconcile pass every `loop_period` turns both into a plan (state.decide) and
-runs its writes, one operation per VolumeAttachment at a time.
+(PVC → bound PV → spec.csi); a populator pass every minute drops pods the events missed and every
+three minutes re-queues them all, as kcm's. The actual state is the VolumeAttachment cache itself,
+plus the creates still in flight and, from the start, what the nodes' status.volumesAttached
+listed without a VA, so a restart at any point starts from the truth: VA names are deterministic,
+so nothing is ever attached twice. The "mounted by node" set of each node is what it last reported
+in volumesInUse (kept after the node is deleted), plus attachments new to the actual state, which
+count as mounted until the node reports again, as in kcm. A reconcile pass every `loop_period`
+turns both into a plan (state.decide) and runs its writes, one operation per VolumeAttachment at a
+time.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from controller_runtime.client import ApiError
@@ -39,6 +44,7 @@ from controller_runtime.volumes import (
     pod_claims,
     pod_terminated,
     unique_volume_name,
+    va_name,
 )
 from controller_runtime.workqueue import WorkQueue, default_rate_limiter
 
@@ -46,7 +52,8 @@ from .metrics import METRICS
 from .state import (
     ATTACH_FAILED_MESSAGE,
     ATTACH_SUCCEEDED_MESSAGE,
-    MULTI_ATTACH_MESSAGE,
+    ATTACH_TIMEOUT_ERROR,
+    TAINT_OUT_OF_SERVICE,
     Attachment,
     DesiredEntry,
     DesiredState,
@@ -55,6 +62,9 @@ from .state import (
     NodeInfo,
     PodRef,
     decide,
+    multi_attach_allowed,
+    multi_attach_message,
+    split_unique_name,
 )
 
 log = get_logger("attach-detach")
@@ -71,6 +81,17 @@ class Options:
     # Failed operations back off per VolumeAttachment: 0.5 s doubling to about 2 min, as kcm.
     backoff_start: float = 0.5
     backoff_max: float = 122.0
+    # kcm's desired-state populator: drop vanished pods every minute, re-add all every 3 minutes.
+    populator_period: float = 60.0
+    list_pods_period: float = 180.0
+    # kcm's --attach-detach-reconcile-sync-period: node-status-only attachments are checked
+    # against the VolumeAttachments this often.
+    sync_states_period: float = 60.0
+    # How long an attach may wait for status.attached before it counts as uncertain (kcm's CSI
+    # attacher timeout).
+    attach_timeout: float = 120.0
+    # Monotonic seconds; tests pass a fake one so that timeouts need no sleeping.
+    clock: Callable[[], float] = time.monotonic
 
 
 def _pod_node(pod: Obj) -> list[str]:
@@ -79,7 +100,16 @@ def _pod_node(pod: Obj) -> list[str]:
 
 
 def _is_managed(node: Obj) -> bool:
-    return bool((node.get("metadata", {}).get("annotations") or {}).get(ANN_CONTROLLER_MANAGED) == "true")
+    # kcm looks only at the annotation's presence, whatever its value.
+    return ANN_CONTROLLER_MANAGED in (node.get("metadata", {}).get("annotations") or {})
+
+
+def _in_use(node: Obj) -> set[str]:
+    return set((node.get("status") or {}).get("volumesInUse") or ())
+
+
+def _out_of_service(node: Obj) -> bool:
+    return any(t.get("key") == TAINT_OUT_OF_SERVICE for t in node.get("spec", {}).get("taints") or [])
 
 
 def _pod_ref(pod: Obj) -> PodRef:
@@ -118,7 +148,7 @@ class AttachDetachController(InformerController):
         self.pvs.add_handler(
             EventHandler(self._pv_changed, lambda _o, n: self._pv_changed(n), self._pv_changed)
         )
-        self.nodes.add_handler(EventHandler(self._node_changed, self._node_updated, self._node_changed))
+        self.nodes.add_handler(EventHandler(self._node_added, self._node_updated, self._node_deleted))
         # A VA that became attached or went away changes the node status or unblocks an attach.
         self.vas.add_handler(
             EventHandler(
@@ -138,11 +168,25 @@ class AttachDetachController(InformerController):
         self._detaching: set[str] = set()
         self._unmount_wait_since: dict[str, float] = {}
         self._created_here: set[str] = set()
+        # When this run started each attach it is still waiting for (VA name -> clock).
+        self._attach_started: dict[str, float] = {}
+        # (node, unique volume name) already given their Multi-Attach event, as long as wanted.
         self._multi_attach_reported: set[tuple[str, str]] = set()
         self._attach_errors_reported: dict[str, str] = {}
         self._status_written: dict[str, tuple[tuple[str, ...], float]] = {}
+        # Nodes whose pods count (annotated once; kept after deletion while pods still want volumes).
+        self._managed_nodes: set[str] = set()
+        # Node -> its "mounted by node" set; deleted nodes keep their last one.
+        self._mounted: dict[str, set[str]] = {}
+        self._deleted_nodes: set[str] = set()
+        # Attachments listed in a node's status at start that have no VolumeAttachment.
+        self._seeded: dict[str, Attachment] = {}
+        # Names in the actual state at the last pass (a newcomer counts as mounted, see above).
+        self._known: set[str] = set()
         self._populated = False
         self._counts = (0, 0)
+        start = self.options.clock()
+        self._last_populate = self._last_list_pods = self._last_sync_states = start
 
     # -- handlers: only enqueue ---------------------------------------------------------------------
 
@@ -167,19 +211,36 @@ class AttachDetachController(InformerController):
         for key in self.pods.store.index_keys(POD_BY_NODE, node["metadata"]["name"]):
             self.pod_queue.add(key)
 
+    def _node_seen(self, node: Obj) -> None:
+        name = node["metadata"]["name"]
+        # Every report replaces the set, which also ends the assumed mounts of new attachments.
+        self._mounted[name] = _in_use(node)
+        self._deleted_nodes.discard(name)
+        if _is_managed(node):
+            self._managed_nodes.add(name)  # kcm never takes a node out again while it exists
+
+    def _node_added(self, node: Obj) -> None:
+        self._node_seen(node)
+        self._node_changed(node)
+
     def _node_updated(self, old: Obj, new: Obj) -> None:
-        if _is_managed(old) != _is_managed(new):
+        was_managed = old["metadata"]["name"] in self._managed_nodes
+        self._node_seen(new)
+        if not was_managed and new["metadata"]["name"] in self._managed_nodes:
             self._node_changed(new)
         self._wake.set()  # volumesInUse may have changed: a detach may be possible now
 
-    # -- desired state ------------------------------------------------------------------------------
+    def _node_deleted(self, node: Obj) -> None:
+        name = node["metadata"]["name"]
+        self._mounted[name] = _in_use(node)
+        self._deleted_nodes.add(name)
+        # Its pods' volumes stay wanted (and so attached) until the pods go; only a node nobody
+        # wants anything on leaves the managed set.
+        if not self.desired.has_node(name):
+            self._managed_nodes.discard(name)
+        self._wake.set()
 
-    def _managed(self, node_name: str) -> bool:
-        node = self.nodes.store.get(node_name)
-        return (
-            node is not None
-            and (node["metadata"].get("annotations") or {}).get(ANN_CONTROLLER_MANAGED) == "true"
-        )
+    # -- desired state ------------------------------------------------------------------------------
 
     def pod_volumes(self, pod: Obj) -> list[DesiredVolume]:
         ns = pod["metadata"].get("namespace", "")
@@ -191,9 +252,10 @@ class AttachDetachController(InformerController):
             if pv is None or not bound_volume_name(pvc, pv):
                 continue  # not bound yet: the claim's or the volume's update brings the pod back
             vol = csi_volume(pv)
-            if vol is None:
+            if vol is None or not self.attach_required(vol.driver):
                 continue
-            out.append(DesiredVolume(vol.pv_name, vol.driver, vol.handle, vol.unique_name, vol.multi_node))
+            multi = multi_attach_allowed(vol.access_modes)
+            out.append(DesiredVolume(vol.pv_name, vol.driver, vol.handle, vol.unique_name, multi))
         return out
 
     async def sync_pod(self, key: str) -> float | None:
@@ -202,7 +264,7 @@ class AttachDetachController(InformerController):
             self.desired.remove_pod(key)
         else:
             node = pod.get("spec", {}).get("nodeName")
-            if not node or not self._managed(node):
+            if not node or node not in self._managed_nodes:
                 self.desired.remove_pod(key)
             else:
                 self.desired.set_pod(_pod_ref(pod), node, self.pod_volumes(pod))
@@ -211,9 +273,10 @@ class AttachDetachController(InformerController):
 
     # -- actual state -------------------------------------------------------------------------------
 
-    def attachments(self) -> list[Attachment]:
+    def attachments(self, now: float) -> list[Attachment]:
         out: dict[str, Attachment] = {}
         for va in self.vas.store.values():
+            name = va["metadata"]["name"]
             spec = va.get("spec", {})
             pv_name = spec.get("source", {}).get("persistentVolumeName") or ""
             pv = self.pvs.store.get(pv_name) if pv_name else None
@@ -221,23 +284,48 @@ class AttachDetachController(InformerController):
             driver = str(spec.get("attacher", ""))
             handle = vol.handle if vol is not None else ""
             status = va.get("status") or {}
-            out[va["metadata"]["name"]] = Attachment(
-                name=va["metadata"]["name"],
+            attached = bool(status.get("attached"))
+            deleting = bool(va["metadata"].get("deletionTimestamp"))
+            error = str((status.get("attachError") or {}).get("message") or "")
+            started = self._attach_started.get(name)
+            out[name] = Attachment(
+                name=name,
                 node=str(spec.get("nodeName", "")),
                 pv_name=pv_name,
                 driver=driver,
                 handle=handle,
                 unique_name=unique_volume_name(driver, handle) if handle else "",
-                attached=bool(status.get("attached")),
-                deleting=bool(va["metadata"].get("deletionTimestamp")),
-                attach_error=str((status.get("attachError") or {}).get("message") or ""),
+                attached=attached,
+                deleting=deleting,
+                attach_error=error,
+                # kcm's attach operation ends at success, a reported error, the VA's deletion or
+                # its timeout; until then the VA is neither attached nor uncertain.
+                pending=not (attached or deleting or error)
+                and started is not None
+                and now - started <= self.options.attach_timeout,
             )
+            self._seeded.pop(name, None)  # the VA is the truth from now on
         for name, att in list(self._creating.items()):
             if name in out:
                 del self._creating[name]
             else:
                 out[name] = att
+        for name, att in self._seeded.items():
+            out.setdefault(name, att)
         return list(out.values())
+
+    def _track_mounts(self, attachments: list[Attachment]) -> None:
+        """kcm adds a volume newly taken into its actual state to the node's mounted set ("assume
+        mounted until proven otherwise"); the node's next report replaces the set."""
+        members = {a.name for a in attachments if not a.pending}
+        for att in attachments:
+            if att.name in members and att.name not in self._known and att.unique_name:
+                self._mounted.setdefault(att.node, set()).add(att.unique_name)
+        self._known = members
+        # A deleted node is forgotten once nothing of it is left in the actual state.
+        for name in self._deleted_nodes - {a.node for a in attachments}:
+            self._deleted_nodes.discard(name)
+            self._mounted.pop(name, None)
 
     def node_infos(self) -> dict[str, NodeInfo]:
         infos = {}
@@ -246,11 +334,15 @@ class AttachDetachController(InformerController):
             status = node.get("status") or {}
             infos[name] = NodeInfo(
                 name=name,
-                managed=(node["metadata"].get("annotations") or {}).get(ANN_CONTROLLER_MANAGED) == "true",
+                managed=name in self._managed_nodes,
                 ready=node_ready(node),
-                in_use=frozenset(status.get("volumesInUse") or ()),
+                in_use=frozenset(self._mounted.get(name, ())),
                 attached=tuple(v.get("name", "") for v in status.get("volumesAttached") or ()),
+                out_of_service=_out_of_service(node),
             )
+        for name in self._deleted_nodes - set(infos):
+            mounted = frozenset(self._mounted.get(name, ()))
+            infos[name] = NodeInfo(name, False, False, mounted, (), exists=False)
         return infos
 
     def attach_required(self, driver: str) -> bool:
@@ -258,6 +350,48 @@ class AttachDetachController(InformerController):
         if obj is None:
             return True  # no CSIDriver object: Kubernetes assumes the driver needs attaching
         return obj.get("spec", {}).get("attachRequired", True) is not False
+
+    def seed_actual_state(self) -> None:
+        """kcm's start: volumes the nodes list in status.volumesAttached are attached, whether a
+        VolumeAttachment exists or not; a VA that no node lists is uncertain, counts as mounted
+        until its node reports again (it is new to the actual state) and, if a pod wants it, gets
+        the SuccessfulAttachVolume event once attached (kcm attaches it again)."""
+        listed: set[str] = set()
+        for node in self.nodes.store.values():
+            node_name = node["metadata"]["name"]
+            for entry in (node.get("status") or {}).get("volumesAttached") or ():
+                unique = str(entry.get("name", ""))
+                parsed = split_unique_name(unique)
+                if parsed is None:
+                    continue  # not a CSI volume: nothing kubeloop attaches
+                driver, handle = parsed
+                name = va_name(handle, driver, node_name)
+                listed.add(name)
+                if name not in self.vas.store:
+                    self._seeded[name] = Attachment(
+                        name, node_name, "", driver, handle, unique, attached=True, deleting=False
+                    )
+        self._known = listed
+        # kcm runs an attach for each of those that a pod wants, which reports its success.
+        self._created_here |= set(self.vas.store.keys()) - listed
+
+    # -- desired-state populator ----------------------------------------------------------------------
+
+    def populate(self, now: float) -> None:
+        """kcm's populator pass: forget pods the informer no longer has (or has as a new pod of the
+        same name, or terminated) and volumes whose driver stopped needing an attach; every
+        `list_pods_period`, run every pod through the queue again."""
+        for key, (ref, _node, _vols) in list(self.desired.pods.items()):
+            pod = self.pods.store.get(key)
+            if pod is None or pod_terminated(pod) or pod["metadata"].get("uid", "") != ref.uid:
+                log.info("removing a pod that no longer exists from the desired state", pod=key)
+                self.desired.remove_pod(key)
+        self.desired.drop_volumes(lambda vol: not self.attach_required(vol.driver))
+        if now - self._last_list_pods >= self.options.list_pods_period:
+            self._last_list_pods = now
+            for pod in self.pods.store.values():
+                if not pod_terminated(pod):
+                    self._pod_changed(pod)
 
     # -- lifecycle ----------------------------------------------------------------------------------
 
@@ -270,6 +404,7 @@ class AttachDetachController(InformerController):
         workers = asyncio.create_task(run_workers(self.pod_queue, self.sync_pod, self.options.pod_workers))
         try:
             await self.start_informers()
+            self.seed_actual_state()
             # Populate the desired state from every pod before the first pass: a pass with a
             # half-filled desired state would detach volumes pods still need (volumesInUse would
             # stop it, but a node that is down cannot protect itself).
@@ -279,10 +414,15 @@ class AttachDetachController(InformerController):
                 "caches synced, desired state populated",
                 pods=len(self.desired.pods),
                 attachments=len(self.vas.store),
+                listed_without_attachment=len(self._seeded),
             )
             while True:
                 self._wake.clear()
                 try:
+                    now = self.options.clock()
+                    if now - self._last_populate >= self.options.populator_period:
+                        self._last_populate = now
+                        self.populate(now)
                     await self.reconcile()
                 except Exception:
                     log.exception("reconcile pass failed")
@@ -302,12 +442,21 @@ class AttachDetachController(InformerController):
     # -- the reconcile pass ---------------------------------------------------------------------------
 
     async def reconcile(self) -> None:
-        now = time.monotonic()
+        now = self.options.clock()
+        if now - self._last_sync_states >= self.options.sync_states_period:
+            # kcm's periodic check of its attached volumes: one listed by a node but without a
+            # VolumeAttachment is not attached after all (a wanted one is then attached anew).
+            self._last_sync_states = now
+            self._seeded = {n: a for n, a in self._seeded.items() if n in self._detaching}
         desired = self.desired.entries()
-        attachments = self.attachments()
+        attachments = self.attachments(now)
+        self._track_mounts(attachments)
         nodes = self.node_infos()
         live = {a.name for a in attachments}
         self._detaching &= {a.name for a in attachments if not a.deleting}
+        self._attach_started = {
+            n: t for n, t in self._attach_started.items() if n in live and n not in self._detaching
+        }
         self._counts = (len(desired), len(attachments))
         plan = decide(
             desired,
@@ -319,11 +468,9 @@ class AttachDetachController(InformerController):
             max_wait_for_unmount=self.options.max_wait_for_unmount,
             detaching=frozenset(self._detaching),
         )
-        for name in plan.waiting_for_unmount:
-            self._unmount_wait_since.setdefault(name, now)
-        for name in list(self._unmount_wait_since):
-            if name not in plan.waiting_for_unmount:
-                self._unmount_wait_since.pop(name, None)
+        self._unmount_wait_since = {
+            name: self._unmount_wait_since.get(name, now) for name in plan.detach_requested
+        }
 
         # 1. Detach: the node's status must stop listing the volume before its VA goes.
         detaches = [d for d in plan.detaches if not self.operations.is_pending(d.attachment.name)]
@@ -359,18 +506,23 @@ class AttachDetachController(InformerController):
                     entry.volume.unique_name,
                     attached=False,
                     deleting=False,
+                    pending=True,
                 )
+                self._attach_started[entry.va_name] = now
                 self.operations.run(entry.va_name, self._attach(entry))
+        self._multi_attach_reported &= {(e.node, e.volume.unique_name) for e in desired}
         for refusal in plan.multi_attach:
+            # Once per volume and node while it stays wanted there, as kcm's desired state marks it.
+            mark = (refusal.entry.node, refusal.entry.volume.unique_name)
+            if mark in self._multi_attach_reported:
+                continue
+            self._multi_attach_reported.add(mark)
             for pod in refusal.entry.pods:
-                mark = (pod.uid, refusal.entry.volume.pv_name)
-                if mark not in self._multi_attach_reported:
-                    self._multi_attach_reported.add(mark)
-                    self.recorder.warning(
-                        _pod_object(pod),
-                        "FailedAttachVolume",
-                        MULTI_ATTACH_MESSAGE.format(pv=refusal.entry.volume.pv_name),
-                    )
+                self.recorder.warning(
+                    _pod_object(pod),
+                    "FailedAttachVolume",
+                    multi_attach_message(refusal.entry.volume.pv_name, pod, refusal.other_pods),
+                )
         self._report_attach_results(desired, attachments)
 
         # 3. Node status for the nodes the detaches did not already write.
@@ -389,6 +541,10 @@ class AttachDetachController(InformerController):
             att = by_name.get(entry.va_name)
             if att is None:
                 continue
+            error = att.attach_error
+            settled = error or att.attached or att.pending or att.deleting
+            if not settled and att.name in self._attach_started:  # timed out waiting for the attacher
+                error = ATTACH_TIMEOUT_ERROR.format(driver=att.driver, handle=att.handle)
             if att.attached and entry.va_name in self._created_here:
                 self._created_here.discard(entry.va_name)
                 self._attach_errors_reported.pop(entry.va_name, None)
@@ -398,13 +554,13 @@ class AttachDetachController(InformerController):
                         "SuccessfulAttachVolume",
                         ATTACH_SUCCEEDED_MESSAGE.format(pv=entry.volume.pv_name),
                     )
-            elif att.attach_error and self._attach_errors_reported.get(att.name) != att.attach_error:
-                self._attach_errors_reported[att.name] = att.attach_error
+            elif error and self._attach_errors_reported.get(att.name) != error:
+                self._attach_errors_reported[att.name] = error
                 for pod in entry.pods:
                     self.recorder.warning(
                         _pod_object(pod),
                         "FailedAttachVolume",
-                        ATTACH_FAILED_MESSAGE.format(pv=entry.volume.pv_name, error=att.attach_error),
+                        ATTACH_FAILED_MESSAGE.format(pv=entry.volume.pv_name, error=error),
                     )
 
     # -- operations ---------------------------------------------------------------------------------
@@ -431,14 +587,14 @@ class AttachDetachController(InformerController):
     async def _detach(self, d: Detach) -> None:
         att = d.attachment
         if d.forced:
-            METRICS.forced_detaches += 1
+            METRICS.record_forced_detach(d.force_reason)
             log.warning(
-                "force-detaching a volume its node still reports in use: the node is not ready and the "
-                "wait for unmount expired",
+                "force-detaching without checking that the volume is unmounted",
+                reason=d.force_reason,
                 va=att.name,
                 pv=att.pv_name,
                 node=att.node,
-                waited=f"{self.options.max_wait_for_unmount:.0f}s",
+                max_wait=f"{self.options.max_wait_for_unmount:.0f}s",
             )
         try:
             await self.client.delete(VOLUME_ATTACHMENTS, att.name)
@@ -446,12 +602,13 @@ class AttachDetachController(InformerController):
             if not exc.not_found:
                 self._detaching.discard(att.name)
                 raise
+        self._seeded.pop(att.name, None)
         log.info("detaching", va=att.name, pv=att.pv_name, node=att.node, forced=d.forced)
 
     async def _write_node_status(self, node: str, names: tuple[str, ...]) -> None:
         # The cache can lag behind our own write: do not send the same list again at once.
         last = self._status_written.get(node)
-        if last is not None and last[0] == names and time.monotonic() - last[1] < 2.0:
+        if last is not None and last[0] == names and self.options.clock() - last[1] < 2.0:
             return
         patch = {"status": {"volumesAttached": [{"name": n, "devicePath": ""} for n in names]}}
         try:
@@ -460,4 +617,4 @@ class AttachDetachController(InformerController):
             if exc.not_found:
                 return
             raise
-        self._status_written[node] = (names, time.monotonic())
+        self._status_written[node] = (names, self.options.clock())

@@ -33,8 +33,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-wait-for-unmount",
         type=process.duration,
         default=360.0,
-        help="how long a volume still in use on a node that is not Ready is kept attached before it is "
-        "force-detached (default: 6m)",
+        help="how long a volume still in use on a node that is not Ready (or deleted) is kept attached "
+        "before it is force-detached (default: 6m)",
+    )
+    parser.add_argument(
+        "--attach-detach-reconcile-sync-period",
+        type=process.duration,
+        default=60.0,
+        help="how often volumes that nodes list as attached without a VolumeAttachment are checked "
+        "(default: 1m)",
     )
     process.add_controller_flags(
         parser,
@@ -47,7 +54,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 async def run(args: argparse.Namespace, ctx: process.Context) -> None:
-    options = Options(loop_period=args.reconciler_sync_period, max_wait_for_unmount=args.max_wait_for_unmount)
+    options = Options(
+        loop_period=args.reconciler_sync_period,
+        max_wait_for_unmount=args.max_wait_for_unmount,
+        sync_states_period=args.attach_detach_reconcile_sync_period,
+    )
     build = partial(AttachDetachController, options=options)
     await serve_controller(args, ctx, build, user_agent=NAME, event_source=COMPONENT, lease_name=NAME)
 

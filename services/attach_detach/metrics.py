@@ -13,12 +13,17 @@ from prometheus_client.registry import Collector
 from controller_runtime.volumes import CSI_PLUGIN_NAME
 
 Counts = Callable[[], tuple[int, int]]  # (desired, actual)
+FORCED_DETACHES = "attach_detach_controller_attachdetach_controller_forced_detaches"
 
 
 @dataclass(eq=False)  # registered in a dict: hashed by identity
 class _Collector(Collector):
     sources: list[Counts] = field(default_factory=list)
-    forced_detaches: int = 0
+    # reason ("timeout" or "out-of-service") -> count
+    forced_detaches: dict[str, int] = field(default_factory=dict)
+
+    def record_forced_detach(self, reason: str) -> None:
+        self.forced_detaches[reason] = self.forced_detaches.get(reason, 0) + 1
 
     def collect(self) -> Iterator[Metric]:
         total = GaugeMetricFamily(
@@ -33,14 +38,13 @@ class _Collector(Collector):
         total.add_metric([CSI_PLUGIN_NAME, "desired_state_of_world"], desired)
         total.add_metric([CSI_PLUGIN_NAME, "actual_state_of_world"], actual)
         yield total
-        # kcm exposes this counter without a _total suffix; prometheus_client would add one to
-        # any counter, so it goes out untyped under the upstream name that dashboards query.
-        forced = Metric(
-            "attachdetach_controller_forced_detaches",
-            "Number of times the A/D Controller performed a forced detach",
-            "unknown",
-        )
-        forced.add_sample("attachdetach_controller_forced_detaches", {}, float(self.forced_detaches))
+        # kcm registers this counter with subsystem attach_detach_controller in front of its name and
+        # without a _total suffix; prometheus_client would add one to any counter, so it goes out
+        # untyped under kcm's full name.
+        help_text = "Number of times the A/D Controller performed a forced detach"
+        forced = Metric(FORCED_DETACHES, help_text, "unknown")
+        for reason, count in sorted(self.forced_detaches.items()):
+            forced.add_sample(FORCED_DETACHES, {"reason": reason}, float(count))
         yield forced
 
 

@@ -2,9 +2,9 @@
 
 Desired state: which volume each pod on a managed node needs (kept per pod, so a pod's update
 replaces exactly its own contribution). Actual state: what VolumeAttachments exist, read afresh
-from the cache on every pass, with the node's volumesInUse as the "mounted by node" flag. `decide`
-turns both into one plan: detaches first, then attaches (or Multi-Attach refusals), then the node
-status lists.
+from the cache on every pass (plus what nodes listed as attached at start without a VA), with the
+"mounted by node" set the controller keeps per node. `decide` turns both into one plan: detaches
+first, then attaches (or Multi-Attach refusals), then the node status lists.
 """
 
 from __future__ import annotations
@@ -12,14 +12,38 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from controller_runtime.volumes import va_name
+from controller_runtime.volumes import CSI_PLUGIN_NAME, va_name
 
-MULTI_ATTACH_MESSAGE = (
-    'Multi-Attach error for volume "{pv}" Volume is already exclusively attached to one node and '
-    "can't be attached to another"
-)
+MULTI_ATTACH_PREFIX = 'Multi-Attach error for volume "{pv}" '
+# Nobody this controller knows of uses the volume on the other node(s): no pod names to give.
+MULTI_ATTACH_EXCLUSIVE = "Volume is already exclusively attached to one node and can't be attached to another"
 ATTACH_SUCCEEDED_MESSAGE = 'AttachVolume.Attach succeeded for volume "{pv}"'
 ATTACH_FAILED_MESSAGE = 'AttachVolume.Attach failed for volume "{pv}" : {error}'
+# kcm's CSI attacher gives up waiting for status.attached after its CSI timeout (2 min) with this.
+ATTACH_TIMEOUT_ERROR = (
+    "timed out waiting for external-attacher of {driver} CSI driver to attach volume {handle}"
+)
+
+TAINT_OUT_OF_SERVICE = "node.kubernetes.io/out-of-service"
+FORCE_REASON_TIMEOUT = "timeout"
+FORCE_REASON_OUT_OF_SERVICE = "out-of-service"
+
+
+def split_unique_name(unique: str) -> tuple[str, str] | None:
+    """(driver, handle) of a CSI unique volume name, None for any other plugin's name."""
+    prefix = CSI_PLUGIN_NAME + "/"
+    if not unique.startswith(prefix) or "^" not in unique:
+        return None
+    driver, _, handle = unique[len(prefix) :].partition("^")
+    return (driver, handle) if driver and handle else None
+
+
+def multi_attach_allowed(access_modes: Iterable[str]) -> bool:
+    """kcm's rule for PVs: no access modes at all means "unknown, let the driver refuse", so it is
+    allowed like ReadOnlyMany/ReadWriteMany; only a PV that lists modes, none of them *Many, is
+    exclusive."""
+    modes = set(access_modes)
+    return not modes or bool(modes & {"ReadOnlyMany", "ReadWriteMany"})
 
 
 @dataclass(frozen=True)
@@ -70,6 +94,16 @@ class DesiredState:
     def remove_pod(self, key: str) -> None:
         self.pods.pop(key, None)
 
+    def drop_volumes(self, unwanted: Callable[[DesiredVolume], bool]) -> None:
+        """Removes the volumes `unwanted` picks from every pod's contribution."""
+        for pod, node, vols in list(self.pods.values()):
+            kept = tuple(v for v in vols if not unwanted(v))
+            if kept != vols:
+                self.set_pod(pod, node, kept)
+
+    def has_node(self, node: str) -> bool:
+        return any(n == node for _, n, _ in self.pods.values())
+
     def entries(self) -> list[DesiredEntry]:
         """Entries in a stable order (node, then volume), so concurrent wishes for one exclusive
         volume are resolved the same way on every pass."""
@@ -86,7 +120,16 @@ class DesiredState:
 
 @dataclass(frozen=True)
 class Attachment:
-    """A VolumeAttachment as the controller sees it. unique_name is "" when its PV is unknown."""
+    """One (volume, node) of the actual state: a VolumeAttachment as the controller sees it, or a
+    volume a node's status.volumesAttached listed at start without one. unique_name is "" when its
+    PV is unknown.
+
+    pending: an attach this controller started is still under way (the create is in flight, or
+    the VA waits for status.attached within the attach timeout). Like kcm's running attach
+    operation it is neither detached nor counted as attached; an exclusive volume waits for it
+    silently. A VA that is neither attached nor pending is kcm's "uncertain" attachment: the attach
+    failed or timed out, so it may or may not be published; it is detached when no pod wants it but
+    does not make another node's attach a Multi-Attach error."""
 
     name: str
     node: str
@@ -97,27 +140,57 @@ class Attachment:
     attached: bool
     deleting: bool
     attach_error: str = ""
+    pending: bool = False
 
 
 @dataclass(frozen=True)
 class NodeInfo:
+    """A node as the controller knows it, including one deleted since it was last seen (exists
+    False, in_use as it last reported: kcm keeps that too)."""
+
     name: str
     managed: bool
     ready: bool
-    in_use: frozenset[str]
+    in_use: frozenset[str]  # the "mounted by node" set (volumesInUse, plus assumed mounts)
     attached: tuple[str, ...]  # status.volumesAttached names as they are now
+    exists: bool = True
+    out_of_service: bool = False
 
 
 @dataclass(frozen=True)
 class Detach:
     attachment: Attachment
-    forced: bool
+    # "" for a normal detach; else why it skips the safe-to-detach check (kcm's metric label).
+    force_reason: str = ""
+
+    @property
+    def forced(self) -> bool:
+        return bool(self.force_reason)
 
 
 @dataclass(frozen=True)
 class MultiAttach:
     entry: DesiredEntry
     other_nodes: tuple[str, ...]
+    # Pods that want the volume on those nodes (they name the blockers in the event).
+    other_pods: tuple[PodRef, ...]
+
+
+def multi_attach_message(pv: str, pod: PodRef, other_pods: Iterable[PodRef]) -> str:
+    """The FailedAttachVolume text for one waiting pod. Names are given only for pods of its own
+    namespace; pods elsewhere are counted, so a user never learns another namespace's pod names."""
+    others = list(other_pods)
+    if not others:
+        return MULTI_ATTACH_PREFIX.format(pv=pv) + MULTI_ATTACH_EXCLUSIVE
+    local = sorted(p.name for p in others if p.namespace == pod.namespace)
+    foreign = sum(1 for p in others if p.namespace != pod.namespace)
+    if local:
+        detail = "Volume is already used by pod(s) " + ", ".join(local)
+        if foreign:
+            detail += f" and {foreign} pod(s) in different namespaces"
+    else:
+        detail = f"Volume is already used by {foreign} pod(s) in different namespaces"
+    return MULTI_ATTACH_PREFIX.format(pv=pv) + detail
 
 
 @dataclass
@@ -125,7 +198,9 @@ class Plan:
     detaches: list[Detach] = field(default_factory=list)
     attaches: list[DesiredEntry] = field(default_factory=list)
     multi_attach: list[MultiAttach] = field(default_factory=list)
-    # VA names that should be detached but whose node still reports the volume in use.
+    # Attachment names no pod wants (the detach timer runs for these, whether detached yet or not).
+    detach_requested: set[str] = field(default_factory=set)
+    # Of those, the ones whose node still has the volume mounted: the detach waits.
     waiting_for_unmount: set[str] = field(default_factory=set)
     # Node name -> the volumesAttached names it should list (only where that differs from now).
     node_status: dict[str, tuple[str, ...]] = field(default_factory=dict)
@@ -146,43 +221,64 @@ def decide(
     wanted = {e.va_name for e in desired}
     by_name = {a.name: a for a in attachments}
 
-    # 1. Detach what no pod wants, once its node has stopped using it.
+    # 1. Detach what no pod wants, as kcm's reconciler does: a volume the node still has mounted
+    # waits, unless the node carries the out-of-service taint (detach at once) or it is unhealthy
+    # (not Ready, or gone) and the wait for unmount, counted from the first time the detach was
+    # wanted, has expired.
     for att in attachments:
-        if att.deleting or att.name in wanted or att.name in detaching:
+        if att.deleting or att.pending or att.name in wanted or att.name in detaching:
             continue
+        if not att.unique_name:
+            continue  # its PV is unknown: kcm never takes such a VA into its actual state
+        plan.detach_requested.add(att.name)
         node = nodes.get(att.node)
-        if node is not None and not att.unique_name:
-            continue  # cannot tell whether the node uses it: never guess towards a detach
-        if node is None or att.unique_name not in node.in_use:
-            plan.detaches.append(Detach(att, forced=False))
-            continue
-        since = unmount_wait_since.get(att.name, now)
-        if not node.ready and now - since >= max_wait_for_unmount:
-            plan.detaches.append(Detach(att, forced=True))
-        else:
+        healthy = node is not None and node.exists and node.ready
+        out_of_service = node is not None and node.exists and node.out_of_service
+        # A node never seen has told nothing: kcm assumes a new attachment mounted until proven otherwise.
+        mounted = node is None or att.unique_name in node.in_use
+        expired = now - unmount_wait_since.get(att.name, now) > max_wait_for_unmount
+        if mounted and not out_of_service and not (expired and not healthy):
             plan.waiting_for_unmount.add(att.name)
+            continue
+        reason = FORCE_REASON_TIMEOUT if expired else FORCE_REASON_OUT_OF_SERVICE if out_of_service else ""
+        plan.detaches.append(Detach(att, reason))
 
-    # 2. Attach what pods want, unless an exclusive volume is attached to another node.
+    # 2. Attach what pods want. An exclusive volume waits silently while an operation on it runs
+    # elsewhere (an attach not yet settled, a detach), and is refused with a Multi-Attach error
+    # while it is attached to another node. An uncertain attachment elsewhere blocks neither.
+    leaving = {d.attachment.name for d in plan.detaches} | set(detaching)
     holders: dict[tuple[str, str], set[str]] = {}
+    busy: dict[tuple[str, str], set[str]] = {}
     for att in attachments:
-        holders.setdefault((att.driver, att.handle), set()).add(att.node)
+        key = (att.driver, att.handle)
+        if att.pending or att.deleting or att.name in leaving:
+            busy.setdefault(key, set()).add(att.node)
+        elif att.attached:
+            holders.setdefault(key, set()).add(att.node)
+    pods_by_volume: dict[tuple[str, str], list[tuple[str, PodRef]]] = {}
+    for entry in desired:
+        volume_pods = pods_by_volume.setdefault((entry.volume.driver, entry.volume.handle), [])
+        volume_pods.extend((entry.node, pod) for pod in entry.pods)
     for entry in desired:
         vol = entry.volume
         if not attach_required(vol.driver):
             continue
-        existing = by_name.get(entry.va_name)
-        if existing is not None:
-            continue  # attaching, attached, or still going away: wait for it either way
-        others = holders.setdefault((vol.driver, vol.handle), set()) - {entry.node}
-        if others and not vol.multi_node:
-            plan.multi_attach.append(MultiAttach(entry, tuple(sorted(others))))
-            continue
+        if entry.va_name in by_name:
+            continue  # attaching, attached, uncertain or still going away: the VA is there either way
+        key = (vol.driver, vol.handle)
+        if not vol.multi_node:
+            if busy.get(key, set()) - {entry.node}:
+                continue
+            others = holders.get(key, set()) - {entry.node}
+            if others:
+                blockers = tuple(p for n, p in pods_by_volume.get(key, []) if n in others)
+                plan.multi_attach.append(MultiAttach(entry, tuple(sorted(others)), blockers))
+                continue
         plan.attaches.append(entry)
-        holders[(vol.driver, vol.handle)].add(entry.node)
+        busy.setdefault(key, set()).add(entry.node)
 
     # 3. Node status: attached, not being deleted, not being detached by this plan.
-    leaving = {d.attachment.name for d in plan.detaches} | set(detaching)
-    lists: dict[str, set[str]] = {n: set() for n, info in nodes.items() if info.managed}
+    lists: dict[str, set[str]] = {n: set() for n, info in nodes.items() if info.managed and info.exists}
     for att in attachments:
         usable = att.attached and not att.deleting and att.unique_name and att.name not in leaving
         if usable and att.node in lists:

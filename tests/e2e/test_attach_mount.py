@@ -80,10 +80,9 @@ async def test_multi_attach_refused_until_first_pod_leaves(stack: StorageStack, 
         for e in await stack.events(namespace, "FailedAttachVolume")
         if e["involvedObject"]["name"] == "second"
     ]
-    assert events[0]["message"] == (
-        f'Multi-Attach error for volume "{pv}" Volume is already exclusively attached to one node and '
-        "can't be attached to another"
-    )
+    # kcm names the pod that holds the volume when it is in the same namespace.
+    used_by = "Volume is already used by pod(s) first"
+    assert events[0]["message"] == f'Multi-Attach error for volume "{pv}" {used_by}'
     assert len(events) == 1 and events[0].get("count", 1) == 1, "reported once"
     assert await stack.va(handle, "node-b") is None
     pod = await stack.api.get(*_pod_path(namespace, "second"))

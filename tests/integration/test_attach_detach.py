@@ -1,0 +1,344 @@
+"""The attach-detach controller against the real apiserver, in-process with a fake clock (no test
+sleeps through kcm's minutes): the Multi-Attach event naming the pod that holds the volume, the
+actual state seeded from a node's status.volumesAttached at start, a deleted node's volume kept
+for the unmount timeout, and the out-of-service taint detaching at once.
+
+No attacher runs: a VolumeAttachment that must already be attached is created attached (the
+state a running cluster would be in), and VAs this controller creates just stay unattached, which
+is all these cases need. Nodes, PVs and VAs are cluster-scoped, so every test uses names of its own
+and removes them."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+
+import pytest_asyncio
+
+from controller_runtime.client import ApiClient, ApiError
+from controller_runtime.controller import ControllerContext
+from controller_runtime.events import EventRecorder
+from controller_runtime.informer import SharedInformerFactory
+from controller_runtime.resources import (
+    EVENTS,
+    NODES,
+    PERSISTENT_VOLUME_CLAIMS,
+    PERSISTENT_VOLUMES,
+    PODS,
+    VOLUME_ATTACHMENTS,
+    Obj,
+)
+from controller_runtime.volumes import ANN_CONTROLLER_MANAGED, unique_volume_name, va_name
+from localstack.controlplane import ControlPlane
+from services.attach_detach.controller import AttachDetachController, Options
+from services.attach_detach.metrics import METRICS
+
+DRIVER = "attach.test.kubeloop.dev"  # no CSIDriver object: attach required
+
+
+@dataclass
+class Clock:
+    now: float = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def wait_for(check: Callable[[], Awaitable[bool]], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not await check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.1)
+
+
+async def exists(api: ApiClient, res: object, name: str) -> bool:
+    try:
+        await api.get(res, name)  # type: ignore[arg-type]
+        return True
+    except ApiError as exc:
+        if exc.not_found:
+            return False
+        raise
+
+
+@dataclass
+class Cluster:
+    """Objects of one test, named with a random suffix, and the controller under test."""
+
+    api: ApiClient
+    cp: ControlPlane
+    ns: str
+    suffix: str = field(default_factory=lambda: uuid.uuid4().hex[:6])
+    clock: Clock = field(default_factory=Clock)
+    nodes: list[str] = field(default_factory=list)
+    pvs: list[str] = field(default_factory=list)
+    task: asyncio.Task[None] | None = None
+    client: ApiClient | None = None
+    recorder: EventRecorder | None = None
+
+    def name(self, short: str) -> str:
+        return f"{short}-{self.suffix}"
+
+    def handle(self, short: str) -> str:
+        return self.name(f"vol-{short}")
+
+    def unique(self, short: str) -> str:
+        return unique_volume_name(DRIVER, self.handle(short))
+
+    async def node(
+        self,
+        short: str,
+        in_use: tuple[str, ...] = (),
+        attached: tuple[str, ...] = (),
+        taints: tuple[Obj, ...] = (),
+    ) -> str:
+        name = self.name(short)
+        annotations = {ANN_CONTROLLER_MANAGED: "true"}
+        await self.api.create(
+            NODES, {"metadata": {"name": name, "annotations": annotations}, "spec": {"taints": list(taints)}}
+        )
+        self.nodes.append(name)
+        for _ in range(20):  # kcm's node controllers write the Node too: retry on conflict
+            node = await self.api.get(NODES, name)
+            node["status"] = {
+                "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "t"}],
+                "volumesInUse": list(in_use),
+                "volumesAttached": [{"name": n, "devicePath": ""} for n in attached],
+            }
+            try:
+                await self.api.update_status(NODES, node)
+                return name
+            except ApiError as exc:
+                if not exc.conflict:
+                    raise
+                await asyncio.sleep(0.1)
+        raise AssertionError(f"could not write the status of node {name}")
+
+    async def volume(self, short: str) -> str:
+        """A bound claim `c-<short>` and its static CSI PV (RWO)."""
+        claim = f"c-{short}"
+        pv_name = self.name(f"pv-{short}")
+        pvc = await self.api.create(
+            PERSISTENT_VOLUME_CLAIMS,
+            {
+                "metadata": {"name": claim, "namespace": self.ns},
+                "spec": {
+                    "accessModes": ["ReadWriteOnce"],
+                    "resources": {"requests": {"storage": "1Gi"}},
+                    "storageClassName": "",
+                    "volumeName": pv_name,
+                },
+            },
+        )
+        await self.api.create(
+            PERSISTENT_VOLUMES,
+            {
+                "metadata": {"name": pv_name},
+                "spec": {
+                    "capacity": {"storage": "1Gi"},
+                    "accessModes": ["ReadWriteOnce"],
+                    "storageClassName": "",
+                    "persistentVolumeReclaimPolicy": "Retain",
+                    "claimRef": {"namespace": self.ns, "name": claim, "uid": pvc["metadata"]["uid"]},
+                    "csi": {"driver": DRIVER, "volumeHandle": self.handle(short)},
+                },
+            },
+        )
+        self.pvs.append(pv_name)
+        pvc["status"] = {"phase": "Bound", "accessModes": ["ReadWriteOnce"], "capacity": {"storage": "1Gi"}}
+        await self.api.update_status(PERSISTENT_VOLUME_CLAIMS, pvc)
+        return pv_name
+
+    async def pod(self, name: str, node: str, volume_short: str) -> None:
+        body = {
+            "metadata": {"name": name, "namespace": self.ns},
+            "spec": {
+                "nodeName": node,
+                # kcm's taint eviction must not delete it from the out-of-service node.
+                "tolerations": [{"operator": "Exists"}],
+                "containers": [{"name": "c", "image": "registry.invalid/none"}],
+                "volumes": [{"name": "v", "persistentVolumeClaim": {"claimName": f"c-{volume_short}"}}],
+            },
+        }
+        for _ in range(100):  # until kcm made the namespace's default ServiceAccount
+            try:
+                await self.api.create(PODS, body)
+                return
+            except ApiError as exc:
+                if exc.status != 403 or "serviceaccount" not in exc.message:
+                    raise
+                await asyncio.sleep(0.1)
+        raise AssertionError(f"no default ServiceAccount in {self.ns}")
+
+    async def delete_pod(self, name: str) -> None:
+        body = {"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0}
+        await self.api.request("DELETE", PODS.path(self.ns, name), body=body)
+
+    async def attached_va(self, volume_short: str, node: str) -> str:
+        """A VolumeAttachment as a running attacher would have left it: attached."""
+        name = va_name(self.handle(volume_short), DRIVER, node)
+        pv_name = self.name(f"pv-{volume_short}")
+        spec = {"attacher": DRIVER, "nodeName": node, "source": {"persistentVolumeName": pv_name}}
+        await self.api.create(VOLUME_ATTACHMENTS, {"metadata": {"name": name}, "spec": spec})
+        await self.api.patch(VOLUME_ATTACHMENTS, name, {"status": {"attached": True}}, subresource="status")
+        return name
+
+    def va(self, volume_short: str, node: str) -> str:
+        return va_name(self.handle(volume_short), DRIVER, node)
+
+    async def node_attached(self, node: str) -> list[str]:
+        obj = await self.api.get(NODES, node)
+        return sorted(v["name"] for v in (obj.get("status") or {}).get("volumesAttached") or [])
+
+    async def events(self, pod: str) -> list[tuple[str, str]]:
+        items, _ = await self.api.list_all(EVENTS, self.ns)
+        return [(e["reason"], e["message"]) for e in items if e["involvedObject"]["name"] == pod]
+
+    async def start(self) -> None:
+        self.client = await ApiClient.from_kubeconfig(str(self.cp.admin_kubeconfig), qps=0, burst=1)
+        self.recorder = EventRecorder(self.client, "attachdetach-controller")
+        factory = SharedInformerFactory(self.client)
+        context = ControllerContext(self.client, factory, self.recorder)
+        controller = AttachDetachController(context, Options(loop_period=0.05, clock=self.clock))
+        self.task = asyncio.create_task(controller.run())
+        await wait_for(self._synced(controller), 30, "the controller's first pass")
+
+    @staticmethod
+    def _synced(controller: AttachDetachController) -> Callable[[], Awaitable[bool]]:
+        async def check() -> bool:
+            return controller.synced
+
+        return check
+
+    async def stop(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.task
+        if self.recorder is not None:
+            await self.recorder.close()
+        if self.client is not None:
+            await self.client.close()
+        items, _ = await self.api.list_all(VOLUME_ATTACHMENTS)
+        for va in items:
+            if va["spec"]["nodeName"] in self.nodes:
+                with contextlib.suppress(ApiError):
+                    await self.api.delete(VOLUME_ATTACHMENTS, va["metadata"]["name"])
+        for name in self.nodes:
+            with contextlib.suppress(ApiError):
+                await self.api.delete(NODES, name)
+        for name in self.pvs:
+            with contextlib.suppress(ApiError):
+                await self.api.delete(PERSISTENT_VOLUMES, name)
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def cluster(control_plane: ControlPlane, api: ApiClient, namespace: str) -> AsyncIterator[Cluster]:
+    c = Cluster(api, control_plane, namespace)
+    try:
+        yield c
+    finally:
+        await c.stop()
+
+
+async def test_multi_attach_event_names_the_pod_holding_the_volume(cluster: Cluster) -> None:
+    c = cluster
+    pv = await c.volume("a")
+    node_a = await c.node("node-a", in_use=(c.unique("a"),), attached=(c.unique("a"),))
+    node_b = await c.node("node-b")
+    await c.attached_va("a", node_a)
+    await c.pod("holder", node_a, "a")
+    await c.pod("waiter", node_b, "a")
+    await c.start()
+
+    async def refused() -> bool:
+        return bool(await c.events("waiter"))
+
+    await wait_for(refused, 20, "a FailedAttachVolume event on the waiting pod")
+    await asyncio.sleep(0.5)  # a second pass must not report again
+    assert await c.events("waiter") == [
+        (
+            "FailedAttachVolume",
+            f'Multi-Attach error for volume "{pv}" Volume is already used by pod(s) holder',
+        )
+    ]
+    assert not await exists(c.api, VOLUME_ATTACHMENTS, c.va("a", node_b))
+
+
+async def test_volumes_a_node_lists_are_the_actual_state_at_start(cluster: Cluster) -> None:
+    c = cluster
+    await c.volume("x")
+    await c.volume("y")
+    # x: listed, no VA, nobody wants it (detached at once). y: listed, no VA, a pod wants it.
+    node = await c.node("node", attached=(c.unique("x"), c.unique("y")))
+    await c.pod("user", node, "y")
+    await c.start()
+
+    async def x_unlisted() -> bool:
+        return await c.node_attached(node) == [c.unique("y")]
+
+    await wait_for(x_unlisted, 20, "x to leave the node's volumesAttached")
+    await asyncio.sleep(0.5)
+    assert await c.node_attached(node) == [c.unique("y")], "y counts as attached"
+    assert not await exists(c.api, VOLUME_ATTACHMENTS, c.va("y", node)), "so no VA is made for it"
+
+    c.clock.now += 61  # the periodic check finds y without a VolumeAttachment
+
+    async def y_attaching() -> bool:
+        return await exists(c.api, VOLUME_ATTACHMENTS, c.va("y", node))
+
+    await wait_for(y_attaching, 20, "a VolumeAttachment for y")
+    await wait_for(lambda: _equals(c.node_attached(node), []), 20, "y unlisted until attached")
+
+
+async def _equals(value: Awaitable[list[str]], expected: list[str]) -> bool:
+    return await value == expected
+
+
+async def test_deleted_node_keeps_a_mounted_volume_until_the_unmount_timeout(cluster: Cluster) -> None:
+    c = cluster
+    await c.volume("d")
+    node = await c.node("gone", in_use=(c.unique("d"),), attached=(c.unique("d"),))
+    va = await c.attached_va("d", node)
+    await c.pod("p", node, "d")
+    await c.start()
+    before = METRICS.forced_detaches.get("timeout", 0)
+
+    await c.delete_pod("p")
+    await c.api.delete(NODES, node)
+    await asyncio.sleep(1.0)
+    assert await exists(c.api, VOLUME_ATTACHMENTS, va), "the node last reported it mounted"
+    c.clock.now += 300
+    await asyncio.sleep(0.5)
+    assert await exists(c.api, VOLUME_ATTACHMENTS, va), "6 minutes have not passed"
+    c.clock.now += 61
+
+    async def detached() -> bool:
+        return not await exists(c.api, VOLUME_ATTACHMENTS, va)
+
+    await wait_for(detached, 20, "the forced detach after the unmount timeout")
+    assert METRICS.forced_detaches.get("timeout", 0) == before + 1
+
+
+async def test_out_of_service_taint_detaches_a_mounted_volume_at_once(cluster: Cluster) -> None:
+    c = cluster
+    await c.volume("o")
+    taint = {"key": "node.kubernetes.io/out-of-service", "value": "nodeshutdown", "effect": "NoExecute"}
+    node = await c.node("down", in_use=(c.unique("o"),), attached=(c.unique("o"),), taints=(taint,))
+    va = await c.attached_va("o", node)
+    await c.pod("p", node, "o")
+    await c.start()
+    await asyncio.sleep(0.5)
+    assert await exists(c.api, VOLUME_ATTACHMENTS, va), "still wanted by its pod"
+
+    await c.delete_pod("p")
+
+    async def detached() -> bool:
+        return not await exists(c.api, VOLUME_ATTACHMENTS, va)
+
+    await wait_for(detached, 20, "the out-of-service detach")
+    assert await c.node_attached(node) == []

@@ -1,0 +1,325 @@
+"""The attach-detach controller's bookkeeping around `decide`, with its informer caches filled by
+hand, an in-memory client that records writes, and a fake clock: the actual state seeded from the
+nodes' status at start, the periodic check of those seeded entries, assumed mounts, deleted nodes,
+the desired-state populator, the attach timeout, and Multi-Attach events once per node and
+volume."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from controller_runtime.client import ApiClient
+from controller_runtime.controller import ControllerContext
+from controller_runtime.events import EventRecorder
+from controller_runtime.informer import SharedInformerFactory
+from controller_runtime.resources import Obj, Resource
+from controller_runtime.volumes import ANN_CONTROLLER_MANAGED, unique_volume_name, va_name
+from services.attach_detach.controller import AttachDetachController, Options
+
+DRIVER = "loop.csi.kubeloop.dev"
+
+
+@dataclass
+class Clock:
+    now: float = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class Writes:
+    """The client: records every write, answers like an apiserver that accepted it."""
+
+    calls: list[tuple[str, str, str]] = field(default_factory=list)
+
+    async def create(self, res: Resource, body: Obj, **_: Any) -> Obj:
+        self.calls.append(("create", res.plural, body["metadata"]["name"]))
+        return body
+
+    async def delete(self, res: Resource, name: str, **_: Any) -> None:
+        self.calls.append(("delete", res.plural, name))
+
+    async def patch(self, res: Resource, name: str, body: Obj, **_: Any) -> Obj:
+        self.calls.append(("patch", res.plural, name))
+        return body
+
+
+@dataclass
+class Events:
+    items: list[tuple[str, str, str]] = field(default_factory=list)
+
+    def normal(self, obj: Obj, reason: str, message: str) -> None:
+        self.items.append((obj["metadata"]["name"], reason, message))
+
+    def warning(self, obj: Obj, reason: str, message: str) -> None:
+        self.items.append((obj["metadata"]["name"], reason, message))
+
+
+def unique(handle: str) -> str:
+    return unique_volume_name(DRIVER, handle)
+
+
+def node(name: str, in_use: tuple[str, ...] = (), attached: tuple[str, ...] = (), **spec: Any) -> Obj:
+    return {
+        "metadata": {"name": name, "annotations": {ANN_CONTROLLER_MANAGED: "true"}},
+        "spec": spec,
+        "status": {
+            "conditions": [{"type": "Ready", "status": "True"}],
+            "volumesInUse": list(in_use),
+            "volumesAttached": [{"name": n, "devicePath": ""} for n in attached],
+        },
+    }
+
+
+def pv(handle: str, modes: tuple[str, ...] = ("ReadWriteOnce",)) -> Obj:
+    return {
+        "metadata": {"name": f"pv-{handle}"},
+        "spec": {
+            "accessModes": list(modes),
+            "csi": {"driver": DRIVER, "volumeHandle": handle},
+            "claimRef": {"namespace": "ns", "name": f"c-{handle}", "uid": f"cu-{handle}"},
+        },
+    }
+
+
+def pvc(handle: str) -> Obj:
+    return {
+        "metadata": {"namespace": "ns", "name": f"c-{handle}", "uid": f"cu-{handle}"},
+        "spec": {"volumeName": f"pv-{handle}"},
+        "status": {"phase": "Bound"},
+    }
+
+
+def pod(name: str, node_name: str, handle: str, uid: str = "") -> Obj:
+    return {
+        "metadata": {"namespace": "ns", "name": name, "uid": uid or f"u-{name}"},
+        "spec": {
+            "nodeName": node_name,
+            "volumes": [{"name": "v", "persistentVolumeClaim": {"claimName": f"c-{handle}"}}],
+        },
+        "status": {"phase": "Running"},
+    }
+
+
+def va(handle: str, node_name: str, attached: bool = True, error: str = "") -> Obj:
+    status: Obj = {"attached": attached}
+    if error:
+        status["attachError"] = {"message": error}
+    return {
+        "metadata": {"name": va_name(handle, DRIVER, node_name)},
+        "spec": {
+            "attacher": DRIVER,
+            "nodeName": node_name,
+            "source": {"persistentVolumeName": f"pv-{handle}"},
+        },
+        "status": status,
+    }
+
+
+class World:
+    def __init__(self) -> None:
+        self.clock = Clock()
+        self.writes = Writes()
+        self.events = Events()
+        client = cast(ApiClient, self.writes)
+        context = ControllerContext(client, SharedInformerFactory(client), cast(EventRecorder, self.events))
+        self.c = AttachDetachController(context, Options(clock=self.clock))
+
+    @classmethod
+    def mounted_on_node_a(cls) -> World:
+        """Volume v attached to node-a (VA and node status) and mounted there."""
+        w = cls()
+        w.add_volume("v")
+        w.add_node(node("node-a", in_use=(unique("v"),), attached=(unique("v"),)))
+        w.c.vas.store.upsert(va("v", "node-a"))
+        return w
+
+    def add_volume(self, handle: str, modes: tuple[str, ...] = ("ReadWriteOnce",)) -> None:
+        self.c.pvs.store.upsert(pv(handle, modes))
+        self.c.pvcs.store.upsert(pvc(handle))
+
+    def add_node(self, obj: Obj) -> None:
+        self.c.nodes.store.upsert(obj)
+        self.c._node_added(obj)
+
+    def update_node(self, obj: Obj) -> None:
+        old = self.c.nodes.store.upsert(obj)
+        self.c._node_updated(old or obj, obj)
+
+    async def add_pod(self, obj: Obj) -> None:
+        self.c.pods.store.upsert(obj)
+        md = obj["metadata"]
+        await self.c.sync_pod(f"{md['namespace']}/{md['name']}")
+
+    async def delete_pod(self, name: str) -> None:
+        self.c.pods.store.delete(f"ns/{name}")
+        await self.c.sync_pod(f"ns/{name}")
+
+    async def reconcile(self) -> None:
+        self.writes.calls.clear()
+        await self.c.reconcile()
+        for _ in range(5):  # let the started operations run
+            await asyncio.sleep(0)
+
+    def written(self, verb: str, plural: str) -> list[str]:
+        return [name for v, p, name in self.writes.calls if (v, p) == (verb, plural)]
+
+
+def test_node_status_is_the_actual_state_at_start() -> None:
+    async def main() -> None:
+        w = World()
+        for h in ("x", "y", "z"):
+            w.add_volume(h)
+        # x: listed, no VA, nobody wants it. y: listed, no VA, a pod wants it. z: a VA nobody lists.
+        w.add_node(node("node-a", attached=(unique("x"), unique("y"))))
+        w.c.vas.store.upsert(va("z", "node-a"))
+        await w.add_pod(pod("p", "node-a", "y"))
+        w.c.seed_actual_state()
+        atts = {a.handle: a for a in w.c.attachments(w.clock())}
+        assert atts["x"].attached and atts["y"].attached and not atts["x"].pv_name
+
+        await w.reconcile()
+        assert w.written("delete", "volumeattachments") == [va_name("x", DRIVER, "node-a")], (
+            "x is detached (its VA is gone already: the delete's NotFound is success)"
+        )
+        assert w.written("create", "volumeattachments") == [], "y counts as attached: no VA yet"
+        assert w.c.node_infos()["node-a"].in_use == {unique("z")}, "z is new: assumed mounted"
+        assert va_name("z", DRIVER, "node-a") not in w.written("delete", "volumeattachments")
+
+        # The node reports again: the assumption ends, z (unwanted, unmounted) is detached.
+        w.update_node(node("node-a", attached=(unique("y"),)))
+        await w.reconcile()
+        assert w.written("delete", "volumeattachments") == [va_name("z", DRIVER, "node-a")]
+
+        # kcm's periodic check: y has no VolumeAttachment after all, so it is attached anew.
+        w.clock.now += 61
+        await w.reconcile()
+        assert w.written("create", "volumeattachments") == [va_name("y", DRIVER, "node-a")]
+
+    asyncio.run(main())
+
+
+def test_deleted_node_keeps_its_mounts_and_its_pods_volumes() -> None:
+    async def main() -> None:
+        w = World.mounted_on_node_a()
+        await w.add_pod(pod("p", "node-a", "v"))
+        w.c.seed_actual_state()
+        await w.reconcile()
+
+        gone = w.c.nodes.store.delete("node-a")
+        assert gone is not None
+        w.c._node_deleted(gone)
+        await w.c.sync_pod("ns/p")
+        assert w.c.desired.entries(), "the pod still wants its volume on the deleted node"
+        await w.reconcile()
+        assert not w.written("delete", "volumeattachments")
+
+        await w.delete_pod("p")
+        await w.reconcile()
+        assert not w.written("delete", "volumeattachments"), "still mounted as last reported"
+        w.clock.now += 361
+        await w.reconcile()
+        assert w.written("delete", "volumeattachments") == [va_name("v", DRIVER, "node-a")]
+        assert w.written("patch", "nodes") == [], "a deleted node's status is not written"
+
+    asyncio.run(main())
+
+
+def test_populator_drops_vanished_pods_and_requeues_all_every_three_minutes() -> None:
+    async def main() -> None:
+        w = World()
+        w.add_volume("v")
+        w.add_node(node("node-a"))
+        await w.add_pod(pod("p", "node-a", "v"))
+        await w.add_pod(pod("q", "node-a", "v"))
+        # Events lost: p is gone, q was replaced by a new pod of the same name.
+        w.c.pods.store.delete("ns/p")
+        w.c.pods.store.upsert(pod("q", "node-a", "v", uid="new-uid"))
+        w.c.populate(w.clock.now + 60)
+        assert not w.c.desired.pods
+        assert len(w.c.pod_queue) == 0, "re-adding waits for the three-minute list"
+        w.c.populate(w.clock.now + 180)
+        assert len(w.c.pod_queue) == 1
+
+        # A driver that stops needing attachment: its volumes leave the desired state.
+        await w.c.sync_pod("ns/q")
+        assert w.c.desired.entries()
+        w.c.drivers.store.upsert({"metadata": {"name": DRIVER}, "spec": {"attachRequired": False}})
+        w.c.populate(w.clock.now + 240)
+        assert not w.c.desired.entries()
+
+    asyncio.run(main())
+
+
+def test_attach_waits_for_its_timeout_then_is_uncertain() -> None:
+    async def main() -> None:
+        w = World()
+        w.add_volume("v")
+        w.add_node(node("node-a"))
+        w.add_node(node("node-b"))
+        w.c.seed_actual_state()
+        await w.add_pod(pod("p", "node-a", "v"))
+        await w.reconcile()
+        assert w.written("create", "volumeattachments") == [va_name("v", DRIVER, "node-a")]
+        w.c.vas.store.upsert(va("v", "node-a", attached=False))
+        await w.add_pod(pod("q", "node-b", "v"))
+        await w.reconcile()
+        assert not w.written("create", "volumeattachments") and not w.events.items, (
+            "node-b waits silently for node-a's attach"
+        )
+        w.clock.now += 121
+        await w.reconcile()
+        assert (
+            "p",
+            "FailedAttachVolume",
+            (
+                'AttachVolume.Attach failed for volume "pv-v" : timed out waiting for external-attacher of '
+                f"{DRIVER} CSI driver to attach volume v"
+            ),
+        ) in w.events.items
+        assert w.written("create", "volumeattachments") == [va_name("v", DRIVER, "node-b")], (
+            "an uncertain attachment does not hold the volume"
+        )
+
+    asyncio.run(main())
+
+
+def test_multi_attach_event_once_per_node_and_volume() -> None:
+    async def main() -> None:
+        w = World.mounted_on_node_a()
+        w.add_node(node("node-b"))
+        w.c.seed_actual_state()
+        await w.add_pod(pod("web-0", "node-a", "v"))
+        await w.add_pod(pod("web-1", "node-b", "v"))
+        await w.reconcile()
+        await w.add_pod(pod("web-2", "node-b", "v"))
+        await w.reconcile()
+        message = 'Multi-Attach error for volume "pv-v" Volume is already used by pod(s) web-0'
+        assert w.events.items == [("web-1", "FailedAttachVolume", message)], (
+            "web-2 joined a volume and node already reported"
+        )
+
+    asyncio.run(main())
+
+
+def test_attachment_no_node_listed_at_start_is_reported_once_attached() -> None:
+    async def main() -> None:
+        w = World()
+        w.add_volume("v")
+        w.add_volume("w")
+        w.add_node(node("node-a", in_use=(unique("w"),), attached=(unique("w"),)))
+        w.c.vas.store.upsert(va("v", "node-a"))  # attached, but the node status never said so
+        w.c.vas.store.upsert(va("w", "node-a"))  # attached and listed: nothing to report
+        await w.add_pod(pod("p", "node-a", "v"))
+        await w.add_pod(pod("q", "node-a", "w"))
+        w.c.seed_actual_state()
+        await w.reconcile()
+        assert w.events.items == [
+            ("p", "SuccessfulAttachVolume", 'AttachVolume.Attach succeeded for volume "pv-v"')
+        ]
+        assert w.written("patch", "nodes") == ["node-a"]
+
+    asyncio.run(main())

@@ -1,0 +1,278 @@
+"""external-attacher decisions as csi-attacher v4.13 makes them, with the informer caches filled by
+hand, an in-memory client recording writes and an in-memory CSI controller service: every
+ControllerUnpublishVolume error (NotFound too) is retried, the trivial handler for a driver
+without PUBLISH_UNPUBLISH_VOLUME, the node-id annotation and CSINode errors, the PV finalizer kept
+until the PV is deleted, and the ListVolumes pass re-syncing VAs out of step in both directions."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import grpc
+import pytest
+
+from controller_runtime.client import ApiClient
+from controller_runtime.controller import ControllerContext
+from controller_runtime.csi_client import CSIConnection
+from controller_runtime.events import EventRecorder
+from controller_runtime.informer import SharedInformerFactory
+from controller_runtime.resources import Obj, Resource
+from controller_runtime.volumes import attacher_finalizer
+from external_attacher.controller import ANN_VA_NODE_ID, Attacher, AttachError, ControllerRPC
+from kubeloop_grpc.csi import csi_pb2
+
+DRIVER = "loop.csi.kubeloop.dev"
+FINALIZER = attacher_finalizer(DRIVER)
+PUBLISHING = {ControllerRPC.PUBLISH_UNPUBLISH_VOLUME, ControllerRPC.LIST_VOLUMES}
+PUBLISHING |= {ControllerRPC.LIST_VOLUMES_PUBLISHED_NODES}
+
+
+def rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details=details)
+
+
+@dataclass
+class Driver:
+    """The controller service: answers from `published` (handle -> node ids) or raises `fail`."""
+
+    published: dict[str, set[str]] = field(default_factory=dict)
+    calls: list[tuple[str, str, str]] = field(default_factory=list)
+    fail: grpc.aio.AioRpcError | None = None
+    readonly: list[bool] = field(default_factory=list)
+
+    async def ControllerPublishVolume(self, req: Any, timeout: float) -> Any:
+        self.calls.append(("publish", req.volume_id, req.node_id))
+        self.readonly.append(req.readonly)
+        if self.fail:
+            raise self.fail
+        self.published.setdefault(req.volume_id, set()).add(req.node_id)
+        return csi_pb2.ControllerPublishVolumeResponse(publish_context={"k": "v"})
+
+    async def ControllerUnpublishVolume(self, req: Any, timeout: float) -> Any:
+        self.calls.append(("unpublish", req.volume_id, req.node_id))
+        if self.fail:
+            raise self.fail
+        self.published.get(req.volume_id, set()).discard(req.node_id)
+        return csi_pb2.ControllerUnpublishVolumeResponse()
+
+    async def ListVolumes(self, req: Any, timeout: float) -> Any:
+        entries = [
+            csi_pb2.ListVolumesResponse.Entry(
+                volume=csi_pb2.Volume(volume_id=handle),
+                status=csi_pb2.ListVolumesResponse.VolumeStatus(published_node_ids=sorted(nodes)),
+            )
+            for handle, nodes in self.published.items()
+        ]
+        return csi_pb2.ListVolumesResponse(entries=entries)
+
+
+class Connection(CSIConnection):
+    fake: Driver
+
+    @property
+    def controller(self) -> Any:
+        return self.fake
+
+
+@dataclass
+class Writes:
+    calls: list[tuple[str, str, Obj]] = field(default_factory=list)
+    listed: list[Obj] = field(default_factory=list)
+
+    async def update(self, res: Resource, body: Obj, **_: Any) -> Obj:
+        self.calls.append(("update", res.plural, body))
+        return body
+
+    async def patch(self, res: Resource, name: str, body: Obj, **_: Any) -> Obj:
+        self.calls.append(("patch", res.plural, body))
+        return body
+
+    async def list_all(self, _res: Resource) -> tuple[list[Obj], str]:
+        return self.listed, "1"
+
+    def of(self, verb: str, plural: str) -> list[Obj]:
+        return [body for v, p, body in self.calls if (v, p) == (verb, plural)]
+
+
+def make(capabilities: set[int] = PUBLISHING) -> tuple[Attacher, Driver, Writes]:
+    driver, writes = Driver(), Writes()
+    conn = Connection(address="unix:///x", timeout=1.0, channel=cast(Any, None), driver_name=DRIVER)
+    conn.controller_capabilities = set(capabilities)
+    conn.fake = driver
+    client = cast(ApiClient, writes)
+    context = ControllerContext(client, SharedInformerFactory(client), cast(EventRecorder, None))
+    return Attacher(context, conn), driver, writes
+
+
+def pv(deleting: bool = False, finalizers: tuple[str, ...] = (), read_only: bool = False) -> Obj:
+    md: Obj = {"name": "pv-1", "finalizers": list(finalizers)}
+    if deleting:
+        md["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    csi = {"driver": DRIVER, "volumeHandle": "vol-1", "readOnly": read_only}
+    return {"metadata": md, "spec": {"accessModes": ["ReadWriteOnce"], "csi": csi}}
+
+
+def va(
+    attached: bool = False,
+    deleting: bool = False,
+    finalizers: tuple[str, ...] = (),
+    node_id_annotation: str | None = None,
+) -> Obj:
+    md: Obj = {"name": "va-1", "finalizers": list(finalizers)}
+    if deleting:
+        md["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    if node_id_annotation is not None:
+        md["annotations"] = {ANN_VA_NODE_ID: node_id_annotation}
+    return {
+        "metadata": md,
+        "spec": {"attacher": DRIVER, "nodeName": "node-a", "source": {"persistentVolumeName": "pv-1"}},
+        "status": {"attached": attached},
+    }
+
+
+def csinode(node_id: str = "id-a") -> Obj:
+    return {"metadata": {"name": "node-a"}, "spec": {"drivers": [{"name": DRIVER, "nodeID": node_id}]}}
+
+
+def errors(writes: Writes, field_name: str) -> list[str]:
+    return [
+        b["status"][field_name]["message"]
+        for b in writes.of("patch", "volumeattachments")
+        if field_name in b["status"]
+    ]
+
+
+def test_not_found_from_unpublish_is_an_error_to_retry() -> None:
+    async def main() -> None:
+        a, driver, writes = make()
+        a.pvs.store.upsert(pv(finalizers=(FINALIZER,)))
+        a.csinodes.store.upsert(csinode())
+        a.vas.store.upsert(va(attached=True, deleting=True, finalizers=(FINALIZER,)))
+        driver.fail = rpc_error(grpc.StatusCode.NOT_FOUND, "no volume vol-1")
+        with pytest.raises(AttachError):
+            await a.sync_va("va-1")
+        assert errors(writes, "detachError") == ["rpc error: code = NotFound desc = no volume vol-1"]
+        assert not writes.of("update", "volumeattachments"), "the finalizer stays"
+
+        driver.fail = None
+        await a.sync_va("va-1")
+        [update] = writes.of("update", "volumeattachments")
+        assert update["metadata"]["finalizers"] == []
+        assert writes.of("patch", "volumeattachments")[-1]["status"] == {
+            "attached": False,
+            "detachError": None,
+            "attachmentMetadata": None,
+        }
+
+    asyncio.run(main())
+
+
+def test_driver_without_publish_gets_the_trivial_handler() -> None:
+    async def main() -> None:
+        a, driver, writes = make(capabilities=set())
+        a.pvs.store.upsert(pv())
+        a.vas.store.upsert(va())
+        await a.sync_va("va-1")
+        assert [c[:2] for c in writes.calls] == [("patch", "volumeattachments")]
+        marked = {"attached": True, "attachmentMetadata": None, "attachError": None}
+        assert writes.calls[0][2]["status"] == marked
+        assert not driver.calls
+
+        a.pvs.store.upsert(pv(deleting=True, finalizers=(FINALIZER,)))
+        writes.calls.clear()
+        await a.sync_pv("pv-1")
+        assert not writes.calls, "the trivial handler leaves PVs alone"
+
+    asyncio.run(main())
+
+
+def test_attach_records_node_id_and_needs_a_csinode() -> None:
+    async def main() -> None:
+        a, driver, writes = make()
+        a.pvs.store.upsert(pv(read_only=True))
+        a.vas.store.upsert(va())
+        with pytest.raises(AttachError):
+            await a.sync_va("va-1")
+        assert errors(writes, "attachError") == ['csinode.storage.k8s.io "node-a" not found']
+        assert [b["metadata"]["name"] for b in writes.of("update", "persistentvolumes")] == ["pv-1"]
+        assert not writes.of("update", "volumeattachments"), "no VA finalizer without a node id"
+
+        a.csinodes.store.upsert({"metadata": {"name": "node-a"}, "spec": {"drivers": []}})
+        with pytest.raises(AttachError):
+            await a.sync_va("va-1")
+        assert errors(writes, "attachError")[-1] == f"CSINode node-a does not contain driver {DRIVER}"
+
+        a.csinodes.store.upsert(csinode())
+        writes.calls.clear()
+        await a.sync_va("va-1")
+        [update] = writes.of("update", "volumeattachments")
+        assert update["metadata"]["finalizers"] == [FINALIZER]
+        assert update["metadata"]["annotations"] == {ANN_VA_NODE_ID: "id-a"}
+        assert driver.calls[-1] == ("publish", "vol-1", "id-a")
+        assert driver.readonly[-1] is False, "the driver lacks PUBLISH_READONLY"
+
+    asyncio.run(main())
+
+
+def test_detach_without_csinode_uses_the_recorded_node_id() -> None:
+    async def main() -> None:
+        a, driver, writes = make()
+        a.pvs.store.upsert(pv(finalizers=(FINALIZER,)))
+        a.vas.store.upsert(va(attached=True, deleting=True, finalizers=(FINALIZER,)))
+        with pytest.raises(AttachError):
+            await a.sync_va("va-1")
+        assert errors(writes, "detachError") == ['csinode.storage.k8s.io "node-a" not found']
+        assert not driver.calls
+        a.vas.store.upsert(
+            va(attached=True, deleting=True, finalizers=(FINALIZER,), node_id_annotation="id-a")
+        )
+        await a.sync_va("va-1")
+        assert driver.calls == [("unpublish", "vol-1", "id-a")]
+
+    asyncio.run(main())
+
+
+def test_pv_finalizer_is_kept_until_the_pv_is_deleted() -> None:
+    async def main() -> None:
+        a, _driver, writes = make()
+        a.pvs.store.upsert(pv(finalizers=(FINALIZER,)))
+        await a.sync_pv("pv-1")
+        assert not writes.calls, "no VA names it, yet the PV is not being deleted"
+        a.pvs.store.upsert(pv(deleting=True, finalizers=(FINALIZER,)))
+        other = va()
+        other["spec"]["attacher"] = "other.driver"
+        a.vas.store.upsert(other)
+        await a.sync_pv("pv-1")
+        assert not writes.calls, "a VA of any driver still names it"
+        a.vas.store.delete("va-1")
+        await a.sync_pv("pv-1")
+        [update] = writes.of("update", "persistentvolumes")
+        assert update["metadata"]["finalizers"] == []
+
+    asyncio.run(main())
+
+
+def test_list_volumes_resyncs_attachments_out_of_step_both_ways() -> None:
+    async def main() -> None:
+        a, driver, writes = make()
+        a.pvs.store.upsert(pv(finalizers=(FINALIZER,)))
+        a.csinodes.store.upsert(csinode())
+        # Attached per its status, but the driver lost the publication: published again.
+        a.vas.store.upsert(va(attached=True, finalizers=(FINALIZER,), node_id_annotation="id-a"))
+        assert await a.reconcile_published() == 1
+        assert not writes.calls, "the pass itself writes nothing"
+        await a.sync_va("va-1")
+        assert driver.calls == [("publish", "vol-1", "id-a")]
+        assert await a.reconcile_published() == 0
+
+        # Being deleted, finalizer already gone, still published: unpublished again.
+        a.vas.store.upsert(va(attached=False, deleting=True, node_id_annotation="id-a"))
+        await a.sync_va("va-1")
+        assert driver.calls[-1][0] == "publish", "without the finalizer a deleted VA counts as detached"
+        assert await a.reconcile_published() == 1
+        await a.sync_va("va-1")
+        assert driver.calls[-1] == ("unpublish", "vol-1", "id-a")
+
+    asyncio.run(main())
