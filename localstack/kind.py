@@ -26,7 +26,7 @@ from .compose import KUBELOOP_IMAGE
 
 CLUSTER_NAME = "kubeloop"
 BUSYBOX_IMAGE = "kubeloop/busybox:1.35.0"
-# external-snapshotter's snapshot-controller and csi-snapshotter (deploy/snapshots), and the
+# external-snapshotter's snapshot-controller and csi-snapshotter (deploy/kubernetes), and the
 # VolumeSnapshot CRDs tools/build-binaries.sh puts next to them.
 SNAPSHOTTER_VERSION = read_versions()["EXTERNAL_SNAPSHOTTER_VERSION"]
 SNAPSHOTTER_IMAGE = f"kubeloop/external-snapshotter:{SNAPSHOTTER_VERSION}"
@@ -132,13 +132,13 @@ class Cluster:
         return time.monotonic() - start
 
     def deploy(self, timeout: float = 240) -> float:
-        """Applies the VolumeSnapshot CRDs and deploy/snapshots (deploy/ with external-snapshotter) and
-        waits until every kubeloop workload has rolled out with Ready pods."""
+        """Applies the VolumeSnapshot CRDs, then deploy/, and waits until every kubeloop workload has
+        rolled out with Ready pods."""
         start = time.monotonic()
         crds = [f"--filename={c}" for c in snapshot_crds()]
         self.kubectl("apply", *crds)
         self.kubectl("wait", "--for=condition=established", "--timeout=60s", *crds)
-        self.kubectl("apply", "-k", str(REPO_ROOT / "deploy" / "snapshots"))
+        self.kubectl("apply", "-k", str(REPO_ROOT / "deploy"))
         for workload in self.kubectl(
             "get", "deployments,daemonsets", "-n", "kube-system", "-l", "app.kubernetes.io/name=kubeloop",
             "-o", "name",

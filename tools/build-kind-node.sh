@@ -84,7 +84,7 @@ if ! docker image inspect "$busybox_image" >/dev/null 2>&1; then
   say "$busybox_image: built"
 else say "$busybox_image: present"; fi
 
-# external-snapshotter's snapshot-controller and csi-snapshotter (deploy/snapshots): static Go binaries.
+# external-snapshotter's snapshot-controller and csi-snapshotter (deploy/kubernetes): static Go binaries.
 snap_bins=$cache/bin/external-snapshotter-$EXTERNAL_SNAPSHOTTER_VERSION
 snapshotter_image=$("$PY" -c 'from localstack.kind import SNAPSHOTTER_IMAGE; print(SNAPSHOTTER_IMAGE)')
 sum=$(cat "$snap_bins/snapshot-controller" "$snap_bins/csi-snapshotter" | sha256sum | cut -c1-32)

@@ -291,7 +291,7 @@ MUST_NOT = {
         "get secrets",
         "delete pods",
     ],
-    # external-snapshotter's two (deploy/snapshots): snapshots only, no volumes, no secrets.
+    # external-snapshotter's two (deploy/kubernetes): snapshots only, no volumes, no secrets.
     "kubeloop-snapshot-controller": [
         "delete persistentvolumes",
         "create persistentvolumes",

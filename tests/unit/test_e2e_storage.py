@@ -114,7 +114,7 @@ def test_driver_file_matches_the_driver() -> None:
     assert info["TopologyKeys"] == [csi_driver.TOPOLOGY_KEY]
     assert set(info["SupportedFsType"]) <= set(SUPPORTED)
     assert doc["StorageClass"] == {"FromName": True}
-    # deploy/snapshots gives the kind cluster the CRDs, snapshot-controller and csi-snapshotter.
+    # The kind cluster has the CRDs, snapshot-controller and csi-snapshotter (deploy/, localstack/kind.py).
     assert info["Capabilities"]["snapshotDataSource"] is True
     assert doc["SnapshotClass"] == {"FromName": True}
     assert all(v is True for v in info["Capabilities"].values())

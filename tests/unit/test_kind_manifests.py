@@ -58,7 +58,12 @@ def test_kustomization_lists_every_manifest_but_the_local_stacks_kubelet() -> No
     assert listed == present - {"rbac/node-agent.yaml"}
 
 
-@pytest.mark.parametrize("name,container", containers(), ids=[n for n, _ in containers()])
+def kubeloop_containers() -> list[tuple[str, dict[str, Any]]]:
+    """All but external-snapshotter's two (test_snapshot_containers_run_the_image_...)."""
+    return [(n, c) for n, c in containers() if c["image"] != SNAPSHOTTER_IMAGE]
+
+
+@pytest.mark.parametrize("name,container", kubeloop_containers(), ids=[n for n, _ in kubeloop_containers()])
 def test_every_container_runs_a_kubeloop_script_with_flags_it_accepts(
     name: str, container: dict[str, Any]
 ) -> None:
@@ -91,37 +96,12 @@ def test_kind_cluster_asks_for_the_etcd_image_the_node_image_has() -> None:
         assert f"-{off}-controller" in controllers
 
 
-def snapshot_containers() -> list[tuple[str, dict[str, Any]]]:
-    """external-snapshotter's containers in deploy/snapshots: its controller and the sidecar patch."""
-    out = []
-    for path in sorted((DEPLOY / "snapshots").glob("*.yaml")):
-        for doc in documents(path):
-            if doc.get("kind") == "Deployment":
-                for c in doc["spec"]["template"]["spec"]["containers"]:
-                    out.append((f"{doc['metadata']['name']}/{c['name']}", c))
-    return out
-
-
-def test_snapshot_kustomization_builds_on_deploy_and_lists_every_manifest() -> None:
-    kustomization = yaml.safe_load((DEPLOY / "snapshots" / "kustomization.yaml").read_text())
-    listed = set(kustomization["resources"]) | {p["path"] for p in kustomization["patches"]}
-    present = {p.name for p in (DEPLOY / "snapshots").glob("*.yaml") if p.name != "kustomization.yaml"}
-    assert listed == present | {".."}
-
-
 def test_snapshot_containers_run_the_image_of_the_pinned_external_snapshotter() -> None:
-    found = snapshot_containers()
-    assert {name.split("/")[1] for name, _ in found} == {"snapshot-controller", "csi-snapshotter"}
-    controller_pod_ports = {
-        arg.split(":")[-1]
-        for name, c in containers()
-        if name.startswith("kubeloop-csi-controller/")
-        for arg in c.get("args", [])
-        if arg.startswith("--http-endpoint=")
+    found = {name: c for name, c in containers() if c["image"] != KUBELOOP_IMAGE}
+    assert set(found) == {
+        "kubeloop-snapshot-controller/snapshot-controller",
+        "kubeloop-csi-controller/csi-snapshotter",
     }
-    for name, container in found:
+    for name, container in found.items():
         assert container["image"] == SNAPSHOTTER_IMAGE, name
         assert container["command"] == [f"/{name.split('/')[1]}"], name
-        if name.startswith("kubeloop-csi-controller/"):
-            [endpoint] = [a for a in container["args"] if a.startswith("--http-endpoint=")]
-            assert endpoint.split(":")[-1] not in controller_pod_ports
