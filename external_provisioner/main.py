@@ -20,7 +20,6 @@ from controller_runtime.csi_client import CSIConnection
 from controller_runtime.events import EventRecorder
 from controller_runtime.informer import SharedInformerFactory
 from controller_runtime.logs import get_logger
-from kubeloop_grpc.csi import csi_pb2
 
 from .capacity import CapacityOptions, CapacityPublisher
 from .controller import Options, Provisioner
@@ -117,8 +116,8 @@ async def run(args: argparse.Namespace, ctx: process.Context) -> None:
 
     conn = await CSIConnection.connect(args.csi_address, timeout=args.timeout)
     state["conn"] = conn
-    if not conn.has_controller_capability(csi_pb2.ControllerServiceCapability.RPC.CREATE_DELETE_VOLUME):
-        raise SystemExit(f"driver {conn.driver_name} does not offer CREATE_DELETE_VOLUME")
+    # A driver without CONTROLLER_SERVICE / CREATE_DELETE_VOLUME still runs, as upstream: every
+    # claim's ProvisioningFailed event says what is missing.
     client = await api_client(args, "kubeloop-external-provisioner")
     recorder = EventRecorder(client, f"{conn.driver_name}_{socket.gethostname()}", queue_size=10000)
 
