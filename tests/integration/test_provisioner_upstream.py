@@ -1,0 +1,234 @@
+"""external-provisioner behaviours taken from the Go sidecar (v6.3.0), against the real apiserver
+and CSI driver: the cloning-protection finalizer on a clone's source (kept while a clone of it is
+Pending, released after a SIGKILL too), per-claim capability checks, the deletion-secret
+annotations and DeleteVolume without a vanished secret, and a static CSI PV with policy Delete
+deleted in the backend."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import signal
+
+import pytest
+
+from controller_runtime import storage, volumes
+from controller_runtime.client import ApiClient
+from controller_runtime.csi_client import CSIConnection
+from controller_runtime.resources import PERSISTENT_VOLUME_CLAIMS, PERSISTENT_VOLUMES, SECRETS
+from csi_driver import DRIVER_NAME
+from external_provisioner import names
+from kubeloop_grpc.csi import csi_pb2
+from localstack.controlplane import ControlPlane
+
+from .test_provisioner_support import harness, wait_for
+
+pytestmark = pytest.mark.integration
+
+MiB = 1 << 20
+CLONE_OF_SOURCE = {"kind": "PersistentVolumeClaim", "name": "source"}
+
+
+async def test_a_clone_source_keeps_its_protection_while_a_clone_is_pending_even_across_a_kill(
+    control_plane: ControlPlane, api: ApiClient, namespace: str
+) -> None:
+    async with harness(control_plane, api, namespace) as h:
+        cls = await h.create_class("clone")
+        # Provisioning from this class stops after the source was protected: its secret is missing.
+        locked = await h.create_class(
+            "locked",
+            parameters={
+                "csi.storage.k8s.io/provisioner-secret-name": "missing",
+                "csi.storage.k8s.io/provisioner-secret-namespace": "${pvc.namespace}",
+            },
+        )
+        await h.create_pvc("source", "8Mi", cls)
+        await h.bound("source")
+        await h.create_pvc("copy", "8Mi", cls, data_source=CLONE_OF_SOURCE)
+        await h.bound("copy")
+
+        async def source_finalizers() -> list[str]:
+            src = await h.pvc("source")
+            return list((src or {}).get("metadata", {}).get("finalizers") or [])
+
+        # As upstream: the protection stays after the clone succeeded, while the source lives.
+        assert names.CLONE_FINALIZER in await source_finalizers()
+
+        await h.create_pvc("stuck", "8Mi", locked, data_source=CLONE_OF_SOURCE)
+        message = await h.wait_event("stuck", storage.PROVISIONING_FAILED)
+        assert message == (
+            f'error getting secret missing in namespace {namespace}: secrets "missing" not found'
+        )
+
+        await api.delete(PERSISTENT_VOLUME_CLAIMS, "source", namespace)
+        await asyncio.sleep(3)  # many backoff rounds (--retry-interval-max=1s)
+        src = await h.pvc("source")
+        assert src is not None and src["metadata"].get("deletionTimestamp"), "the source must be Terminating"
+        assert names.CLONE_FINALIZER in await source_finalizers(), "a Pending clone holds the source"
+
+        # SIGKILL, then the Pending clone goes while nothing runs: the restart releases the source.
+        assert h.proc is not None
+        h.proc.send_signal(signal.SIGKILL)
+        await h.wait_exit()
+        await api.delete(PERSISTENT_VOLUME_CLAIMS, "stuck", namespace)
+        await h.start_provisioner()
+
+        async def released() -> list[str]:
+            left = await source_finalizers()
+            return [f"source finalizers {left}"] if names.CLONE_FINALIZER in left else []
+
+        assert not await wait_for(released, 20), h.log_tail()
+        await h.assert_files_equal_pvs()
+
+
+async def test_capabilities_are_checked_per_claim(
+    control_plane: ControlPlane, api: ApiClient, namespace: str
+) -> None:
+    async with harness(control_plane, api, namespace) as h:
+        cls = await h.create_class("caps")
+        # The driver has no MODIFY_VOLUME: a claim naming a VolumeAttributesClass is refused.
+        body = {
+            "metadata": {"name": "tuned"},
+            "spec": {
+                "accessModes": ["ReadWriteOnce"],
+                "resources": {"requests": {"storage": "8Mi"}},
+                "storageClassName": cls,
+                "volumeAttributesClassName": "gold",
+            },
+        }
+        await api.create(PERSISTENT_VOLUME_CLAIMS, body, namespace)
+        message = await h.wait_event("tuned", storage.PROVISIONING_FAILED)
+        assert message == (
+            "CSI driver does not support VolumeAttributesClass: "
+            "controller MODIFY_VOLUME capability is not reported"
+        )
+        await h.wait_event("tuned", names.PROVISIONING, f'for claim "{namespace}/tuned"')
+        # A source of another kind is a volume populator's.
+        body = {
+            "metadata": {"name": "populated"},
+            "spec": {
+                "accessModes": ["ReadWriteOnce"],
+                "resources": {"requests": {"storage": "8Mi"}},
+                "storageClassName": cls,
+                "dataSourceRef": {"apiGroup": "backup.example.com", "kind": "Backup", "name": "b1"},
+            },
+        }
+        await api.create(PERSISTENT_VOLUME_CLAIMS, body, namespace)
+        await h.wait_event("populated", names.PROVISIONING, names.MSG_POPULATOR)
+        # A selector cannot be provisioned for.
+        body = {
+            "metadata": {"name": "picky"},
+            "spec": {
+                "accessModes": ["ReadWriteOnce"],
+                "resources": {"requests": {"storage": "8Mi"}},
+                "storageClassName": cls,
+                "selector": {"matchLabels": {"tier": "gold"}},
+            },
+        }
+        await api.create(PERSISTENT_VOLUME_CLAIMS, body, namespace)
+        assert await h.wait_event("picky", storage.PROVISIONING_FAILED) == "claim Selector is not supported"
+        await h.assert_files_equal_pvs()
+
+
+async def test_the_pv_records_its_deletion_secret_and_deletion_survives_its_loss(
+    control_plane: ControlPlane, api: ApiClient, namespace: str
+) -> None:
+    async with harness(control_plane, api, namespace) as h:
+        secret = {"metadata": {"name": "prov-key"}, "data": {"token": base64.b64encode(b"t0ken").decode()}}
+        await api.create(SECRETS, secret, namespace)
+        cls = await h.create_class(
+            "secret",
+            parameters={
+                "csi.storage.k8s.io/provisioner-secret-name": "prov-key",
+                "csi.storage.k8s.io/provisioner-secret-namespace": "${pvc.namespace}",
+            },
+        )
+        plain = await h.create_class("plain")
+        await h.create_pvc("keyed", "8Mi", cls)
+        await h.create_pvc("open", "8Mi", plain)
+        pvs = await h.bound("keyed", "open")
+        ann = pvs["keyed"]["metadata"]["annotations"]
+        assert ann[names.ANN_DELETION_SECRET_NAME] == "prov-key"
+        assert ann[names.ANN_DELETION_SECRET_NAMESPACE] == namespace
+        ann = pvs["open"]["metadata"]["annotations"]
+        assert ann[names.ANN_DELETION_SECRET_NAME] == "" and ann[names.ANN_DELETION_SECRET_NAMESPACE] == ""
+
+        # The secret goes first: DeleteVolume still runs (without it), as upstream.
+        await api.delete(SECRETS, "prov-key", namespace)
+        await api.delete(PERSISTENT_VOLUME_CLAIMS, "keyed", namespace)
+        await api.delete(PERSISTENT_VOLUME_CLAIMS, "open", namespace)
+
+        async def gone() -> list[str]:
+            left = [n for n in (p["metadata"]["name"] for p in pvs.values()) if await h.pv(n) is not None]
+            return [f"PVs left: {left}"] if left else []
+
+        assert not await wait_for(gone, 20), h.log_tail()
+        await h.assert_files_equal_pvs()
+
+
+async def test_a_static_csi_pv_with_policy_delete_is_deleted_in_the_backend(
+    control_plane: ControlPlane, api: ApiClient, namespace: str
+) -> None:
+    async with harness(control_plane, api, namespace) as h:
+        assert h.driver is not None
+        # An admin's volume: created in the driver directly, then described by a PV of their own.
+        conn = await CSIConnection.connect(h.driver.endpoint)
+        try:
+            mode = csi_pb2.VolumeCapability.AccessMode.Mode.SINGLE_NODE_WRITER
+            rsp = await conn.controller.CreateVolume(
+                csi_pb2.CreateVolumeRequest(
+                    name=f"{namespace}-static",
+                    capacity_range=csi_pb2.CapacityRange(required_bytes=8 * MiB),
+                    volume_capabilities=[volumes.capability(mode, False, "ext4")],
+                ),
+                timeout=10,
+            )
+        finally:
+            await conn.close()
+        handle = rsp.volume.volume_id
+        assert handle in h.backing_files()
+        pv_name = f"{namespace}-static"
+        await api.create(
+            PERSISTENT_VOLUMES,
+            {
+                "metadata": {"name": pv_name},
+                "spec": {
+                    "capacity": {"storage": "8Mi"},
+                    "accessModes": ["ReadWriteOnce"],
+                    "persistentVolumeReclaimPolicy": "Delete",
+                    "storageClassName": "",
+                    "csi": {"driver": DRIVER_NAME, "volumeHandle": handle, "fsType": "ext4"},
+                },
+            },
+        )
+        claim = {
+            "metadata": {"name": "static"},
+            "spec": {
+                "accessModes": ["ReadWriteOnce"],
+                "resources": {"requests": {"storage": "8Mi"}},
+                "storageClassName": "",
+                "volumeName": pv_name,
+            },
+        }
+        await api.create(PERSISTENT_VOLUME_CLAIMS, claim, namespace)
+        await h.bound("static")
+
+        async def finalized() -> list[str]:
+            pv = await h.pv(pv_name)
+            fins = (pv or {}).get("metadata", {}).get("finalizers") or []
+            return [] if names.PV_FINALIZER in fins else [f"finalizers {fins}"]
+
+        # Bound with policy Delete: the provisioner takes it under its protection, as upstream.
+        assert not await wait_for(finalized, 20), h.log_tail()
+
+        await api.delete(PERSISTENT_VOLUME_CLAIMS, "static", namespace)
+
+        async def deleted() -> list[str]:
+            problems = []
+            if await h.pv(pv_name) is not None:
+                problems.append("PV still there")
+            if handle in h.backing_files():
+                problems.append("backing file still there")
+            return problems
+
+        assert not await wait_for(deleted, 20), h.log_tail()
