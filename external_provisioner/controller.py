@@ -77,6 +77,8 @@ class Options:
     retry_start: float = 1.0
     retry_max: float = 300.0
     resync_period: float = 900.0
+    # How often snapshots no claim restores from any more lose their source protection (0: never).
+    snapshot_sweep_interval: float = 300.0
     # Saving a PV is retried this often before the volume is deleted again (upstream: 5 x 10 s).
     pv_save_attempts: int = 5
     pv_save_interval: float = 10.0
@@ -108,6 +110,7 @@ class Provisioner(InformerController):
         self.check_attachments = conn.has_controller_capability(RPC.PUBLISH_UNPUBLISH_VOLUME)
         # Only a driver that clones protects clone sources (and releases their protection).
         self.protect_clones = conn.has_controller_capability(RPC.CLONE_VOLUME)
+        self.restores_snapshots = conn.has_controller_capability(RPC.CREATE_DELETE_SNAPSHOT)
         self.topology = conn.has_plugin_capability(
             csi_pb2.PluginCapability.Service.VOLUME_ACCESSIBILITY_CONSTRAINTS
         )
@@ -207,6 +210,7 @@ class Provisioner(InformerController):
                 run_workers(self.claim_queue, self.sync_claim, self.options.workers),
                 run_workers(self.volume_queue, self.sync_volume, self.options.workers),
                 run_workers(self.source_queue, self.sync_clone_source, self.options.workers),
+                self.sweep_snapshot_protection(),
             )
         finally:
             self.claim_queue.shutdown()
@@ -459,6 +463,83 @@ class Provisioner(InformerController):
             raise ProvisionError(exc.message) from exc
         self.claims.store.upsert(saved)  # a second clone of it in this round must not patch again
 
+    async def _protect_snapshot(self, source: DataSource) -> None:
+        """Puts the source-protection finalizer on the VolumeSnapshot a claim restores from, so it
+        stays while the restore runs. Without the RBAC to update snapshots, provisioning goes on
+        unprotected, as upstream (the permission is optional there)."""
+        try:
+            snap = await self.client.get(VOLUME_SNAPSHOTS, source.name, source.namespace)
+            finalizers = list(snap["metadata"].get("finalizers") or [])
+            if names.SNAPSHOT_FINALIZER in finalizers:
+                return
+            finalizers.append(names.SNAPSHOT_FINALIZER)
+            patch = {
+                "metadata": {"resourceVersion": snap["metadata"]["resourceVersion"], "finalizers": finalizers}
+            }
+            await self.client.patch(VOLUME_SNAPSHOTS, source.name, patch, source.namespace)
+        except ApiError as exc:
+            if exc.forbidden:
+                log.info(
+                    "no permission to protect the snapshot source", snapshot=source.name, error=exc.message
+                )
+                return
+            raise ProvisionError(exc.message) from exc
+
+    async def _release_snapshot(self, namespace: str, name: str, snap: Obj | None = None) -> None:
+        """Takes the source protection off a snapshot. Failures are only logged: the sweep (or the
+        next restore from it) finishes the job."""
+        try:
+            if snap is None:
+                snap = await self.client.get(VOLUME_SNAPSHOTS, name, namespace)
+            finalizers = list(snap["metadata"].get("finalizers") or [])
+            if names.SNAPSHOT_FINALIZER not in finalizers:
+                return
+            rest = [f for f in finalizers if f != names.SNAPSHOT_FINALIZER]
+            patch = {
+                "metadata": {
+                    "resourceVersion": snap["metadata"]["resourceVersion"],
+                    "finalizers": rest or None,
+                }
+            }
+            await self.client.patch(VOLUME_SNAPSHOTS, name, patch, namespace)
+        except ApiError as exc:
+            if not (exc.not_found or exc.forbidden):
+                log.warning(
+                    "could not release the snapshot source", snapshot=f"{namespace}/{name}", error=exc.message
+                )
+            return
+        log.info("released the snapshot source", snapshot=f"{namespace}/{name}")
+
+    async def sweep_snapshot_protection(self) -> None:
+        """Every --snapshot-orphan-sweep-interval: the source protection leaves every snapshot
+        that no unbound claim restores from (a restore that failed for good, a claim deleted
+        mid-way, a crash between the PV and the release). Off without CREATE_DELETE_SNAPSHOT,
+        without the snapshot API, or without the RBAC to list snapshots."""
+        interval = self.options.snapshot_sweep_interval
+        if interval <= 0 or not self.restores_snapshots:
+            return
+        try:
+            await self.client.list_page(VOLUME_SNAPSHOTS, limit=1)
+        except ApiError as exc:
+            if exc.forbidden or exc.not_found:
+                log.info("snapshot source sweep off", reason=exc.message)
+                return
+        while True:
+            try:
+                snapshots, _ = await self.client.list_all(VOLUME_SNAPSHOTS)
+            except ApiError as exc:
+                log.warning("listing snapshots for the sweep failed", error=exc.message)
+            else:
+                pending = decide.pending_restores(self.claims.store.values())
+                for snap in snapshots:
+                    md = snap["metadata"]
+                    if (
+                        names.SNAPSHOT_FINALIZER in (md.get("finalizers") or [])
+                        and key_of(snap) not in pending
+                    ):
+                        await self._release_snapshot(md["namespace"], md["name"], snap)
+            await asyncio.sleep(interval)
+
     def _new_spec(
         self, claim: Obj, storage_class: Obj, pv_name: str, node: Obj | None, content: tuple[str, str]
     ) -> VolumeSpec:
@@ -526,6 +607,8 @@ class Provisioner(InformerController):
                 content = await self._content_source(claim, storage_class, source)
                 if source.clone:
                     await self._protect_clone_source(source)
+                else:
+                    await self._protect_snapshot(source)
             node = await self._selected_node(selected) if selected else None
             spec = self._new_spec(claim, storage_class, pv_name, node, content)
             secrets = await self._secrets(spec.secret)
@@ -566,6 +649,9 @@ class Provisioner(InformerController):
         failpoints.reach(failpoints.AFTER_PV_SAVED)
         await self.journal.remove(entry.uid)
         log.info("provisioned", claim=key_of(claim), volume=pv_name, handle=created.volume_id)
+        restored = claim["spec"].get("dataSource") or {}
+        if restored.get("kind") == decide.SNAPSHOT_KIND:
+            await self._release_snapshot(md["namespace"], restored.get("name", ""))
         self.recorder.normal(
             typed(claim, PERSISTENT_VOLUME_CLAIMS), names.PROVISIONING_SUCCEEDED, names.msg_succeeded(pv_name)
         )

@@ -208,3 +208,30 @@ def pending_clones(source: Obj, claims: Iterable[Obj]) -> list[str]:
         ):
             found.append(cmd["name"])
     return sorted(found)
+
+
+# -- snapshot sources ------------------------------------------------------------------------------
+
+
+def restored_snapshot(claim: Obj) -> str | None:
+    """`namespace/name` of the VolumeSnapshot a claim restores from (its `dataSource`, else its
+    `dataSourceRef`; no apiGroup counts as the snapshot group, as upstream reads it), or None."""
+    spec, ns = claim.get("spec", {}), claim["metadata"]["namespace"]
+    for field in ("dataSource", "dataSourceRef"):
+        ref = spec.get(field) or {}
+        if ref.get("kind") == SNAPSHOT_KIND and ref.get("apiGroup") in (None, SNAPSHOT_GROUP):
+            return f"{ref.get('namespace') or ns}/{ref.get('name', '')}"
+    return None
+
+
+def pending_restores(claims: Iterable[Obj]) -> set[str]:
+    """The snapshots some claim still restores from: one not yet Bound (phase Pending, or none
+    yet). A snapshot outside this set may lose its source protection."""
+    found = set()
+    for claim in claims:
+        if claim.get("status", {}).get("phase") not in (storage.CLAIM_PENDING, "", None):
+            continue
+        key = restored_snapshot(claim)
+        if key is not None:
+            found.add(key)
+    return found

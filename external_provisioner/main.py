@@ -62,6 +62,13 @@ def build_parser() -> argparse.ArgumentParser:
         default="/var/lib/kubeloop/external-provisioner",
         help="where the intent journal lives; keep it with the driver's state (default: %(default)s)",
     )
+    parser.add_argument(
+        "--snapshot-orphan-sweep-interval",
+        type=process.duration,
+        default=300.0,
+        help="how often snapshots no pending claim restores from lose their source protection; 0 disables "
+        "(default: 5m)",
+    )
     cap = parser.add_argument_group("storage capacity")
     cap.add_argument("--enable-capacity", action="store_true", help="publish CSIStorageCapacity objects")
     cap.add_argument(
@@ -137,6 +144,7 @@ async def run(args: argparse.Namespace, ctx: process.Context) -> None:
                 retry_start=args.retry_interval_start,
                 retry_max=args.retry_interval_max,
                 resync_period=args.resync_period,
+                snapshot_sweep_interval=args.snapshot_orphan_sweep_interval,
             ),
         )
         state["provisioner"] = prov

@@ -21,6 +21,7 @@ from external_provisioner.decide import (
     deletion_secret,
     finalizers_after,
     pending_clones,
+    pending_restores,
     responsible_for,
     should_delete,
 )
@@ -438,3 +439,17 @@ def test_pending_clones_hold_the_source() -> None:
     elsewhere["metadata"]["namespace"] = "other"
     assert pending_clones(src, [src, *others, elsewhere]) == ["c1"]
     assert pending_clones(src, others[1:]) == []
+
+
+def test_pending_restores_hold_their_snapshots() -> None:
+    snap = {"kind": "VolumeSnapshot", "name": "s1", "apiGroup": "snapshot.storage.k8s.io"}
+    claims = [
+        claim("r1", "Pending", dataSource=snap),
+        claim("r2", "", dataSourceRef={**snap, "name": "s2"}),  # no phase yet counts as pending
+        claim("r3", "Bound", dataSource={**snap, "name": "s3"}),
+        claim("r4", "Pending", dataSourceRef={**snap, "name": "s4", "namespace": "other"}),
+        claim("r5", "Pending", dataSource={**snap, "name": "s5", "apiGroup": "example.com"}),
+        claim("r6", "Pending", dataSource={"kind": "VolumeSnapshot", "name": "s6"}),
+    ]
+    del claims[1]["status"]["phase"]
+    assert pending_restores(claims) == {"ns/s1", "ns/s2", "other/s4", "ns/s6"}
