@@ -526,19 +526,18 @@ class Provisioner(InformerController):
                 return
         while True:
             try:
-                snapshots, _ = await self.client.list_all(VOLUME_SNAPSHOTS)
-            except ApiError as exc:
-                log.warning("listing snapshots for the sweep failed", error=exc.message)
-            else:
-                pending = decide.pending_restores(self.claims.store.values())
-                for snap in snapshots:
-                    md = snap["metadata"]
-                    if (
-                        names.SNAPSHOT_FINALIZER in (md.get("finalizers") or [])
-                        and key_of(snap) not in pending
-                    ):
-                        await self._release_snapshot(md["namespace"], md["name"], snap)
+                await self._sweep_snapshots()
+            except Exception as exc:  # a failed round must not stop provisioning; the next one retries
+                log.warning("snapshot source sweep failed", error=str(exc) or type(exc).__name__)
             await asyncio.sleep(interval)
+
+    async def _sweep_snapshots(self) -> None:
+        snapshots, _ = await self.client.list_all(VOLUME_SNAPSHOTS)
+        pending = decide.pending_restores(self.claims.store.values())
+        for snap in snapshots:
+            md = snap["metadata"]
+            if names.SNAPSHOT_FINALIZER in (md.get("finalizers") or []) and key_of(snap) not in pending:
+                await self._release_snapshot(md["namespace"], md["name"], snap)
 
     def _new_spec(
         self, claim: Obj, storage_class: Obj, pv_name: str, node: Obj | None, content: tuple[str, str]
