@@ -1,32 +1,82 @@
 """external-provisioner behaviours taken from the Go sidecar (v6.3.0), against the real apiserver
 and CSI driver: the cloning-protection finalizer on a clone's source (kept while a clone of it is
-Pending, released after a SIGKILL too), per-claim capability checks, the deletion-secret
-annotations and DeleteVolume without a vanished secret, and a static CSI PV with policy Delete
-deleted in the backend."""
+Pending, released after a SIGKILL too), a restore from a VolumeSnapshot and the snapshot's source
+protection, per-claim capability checks, the deletion-secret annotations and DeleteVolume without a
+vanished secret, and a static CSI PV with policy Delete deleted in the backend."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import signal
 
 import pytest
 
 from controller_runtime import storage, volumes
-from controller_runtime.client import ApiClient
+from controller_runtime.client import ApiClient, ApiError
 from controller_runtime.csi_client import CSIConnection
-from controller_runtime.resources import PERSISTENT_VOLUME_CLAIMS, PERSISTENT_VOLUMES, SECRETS
+from controller_runtime.resources import (
+    PERSISTENT_VOLUME_CLAIMS,
+    PERSISTENT_VOLUMES,
+    SECRETS,
+    VOLUME_SNAPSHOT_CONTENTS,
+    VOLUME_SNAPSHOTS,
+    Obj,
+)
 from csi_driver import DRIVER_NAME
 from external_provisioner import names
 from kubeloop_grpc.csi import csi_pb2
 from localstack.controlplane import ControlPlane
 
-from .test_provisioner_support import harness, wait_for
+from .test_provisioner_support import Harness, harness, kubectl, wait_for
 
 pytestmark = pytest.mark.integration
 
 MiB = 1 << 20
 CLONE_OF_SOURCE = {"kind": "PersistentVolumeClaim", "name": "source"}
+RESTORE_OF_SNAP = {"apiGroup": "snapshot.storage.k8s.io", "kind": "VolumeSnapshot", "name": "snap"}
+MISSING_SECRET = {
+    "csi.storage.k8s.io/provisioner-secret-name": "missing",
+    "csi.storage.k8s.io/provisioner-secret-namespace": "${pvc.namespace}",
+}
+# Just enough of the snapshot API for the provisioner's reads and finalizer patches: the stack runs
+# no snapshot controller, so the test writes the objects (status included) itself.
+SNAPSHOT_CRDS = """
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: volumesnapshots.snapshot.storage.k8s.io
+  annotations: {api-approved.kubernetes.io: "https://github.com/kubernetes-csi/external-snapshotter/pull/814"}
+spec:
+  group: snapshot.storage.k8s.io
+  scope: Namespaced
+  names:
+    plural: volumesnapshots
+    singular: volumesnapshot
+    kind: VolumeSnapshot
+    listKind: VolumeSnapshotList
+  versions:
+    - {name: v1, served: true, storage: true,
+       schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}}
+---
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: volumesnapshotcontents.snapshot.storage.k8s.io
+  annotations: {api-approved.kubernetes.io: "https://github.com/kubernetes-csi/external-snapshotter/pull/814"}
+spec:
+  group: snapshot.storage.k8s.io
+  scope: Cluster
+  names:
+    plural: volumesnapshotcontents
+    singular: volumesnapshotcontent
+    kind: VolumeSnapshotContent
+    listKind: VolumeSnapshotContentList
+  versions:
+    - {name: v1, served: true, storage: true,
+       schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}}
+"""
 
 
 async def test_a_clone_source_keeps_its_protection_while_a_clone_is_pending_even_across_a_kill(
@@ -35,13 +85,7 @@ async def test_a_clone_source_keeps_its_protection_while_a_clone_is_pending_even
     async with harness(control_plane, api, namespace) as h:
         cls = await h.create_class("clone")
         # Provisioning from this class stops after the source was protected: its secret is missing.
-        locked = await h.create_class(
-            "locked",
-            parameters={
-                "csi.storage.k8s.io/provisioner-secret-name": "missing",
-                "csi.storage.k8s.io/provisioner-secret-namespace": "${pvc.namespace}",
-            },
-        )
+        locked = await h.create_class("locked", parameters=MISSING_SECRET)
         await h.create_pvc("source", "8Mi", cls)
         await h.bound("source")
         await h.create_pvc("copy", "8Mi", cls, data_source=CLONE_OF_SOURCE)
@@ -79,6 +123,110 @@ async def test_a_clone_source_keeps_its_protection_while_a_clone_is_pending_even
 
         assert not await wait_for(released, 20), h.log_tail()
         await h.assert_files_equal_pvs()
+
+
+async def _snapshot_of(h: Harness, claim: str) -> str:
+    """A ready VolumeSnapshot `snap` of the claim's volume: the snapshot cut in the driver, its
+    VolumeSnapshotContent and VolumeSnapshot written as the snapshot controller would."""
+    assert h.driver is not None
+    pv = (await h.bound(claim))[claim]
+    conn = await CSIConnection.connect(h.driver.endpoint)
+    try:
+        rsp = await conn.controller.CreateSnapshot(
+            csi_pb2.CreateSnapshotRequest(
+                name=f"{h.ns}-snap", source_volume_id=pv["spec"]["csi"]["volumeHandle"]
+            ),
+            timeout=10,
+        )
+    finally:
+        await conn.close()
+    handle, content = rsp.snapshot.snapshot_id, f"{h.ns}-content"
+    snap = await h.api.create(
+        VOLUME_SNAPSHOTS,
+        {
+            "metadata": {"name": "snap"},
+            "spec": {"source": {"volumeSnapshotContentName": content}},
+            "status": {"boundVolumeSnapshotContentName": content, "readyToUse": True, "restoreSize": "8Mi"},
+        },
+        h.ns,
+    )
+    await h.api.create(
+        VOLUME_SNAPSHOT_CONTENTS,
+        {
+            "metadata": {"name": content},
+            "spec": {
+                "driver": DRIVER_NAME,
+                "deletionPolicy": "Retain",
+                "source": {"snapshotHandle": handle},
+                "volumeSnapshotRef": {"name": "snap", "namespace": h.ns, "uid": snap["metadata"]["uid"]},
+            },
+            "status": {"snapshotHandle": handle, "readyToUse": True},
+        },
+    )
+    return content
+
+
+async def test_a_restore_protects_its_snapshot_while_a_claim_restores_from_it(
+    control_plane: ControlPlane, api: ApiClient, namespace: str
+) -> None:
+    async with harness(control_plane, api, namespace, provisioner=False) as h:
+        crds = h.root / "snapshot-crds.yaml"
+        crds.write_text(SNAPSHOT_CRDS)
+        await kubectl(control_plane, "apply", "-f", str(crds))
+        content = ""
+        try:
+            await kubectl(control_plane, "wait", "--for=condition=Established", "-f", str(crds))
+            await h.start_provisioner("--snapshot-orphan-sweep-interval=1s")
+            cls = await h.create_class("restore")
+            locked = await h.create_class("locked", parameters=MISSING_SECRET)
+            await h.create_pvc("source", "8Mi", cls)
+            source = (await h.bound("source"))["source"]
+            with (h.root / "pool" / "volumes" / f"{source['spec']['csi']['volumeHandle']}.img").open(
+                "r+b"
+            ) as f:
+                f.seek(5 * MiB)
+                f.write(b"kubeloop snapshot payload")
+            content = await _snapshot_of(h, "source")
+
+            async def snapshot_finalizers() -> list[str]:
+                snap: Obj = await api.get(VOLUME_SNAPSHOTS, "snap", namespace)
+                return list(snap["metadata"].get("finalizers") or [])
+
+            await h.create_pvc("restored", "8Mi", cls, data_source=RESTORE_OF_SNAP)
+            restored = (await h.bound("restored"))["restored"]
+            img = h.root / "pool" / "volumes" / f"{restored['spec']['csi']['volumeHandle']}.img"
+            with img.open("rb") as out:
+                out.seek(5 * MiB)
+                assert out.read(25) == b"kubeloop snapshot payload"
+            # Released once the PV was saved.
+            assert names.SNAPSHOT_FINALIZER not in await snapshot_finalizers()
+
+            # A restore that cannot finish keeps the snapshot protected, sweep after sweep...
+            await h.create_pvc("stuck", "8Mi", locked, data_source=RESTORE_OF_SNAP)
+            await h.wait_event("stuck", storage.PROVISIONING_FAILED, 'secrets "missing" not found')
+            assert names.SNAPSHOT_FINALIZER in await snapshot_finalizers()
+            await asyncio.sleep(3)
+            assert names.SNAPSHOT_FINALIZER in await snapshot_finalizers()
+            # ... and once it is gone, the sweep releases the snapshot.
+            await api.delete(PERSISTENT_VOLUME_CLAIMS, "stuck", namespace)
+
+            async def released() -> list[str]:
+                left = await snapshot_finalizers()
+                return [f"snapshot finalizers {left}"] if names.SNAPSHOT_FINALIZER in left else []
+
+            assert not await wait_for(released, 20), h.log_tail()
+            await h.assert_files_equal_pvs()
+        finally:
+            await h.stop_provisioner()
+            for res, name, ns in (
+                (VOLUME_SNAPSHOTS, "snap", namespace),
+                (VOLUME_SNAPSHOT_CONTENTS, content, None),
+            ):
+                if name:
+                    with contextlib.suppress(ApiError):
+                        await api.patch(res, name, {"metadata": {"finalizers": None}}, ns)
+                        await api.delete(res, name, ns)
+            await kubectl(control_plane, "delete", "--wait=true", "-f", str(crds))
 
 
 async def test_capabilities_are_checked_per_claim(
