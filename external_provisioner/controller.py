@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -111,6 +112,7 @@ class Provisioner(InformerController):
         # Only a driver that clones protects clone sources (and releases their protection).
         self.protect_clones = conn.has_controller_capability(RPC.CLONE_VOLUME)
         self.restores_snapshots = conn.has_controller_capability(RPC.CREATE_DELETE_SNAPSHOT)
+        self.infeasible = decide.SlowRetries(options.retry_max)
         self.topology = conn.has_plugin_capability(
             csi_pb2.PluginCapability.Service.VOLUME_ACCESSIBILITY_CONSTRAINTS
         )
@@ -165,6 +167,7 @@ class Provisioner(InformerController):
 
     def _claim_deleted(self, claim: Obj) -> None:
         uid = claim.get("metadata", {}).get("uid", "")
+        self.infeasible.forget(uid)
         if uid in self.journal.entries:
             self.claim_queue.add(uid)
 
@@ -274,12 +277,18 @@ class Provisioner(InformerController):
         if storage_class is None:
             # No event, as upstream: the class may still be created; retried with backoff.
             raise RuntimeError(f'storageclass.storage.k8s.io "{class_name}" not found')
+        md = claim["metadata"]
+        if self.infeasible.remaining(md["uid"], storage_class["metadata"].get("uid", ""), time.monotonic()):
+            # No event: the one that marked the claim said retries would be delayed.
+            raise RuntimeError(
+                f"skipping volume provisioning for pvc {md['uid']}, because provisioning previously "
+                "failed with infeasible error"
+            )
         selected = _annotation(claim, storage.ANN_SELECTED_NODE)
         if storage_class.get("volumeBindingMode") == "WaitForFirstConsumer" and not selected:
             return  # the scheduler picks a node first
         if storage_class.get("provisioner") != self.options.driver:
             return  # the class moved to another provisioner; not ours to act on
-        md = claim["metadata"]
         obj = typed(claim, PERSISTENT_VOLUME_CLAIMS)
         self.recorder.normal(obj, names.PROVISIONING, names.msg_provisioning(md["namespace"], md["name"]))
         try:
@@ -628,6 +637,12 @@ class Provisioner(InformerController):
             code = getattr(exc.__cause__, "code", lambda: None)()
             if exc.final and code != grpc.StatusCode.ALREADY_EXISTS:
                 await self.journal.remove(entry.uid)  # a final error: nothing was created
+            if code == grpc.StatusCode.INVALID_ARGUMENT:
+                # The same request cannot succeed: slow retries, as upstream.
+                self.infeasible.mark(md["uid"], storage_class["metadata"].get("uid", ""), time.monotonic())
+                raise ProvisionError(
+                    f"Volume provisioning failed with infeasible error. Retries will be delayed. {exc}"
+                ) from exc
             # Another node may have room: only meaningful when the request named a node's topology.
             exc.reschedule = code == grpc.StatusCode.RESOURCE_EXHAUSTED and bool(selected) and self.topology
             raise

@@ -8,7 +8,7 @@ messages are its messages, since they reach events."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from controller_runtime import storage
 from controller_runtime.resources import Obj
@@ -217,8 +217,8 @@ def restored_snapshot(claim: Obj) -> str | None:
     """`namespace/name` of the VolumeSnapshot a claim restores from (its `dataSource`, else its
     `dataSourceRef`; no apiGroup counts as the snapshot group, as upstream reads it), or None."""
     spec, ns = claim.get("spec", {}), claim["metadata"]["namespace"]
-    for field in ("dataSource", "dataSourceRef"):
-        ref = spec.get(field) or {}
+    for key in ("dataSource", "dataSourceRef"):
+        ref = spec.get(key) or {}
         if ref.get("kind") == SNAPSHOT_KIND and ref.get("apiGroup") in (None, SNAPSHOT_GROUP):
             return f"{ref.get('namespace') or ns}/{ref.get('name', '')}"
     return None
@@ -235,3 +235,33 @@ def pending_restores(claims: Iterable[Obj]) -> set[str]:
         if key is not None:
             found.add(key)
     return found
+
+
+# -- infeasible requests ---------------------------------------------------------------------------
+
+
+@dataclass
+class SlowRetries:
+    """Claims whose CreateVolume was refused with INVALID_ARGUMENT: the same request cannot succeed,
+    so the claim is not tried again for `delay` (--retry-interval-max) — unless its class changed
+    (another UID: deleted and re-created), which may fix the request."""
+
+    delay: float
+    marked: dict[str, tuple[float, str]] = field(default_factory=dict)  # claim UID -> (when, class UID)
+
+    def mark(self, claim_uid: str, class_uid: str, now: float) -> None:
+        self.marked.setdefault(claim_uid, (now, class_uid))
+
+    def remaining(self, claim_uid: str, class_uid: str, now: float) -> float:
+        """Seconds the claim must still wait; 0 when it may be provisioned."""
+        found = self.marked.get(claim_uid)
+        if found is None:
+            return 0.0
+        left = found[0] + self.delay - now
+        if found[1] != class_uid or left <= 0:
+            del self.marked[claim_uid]
+            return 0.0
+        return left
+
+    def forget(self, claim_uid: str) -> None:
+        self.marked.pop(claim_uid, None)

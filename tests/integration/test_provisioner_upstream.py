@@ -275,6 +275,14 @@ async def test_capabilities_are_checked_per_claim(
         }
         await api.create(PERSISTENT_VOLUME_CLAIMS, body, namespace)
         assert await h.wait_event("picky", storage.PROVISIONING_FAILED) == "claim Selector is not supported"
+        # A request the driver calls invalid is retried slowly, and says so.
+        bogus = await h.create_class("bogus", parameters={"bogus": "x"})
+        await h.create_pvc("invalid", "8Mi", bogus)
+        message = await h.wait_event("invalid", storage.PROVISIONING_FAILED)
+        assert message.startswith(
+            "Volume provisioning failed with infeasible error. Retries will be delayed. "
+            "rpc error: code = InvalidArgument desc = unknown parameters bogus"
+        ), message
         await h.assert_files_equal_pvs()
 
 

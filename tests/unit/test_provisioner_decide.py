@@ -16,6 +16,7 @@ from external_provisioner.decide import (
     RPC,
     SERVICE,
     DataSource,
+    SlowRetries,
     capability_error,
     data_source,
     deletion_secret,
@@ -453,3 +454,18 @@ def test_pending_restores_hold_their_snapshots() -> None:
     ]
     del claims[1]["status"]["phase"]
     assert pending_restores(claims) == {"ns/s1", "ns/s2", "other/s4", "ns/s6"}
+
+
+def test_an_infeasible_claim_waits_unless_its_class_changed() -> None:
+    slow = SlowRetries(delay=300)
+    assert slow.remaining("u1", "c1", 0) == 0
+    slow.mark("u1", "c1", now=10)
+    slow.mark("u1", "c1", now=20)  # the first failure counts
+    assert slow.remaining("u1", "c1", 100) == 210
+    assert slow.remaining("u1", "c1", 310) == 0, "waited long enough"
+    assert slow.remaining("u1", "c1", 100) == 0, "and the mark is gone"
+    slow.mark("u1", "c1", now=0)
+    assert slow.remaining("u1", "c2", 1) == 0, "a re-created class may fix the request"
+    slow.mark("u2", "c1", now=0)
+    slow.forget("u2")
+    assert slow.remaining("u2", "c1", 1) == 0
