@@ -40,43 +40,44 @@ MISSING_SECRET = {
     "csi.storage.k8s.io/provisioner-secret-name": "missing",
     "csi.storage.k8s.io/provisioner-secret-namespace": "${pvc.namespace}",
 }
-# Just enough of the snapshot API for the provisioner's reads and finalizer patches: the stack runs
-# no snapshot controller, so the test writes the objects (status included) itself.
-SNAPSHOT_CRDS = """
+
+
+def _snapshot_crd(kind: str, scope: str) -> str:
+    """Just enough of a snapshot API kind for the provisioner's reads and finalizer patches: the
+    stack runs no snapshot controller, so the test writes the objects (status included) itself."""
+    plural = f"{kind.lower()}s"
+    return f"""
 apiVersion: apiextensions.k8s.io/v1
 kind: CustomResourceDefinition
 metadata:
-  name: volumesnapshots.snapshot.storage.k8s.io
-  annotations: {api-approved.kubernetes.io: "https://github.com/kubernetes-csi/external-snapshotter/pull/814"}
+  name: {plural}.snapshot.storage.k8s.io
+  annotations: {{api-approved.kubernetes.io: "https://github.com/kubernetes-csi/external-snapshotter/pull/814"}}
 spec:
   group: snapshot.storage.k8s.io
-  scope: Namespaced
-  names:
-    plural: volumesnapshots
-    singular: volumesnapshot
-    kind: VolumeSnapshot
-    listKind: VolumeSnapshotList
+  scope: {scope}
+  names: {{plural: {plural}, singular: {kind.lower()}, kind: {kind}, listKind: {kind}List}}
   versions:
-    - {name: v1, served: true, storage: true,
-       schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}}
----
-apiVersion: apiextensions.k8s.io/v1
-kind: CustomResourceDefinition
-metadata:
-  name: volumesnapshotcontents.snapshot.storage.k8s.io
-  annotations: {api-approved.kubernetes.io: "https://github.com/kubernetes-csi/external-snapshotter/pull/814"}
-spec:
-  group: snapshot.storage.k8s.io
-  scope: Cluster
-  names:
-    plural: volumesnapshotcontents
-    singular: volumesnapshotcontent
-    kind: VolumeSnapshotContent
-    listKind: VolumeSnapshotContentList
-  versions:
-    - {name: v1, served: true, storage: true,
-       schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}}
+    - {{name: v1, served: true, storage: true,
+       schema: {{openAPIV3Schema: {{type: object, x-kubernetes-preserve-unknown-fields: true}}}}}}
 """
+
+
+SNAPSHOT_CRDS = "---".join(
+    [_snapshot_crd("VolumeSnapshot", "Namespaced"), _snapshot_crd("VolumeSnapshotContent", "Cluster")]
+)
+
+
+def _claim(name: str, cls: str, **spec: object) -> Obj:
+    """A claim body with fields create_pvc does not offer."""
+    return {
+        "metadata": {"name": name},
+        "spec": {
+            "accessModes": ["ReadWriteOnce"],
+            "resources": {"requests": {"storage": "8Mi"}},
+            "storageClassName": cls,
+            **spec,
+        },
+    }
 
 
 async def test_a_clone_source_keeps_its_protection_while_a_clone_is_pending_even_across_a_kill(
@@ -235,16 +236,9 @@ async def test_capabilities_are_checked_per_claim(
     async with harness(control_plane, api, namespace) as h:
         cls = await h.create_class("caps")
         # The driver has no MODIFY_VOLUME: a claim naming a VolumeAttributesClass is refused.
-        body = {
-            "metadata": {"name": "tuned"},
-            "spec": {
-                "accessModes": ["ReadWriteOnce"],
-                "resources": {"requests": {"storage": "8Mi"}},
-                "storageClassName": cls,
-                "volumeAttributesClassName": "gold",
-            },
-        }
-        await api.create(PERSISTENT_VOLUME_CLAIMS, body, namespace)
+        await api.create(
+            PERSISTENT_VOLUME_CLAIMS, _claim("tuned", cls, volumeAttributesClassName="gold"), namespace
+        )
         message = await h.wait_event("tuned", storage.PROVISIONING_FAILED)
         assert message == (
             "CSI driver does not support VolumeAttributesClass: "
@@ -252,28 +246,12 @@ async def test_capabilities_are_checked_per_claim(
         )
         await h.wait_event("tuned", names.PROVISIONING, f'for claim "{namespace}/tuned"')
         # A source of another kind is a volume populator's.
-        body = {
-            "metadata": {"name": "populated"},
-            "spec": {
-                "accessModes": ["ReadWriteOnce"],
-                "resources": {"requests": {"storage": "8Mi"}},
-                "storageClassName": cls,
-                "dataSourceRef": {"apiGroup": "backup.example.com", "kind": "Backup", "name": "b1"},
-            },
-        }
-        await api.create(PERSISTENT_VOLUME_CLAIMS, body, namespace)
+        backup = {"apiGroup": "backup.example.com", "kind": "Backup", "name": "b1"}
+        await api.create(PERSISTENT_VOLUME_CLAIMS, _claim("populated", cls, dataSourceRef=backup), namespace)
         await h.wait_event("populated", names.PROVISIONING, names.MSG_POPULATOR)
         # A selector cannot be provisioned for.
-        body = {
-            "metadata": {"name": "picky"},
-            "spec": {
-                "accessModes": ["ReadWriteOnce"],
-                "resources": {"requests": {"storage": "8Mi"}},
-                "storageClassName": cls,
-                "selector": {"matchLabels": {"tier": "gold"}},
-            },
-        }
-        await api.create(PERSISTENT_VOLUME_CLAIMS, body, namespace)
+        selector = {"matchLabels": {"tier": "gold"}}
+        await api.create(PERSISTENT_VOLUME_CLAIMS, _claim("picky", cls, selector=selector), namespace)
         assert await h.wait_event("picky", storage.PROVISIONING_FAILED) == "claim Selector is not supported"
         # A request the driver calls invalid is retried slowly, and says so.
         bogus = await h.create_class("bogus", parameters={"bogus": "x"})
@@ -357,16 +335,7 @@ async def test_a_static_csi_pv_with_policy_delete_is_deleted_in_the_backend(
                 },
             },
         )
-        claim = {
-            "metadata": {"name": "static"},
-            "spec": {
-                "accessModes": ["ReadWriteOnce"],
-                "resources": {"requests": {"storage": "8Mi"}},
-                "storageClassName": "",
-                "volumeName": pv_name,
-            },
-        }
-        await api.create(PERSISTENT_VOLUME_CLAIMS, claim, namespace)
+        await api.create(PERSISTENT_VOLUME_CLAIMS, _claim("static", "", volumeName=pv_name), namespace)
         await h.bound("static")
 
         async def finalized() -> list[str]:
