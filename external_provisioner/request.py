@@ -244,10 +244,15 @@ def split_parameters(params: Mapping[str, str], claim: Obj, pv_name: str, defaul
             "failed to strip CSI Parameters of prefixed keys: "
             f'found unknown parameter key "{unknown[0]}" with reserved namespace {names.PARAMETER_PREFIX}'
         )
+    # The deprecated `fstype` key (any case) still counts, and still reaches the driver too.
+    fs_keys = [k for k in params if k == names.PARAM_FSTYPE or k.lower() == "fstype"]
+    if len(fs_keys) > 1:
+        raise ProvisionError(
+            f'fstype specified in parameters with both "fstype" and "{names.PARAM_FSTYPE}" keys'
+        )
+    fs_type = params[fs_keys[0]] if fs_keys else ""
     driver = {k: v for k, v in params.items() if not k.startswith(names.PARAMETER_PREFIX)}
-    return ClassParameters(
-        driver=driver, fs_type=params.get(names.PARAM_FSTYPE) or default_fs, secrets=secrets
-    )
+    return ClassParameters(driver=driver, fs_type=fs_type or default_fs, secrets=secrets)
 
 
 # -- topology --------------------------------------------------------------------------------------

@@ -469,3 +469,15 @@ def test_an_infeasible_claim_waits_unless_its_class_changed() -> None:
     slow.mark("u2", "c1", now=0)
     slow.forget("u2")
     assert slow.remaining("u2", "c1", 1) == 0
+
+
+def test_the_deprecated_fstype_key() -> None:
+    out = split_parameters({"fsType": "xfs"}, claim(), "pv1", "ext4")
+    assert out.fs_type == "xfs" and out.driver == {"fsType": "xfs"}
+    assert split_parameters({"csi.storage.k8s.io/fstype": ""}, claim(), "pv1", "ext4").fs_type == "ext4"
+    with pytest.raises(ProvisionError) as err:
+        split_parameters({"fstype": "xfs", "csi.storage.k8s.io/fstype": "ext4"}, claim(), "pv1", "")
+    assert (
+        str(err.value)
+        == 'fstype specified in parameters with both "fstype" and "csi.storage.k8s.io/fstype" keys'
+    )
