@@ -218,9 +218,14 @@ class ApiClient:
         ) as resp:
             raw = await resp.read()
         self._observe(method, resp.status, time.perf_counter() - start)
-        decoded: Obj = orjson.loads(raw) if raw else {}
         if resp.status >= 300:
-            raise ApiError(resp.status, decoded if isinstance(decoded, dict) else None, method, path)
+            # Not always a Status: a group the server does not serve answers "404 page not found".
+            try:
+                status: Obj | None = orjson.loads(raw) if raw else None
+            except orjson.JSONDecodeError:
+                status = None
+            raise ApiError(resp.status, status if isinstance(status, dict) else None, method, path)
+        decoded: Obj = orjson.loads(raw) if raw else {}
         return decoded
 
     # -- typed verbs -------------------------------------------------------------------------
