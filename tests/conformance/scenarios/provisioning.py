@@ -1,0 +1,7 @@
+"""placeholder"""
+
+from __future__ import annotations
+
+from ..model import Scenario
+
+SCENARIOS: tuple[Scenario, ...] = ()
