@@ -9,7 +9,7 @@ to, for provisioned volumes whose name is generated) and a VolumeAttachment `<pv
 
 from __future__ import annotations
 
-from csi_driver import DRIVER_NAME
+from csi_driver import DRIVER_NAME, TOPOLOGY_KEY
 
 from .model import Condition, Create, Delete, Obj, Patch, Sleep, Wait
 
@@ -109,6 +109,7 @@ def sc(
     provisioner: str = DRIVER_NAME,
     params: dict[str, str] | None = None,
     topology: list[str] | None = None,
+    mount_options: list[str] | None = None,
 ) -> Create:
     obj: Obj = {
         "kind": "StorageClass",
@@ -120,10 +121,10 @@ def sc(
     }
     if binding is not None:
         obj["volumeBindingMode"] = binding
+    if mount_options is not None:
+        obj["mountOptions"] = mount_options
     if topology is not None:
-        obj["allowedTopologies"] = [
-            {"matchLabelExpressions": [{"key": "kubernetes.io/hostname", "values": topology}]}
-        ]
+        obj["allowedTopologies"] = [{"matchLabelExpressions": [{"key": TOPOLOGY_KEY, "values": topology}]}]
     return Create(obj)
 
 
@@ -157,6 +158,10 @@ def pod(
     if on is not None:
         spec["nodeSelector"] = {"kubernetes.io/hostname": on}
     return Create({"kind": "Pod", "metadata": {"name": name}, "spec": spec})
+
+
+def secret(name: str, **data: str) -> Create:
+    return Create({"kind": "Secret", "metadata": {"name": name}, "stringData": data})
 
 
 def phase(kind: str, name: str, value: str) -> Condition:

@@ -22,10 +22,20 @@ KINDS = {
     "sc": "StorageClass",
     "va": "VolumeAttachment",
     "node": "Node",
+    "secret": "Secret",
 }
 # Components a step can kill or restart, by role. In go mode the three kcm controllers are one
 # process (kube-controller-manager), so killing one role kills all three there.
-ROLES = ("binder", "attach-detach", "expander", "provisioner", "attacher", "resizer", "node-agent-node-a")
+ROLES = (
+    "binder",
+    "attach-detach",
+    "expander",
+    "provisioner",
+    "attacher",
+    "resizer",
+    "node-agent-node-a",
+    "node-agent-node-b",
+)
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ from controller_runtime.resources import (
     PERSISTENT_VOLUME_CLAIMS,
     PERSISTENT_VOLUMES,
     PODS,
+    SECRETS,
     STORAGE_CLASSES,
     VOLUME_ATTACHMENTS,
     Resource,
@@ -86,7 +87,9 @@ RESOURCES: dict[str, Resource] = {
     "Node": NODES,
     "Event": EVENTS,
 }
-NAMESPACED = {"PersistentVolumeClaim", "Pod", "Event"}
+# Created by steps but never watched.
+CREATE_ONLY: dict[str, Resource] = {"Secret": SECRETS}
+NAMESPACED = {"PersistentVolumeClaim", "Pod", "Event", "Secret"}
 KCM = "kube-controller-manager"
 ROLE_PROCESSES: dict[str, dict[str, str]] = {
     "kubeloop": {
@@ -97,6 +100,7 @@ ROLE_PROCESSES: dict[str, dict[str, str]] = {
         "attacher": "external-attacher",
         "resizer": "external-resizer",
         "node-agent-node-a": "node-agent-node-a",
+        "node-agent-node-b": "node-agent-node-b",
     },
     "go": {
         "binder": KCM,
@@ -106,6 +110,7 @@ ROLE_PROCESSES: dict[str, dict[str, str]] = {
         "attacher": "go-external-attacher",
         "resizer": "go-external-resizer",
         "node-agent-node-a": "node-agent-node-a",
+        "node-agent-node-b": "node-agent-node-b",
     },
 }
 
@@ -297,9 +302,16 @@ class ScenarioRun:
 
     def _pv_name(self, ref: str) -> str | None:
         if ref.startswith("claim:"):
-            claim = self.rec.get("PersistentVolumeClaim", ref[6:], self.namespace)
-            name = (claim or {}).get("spec", {}).get("volumeName")
-            return str(name) if name else None
+            # A deleted claim still names its volume: the recorder keeps its last version.
+            claims = [self.rec.get("PersistentVolumeClaim", ref[6:], self.namespace)] + [
+                o
+                for o in self.rec.seen.values()
+                if o["kind"] == "PersistentVolumeClaim"
+                and o["metadata"].get("namespace") == self.namespace
+                and o["metadata"]["name"] == ref[6:]
+            ]
+            names = [c["spec"]["volumeName"] for c in claims if c and c.get("spec", {}).get("volumeName")]
+            return str(names[0]) if names else None
         return self.cluster_name(ref)
 
     def localise(self, kind: str, body: Obj, whole: bool) -> Obj:
@@ -342,9 +354,28 @@ class ScenarioRun:
         await asyncio.sleep(self.scenario.settle)
         self.snapshot("final")
         self.collect()
+        await self.clean_up()
+        return self.raw
+
+    async def clean_up(self) -> None:
+        """Deletes the namespace and the scenario's own volumes, and waits until none of those is left
+        unbound: a later scenario's claim must not find them."""
+        api = self.ms.api
         with contextlib.suppress(ApiError):
             await api.delete(NAMESPACES, self.namespace)
-        return self.raw
+        mine = [pv["metadata"]["name"] for pv in self.rec.all("PersistentVolume")]
+        mine = [name for name in mine if name.startswith(self.prefix)]
+        for name in mine:
+            with contextlib.suppress(ApiError):
+                await api.delete(PERSISTENT_VOLUMES, name)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            left = [self.rec.get("PersistentVolume", name) for name in mine]
+            if not any(pv and not (pv["spec"].get("claimRef") or {}).get("uid") for pv in left):
+                return
+            self.rec.changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.rec.changed.wait(), 0.5)
 
     async def _wait_service_account(self) -> None:
         sa = Resource("", "v1", "serviceaccounts", "ServiceAccount", True)
@@ -367,7 +398,7 @@ class ScenarioRun:
             kind = step.obj["kind"]
             obj = self.localise(kind, step.obj, whole=True)
             obj.pop("kind")
-            await api.create(RESOURCES[kind], obj)
+            await api.create({**RESOURCES, **CREATE_ONLY}[kind], obj)
         elif isinstance(step, Patch):
             kind, ns, name = self._must_resolve(step.kind, step.name)
             body = self.localise(kind, step.patch, whole=False)
@@ -556,6 +587,38 @@ def _describe(step: Step) -> str:
     return type(step).__name__.lower()
 
 
+LANES = ("parallel", "pool", "exclusive")
+
+
+def lane(scn: Scenario) -> str:
+    """How a scenario may share its mode's stack.
+
+    `exclusive`: it kills components or touches nodes, or leaves an unbound static volume of one of
+    deploy/'s classes (which claims of every other scenario could take): it runs alone.
+    `pool`: it leaves volumes or claims of class "" unbound, which may match each other across
+    namespaces: these run one after another, beside the parallel ones (which have none).
+    `parallel`: everything else, several at once.
+    """
+    if scn.exclusive:
+        return "exclusive"
+    pool = False
+    for step in scn.steps:
+        if isinstance(step, Create) and step.obj["kind"] == "PersistentVolume":
+            spec = step.obj["spec"]
+            if "claimRef" not in spec:
+                if spec.get("storageClassName", "") != "":
+                    if spec["storageClassName"] in SHARED_CLASSES:
+                        return "exclusive"
+                else:
+                    pool = True
+        elif isinstance(step, Create) and step.obj["kind"] == "PersistentVolumeClaim":
+            spec = step.obj["spec"]
+            pool = pool or (spec.get("storageClassName") == "" and not spec.get("volumeName"))
+        elif isinstance(step, Patch) and step.kind == "pv":
+            pool = pool or ("claimRef" in step.patch.get("spec", {}) and not step.patch["spec"]["claimRef"])
+    return "pool" if pool else "parallel"
+
+
 async def run_mode(
     mode: str,
     scenarios: list[tuple[int, Scenario]],
@@ -578,11 +641,14 @@ async def run_mode(
             if on_done is not None:
                 on_done(mode, scn, time.monotonic() - t0)
 
+    async def in_turn(chosen: list[tuple[int, Scenario]]) -> None:
+        for i, s in chosen:
+            await one(i, s)
+
+    lanes = {name: [(i, s) for i, s in scenarios if lane(s) == name] for name in LANES}
     try:
-        await asyncio.gather(*(one(i, s) for i, s in scenarios if not s.exclusive))
-        for i, s in scenarios:
-            if s.exclusive:
-                await one(i, s)
+        await asyncio.gather(*(one(i, s) for i, s in lanes["parallel"]), in_turn(lanes["pool"]))
+        await in_turn(lanes["exclusive"])
     finally:
         await stop_mode(ms)
     return out, startup
