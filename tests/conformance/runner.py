@@ -361,6 +361,16 @@ class ScenarioRun:
         """Deletes the namespace and the scenario's own volumes, and waits until none of those is left
         unbound: a later scenario's claim must not find them."""
         api = self.ms.api
+        # The namespace goes asynchronously; its claims are deleted here at once so a pending one
+        # cannot bind the next scenario's volume meanwhile.
+        claims = [
+            c["metadata"]["name"]
+            for c in self.rec.all("PersistentVolumeClaim")
+            if c["metadata"]["namespace"] == self.namespace
+        ]
+        for claim in claims:
+            with contextlib.suppress(ApiError):
+                await api.delete(PERSISTENT_VOLUME_CLAIMS, claim, self.namespace)
         with contextlib.suppress(ApiError):
             await api.delete(NAMESPACES, self.namespace)
         mine = [pv["metadata"]["name"] for pv in self.rec.all("PersistentVolume")]
@@ -368,10 +378,14 @@ class ScenarioRun:
         for name in mine:
             with contextlib.suppress(ApiError):
                 await api.delete(PERSISTENT_VOLUMES, name)
+        if lane(self.scenario) != "pool":
+            return
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             left = [self.rec.get("PersistentVolume", name) for name in mine]
-            if not any(pv and not (pv["spec"].get("claimRef") or {}).get("uid") for pv in left):
+            unbound = any(pv and not (pv["spec"].get("claimRef") or {}).get("uid") for pv in left)
+            pending = any(self.rec.get("PersistentVolumeClaim", c, self.namespace) for c in claims)
+            if not unbound and not pending:
                 return
             self.rec.changed.clear()
             with contextlib.suppress(TimeoutError):
