@@ -8,8 +8,8 @@ VolumeAttachment names derived from them (`csi(<pv>@<node>)`), generated PV name
 claim becomes `pvc-uid(PersistentVolumeClaim/<claim>)`), timestamps and resource versions.
 
 Events: the API server aggregates repeats into one Event with a count, and how often a controller
-retries is timing, not behaviour; so per involved object the outcome is the ordered sequence of
-distinct (type, reason, message, source) in the order each first appeared.
+retries is timing, not behaviour; so per involved object and reporting component the outcome is
+the ordered sequence of distinct (type, reason, message) in the order each first appeared.
 """
 
 from __future__ import annotations
@@ -189,9 +189,20 @@ def view(obj: Obj, norm: Normaliser) -> Obj:
     return dict(sorted(norm.value(out).items()))
 
 
-def event_line(ev: Obj, norm: Normaliser) -> str:
+# A provisioner's event source ends in its instance identity (`<driver>_<host>_<uuid>` in the Go
+# sidecar): an arbitrary per-process value, so only the part before it is compared.
+_INSTANCE = re.compile(r"_<uuid>$")
+# An optimistic-concurrency conflict a controller reported and retried: when one happens is timing.
+_CONFLICT = "the object has been modified"
+
+
+def event_source(ev: Obj, norm: Normaliser) -> str:
     source = (ev.get("source") or {}).get("component") or ev.get("reportingComponent") or ""
-    return norm.text(f"{ev.get('type')} {ev.get('reason')}: {ev.get('message', '')} [{source}]")
+    return _INSTANCE.sub("", norm.text(str(source)))
+
+
+def event_line(ev: Obj, norm: Normaliser) -> str:
+    return norm.text(f"{ev.get('type')} {ev.get('reason')}: {ev.get('message', '')}")
 
 
 def normalise(raw: RawOutcome) -> Obj:
@@ -207,18 +218,22 @@ def normalise(raw: RawOutcome) -> Obj:
                 continue
             snap[key] = v
         snapshots[label] = dict(sorted(snap.items()))
-    events: dict[str, list[str]] = {}
+    # Per object and per reporting component: two components' events about one object race each
+    # other, while one component's order is its behaviour.
+    events: dict[str, dict[str, list[str]]] = {}
     for ev in raw.events:
+        if _CONFLICT in str(ev.get("message", "")):
+            continue
         ref = ev.get("involvedObject") or {}
         key = f"{ref.get('kind')}/{norm.text(ref.get('name', ''))}"
         line = event_line(ev, norm)
-        seq = events.setdefault(key, [])
+        seq = events.setdefault(key, {}).setdefault(event_source(ev, norm), [])
         if line not in seq:
             seq.append(line)
     return {
         "timeline": [norm.text(t) for t in raw.timeline],
         "snapshots": snapshots,
-        "events": dict(sorted(events.items())),
+        "events": {k: dict(sorted(v.items())) for k, v in sorted(events.items())},
     }
 
 

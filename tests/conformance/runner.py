@@ -413,6 +413,13 @@ class ScenarioRun:
             obj = self.localise(kind, step.obj, whole=True)
             obj.pop("kind")
             await api.create({**RESOURCES, **CREATE_ONLY}[kind], obj)
+            if kind in RESOURCES:
+                # kubectl-paced: the next step comes once the object is in the caches, as it would
+                # be in the controllers' (a claim created in the same millisecond as its volume
+                # races the binder's informer in both modes, differently each time).
+                md = obj["metadata"]
+                await self._wait(Wait((Condition(_SHORT[kind], _local(md["name"], self.prefix)),), 10))
+                await asyncio.sleep(0.3)
         elif isinstance(step, Patch):
             kind, ns, name = self._must_resolve(step.kind, step.name)
             body = self.localise(kind, step.patch, whole=False)
@@ -559,14 +566,17 @@ class ScenarioRun:
                 and o.get("spec", {}).get("source", {}).get("persistentVolumeName") in pv_names
             )
         ]
-        names = {(o["kind"], o["metadata"]["name"]) for o in mine if o["kind"] != "PersistentVolumeClaim"}
+        names = {(o["kind"], o["metadata"]["name"]) for o in mine if o["kind"] not in NAMESPACED}
         self.raw.seen = copy.deepcopy(mine)
         self.raw.events = copy.deepcopy(
             [
                 e
                 for e in self.rec.events
                 if e.get("involvedObject", {}).get("namespace") == self.namespace
-                or (e["involvedObject"].get("kind"), e["involvedObject"].get("name")) in names
+                or (
+                    e["involvedObject"].get("kind") not in NAMESPACED
+                    and (e["involvedObject"].get("kind"), e["involvedObject"].get("name")) in names
+                )
             ]
         )
 
@@ -575,6 +585,13 @@ async def _exited(proc: ManagedProcess, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while proc.running and time.monotonic() < deadline:  # noqa: ASYNC110 (ManagedProcess has no exit event)
         await asyncio.sleep(0.05)
+
+
+_SHORT = {kind: short for short, kind in KINDS.items()}
+
+
+def _local(name: str, prefix: str) -> str:
+    return name[len(prefix) :] if name.startswith(prefix) else name
 
 
 def _at(obj: Any, path: str) -> Any:

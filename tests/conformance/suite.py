@@ -1,10 +1,11 @@
 """The conformance suite: every scenario in go mode, then in kubeloop mode, then compared.
 
-    python -m tests.conformance.suite [--subset] [-k SUBSTRING] [--parallel N]
+    python -m tests.conformance.suite [--subset] [-k SUBSTRING] [--parallel N] [--renormalise]
 
 Prints one line per scenario, then "N scenarios, N identical, N differ", and writes the report with
-every diff to .kubeloop/conformance/report.json (`make conformance` runs the whole set; pytest runs
-the subset, tests/conformance/test_conformance.py).
+every diff to .kubeloop/conformance/report.json, and what each mode recorded to raw-<mode>.json
+(`--renormalise` compares those again without running anything: for work on the normaliser).
+`make conformance` runs the whole set; pytest runs the subset (tests/conformance/test_conformance.py).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .compare import Verdict, compare, normalise
+from .compare import RawOutcome, Verdict, compare, normalise
 from .model import Scenario
 from .runner import MODES, WORK_DIR, run_mode
 from .scenarios import ALL
@@ -90,13 +91,33 @@ async def run_suite(chosen: list[tuple[int, Scenario]], parallel: int = 8, verbo
         raw[mode], startup = await run_mode(mode, chosen, parallel, done)
         seconds[f"{mode}_startup"] = round(startup, 1)
         seconds[mode] = round(time.monotonic() - t0, 1)
+        save_raw(mode, raw[mode])
+    seconds["total"] = round(sum(seconds[m] for m in MODES), 1)
+    return judge(chosen, raw, seconds)
+
+
+def raw_path(mode: str) -> Path:
+    return WORK_DIR / f"raw-{mode}.json"
+
+
+def save_raw(mode: str, outcomes: dict[str, RawOutcome]) -> None:
+    raw_path(mode).parent.mkdir(parents=True, exist_ok=True)
+    raw_path(mode).write_text(json.dumps({k: asdict(v) for k, v in outcomes.items()}))
+
+
+def load_raw(mode: str) -> dict[str, RawOutcome]:
+    return {k: RawOutcome(**v) for k, v in json.loads(raw_path(mode).read_text()).items()}
+
+
+def judge(
+    chosen: list[tuple[int, Scenario]], raw: dict[str, dict[str, RawOutcome]], seconds: dict[str, float]
+) -> Report:
     verdicts = []
     documents: dict[str, dict[str, Any]] = {}
     for _, scn in chosen:
         docs = {mode: normalise(raw[mode][scn.name]) for mode in MODES}
         documents[scn.name] = docs
         verdicts.append(compare(scn.name, docs["go"], docs["kubeloop"], scn.expected))
-    seconds["total"] = round(sum(seconds[m] for m in MODES), 1)
     return Report(verdicts, {s.name: s for _, s in chosen}, documents, seconds)
 
 
@@ -118,11 +139,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("-k", dest="pattern", default="", help="only scenarios whose name contains this")
     parser.add_argument("--parallel", type=int, default=8, help="scenarios at once per mode (default: 8)")
     parser.add_argument("--report", type=Path, default=REPORT, help=f"(default: {REPORT})")
+    parser.add_argument(
+        "--renormalise", action="store_true", help="compare the last run's raw outcomes again, run nothing"
+    )
     args = parser.parse_args(argv)
     chosen = select(args.subset, args.pattern)
     if not chosen:
         sys.exit("no scenario selected")
-    report = asyncio.run(run_suite(chosen, args.parallel))
+    if args.renormalise:
+        raw = {mode: load_raw(mode) for mode in MODES}
+        chosen = [(i, s) for i, s in chosen if all(s.name in raw[m] for m in MODES)]
+        previous = json.loads(args.report.read_text()).get("seconds", {}) if args.report.exists() else {}
+        report = judge(chosen, raw, previous)
+    else:
+        report = asyncio.run(run_suite(chosen, args.parallel))
     print_report(report)
     print(f"report: {report.write(args.report)}")
     _n, _same, differ, expected = report.counts()
