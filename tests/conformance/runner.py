@@ -595,11 +595,23 @@ def _local(name: str, prefix: str) -> str:
 
 
 def _at(obj: Any, path: str) -> Any:
-    for part in path.split("."):
+    """The value at a dotted path; a map key may itself contain dots (annotation keys do): the
+    longest run of parts that is a key wins."""
+    parts = path.split(".")
+    i = 0
+    while i < len(parts):
         if isinstance(obj, list):
+            part = parts[i]
             obj = obj[int(part)] if part.isdigit() and int(part) < len(obj) else None
+            i += 1
         elif isinstance(obj, dict):
-            obj = obj.get(part)
+            for j in range(len(parts), i, -1):
+                key = ".".join(parts[i:j])
+                if key in obj:
+                    obj, i = obj[key], j
+                    break
+            else:
+                return None
         else:
             return None
     return obj
