@@ -50,6 +50,21 @@ def attached_running(pod_name: str, pv_name: str, node: str) -> Step:
     return wait(running(pod_name), attached(pv_name, node), timeout=POD_WAIT)
 
 
+def in_use(node: str) -> tuple[Step, ...]:
+    """claim1's volume attached to `node` and mounted for pod p1 there."""
+    return (*volume(), pod("p1", "claim1", node=node), attached_running("p1", "pv-claim1", node))
+
+
+def orphaned_mount(node: str) -> tuple[Step, ...]:
+    """The volume still mounted on `node` (its node agent is down) after p1 was force-deleted."""
+    return (
+        *in_use(node),
+        Kill(f"node-agent-{node}"),
+        delete("pod", "p1", grace_seconds=0),
+        wait(gone("pod", "p1")),
+    )
+
+
 SCENARIOS: tuple[Scenario, ...] = (
     Scenario(
         "attach-pod-on-node",
@@ -61,9 +76,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         "detach-on-pod-delete",
         f"{RT}: attach then detach when the pod is gone",
         (
-            *volume(),
-            pod("p1", "claim1", node="node-a"),
-            attached_running("p1", "pv-claim1", "node-a"),
+            *in_use("node-a"),
             delete("pod", "p1"),
             wait(gone("va", "pv-claim1@node-a"), gone("pod", "p1"), timeout=POD_WAIT),
         ),
@@ -78,9 +91,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         "multi-attach-rwo-two-nodes",
         f"{RT}: Multi-Attach error: an RWO volume used by a pod on another node",
         (
-            *volume(),
-            pod("p1", "claim1", node="node-a"),
-            attached_running("p1", "pv-claim1", "node-a"),
+            *in_use("node-a"),
             pod("p2", "claim1", node="node-b"),
             wait(event("pod", "p2", "FailedAttachVolume"), timeout=30),
             sleep(3),
@@ -91,9 +102,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         "multi-attach-moves-after-first-pod-deleted",
         f"{RT}: the second node gets the volume once the first pod is gone",
         (
-            *volume(),
-            pod("p1", "claim1", node="node-a"),
-            attached_running("p1", "pv-claim1", "node-a"),
+            *in_use("node-a"),
             pod("p2", "claim1", node="node-b"),
             wait(event("pod", "p2", "FailedAttachVolume"), timeout=30),
             delete("pod", "p1"),
@@ -202,9 +211,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         "detach-force-deleted-pod",
         f"{RT}: a pod deleted with grace period 0 still gets its volume unmounted and detached",
         (
-            *volume(),
-            pod("p1", "claim1", node="node-b"),
-            attached_running("p1", "pv-claim1", "node-b"),
+            *in_use("node-b"),
             delete("pod", "p1", grace_seconds=0),
             wait(gone("va", "pv-claim1@node-b"), timeout=POD_WAIT),
         ),
@@ -213,9 +220,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         "detach-terminated-pod",
         f"{RT}: a pod that has terminated (phase Succeeded) no longer needs its volume",
         (
-            *volume(),
-            pod("p1", "claim1", node="node-a"),
-            attached_running("p1", "pv-claim1", "node-a"),
+            *in_use("node-a"),
             patch("pod", "p1", {"status": {"phase": "Succeeded"}}, subresource="status"),
             sleep(10),
         ),
@@ -239,9 +244,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         "attach-detach-controller-restart",
         "attach_detach_controller.go populateActualStateOfWorld: a restart keeps attached volumes",
         (
-            *volume(),
-            pod("p1", "claim1", node="node-a"),
-            attached_running("p1", "pv-claim1", "node-a"),
+            *in_use("node-a"),
             Kill("attach-detach"),
             Restart("attach-detach"),
             sleep(10),
@@ -255,12 +258,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         "detach-waits-while-mounted",
         f"{RT}: a volume still in use on the node is not detached when its pod is force-deleted",
         (
-            *volume(),
-            pod("p1", "claim1", node="node-b"),
-            attached_running("p1", "pv-claim1", "node-b"),
-            Kill("node-agent-node-b"),
-            delete("pod", "p1", grace_seconds=0),
-            wait(gone("pod", "p1")),
+            *orphaned_mount("node-b"),
             sleep(10),
             Observe("node-agent-down"),
             Restart("node-agent-node-b"),
@@ -272,12 +270,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         "detach-out-of-service-taint",
         f"{RT}: the node.kubernetes.io/out-of-service taint force-detaches a volume still in use",
         (
-            *volume(),
-            pod("p1", "claim1", node="node-b"),
-            attached_running("p1", "pv-claim1", "node-b"),
-            Kill("node-agent-node-b"),
-            delete("pod", "p1", grace_seconds=0),
-            wait(gone("pod", "p1")),
+            *orphaned_mount("node-b"),
             sleep(5),
             patch("node", "node-b", {"spec": {"taints": [OUT_OF_SERVICE]}}),
             wait(gone("va", "pv-claim1@node-b"), timeout=30),
@@ -292,12 +285,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         "multi-attach-exclusive-message",
         f"{RT}: Multi-Attach when no pod uses the volume on the other node any more",
         (
-            *volume(),
-            pod("p1", "claim1", node="node-a"),
-            attached_running("p1", "pv-claim1", "node-a"),
-            Kill("node-agent-node-a"),
-            delete("pod", "p1", grace_seconds=0),
-            wait(gone("pod", "p1")),
+            *orphaned_mount("node-a"),
             pod("p2", "claim1", node="node-b"),
             wait(event("pod", "p2", "FailedAttachVolume"), timeout=30),
             sleep(2),
@@ -311,9 +299,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         "node-deleted-with-attached-volume",
         "attach_detach_controller.go nodeDelete: a Node deleted while a volume is attached to it",
         (
-            *volume(),
-            pod("p1", "claim1", node="node-b"),
-            attached_running("p1", "pv-claim1", "node-b"),
+            *in_use("node-b"),
             delete("node", "node-b"),
             sleep(10),
             Observe("node-deleted"),
@@ -329,9 +315,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         "attach-volume-of-released-claim-pod",
         f"{RT}: a pod whose claim is deleted while it runs keeps its volume until it is gone",
         (
-            *volume(),
-            pod("p1", "claim1", node="node-a"),
-            attached_running("p1", "pv-claim1", "node-a"),
+            *in_use("node-a"),
             delete("pvc", "claim1"),
             sleep(4),
             Observe("claim-deleting"),

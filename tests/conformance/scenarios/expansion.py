@@ -17,7 +17,7 @@ from ..build import (
     sleep,
     wait,
 )
-from ..model import Condition, DriverVolume, Kill, Observe, Restart, Scenario
+from ..model import Condition, DriverVolume, Kill, Observe, Restart, Scenario, Step
 
 ET = "expand_controller_test.go"
 RT = "external-resizer controller_test.go"
@@ -32,15 +32,32 @@ def claim_size(claim: str, size: str) -> Condition:
     return field("pvc", claim, "status.capacity.storage", size)
 
 
+def grown() -> tuple[Step, ...]:
+    """claim1 provisioned, then grown from 1Gi to 2Gi by the controller side."""
+    return (
+        pvc("claim1", sc="kubeloop"),
+        wait(bound("claim1")),
+        resize("claim1", "2Gi"),
+        wait(pv_size("claim1", "2Gi"), timeout=30),
+    )
+
+
+def failed_expansion() -> tuple[Step, ...]:
+    """claim1 provisioned, then asked to grow beyond what the driver's pool holds."""
+    return (
+        pvc("claim1", sc="kubeloop"),
+        wait(bound("claim1")),
+        resize("claim1", "100Ti"),
+        wait(event("pvc", "claim1", "VolumeResizeFailed"), timeout=30),
+    )
+
+
 SCENARIOS: tuple[Scenario, ...] = (
     Scenario(
         "expand-unattached-claim",
         f"{ET}+{RT}: controller expansion of a claim no pod uses",
         (
-            pvc("claim1", sc="kubeloop"),
-            wait(bound("claim1")),
-            resize("claim1", "2Gi"),
-            wait(pv_size("claim1", "2Gi"), timeout=30),
+            *grown(),
             sleep(3),
         ),
         subset=True,
@@ -94,10 +111,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         "expand-too-large-fails",
         f"{RT}: ControllerExpandVolume fails (larger than the pool)",
         (
-            pvc("claim1", sc="kubeloop"),
-            wait(bound("claim1")),
-            resize("claim1", "100Ti"),
-            wait(event("pvc", "claim1", "VolumeResizeFailed"), timeout=30),
+            *failed_expansion(),
             sleep(3),
         ),
     ),
@@ -105,10 +119,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         "expand-recover-from-failure",
         f"{RT}: after a failed expansion the request is lowered again (RecoverVolumeExpansionFailure)",
         (
-            pvc("claim1", sc="kubeloop"),
-            wait(bound("claim1")),
-            resize("claim1", "100Ti"),
-            wait(event("pvc", "claim1", "VolumeResizeFailed"), timeout=30),
+            *failed_expansion(),
             resize("claim1", "2Gi"),
             wait(pv_size("claim1", "2Gi"), timeout=30),
             sleep(3),
@@ -118,10 +129,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         "expand-twice",
         f"{RT}: two expansions one after the other",
         (
-            pvc("claim1", sc="kubeloop"),
-            wait(bound("claim1")),
-            resize("claim1", "2Gi"),
-            wait(pv_size("claim1", "2Gi"), timeout=30),
+            *grown(),
             resize("claim1", "3Gi"),
             wait(pv_size("claim1", "3Gi"), timeout=30),
             sleep(3),

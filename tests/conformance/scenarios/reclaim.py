@@ -19,13 +19,24 @@ from ..build import (
     sleep,
     wait,
 )
-from ..model import DriverVolume, Scenario
+from ..model import DriverVolume, Scenario, Step
 from .provisioning import SECRET_PARAMS
 
 DT = "delete_test.go"
 DRIVER = "loop.csi.kubeloop.dev"
 # Long enough for the binder and the sidecar to act on a released volume and report.
 REACT = 8.0
+
+
+def claim_of(volume: str, claim: str = "claim1") -> tuple[Step, ...]:
+    """The claim a pre-bound static volume waits for, bound."""
+    return pvc(claim, volume=volume), wait(bound(claim))
+
+
+def release(claim: str) -> tuple[Step, ...]:
+    """The claim deleted and gone: its volume is Released and up for reclaiming."""
+    return delete("pvc", claim), wait(gone("pvc", claim))
+
 
 SCENARIOS: tuple[Scenario, ...] = (
     Scenario(
@@ -34,8 +45,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         (
             pvc("claim1", sc="kubeloop"),
             wait(bound("claim1")),
-            delete("pvc", "claim1"),
-            wait(gone("pvc", "claim1")),
+            *release("claim1"),
             sleep(1),
             wait(gone("pv", "claim:claim1")),
         ),
@@ -48,8 +58,7 @@ SCENARIOS: tuple[Scenario, ...] = (
             sc("keep", reclaim="Retain"),
             pvc("claim1", sc="keep"),
             wait(bound("claim1")),
-            delete("pvc", "claim1"),
-            wait(gone("pvc", "claim1")),
+            *release("claim1"),
             sleep(REACT),
         ),
     ),
@@ -58,10 +67,8 @@ SCENARIOS: tuple[Scenario, ...] = (
         f"{DT}: 8-x a static CSI volume with reclaimPolicy Delete (no provisioned-by annotation)",
         (
             pv("pv1", reclaim="Delete", claim="claim1"),
-            pvc("claim1", volume="pv1"),
-            wait(bound("claim1")),
-            delete("pvc", "claim1"),
-            wait(gone("pvc", "claim1")),
+            *claim_of("pv1"),
+            *release("claim1"),
             sleep(REACT),
         ),
         subset=True,
@@ -72,10 +79,8 @@ SCENARIOS: tuple[Scenario, ...] = (
         (
             DriverVolume("d1"),
             pv("pv1", reclaim="Delete", claim="claim1", vol="d1"),
-            pvc("claim1", volume="pv1"),
-            wait(bound("claim1")),
-            delete("pvc", "claim1"),
-            wait(gone("pvc", "claim1")),
+            *claim_of("pv1"),
+            *release("claim1"),
             sleep(REACT),
         ),
     ),
@@ -85,8 +90,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         (
             DriverVolume("d1"),
             pv("pv1", reclaim="Delete", claim="claim1", vol="d1", annotations={ANN_PROVISIONED_BY: DRIVER}),
-            pvc("claim1", volume="pv1"),
-            wait(bound("claim1")),
+            *claim_of("pv1"),
             delete("pvc", "claim1"),
             wait(gone("pv", "pv1"), timeout=30),
         ),
@@ -96,8 +100,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         f"{DT}: the driver does not know the annotated volume (DeleteVolume of a missing id succeeds)",
         (
             pv("pv1", reclaim="Delete", claim="claim1", annotations={ANN_PROVISIONED_BY: DRIVER}),
-            pvc("claim1", volume="pv1"),
-            wait(bound("claim1")),
+            *claim_of("pv1"),
             delete("pvc", "claim1"),
             wait(gone("pv", "pv1"), timeout=30),
         ),
@@ -109,10 +112,8 @@ SCENARIOS: tuple[Scenario, ...] = (
             pv(
                 "pv1", reclaim="Delete", claim="claim1", annotations={ANN_PROVISIONED_BY: "example.com/other"}
             ),
-            pvc("claim1", volume="pv1"),
-            wait(bound("claim1")),
-            delete("pvc", "claim1"),
-            wait(gone("pvc", "claim1")),
+            *claim_of("pv1"),
+            *release("claim1"),
             sleep(REACT),
         ),
     ),
@@ -138,8 +139,7 @@ SCENARIOS: tuple[Scenario, ...] = (
             wait(bound("claim1")),
             delete("sc", "temp"),
             sleep(1),
-            delete("pvc", "claim1"),
-            wait(gone("pvc", "claim1")),
+            *release("claim1"),
             sleep(REACT),
         ),
     ),
@@ -151,8 +151,7 @@ SCENARIOS: tuple[Scenario, ...] = (
             sc("secret", params=SECRET_PARAMS),
             pvc("claim1", sc="secret"),
             wait(bound("claim1")),
-            delete("pvc", "claim1"),
-            wait(gone("pvc", "claim1")),
+            *release("claim1"),
             sleep(REACT),
         ),
     ),
@@ -164,8 +163,7 @@ SCENARIOS: tuple[Scenario, ...] = (
             wait(bound("claim1")),
             delete("pv", "claim:claim1"),
             sleep(2),
-            delete("pvc", "claim1"),
-            wait(gone("pvc", "claim1")),
+            *release("claim1"),
             sleep(REACT),
         ),
     ),
@@ -192,10 +190,8 @@ SCENARIOS: tuple[Scenario, ...] = (
         f"{DT}: a volume that failed to delete, set to Retain by the admin",
         (
             pv("pv1", reclaim="Delete", claim="claim1"),
-            pvc("claim1", volume="pv1"),
-            wait(bound("claim1")),
-            delete("pvc", "claim1"),
-            wait(gone("pvc", "claim1")),
+            *claim_of("pv1"),
+            *release("claim1"),
             sleep(REACT),
             patch("pv", "pv1", {"spec": {"persistentVolumeReclaimPolicy": "Retain"}}),
             sleep(REACT),
@@ -206,8 +202,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         f"{DT}: 8-3 a delete that fails is reported on the volume",
         (
             pv("pv1", reclaim="Delete", claim="claim1"),
-            pvc("claim1", volume="pv1"),
-            wait(bound("claim1")),
+            *claim_of("pv1"),
             delete("pvc", "claim1"),
             wait(event("pv", "pv1", "VolumeFailedDelete"), timeout=30),
             sleep(2),
