@@ -184,7 +184,8 @@ def view(obj: Obj, norm: Normaliser) -> Obj:
             for c in status["conditions"]
         ]
     if kind == "Node":
-        attached = [v["name"] for v in status.get("volumesAttached") or ()]
+        # Sorted once normalised: the raw handles are random, their symbols are not.
+        attached = [norm.text(v["name"]) for v in status.get("volumesAttached") or ()]
         out["status.volumesAttached"] = sorted(attached)
     return dict(sorted(norm.value(out).items()))
 
