@@ -17,6 +17,7 @@ from controller_runtime.informer import SharedInformerFactory
 from controller_runtime.resources import Obj, Resource
 from controller_runtime.volumes import ANN_CONTROLLER_MANAGED, unique_volume_name, va_name
 from services.attach_detach.controller import AttachDetachController, Options
+from services.attach_detach.state import ATTACH_FAILED_MESSAGE, ATTACH_SUCCEEDED_MESSAGE
 
 DRIVER = "loop.csi.kubeloop.dev"
 
@@ -318,8 +319,16 @@ def test_attachment_no_node_listed_at_start_is_reported_once_attached() -> None:
         w.c.seed_actual_state()
         await w.reconcile()
         assert w.events.items == [
-            ("p", "SuccessfulAttachVolume", 'AttachVolume.Attach succeeded for volume "pv-v"')
+            ("p", "SuccessfulAttachVolume", 'AttachVolume.Attach succeeded for volume "pv-v" ')
         ]
         assert w.written("patch", "nodes") == ["node-a"]
 
     asyncio.run(main())
+
+
+def test_attach_messages_are_kcms_byte_for_byte() -> None:
+    """kcm formats "<prefix> for volume <name> <suffix>": an empty suffix leaves a trailing space,
+    an error suffix starts with ": " after that space."""
+    assert ATTACH_SUCCEEDED_MESSAGE.format(pv="pv1") == 'AttachVolume.Attach succeeded for volume "pv1" '
+    failed = ATTACH_FAILED_MESSAGE.format(pv="pv1", error="x")
+    assert failed == 'AttachVolume.Attach failed for volume "pv1" : x'
