@@ -2,7 +2,7 @@
 hand, an in-memory client that records writes, and a fake clock: the actual state seeded from the
 nodes' status at start, the periodic check of those seeded entries, assumed mounts, deleted nodes,
 the desired-state populator, the attach timeout, and Multi-Attach events once per node and
-volume."""
+volume, and the attach outcome reported to the pods that wanted the attach when it started."""
 
 from __future__ import annotations
 
@@ -332,3 +332,51 @@ def test_attach_messages_are_kcms_byte_for_byte() -> None:
     assert ATTACH_SUCCEEDED_MESSAGE.format(pv="pv1") == 'AttachVolume.Attach succeeded for volume "pv1" '
     failed = ATTACH_FAILED_MESSAGE.format(pv="pv1", error="x")
     assert failed == 'AttachVolume.Attach failed for volume "pv1" : x'
+
+
+def test_attach_success_goes_to_the_pods_present_when_the_attach_started() -> None:
+    async def main() -> None:
+        w = World()
+        w.add_volume("v")
+        w.add_node(node("node-a"))
+        w.c.seed_actual_state()
+        await w.add_pod(pod("p1", "node-a", "v"))
+        await w.reconcile()
+        assert w.written("create", "volumeattachments") == [va_name("v", DRIVER, "node-a")]
+        # A second pod on the same node joins the attach while it is under way.
+        w.c.vas.store.upsert(va("v", "node-a", attached=False))
+        await w.add_pod(pod("p2", "node-a", "v"))
+        await w.reconcile()
+        w.c.vas.store.upsert(va("v", "node-a", attached=True))
+        await w.reconcile()
+        # kcm's message ends in a space: its suffix (empty here) follows one.
+        assert w.events.items == [
+            ("p1", "SuccessfulAttachVolume", 'AttachVolume.Attach succeeded for volume "pv-v" ')
+        ]
+
+    asyncio.run(main())
+
+
+def test_attach_failure_goes_to_the_attachs_pods_and_its_retry_to_those_of_then() -> None:
+    async def main() -> None:
+        w = World()
+        w.add_volume("v")
+        w.add_node(node("node-a"))
+        w.c.seed_actual_state()
+        await w.add_pod(pod("p1", "node-a", "v"))
+        await w.reconcile()
+        await w.add_pod(pod("p2", "node-a", "v"))
+        w.c.vas.store.upsert(va("v", "node-a", attached=False, error="boom"))
+        await w.reconcile()
+        failed = 'AttachVolume.Attach failed for volume "pv-v" : boom'
+        assert w.events.items == [("p1", "FailedAttachVolume", failed)]
+        w.events.items.clear()
+        w.c.vas.store.upsert(va("v", "node-a", attached=True))
+        await w.reconcile()
+        succeeded = 'AttachVolume.Attach succeeded for volume "pv-v" '
+        assert sorted(w.events.items) == [
+            ("p1", "SuccessfulAttachVolume", succeeded),
+            ("p2", "SuccessfulAttachVolume", succeeded),
+        ]
+
+    asyncio.run(main())
