@@ -18,6 +18,7 @@ from controller_runtime.client import ApiError
 from controller_runtime.controller import ControllerContext, InformerController, run_workers
 from controller_runtime.informer import EventHandler
 from controller_runtime.logs import get_logger
+from controller_runtime.resize_status import PRE_RESIZE_CAPACITY
 from controller_runtime.resources import PERSISTENT_VOLUME_CLAIMS, PERSISTENT_VOLUMES, Obj, key_of, typed
 from controller_runtime.storage import claim_request, storage_of
 from controller_runtime.workqueue import WorkQueue, default_rate_limiter
@@ -27,7 +28,6 @@ log = get_logger("volume-expand")
 COMPONENT = "volume_expand"  # the event source and queue name kcm uses
 EXTERNAL_EXPANDING = "ExternalExpanding"
 MSG_EXTERNAL = "waiting for an external controller to expand this PVC"
-PRE_RESIZE_CAPACITY = "volume.alpha.kubernetes.io/pre-resize-capacity"
 
 
 @dataclass(frozen=True)

@@ -12,13 +12,9 @@ from controller_runtime.client import ApiClient
 from controller_runtime.controller import ControllerContext
 from controller_runtime.events import EventRecorder
 from controller_runtime.informer import SharedInformerFactory
+from controller_runtime.resize_status import PRE_RESIZE_CAPACITY
 from controller_runtime.resources import Obj, Resource
-from services.volume_expand.controller import (
-    EXTERNAL_EXPANDING,
-    MSG_EXTERNAL,
-    PRE_RESIZE_CAPACITY,
-    ExpandController,
-)
+from services.volume_expand.controller import EXTERNAL_EXPANDING, MSG_EXTERNAL, ExpandController
 
 
 @dataclass
