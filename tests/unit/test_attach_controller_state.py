@@ -138,6 +138,20 @@ class World:
         w.c.vas.store.upsert(va("v", "node-a"))
         return w
 
+    @classmethod
+    async def attaching(cls, first_pod: str, *nodes: str) -> World:
+        """Volume v on fresh nodes (node-a and `nodes`), wanted by `first_pod` on node-a, whose
+        attach has just started."""
+        w = cls()
+        w.add_volume("v")
+        for name in ("node-a", *nodes):
+            w.add_node(node(name))
+        w.c.seed_actual_state()
+        await w.add_pod(pod(first_pod, "node-a", "v"))
+        await w.reconcile()
+        assert w.written("create", "volumeattachments") == [va_name("v", DRIVER, "node-a")]
+        return w
+
     def add_volume(self, handle: str, modes: tuple[str, ...] = ("ReadWriteOnce",)) -> None:
         self.c.pvs.store.upsert(pv(handle, modes))
         self.c.pvcs.store.upsert(pvc(handle))
@@ -257,14 +271,7 @@ def test_populator_drops_vanished_pods_and_requeues_all_every_three_minutes() ->
 
 def test_attach_waits_for_its_timeout_then_is_uncertain() -> None:
     async def main() -> None:
-        w = World()
-        w.add_volume("v")
-        w.add_node(node("node-a"))
-        w.add_node(node("node-b"))
-        w.c.seed_actual_state()
-        await w.add_pod(pod("p", "node-a", "v"))
-        await w.reconcile()
-        assert w.written("create", "volumeattachments") == [va_name("v", DRIVER, "node-a")]
+        w = await World.attaching("p", "node-b")
         w.c.vas.store.upsert(va("v", "node-a", attached=False))
         await w.add_pod(pod("q", "node-b", "v"))
         await w.reconcile()
@@ -336,13 +343,7 @@ def test_attach_messages_are_kcms_byte_for_byte() -> None:
 
 def test_attach_success_goes_to_the_pods_present_when_the_attach_started() -> None:
     async def main() -> None:
-        w = World()
-        w.add_volume("v")
-        w.add_node(node("node-a"))
-        w.c.seed_actual_state()
-        await w.add_pod(pod("p1", "node-a", "v"))
-        await w.reconcile()
-        assert w.written("create", "volumeattachments") == [va_name("v", DRIVER, "node-a")]
+        w = await World.attaching("p1")
         # A second pod on the same node joins the attach while it is under way.
         w.c.vas.store.upsert(va("v", "node-a", attached=False))
         await w.add_pod(pod("p2", "node-a", "v"))
@@ -359,12 +360,7 @@ def test_attach_success_goes_to_the_pods_present_when_the_attach_started() -> No
 
 def test_attach_failure_goes_to_the_attachs_pods_and_its_retry_to_those_of_then() -> None:
     async def main() -> None:
-        w = World()
-        w.add_volume("v")
-        w.add_node(node("node-a"))
-        w.c.seed_actual_state()
-        await w.add_pod(pod("p1", "node-a", "v"))
-        await w.reconcile()
+        w = await World.attaching("p1")
         await w.add_pod(pod("p2", "node-a", "v"))
         w.c.vas.store.upsert(va("v", "node-a", attached=False, error="boom"))
         await w.reconcile()
