@@ -29,6 +29,9 @@ MSG_FS_RESIZE_PENDING = "Waiting for user to (re-)start a pod to finish file sys
 # Annotations.
 RESIZER_ANNOTATION = "volume.kubernetes.io/storage-resizer"
 NODE_EXPANSION_NOT_REQUIRED = "volume.kubernetes.io/node-expansion-not-required"
+# On a PV whose volume grew while its filesystem has not yet: the claim's capacity before the
+# resize. The external-resizer sets and removes it; kcm's binder and expander read it.
+PRE_RESIZE_CAPACITY = "volume.alpha.kubernetes.io/pre-resize-capacity"
 
 
 # Codes after which the expansion may still be running in the driver: retry the same size.

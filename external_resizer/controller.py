@@ -5,7 +5,10 @@ backoff between failed attempts.
 One attempt, in the order kubernetes-csi external-resizer writes:
   1. PVC status: Resizing, allocatedResources = the size worked towards, ControllerResizeInProgress;
   2. event Resizing, then ControllerExpandVolume;
-  3. PV spec.capacity;
+  3. PV spec.capacity, and when the node must still grow the filesystem, the annotation
+     volume.alpha.kubernetes.io/pre-resize-capacity = the claim's capacity before (unless already
+     there: the first size a pending resize started from stays); a later sync that finds the
+     claim's capacity caught up with the PV's removes it;
   4. PVC status: FileSystemResizePending + NodeResizePending (the node finishes), or capacity set
      and the resize status cleared when the driver needs no node step.
 A failed ControllerExpandVolume is written to the claim (ControllerResizeError; an infeasible size
@@ -73,6 +76,10 @@ def lease_name(driver: str) -> str:
     """`external-resizer-<driver>`, with what a Lease name cannot hold replaced as the Go sidecar does."""
     name = "external-resizer-" + re.sub(r"[^a-zA-Z0-9-]", "-", driver)
     return name + "X" if name.endswith("-") else name
+
+
+def _annotations(obj: Obj) -> dict[str, str]:
+    return obj["metadata"].get("annotations") or {}
 
 
 def sizes(claim: Obj, pv: Obj) -> Sizes:
@@ -164,6 +171,16 @@ class Resizer(SidecarController):
         if pv is None:
             raise ResizeError(f'PV "{pv_name}" bound to pvc "{key}" not found')
         s = sizes(claim, pv)
+        if s.capacity >= s.pv and rs.PRE_RESIZE_CAPACITY in _annotations(pv):
+            # The node finished: the PV no longer needs to remember the size before the resize.
+            # Upstream does this for any claim's PV, before it looks at phase or driver.
+            try:
+                await self._patch_pv(pv, {"metadata": {"annotations": {rs.PRE_RESIZE_CAPACITY: None}}})
+            except ApiError as e:
+                raise RuntimeError(
+                    f'failed removing annotation {rs.PRE_RESIZE_CAPACITY} from pv "{pv_name}": '
+                    f"update capacity of PV {pv_name} failed: {e}"
+                ) from e
         if (claim.get("status") or {}).get("phase") != "Bound" or s.request <= s.capacity:
             return None
         ref = (pv.get("spec") or {}).get("claimRef") or {}
@@ -199,6 +216,8 @@ class Resizer(SidecarController):
 
     async def _attempt(self, key: str, claim: Obj, pv: Obj, attempt: Attempt) -> None:
         status = claim.get("status") or {}
+        # Upstream records the claim's capacity as the sync found it ("0" without one).
+        old_capacity = str((status.get("capacity") or {}).get("storage") or "0")
         try:
             claim = await self._patch_claim(
                 claim,
@@ -219,14 +238,15 @@ class Resizer(SidecarController):
             f"External resizer is resizing volume {pv_name}",
         )
         new_size, node_expansion = await self._expand(key, claim, pv, attempt.size)
+        pv_patch: Obj = {"spec": {"capacity": {"storage": format_quantity(new_size)}}}
+        if node_expansion and rs.PRE_RESIZE_CAPACITY not in _annotations(pv):
+            pv_patch["metadata"] = {"annotations": {rs.PRE_RESIZE_CAPACITY: old_capacity}}
         try:
-            await self.client.patch(
-                PERSISTENT_VOLUMES, pv_name, {"spec": {"capacity": {"storage": format_quantity(new_size)}}}
-            )
+            await self._patch_pv(pv, pv_patch)
         except ApiError as e:
             raise ResizeError(
                 f'error updating pv "{pv_name}" by resizer: updating capacity of PV "{pv_name}" '
-                f"to {format_quantity(new_size)} failed: {e}"
+                f"to {format_quantity(new_size)} failed: update capacity of PV {pv_name} failed: {e}"
             ) from e
         status = claim.get("status") or {}
         if node_expansion:
@@ -297,6 +317,12 @@ class Resizer(SidecarController):
         self.final_errors.discard(key)
         self.infeasible_since.pop(key, None)
         return int(rsp.capacity_bytes) or size, bool(rsp.node_expansion_required)
+
+    async def _patch_pv(self, pv: Obj, patch: Obj) -> None:
+        """Patches the PV and puts the answer into the cache, as upstream does: the next sync must
+        see the annotation this one wrote, even before the watch delivers it."""
+        updated = await self.client.patch(PERSISTENT_VOLUMES, pv["metadata"]["name"], patch)
+        self.volumes.store.upsert(updated)
 
     def _in_use(self, claim: Obj) -> bool:
         """True when the driver said this volume cannot grow while in use and a running pod uses it."""

@@ -170,6 +170,9 @@ class AttachDetachController(InformerController):
         self._created_here: set[str] = set()
         # When this run started each attach it is still waiting for (VA name -> clock).
         self._attach_started: dict[str, float] = {}
+        # The pods that wanted each attach when it started (VA name -> pods): kcm's attach
+        # operation reports its outcome to those, not to pods that joined while it ran.
+        self._attach_pods: dict[str, tuple[PodRef, ...]] = {}
         # (node, unique volume name) already given their Multi-Attach event, as long as wanted.
         self._multi_attach_reported: set[tuple[str, str]] = set()
         self._attach_errors_reported: dict[str, str] = {}
@@ -509,6 +512,7 @@ class AttachDetachController(InformerController):
                     pending=True,
                 )
                 self._attach_started[entry.va_name] = now
+                self._attach_pods[entry.va_name] = entry.pods
                 self.operations.run(entry.va_name, self._attach(entry))
         self._multi_attach_reported &= {(e.node, e.volume.unique_name) for e in desired}
         for refusal in plan.multi_attach:
@@ -532,7 +536,9 @@ class AttachDetachController(InformerController):
                 *(self._write_node_status(n, v) for n, v in rest.items()), return_exceptions=True
             )
         # Forget bookkeeping of attachments that are gone.
-        self._created_here &= live | set(self._creating)
+        kept = live | set(self._creating)
+        self._created_here &= kept
+        self._attach_pods = {n: p for n, p in self._attach_pods.items() if n in kept}
         self.operations.forget(live | {e.va_name for e in plan.attaches})
 
     def _report_attach_results(self, desired: list[DesiredEntry], attachments: list[Attachment]) -> None:
@@ -545,10 +551,13 @@ class AttachDetachController(InformerController):
             settled = error or att.attached or att.pending or att.deleting
             if not settled and att.name in self._attach_started:  # timed out waiting for the attacher
                 error = ATTACH_TIMEOUT_ERROR.format(driver=att.driver, handle=att.handle)
+            # Without a record (an attach found at start), the pods that want it now.
+            pods = self._attach_pods.get(att.name, entry.pods)
             if att.attached and entry.va_name in self._created_here:
                 self._created_here.discard(entry.va_name)
                 self._attach_errors_reported.pop(entry.va_name, None)
-                for pod in entry.pods:
+                self._attach_pods.pop(entry.va_name, None)
+                for pod in pods:
                     self.recorder.normal(
                         _pod_object(pod),
                         "SuccessfulAttachVolume",
@@ -556,7 +565,9 @@ class AttachDetachController(InformerController):
                     )
             elif error and self._attach_errors_reported.get(att.name) != error:
                 self._attach_errors_reported[att.name] = error
-                for pod in entry.pods:
+                # kcm retries a failed attach as a new operation, for the pods wanting it by then.
+                self._attach_pods[att.name] = entry.pods
+                for pod in pods:
                     self.recorder.warning(
                         _pod_object(pod),
                         "FailedAttachVolume",

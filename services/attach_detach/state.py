@@ -17,7 +17,8 @@ from controller_runtime.volumes import CSI_PLUGIN_NAME, va_name
 MULTI_ATTACH_PREFIX = 'Multi-Attach error for volume "{pv}" '
 # Nobody this controller knows of uses the volume on the other node(s): no pod names to give.
 MULTI_ATTACH_EXCLUSIVE = "Volume is already exclusively attached to one node and can't be attached to another"
-ATTACH_SUCCEEDED_MESSAGE = 'AttachVolume.Attach succeeded for volume "{pv}"'
+# kcm builds it as "<prefix> for volume <name> <suffix>" with an empty suffix: it ends in a space.
+ATTACH_SUCCEEDED_MESSAGE = 'AttachVolume.Attach succeeded for volume "{pv}" '
 ATTACH_FAILED_MESSAGE = 'AttachVolume.Attach failed for volume "{pv}" : {error}'
 # kcm's CSI attacher gives up waiting for status.attached after its CSI timeout (2 min) with this.
 ATTACH_TIMEOUT_ERROR = (

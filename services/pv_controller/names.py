@@ -4,11 +4,13 @@ reasons it shares with the provisioner are in controller_runtime.storage."""
 
 from __future__ import annotations
 
+from controller_runtime.resize_status import PRE_RESIZE_CAPACITY
+
 COMPONENT = "persistentvolume-controller"  # the event source kcm's binder reports as
 
 # Set on a PV by a resizer whose volume grew while the filesystem did not yet; the binder reports
 # this size as the claim's capacity when it binds.
-ANN_PRE_RESIZE_CAPACITY = "volume.alpha.kubernetes.io/pre-resize-capacity"
+ANN_PRE_RESIZE_CAPACITY = PRE_RESIZE_CAPACITY
 
 # Event reasons
 FAILED_BINDING = "FailedBinding"

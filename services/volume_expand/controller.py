@@ -3,7 +3,9 @@
 kcm 1.36 expands no volume itself: its in-tree expandable plugins are gone, and the external
 resizer finds CSI claims by their PV's driver. What it still does for a bound claim whose request
 exceeds its capacity is check that the PV is bound to that claim and tell the user who will act:
-a Warning `ExternalExpanding` event, "waiting for an external controller to expand this PVC".
+a Normal `ExternalExpanding` event, "waiting for an external controller to expand this PVC" (kcm
+finds no expandable plugin for a CSI volume, which is not an error: Warning only when the plugin
+lookup itself fails, and that cannot happen for a CSI PV).
 (It sets `volume.kubernetes.io/storage-resizer` only for in-tree volumes migrated to CSI, which
 this cluster has none of.) A PVC informer, a rate-limited queue, one sync per claim at a time.
 """
@@ -16,6 +18,7 @@ from controller_runtime.client import ApiError
 from controller_runtime.controller import ControllerContext, InformerController, run_workers
 from controller_runtime.informer import EventHandler
 from controller_runtime.logs import get_logger
+from controller_runtime.resize_status import PRE_RESIZE_CAPACITY
 from controller_runtime.resources import PERSISTENT_VOLUME_CLAIMS, PERSISTENT_VOLUMES, Obj, key_of, typed
 from controller_runtime.storage import claim_request, storage_of
 from controller_runtime.workqueue import WorkQueue, default_rate_limiter
@@ -25,7 +28,6 @@ log = get_logger("volume-expand")
 COMPONENT = "volume_expand"  # the event source and queue name kcm uses
 EXTERNAL_EXPANDING = "ExternalExpanding"
 MSG_EXTERNAL = "waiting for an external controller to expand this PVC"
-PRE_RESIZE_CAPACITY = "volume.alpha.kubernetes.io/pre-resize-capacity"
 
 
 @dataclass(frozen=True)
@@ -81,5 +83,5 @@ class ExpandController(InformerController):
         annotations = pv["metadata"].get("annotations") or {}
         if claim_request(claim) <= _capacity(claim) and PRE_RESIZE_CAPACITY not in annotations:
             return
-        self.recorder.warning(typed(claim, PERSISTENT_VOLUME_CLAIMS), EXTERNAL_EXPANDING, MSG_EXTERNAL)
+        self.recorder.normal(typed(claim, PERSISTENT_VOLUME_CLAIMS), EXTERNAL_EXPANDING, MSG_EXTERNAL)
         log.info("claim waits for an external resizer", pvc=key, pv=pv_name)

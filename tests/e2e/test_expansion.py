@@ -149,7 +149,7 @@ async def test_online_expansion_of_a_mounted_xfs_volume(stack: StorageStack, nam
     # Who said what, with the Go components' reasons, types, messages and sources.
     expanding = await recorded(stack, namespace, "ExternalExpanding", pvc)
     assert [(e["type"], e["message"], e["source"]["component"]) for e in expanding] == [
-        ("Warning", "waiting for an external controller to expand this PVC", "volume_expand")
+        ("Normal", "waiting for an external controller to expand this PVC", "volume_expand")
     ]
     (resizing,) = await recorded(stack, namespace, "Resizing", pvc)
     assert resizing["message"] == f"External resizer is resizing volume {pv}"

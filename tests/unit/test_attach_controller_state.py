@@ -2,7 +2,7 @@
 hand, an in-memory client that records writes, and a fake clock: the actual state seeded from the
 nodes' status at start, the periodic check of those seeded entries, assumed mounts, deleted nodes,
 the desired-state populator, the attach timeout, and Multi-Attach events once per node and
-volume."""
+volume, and the attach outcome reported to the pods that wanted the attach when it started."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from controller_runtime.informer import SharedInformerFactory
 from controller_runtime.resources import Obj, Resource
 from controller_runtime.volumes import ANN_CONTROLLER_MANAGED, unique_volume_name, va_name
 from services.attach_detach.controller import AttachDetachController, Options
+from services.attach_detach.state import ATTACH_FAILED_MESSAGE, ATTACH_SUCCEEDED_MESSAGE
 
 DRIVER = "loop.csi.kubeloop.dev"
 
@@ -135,6 +136,20 @@ class World:
         w.add_volume("v")
         w.add_node(node("node-a", in_use=(unique("v"),), attached=(unique("v"),)))
         w.c.vas.store.upsert(va("v", "node-a"))
+        return w
+
+    @classmethod
+    async def attaching(cls, first_pod: str, *nodes: str) -> World:
+        """Volume v on fresh nodes (node-a and `nodes`), wanted by `first_pod` on node-a, whose
+        attach has just started."""
+        w = cls()
+        w.add_volume("v")
+        for name in ("node-a", *nodes):
+            w.add_node(node(name))
+        w.c.seed_actual_state()
+        await w.add_pod(pod(first_pod, "node-a", "v"))
+        await w.reconcile()
+        assert w.written("create", "volumeattachments") == [va_name("v", DRIVER, "node-a")]
         return w
 
     def add_volume(self, handle: str, modes: tuple[str, ...] = ("ReadWriteOnce",)) -> None:
@@ -256,14 +271,7 @@ def test_populator_drops_vanished_pods_and_requeues_all_every_three_minutes() ->
 
 def test_attach_waits_for_its_timeout_then_is_uncertain() -> None:
     async def main() -> None:
-        w = World()
-        w.add_volume("v")
-        w.add_node(node("node-a"))
-        w.add_node(node("node-b"))
-        w.c.seed_actual_state()
-        await w.add_pod(pod("p", "node-a", "v"))
-        await w.reconcile()
-        assert w.written("create", "volumeattachments") == [va_name("v", DRIVER, "node-a")]
+        w = await World.attaching("p", "node-b")
         w.c.vas.store.upsert(va("v", "node-a", attached=False))
         await w.add_pod(pod("q", "node-b", "v"))
         await w.reconcile()
@@ -318,8 +326,53 @@ def test_attachment_no_node_listed_at_start_is_reported_once_attached() -> None:
         w.c.seed_actual_state()
         await w.reconcile()
         assert w.events.items == [
-            ("p", "SuccessfulAttachVolume", 'AttachVolume.Attach succeeded for volume "pv-v"')
+            ("p", "SuccessfulAttachVolume", 'AttachVolume.Attach succeeded for volume "pv-v" ')
         ]
         assert w.written("patch", "nodes") == ["node-a"]
+
+    asyncio.run(main())
+
+
+def test_attach_messages_are_kcms_byte_for_byte() -> None:
+    """kcm formats "<prefix> for volume <name> <suffix>": an empty suffix leaves a trailing space,
+    an error suffix starts with ": " after that space."""
+    assert ATTACH_SUCCEEDED_MESSAGE.format(pv="pv1") == 'AttachVolume.Attach succeeded for volume "pv1" '
+    failed = ATTACH_FAILED_MESSAGE.format(pv="pv1", error="x")
+    assert failed == 'AttachVolume.Attach failed for volume "pv1" : x'
+
+
+def test_attach_success_goes_to_the_pods_present_when_the_attach_started() -> None:
+    async def main() -> None:
+        w = await World.attaching("p1")
+        # A second pod on the same node joins the attach while it is under way.
+        w.c.vas.store.upsert(va("v", "node-a", attached=False))
+        await w.add_pod(pod("p2", "node-a", "v"))
+        await w.reconcile()
+        w.c.vas.store.upsert(va("v", "node-a", attached=True))
+        await w.reconcile()
+        # kcm's message ends in a space: its suffix (empty here) follows one.
+        assert w.events.items == [
+            ("p1", "SuccessfulAttachVolume", 'AttachVolume.Attach succeeded for volume "pv-v" ')
+        ]
+
+    asyncio.run(main())
+
+
+def test_attach_failure_goes_to_the_attachs_pods_and_its_retry_to_those_of_then() -> None:
+    async def main() -> None:
+        w = await World.attaching("p1")
+        await w.add_pod(pod("p2", "node-a", "v"))
+        w.c.vas.store.upsert(va("v", "node-a", attached=False, error="boom"))
+        await w.reconcile()
+        failed = 'AttachVolume.Attach failed for volume "pv-v" : boom'
+        assert w.events.items == [("p1", "FailedAttachVolume", failed)]
+        w.events.items.clear()
+        w.c.vas.store.upsert(va("v", "node-a", attached=True))
+        await w.reconcile()
+        succeeded = 'AttachVolume.Attach succeeded for volume "pv-v" '
+        assert sorted(w.events.items) == [
+            ("p1", "SuccessfulAttachVolume", succeeded),
+            ("p2", "SuccessfulAttachVolume", succeeded),
+        ]
 
     asyncio.run(main())
