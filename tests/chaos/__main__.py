@@ -1,5 +1,6 @@
 """`make chaos`: a long chaos campaign. CHAOS_ROUNDS rounds of CHAOS_KILLS kills each (and the
-apiserver and etcd restarts, pauses and pool fills of every few rounds); CHAOS_SEED makes a run
+apiserver and etcd restarts, pauses, leader kills and pool fills of every few rounds), with
+CHAOS_REPLICAS replicas of each leader-elected controller (default 2); CHAOS_SEED makes a run
 repeatable, CHAOS_REPORT names the JSON report (default chaos-report.json). Exits 1 when any
 invariant, checksum or operation failed."""
 
@@ -31,6 +32,8 @@ def main() -> None:
         rounds=int(os.environ.get("CHAOS_ROUNDS", "40")),
         kills_per_round=int(os.environ.get("CHAOS_KILLS", "5")),
         seed=int(os.environ.get("CHAOS_SEED", "1")),
+        replicas=int(os.environ.get("CHAOS_REPLICAS", "2")),
+        leader_kill_every=2,
         report_path=Path(os.environ.get("CHAOS_REPORT", "chaos-report.json")).resolve(),
     )
     report = asyncio.run(_run(config))

@@ -34,6 +34,7 @@ import aiohttp
 from controller_runtime.client import ApiClient, ApiError
 from controller_runtime.resources import (
     EVENTS,
+    LEASES,
     PERSISTENT_VOLUME_CLAIMS,
     PERSISTENT_VOLUMES,
     PODS,
@@ -43,7 +44,7 @@ from controller_runtime.resources import (
 from csi_driver import DRIVER_NAME
 from localstack.components import REGISTRY, Component, ComponentContext
 from localstack.controlplane import ControlPlane
-from localstack.proc import ManagedProcess, RestartPolicy
+from localstack.proc import ManagedProcess, RestartPolicy, free_ports
 from localstack.storage_stack import NODES, StorageStack, mounts_under, storage_components
 
 T = TypeVar("T")
@@ -83,6 +84,10 @@ class ChaosConfig:
     pause_every: int = 2
     fill_every: int = 3
     claims_per_round: int = 2
+    # Replicas of each leader-elected controller; with 2, every `leader_kill_every`-th round
+    # kills the Lease holder of one of them and times the standby's takeover.
+    replicas: int = 1
+    leader_kill_every: int = 0
     settle_timeout: float = 180.0
     seed: int = 0
     report_path: Path | None = None
@@ -101,6 +106,7 @@ class RoundFigures:
     corruptions: int = 0
     double_attachments: int = 0
     refused_claims: int = 0
+    takeovers: dict[str, float] = field(default_factory=dict)  # kind: seconds until the standby led
     settle_seconds: float = 0.0
     seconds: float = 0.0
     failures: list[str] = field(default_factory=list)
@@ -115,7 +121,8 @@ class RoundFigures:
             f"pauses {sum(self.pauses.values())}; "
             f"{ops} operations; {self.invariant_checks} invariant checks passed; leaks {leaks} "
             f"{dict(self.leaked)}; corruptions {self.corruptions}; double attachments "
-            f"{self.double_attachments}; refused claims {self.refused_claims}; settled in "
+            f"{self.double_attachments}; refused claims {self.refused_claims}; leader takeovers "
+            f"{ {k: round(v, 1) for k, v in self.takeovers.items()} }; settled in "
             f"{self.settle_seconds:.1f}s; round {self.seconds:.0f}s; failures {len(self.failures)}"
         )
 
@@ -153,6 +160,8 @@ class Report:
             "corruptions": sum(r.corruptions for r in self.rounds),
             "double_attachments": sum(r.double_attachments for r in self.rounds),
             "refused_claims": sum(r.refused_claims for r in self.rounds),
+            "leader_takeovers": sum(len(r.takeovers) for r in self.rounds),
+            "takeover_max": max((v for r in self.rounds for v in r.takeovers.values()), default=0.0),
             "settle_p50": _percentile(settle, 50),
             "settle_p99": _percentile(settle, 99),
             "seconds": sum(r.seconds for r in self.rounds),
@@ -168,7 +177,9 @@ class Report:
             f"{sum(t['pauses_by_kind'].values())}; {t['operations']} operations; "
             f"{t['invariant_checks_passed']} invariant checks passed; leaked {t['leaked']}; corruptions "
             f"{t['corruptions']}; double attachments {t['double_attachments']}; refused claims "
-            f"{t['refused_claims']}; settle p50 {t['settle_p50']:.1f}s p99 {t['settle_p99']:.1f}s; "
+            f"{t['refused_claims']}; leader takeovers {t['leader_takeovers']} "
+            f"(max {t['takeover_max']:.1f}s); "
+            f"settle p50 {t['settle_p50']:.1f}s p99 {t['settle_p99']:.1f}s; "
             f"{t['seconds']:.0f}s; failures {len(t['failures'])}"
         )
 
@@ -179,7 +190,7 @@ class Report:
 
 def _round_json(r: RoundFigures) -> dict[str, Any]:
     out = dataclasses.asdict(r)
-    for key in ("kills", "pauses", "operations", "leaked"):
+    for key in ("kills", "pauses", "operations", "leaked", "takeovers"):
         out[key] = dict(getattr(r, key))
     return out
 
@@ -204,9 +215,10 @@ def _with_args(comp: Component, *extra: str) -> Component:
     return dataclasses.replace(comp, argv=argv)
 
 
-def chaos_components() -> list[Component]:
+def chaos_components(replicas: int = 1) -> list[Component]:
     """The whole registry on free ports: a pool of bounded capacity (so it can be filled) and the
-    controllers under leader election with a short lease (so a pause can outlast it)."""
+    controllers under leader election with a short lease (so a pause can outlast it), each in
+    `replicas` copies (`<name>-standby<i>` after the first) competing for one Lease."""
     lease = (
         "--leader-election",
         f"--leader-election-lease-duration={LEASE_SECONDS:g}s",
@@ -220,11 +232,15 @@ def chaos_components() -> list[Component]:
         elif comp.name in LEADER_ELECTED:
             comp = _with_args(comp, *lease)
         out.append(comp)
+        if comp.name in LEADER_ELECTED:
+            for i in range(1, replicas):
+                standby = f"{comp.name}-standby{i}"
+                out.append(dataclasses.replace(comp, name=standby, http_port=free_ports(1)[0], manifests=()))
     return out
 
 
-def chaos_stack(cp: ControlPlane, api: ApiClient) -> StorageStack:
-    return StorageStack(cp, api, KINDS, restart=CHAOS_RESTART, components=chaos_components())
+def chaos_stack(cp: ControlPlane, api: ApiClient, replicas: int = 1) -> StorageStack:
+    return StorageStack(cp, api, KINDS, restart=CHAOS_RESTART, components=chaos_components(replicas))
 
 
 # -- helpers --------------------------------------------------------------------------------------
@@ -536,11 +552,13 @@ class Campaign:
             self.rng.shuffle(self._kind_order)
         return self._kind_order.pop()
 
-    def _instance(self, kind: str) -> ManagedProcess:
+    def _replicas(self, kind: str) -> list[ManagedProcess]:
+        """The processes of a kind: its node instances, or the controller and its standbys."""
         procs = self.stack.components.processes
-        if kind in procs:
-            return procs[kind]
-        return procs[f"{kind}-{self.rng.choice(NODES)}"]
+        return [p for name, p in sorted(procs.items()) if name == kind or name.startswith(f"{kind}-")]
+
+    def _instance(self, kind: str) -> ManagedProcess:
+        return self.rng.choice(self._replicas(kind))
 
     async def _wait_up(self, proc: ManagedProcess) -> int:
         async def up() -> int | None:
@@ -570,6 +588,52 @@ class Campaign:
                 os.killpg(pid, signal.SIGCONT)
         figures.pauses[kind] += 1
 
+    async def _lease_holders(self) -> dict[int, Obj]:
+        """Lease by the pid its holder identity (`<host>_<pid>`) names."""
+        leases, _ = await self.api.list_all(LEASES, "kube-system")
+        out = {}
+        for lease in leases:
+            holder = str(lease.get("spec", {}).get("holderIdentity") or "")
+            _, _, pid = holder.rpartition("_")
+            if pid.isdigit():
+                out[int(pid)] = lease
+        return out
+
+    async def kill_leader(self, figures: RoundFigures) -> None:
+        """kill -9 of the Lease holder among a controller's replicas; the standby must take over
+        within the lease duration (plus a retry period and the machine's slack)."""
+        kind = self.rng.choice(LEADER_ELECTED)
+        replicas = self._replicas(kind)
+
+        async def leader() -> tuple[ManagedProcess, Obj] | None:
+            holders = await self._lease_holders()
+            for proc in replicas:
+                if proc.running and proc.pid in holders:
+                    return proc, holders[proc.pid]
+            return None
+
+        proc, lease = await eventually(leader, f"a leader among {[p.name for p in replicas]}", timeout=60)
+        assert proc.pid is not None
+        name = lease["metadata"]["name"]
+        killed_at = time.monotonic()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        figures.kills[kind] += 1
+        old = proc.pid
+
+        async def taken_over() -> bool:
+            holders = await self._lease_holders()
+            return any(
+                p.pid in holders and p.pid != old and holders[p.pid]["metadata"]["name"] == name
+                for p in replicas
+                if p.running
+            )
+
+        await eventually(taken_over, f"a standby of {kind} holding Lease {name}", timeout=LEASE_SECONDS * 6)
+        figures.takeovers[kind] = time.monotonic() - killed_at
+        if figures.takeovers[kind] > LEASE_SECONDS * 3:
+            figures.failures.append(f"{kind}: the standby took {figures.takeovers[kind]:.1f}s to take over")
+
     async def disrupt(self, figures: RoundFigures) -> None:
         n = figures.round
         c = self.config
@@ -578,6 +642,8 @@ class Campaign:
             await self.kill(figures)
         if c.pause_every and n % c.pause_every == 0:
             await self.pause(figures)
+        if c.replicas > 1 and c.leader_kill_every and n % c.leader_kill_every == 0:
+            await self.kill_leader(figures)
         if c.apiserver_every and n % c.apiserver_every == 0:
             await asyncio.sleep(self.rng.uniform(0.5, 3.0))
             await self.cp.restart_apiserver()
@@ -706,6 +772,11 @@ class Campaign:
             for c in pvcs
             if c.get("status", {}).get("phase") != "Bound"
         ]
+        # No double action: one PV per claim (provisioned once).
+        per_claim = Counter(
+            p["spec"]["claimRef"]["uid"] for p in ours.values() if p["spec"].get("claimRef", {}).get("uid")
+        )
+        out["one PV per claim"] = [f"claim uid {u} has {n} PVs" for u, n in per_claim.items() if n > 1]
         out["released PVs deleted"] = [f"PV {pv} still exists" for pv in sorted(self._deleting & set(ours))]
         return out, leaked
 
@@ -782,7 +853,7 @@ class Campaign:
 
 
 async def run_campaign(cp: ControlPlane, api: ApiClient, namespace: str, config: ChaosConfig) -> Report:
-    stack = chaos_stack(cp, api)
+    stack = chaos_stack(cp, api, config.replicas)
     try:
         await stack.start()
         return await Campaign(cp, api, stack, namespace, config).run()
