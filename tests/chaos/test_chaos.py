@@ -1,8 +1,8 @@
 """A bounded chaos campaign in `make test` (a few rounds, a few minutes): kill -9 of every kind of
-kubeloop process, an apiserver and an etcd restart, a controller paused past its lease, a full
-pool, all during a workload of claims, pods, moves and expansions; after each round the
-invariants must hold with no leak, no corruption and no double attachment. `make chaos` runs
-the long campaign (docs/chaos.md)."""
+kubeloop process, an apiserver and an etcd restart, a controller paused past its lease, the leader
+of two replicas killed, a full pool, all during a workload of claims, pods, moves and expansions;
+after each round the invariants must hold with no leak, no corruption and no double attachment.
+`make chaos` runs the long campaign (docs/chaos.md)."""
 
 from __future__ import annotations
 
@@ -28,6 +28,8 @@ async def test_chaos_rounds_converge(tmp_path: Path) -> None:
         pause_every=2,
         fill_every=3,
         claims_per_round=2,
+        replicas=2,
+        leader_kill_every=2,
         seed=int(os.environ.get("KUBELOOP_CHAOS_SEED", "7")),
         report_path=tmp_path / "chaos-report.json",
     )
@@ -36,7 +38,9 @@ async def test_chaos_rounds_converge(tmp_path: Path) -> None:
     assert not t["failures"], "\n".join(t["failures"])
     assert t["leaked"] == {"files": 0, "devices": 0, "mounts": 0, "finalizers": 0, "attachments": 0}
     assert t["corruptions"] == 0 and t["double_attachments"] == 0
-    assert t["kills"] == ROUNDS * 4 and set(t["kills_by_kind"]) <= set(KINDS)
+    leader_kills = ROUNDS // 2
+    assert t["kills"] == ROUNDS * 4 + leader_kills and set(t["kills_by_kind"]) <= set(KINDS)
+    assert t["leader_takeovers"] == leader_kills
     if ROUNDS >= 3:
         assert t["apiserver_restarts"] >= 1 and t["etcd_restarts"] >= 1 and t["refused_claims"] >= 1
     assert t["invariant_checks_passed"] >= ROUNDS * 8
