@@ -407,15 +407,21 @@ def force_cleanup(root: Path) -> None:
     """Whatever a failed test left: unmount under root, detach loop devices of its pool."""
     for point in sorted(mounts_under(root), key=len, reverse=True):
         subprocess.run(["umount", "-l", point], check=False)
+    for dev, back in loop_backing_files():
+        if back.startswith(str(root)):
+            subprocess.run(["losetup", "-d", dev], check=False)
+
+
+def loop_backing_files() -> list[tuple[str, str]]:
+    """(device, backing file) of every loop device on the machine."""
     out = subprocess.run(
         ["losetup", "--list", "--json", "--output", "NAME,BACK-FILE"],
         capture_output=True,
         text=True,
         check=False,
     ).stdout
-    for dev in json.loads(out)["loopdevices"] if out.strip() else []:
-        if str(dev.get("back-file") or "").startswith(str(root)):
-            subprocess.run(["losetup", "-d", dev["name"]], check=False)
+    devices = json.loads(out)["loopdevices"] if out.strip() else []
+    return [(str(d["name"]), str(d.get("back-file") or "")) for d in devices]
 
 
 __all__ = ["NODES", "StorageStack", "grpc", "wait_for"]

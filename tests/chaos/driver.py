@@ -20,7 +20,6 @@ import os
 import random
 import signal
 import statistics
-import subprocess
 import time
 import uuid
 from collections import Counter
@@ -45,7 +44,7 @@ from csi_driver import DRIVER_NAME
 from localstack.components import REGISTRY, Component, ComponentContext
 from localstack.controlplane import ControlPlane
 from localstack.proc import ManagedProcess, RestartPolicy, free_ports
-from localstack.storage_stack import NODES, StorageStack, mounts_under, storage_components
+from localstack.storage_stack import NODES, StorageStack, loop_backing_files, mounts_under, storage_components
 
 T = TypeVar("T")
 PVCS = PERSISTENT_VOLUME_CLAIMS
@@ -308,16 +307,16 @@ def read_checksum(path: Path) -> str | None:
         return None
 
 
-def loop_backing_files() -> list[tuple[str, str]]:
-    """(device, backing file) of every loop device on the machine."""
-    out = subprocess.run(
-        ["losetup", "--list", "--json", "--output", "NAME,BACK-FILE"],
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout
-    devices = json.loads(out)["loopdevices"] if out.strip() else []
-    return [(str(d["name"]), str(d.get("back-file") or "")) for d in devices]
+def claim_body(name: str, namespace: str, size_mi: int) -> Obj:
+    """A ReadWriteOnce claim of the default class `kubeloop` (Immediate: provisioned at once)."""
+    return {
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "accessModes": ["ReadWriteOnce"],
+            "storageClassName": "kubeloop",
+            "resources": {"requests": {"storage": f"{size_mi}Mi"}},
+        },
+    }
 
 
 def _pv_node(pv: Obj) -> str | None:
@@ -432,14 +431,7 @@ class Campaign:
     async def claim_cycle(self, figures: RoundFigures, index: int) -> None:
         """A dynamic claim: provisioned, used by a pod, written, expanded, checked, released."""
         name = f"c{figures.round}-{index}-{uuid.uuid4().hex[:4]}"
-        claim: Obj = {
-            "metadata": {"name": name, "namespace": self.ns},
-            "spec": {
-                "accessModes": ["ReadWriteOnce"],
-                "storageClassName": "kubeloop",
-                "resources": {"requests": {"storage": f"{CLAIM_MI}Mi"}},
-            },
-        }
+        claim = claim_body(name, self.ns, CLAIM_MI)
         await retrying(lambda: self.api.create(PERSISTENT_VOLUME_CLAIMS, claim, self.ns), "create claim")
         figures.operations["claim created"] += 1
 
@@ -500,14 +492,7 @@ class Campaign:
         refused: set[str] = set()
         for i in range(POOL_CAPACITY_MI // FILL_MI + 2):
             name = f"fill{figures.round}-{i}"
-            claim: Obj = {
-                "metadata": {"name": name, "namespace": self.ns},
-                "spec": {
-                    "accessModes": ["ReadWriteOnce"],
-                    "storageClassName": "kubeloop",
-                    "resources": {"requests": {"storage": f"{FILL_MI}Mi"}},
-                },
-            }
+            claim = claim_body(name, self.ns, FILL_MI)
             await retrying(functools.partial(self.api.create, PVCS, claim, self.ns), "create claim")
             figures.operations["claim created"] += 1
             names.append(name)
