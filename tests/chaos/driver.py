@@ -375,20 +375,51 @@ class Campaign:
         mount = await self._mount_of(self.resident.pod, self.resident.node, pv)
         self.resident.files["r0.bin"] = write_checked(mount, "r0.bin", self.rng)
 
-    async def _resident_pod(self, node: str) -> None:
+    async def _resident_pod(self, node: str, figures: RoundFigures | None = None) -> None:
         assert self.resident is not None
         name = f"resident-{uuid.uuid4().hex[:6]}"
         await retrying(lambda: self.stack.pod(self.ns, name, node, self.resident.pvc), "create resident pod")  # type: ignore[union-attr]
         self.resident.pod, self.resident.node = name, node
-        await self._running(name)
+        await self._running(name, figures)
 
-    async def _running(self, name: str) -> Obj:
+    async def _running(self, name: str, figures: RoundFigures | None = None) -> Obj:
         async def running() -> Obj | None:
             pod = await self.api.get(PODS, name, self.ns)
             return pod if pod.get("status", {}).get("phase") == "Running" else None
 
-        pod: Obj = await eventually(running, f"pod {name} running")
+        try:
+            pod: Obj = await eventually(running, f"pod {name} running")
+        except AssertionError:
+            # A filesystem the node plugin refuses to mount (fsck: UNEXPECTED INCONSISTENCY) is
+            # data lost, the worst outcome: counted as a corruption, not only as a timeout.
+            if figures is not None and await self._fs_inconsistent(name):
+                figures.corruptions += 1
+                figures.failures.append(f"pod {name}: its volume's filesystem is inconsistent (fsck refused)")
+            raise
         return pod
+
+    async def _fs_inconsistent(self, pod: str) -> bool:
+        with contextlib.suppress(*_TRANSIENT, ApiError):
+            events, _ = await self.api.list_all(EVENTS, self.ns)
+            return any(
+                e.get("involvedObject", {}).get("name") == pod
+                and e.get("reason") == "FailedMount"
+                and "INCONSISTENCY" in e.get("message", "")
+                for e in events
+            )
+        return False
+
+    async def _abandon(self, pods: list[str], claim: str) -> None:
+        """After a failed operation: its pods and claim are deleted, so that what it leaves behind
+        is judged by the invariants instead of blocking every later round."""
+        for pod in pods:
+            with contextlib.suppress(Exception):
+                await self._delete_pod(pod)
+        with contextlib.suppress(Exception):
+            pvc = await retrying(functools.partial(self.api.get, PVCS, claim, self.ns), "get claim")
+            if pvc.get("spec", {}).get("volumeName"):
+                self._deleting.add(str(pvc["spec"]["volumeName"]))
+            await retrying(functools.partial(self.api.delete, PVCS, claim, self.ns), "delete claim")
 
     async def _mount_of(self, pod_name: str, node: str, pv: str) -> Path:
         pod = await retrying(lambda: self.api.get(PODS, pod_name, self.ns), "get pod")
@@ -416,7 +447,7 @@ class Campaign:
         target = NODES[1] if r.node == NODES[0] else NODES[0]
         await self._delete_pod(r.pod)
         figures.operations["pod deleted"] += 1
-        await self._resident_pod(target)
+        await self._resident_pod(target, figures)
         figures.operations["pod moved"] += 1
         mount = await self._mount_of(r.pod, r.node, r.pv)
         for name, digest in r.files.items():
@@ -431,6 +462,13 @@ class Campaign:
     async def claim_cycle(self, figures: RoundFigures, index: int) -> None:
         """A dynamic claim: provisioned, used by a pod, written, expanded, checked, released."""
         name = f"c{figures.round}-{index}-{uuid.uuid4().hex[:4]}"
+        try:
+            await self._claim_cycle(figures, name)
+        except Exception:
+            await self._abandon([f"p-{name}", f"q-{name}"], name)
+            raise
+
+    async def _claim_cycle(self, figures: RoundFigures, name: str) -> None:
         claim = claim_body(name, self.ns, CLAIM_MI)
         await retrying(lambda: self.api.create(PERSISTENT_VOLUME_CLAIMS, claim, self.ns), "create claim")
         figures.operations["claim created"] += 1
@@ -446,7 +484,7 @@ class Campaign:
         pod_name = f"p-{name}"
         await retrying(lambda: self.stack.pod(self.ns, pod_name, node, name), "create pod")
         figures.operations["pod created"] += 1
-        await self._running(pod_name)
+        await self._running(pod_name, figures)
         mount = await self._mount_of(pod_name, node, pv_name)
         digest = write_checked(mount, "data.bin", self.rng)
         figures.operations["file written"] += 1
@@ -467,7 +505,7 @@ class Campaign:
         pod_name = f"q-{name}"
         await retrying(lambda: self.stack.pod(self.ns, pod_name, node, name), "create pod")
         figures.operations["pod created"] += 1
-        await self._running(pod_name)
+        await self._running(pod_name, figures)
         mount = await self._mount_of(pod_name, node, pv_name)
 
         async def expanded() -> bool:
