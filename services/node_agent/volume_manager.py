@@ -436,6 +436,10 @@ class VolumeManager:
             return  # never unstage under a publish (cannot happen: one operation per volume)
         plugin = self._plugin(driver)
         staging = self.layout.staging_path(driver, handle)
+        # From here the staging is uncertain, as kubelet marks a device whose UnmountDevice began:
+        # should the unstage fail half-way (the driver crashed after unmounting), a pod that wants
+        # the volume again gets NodeStageVolume first, not a publish on a missing staging mount.
+        self.stage_confirmed.discard(key)
         if plugin.stage_unstage:
             await plugin.conn.node.NodeUnstageVolume(
                 csi_pb2.NodeUnstageVolumeRequest(volume_id=handle, staging_target_path=str(staging)),
