@@ -179,7 +179,8 @@ class _CrashingNode:
 def test_an_interrupted_unstage_leaves_the_staging_to_be_staged_again(tmp_path: Path) -> None:
     """Found by the chaos campaign: a node plugin killed during NodeUnstageVolume (after its
     unmount) left the volume recorded as staged, and the next pod's publish failed forever with
-    'globalmount is not mounted; call NodeStageVolume again'."""
+    'globalmount is not mounted; call NodeStageVolume again'; once that was fixed, a claim waiting
+    for its offline growth never saw its node expansion finished."""
 
     async def main() -> None:
         key = (DRIVER, "v1")
@@ -191,9 +192,13 @@ def test_an_interrupted_unstage_leaves_the_staging_to_be_staged_again(tmp_path: 
         )
         a.volumes.staged.add(key)
         a.volumes.stage_confirmed.add(key)
+        a.volumes.expand_offline_only.add(key)  # an expansion waiting for the volume to be unstaged
         with pytest.raises(RuntimeError):
             await a.volumes._unstage(key)
         assert node.calls == ["unstage"]
         assert key not in a.volumes.stage_confirmed, "the next mount stages the volume again"
+        assert key not in a.volumes.expand_offline_only, (
+            "that stage grows it offline, so the node expansion is finished afterwards"
+        )
 
     asyncio.run(main())
