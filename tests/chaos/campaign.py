@@ -3,6 +3,7 @@ not shared with other tests): what the bounded pytest and `make chaos` both run.
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 import uuid
 from pathlib import Path
@@ -21,6 +22,7 @@ async def campaign(config: ChaosConfig, home: Path | None = None) -> Report:
     # kcm for the protection finalizers and the garbage collector; pods name their node, so no
     # scheduler.
     cp = await start_test_control_plane(cp_home, with_kcm=True, with_scheduler=False)
+    clean = False
     try:
         api = await ApiClient.from_kubeconfig(
             str(cp.admin_kubeconfig), qps=0, burst=1, user_agent="kubeloop-chaos"
@@ -33,8 +35,14 @@ async def campaign(config: ChaosConfig, home: Path | None = None) -> Report:
             if config.report_path is not None:
                 report.write(config.report_path)
                 print(f"report: {config.report_path}", flush=True)
+            clean = not report.totals()["failures"]
             return report
         finally:
             await api.close()
     finally:
         await cp.stop()
+        # The processes' logs (under logs/) explain a failure: kept then, and named.
+        if clean and home is None:
+            shutil.rmtree(cp_home, ignore_errors=True)
+        elif not clean:
+            print(f"control plane and component logs kept in {cp_home / 'logs'}", flush=True)
