@@ -6,8 +6,8 @@ PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
 .PHONY: up test unit integration sanity stress-start bench lint deps binaries system-deps python-deps clean \
-	docker-deps images wheels compose-test kind-deps kind-images kind-up kind-down kind-test e2e-deps e2e-storage \
-	e2e-storage-disruptive chaos
+	docker-deps images wheels compose-test conformance kind-deps kind-images kind-up kind-down kind-test e2e-deps \
+	e2e-storage e2e-storage-disruptive chaos
 
 up: deps binaries
 	$(PY) -m localstack.main up
@@ -15,6 +15,8 @@ up: deps binaries
 # tests/compose (docker-compose end to end) needs docker, docker-compose and debootstrap; tests/kind
 # also kind, containerd, kubelet, kubeadm and external-snapshotter (kind-deps), and e2e.test (e2e-deps).
 test: deps binaries docker-deps kind-deps e2e-deps
+	@# The conformance subset (tests/conformance) compares kubeloop with the Go sidecars.
+	@bash tools/build-binaries.sh external-provisioner external-attacher external-resizer
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 unit: python-deps
@@ -43,6 +45,12 @@ CHAOS_REPORT ?= chaos-report.json
 chaos: deps binaries
 	CHAOS_ROUNDS=$(CHAOS_ROUNDS) CHAOS_KILLS=$(CHAOS_KILLS) CHAOS_SEED=$(CHAOS_SEED) \
 		CHAOS_REPORT=$(CHAOS_REPORT) $(PY) -m tests.chaos
+
+# Every differential conformance scenario (docs/conformance.md): each run against kcm's storage
+# controllers and the Go sidecars, then against kubeloop, and compared. `make test` runs a subset.
+conformance: deps binaries
+	@bash tools/build-binaries.sh external-provisioner external-attacher external-resizer
+	$(PY) -m tests.conformance.suite $(CONFORMANCE_ARGS)
 
 # One benchmark: `make bench BENCHES=binding`. Each prints a table and writes bench/results/<name>.json.
 BENCHES ?= informer_sync csi_driver binding provisioning attach expansion

@@ -27,10 +27,11 @@ from typing import Any
 from controller_runtime.client import ApiClient
 from controller_runtime.informer import EventHandler, SharedInformer
 from controller_runtime.resources import NAMESPACES, PODS, VOLUME_ATTACHMENTS, Obj, Resource
-from controller_runtime.toolchain import Toolchain
+from controller_runtime.toolchain import MissingBinaryError
 from controller_runtime.volumes import va_name
 from csi_driver import DRIVER_NAME
 from localstack.components import Component, ComponentContext
+from localstack.go_sidecars import ATTACHER, go_sidecar_binary
 from localstack.proc import free_ports
 from localstack.storage_stack import NODES, ShortHomeComponents, StorageStack, storage_components
 
@@ -63,15 +64,10 @@ def kubeloop_side(qps: float, burst: int) -> list[Component]:
 
 
 def go_side(qps: float, burst: int, admin_kubeconfig: str) -> list[Component]:
-    tools = Toolchain.default()
-    attacher = (
-        tools.cache
-        / "bin"
-        / f"external-attacher-{tools.versions['EXTERNAL_ATTACHER_VERSION']}"
-        / "csi-attacher"
-    )
-    if not attacher.exists():
-        sys.exit(f"{attacher} is missing: run `bash tools/build-binaries.sh external-attacher`")
+    try:
+        attacher = go_sidecar_binary(ATTACHER)
+    except MissingBinaryError as exc:
+        sys.exit(str(exc))
     (port,) = free_ports(1)
 
     def kcm_side_argv(_c: ComponentContext) -> list[str]:

@@ -41,9 +41,10 @@ from controller_runtime.resources import (
     STORAGE_CLASSES,
     Obj,
 )
-from controller_runtime.toolchain import REPO_ROOT, Toolchain
+from controller_runtime.toolchain import REPO_ROOT, MissingBinaryError
 from csi_driver import DRIVER_NAME
 from kubeloop_grpc.csi import csi_pb2
+from localstack.go_sidecars import RESIZER, go_sidecar_binary
 
 from .common import (
     control_plane,
@@ -82,11 +83,10 @@ class Run:
 
 
 def go_binary() -> Path:
-    version = Toolchain.default().versions["EXTERNAL_RESIZER_VERSION"]
-    path = Toolchain.default().cache / "bin" / f"external-resizer-{version}" / "csi-resizer"
-    if not path.exists():
-        raise SystemExit(f"{path} is missing: run `bash tools/build-binaries.sh external-resizer`")
-    return path
+    try:
+        return go_sidecar_binary(RESIZER)
+    except MissingBinaryError as exc:
+        raise SystemExit(str(exc)) from None
 
 
 def resizer_argv(side: str, kubeconfig: Path, socket: Path, qps: float, burst: int) -> list[str]:

@@ -40,8 +40,9 @@ from controller_runtime.resources import (
     STORAGE_CLASSES,
     Obj,
 )
-from controller_runtime.toolchain import REPO_ROOT, Toolchain
+from controller_runtime.toolchain import REPO_ROOT, MissingBinaryError
 from csi_driver import DRIVER_NAME, TOPOLOGY_KEY
+from localstack.go_sidecars import PROVISIONER, go_sidecar_binary
 
 from .common import (
     control_plane,
@@ -79,12 +80,10 @@ class Run:
 
 
 def go_binary() -> Path:
-    versions = Toolchain.default().versions
-    version = versions["EXTERNAL_PROVISIONER_VERSION"]
-    path = Toolchain.default().cache / "bin" / f"external-provisioner-{version}" / "csi-provisioner"
-    if not path.exists():
-        raise SystemExit(f"{path} is missing: run `bash tools/build-binaries.sh external-provisioner`")
-    return path
+    try:
+        return go_sidecar_binary(PROVISIONER)
+    except MissingBinaryError as exc:
+        raise SystemExit(str(exc)) from None
 
 
 def provisioner_argv(

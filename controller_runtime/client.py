@@ -228,9 +228,14 @@ class ApiClient:
             log.info("the apiserver asked to retry later", method=method, path=path, status=resp.status,
                      retry_after=f"{wait}s", attempt=attempt + 1)  # fmt: skip
             await asyncio.sleep(wait)
-        decoded: Obj = orjson.loads(raw) if raw else {}
         if resp.status >= 300:
-            raise ApiError(resp.status, decoded if isinstance(decoded, dict) else None, method, path)
+            # Not always a Status: a group the server does not serve answers "404 page not found".
+            try:
+                status: Obj | None = orjson.loads(raw) if raw else None
+            except orjson.JSONDecodeError:
+                status = None
+            raise ApiError(resp.status, status if isinstance(status, dict) else None, method, path)
+        decoded: Obj = orjson.loads(raw) if raw else {}
         return decoded
 
     # -- typed verbs -------------------------------------------------------------------------

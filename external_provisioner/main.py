@@ -20,7 +20,6 @@ from controller_runtime.csi_client import CSIConnection
 from controller_runtime.events import EventRecorder
 from controller_runtime.informer import SharedInformerFactory
 from controller_runtime.logs import get_logger
-from kubeloop_grpc.csi import csi_pb2
 
 from .capacity import CapacityOptions, CapacityPublisher
 from .controller import Options, Provisioner
@@ -62,6 +61,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--state-dir",
         default="/var/lib/kubeloop/external-provisioner",
         help="where the intent journal lives; keep it with the driver's state (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--snapshot-orphan-sweep-interval",
+        type=process.duration,
+        default=300.0,
+        help="how often snapshots no pending claim restores from lose their source protection; 0 disables "
+        "(default: 5m)",
     )
     cap = parser.add_argument_group("storage capacity")
     cap.add_argument("--enable-capacity", action="store_true", help="publish CSIStorageCapacity objects")
@@ -117,8 +123,8 @@ async def run(args: argparse.Namespace, ctx: process.Context) -> None:
 
     conn = await CSIConnection.connect(args.csi_address, timeout=args.timeout)
     state["conn"] = conn
-    if not conn.has_controller_capability(csi_pb2.ControllerServiceCapability.RPC.CREATE_DELETE_VOLUME):
-        raise SystemExit(f"driver {conn.driver_name} does not offer CREATE_DELETE_VOLUME")
+    # A driver without CONTROLLER_SERVICE / CREATE_DELETE_VOLUME still runs, as upstream: every
+    # claim's ProvisioningFailed event says what is missing.
     client = await api_client(args, "kubeloop-external-provisioner")
     recorder = EventRecorder(client, f"{conn.driver_name}_{socket.gethostname()}", queue_size=10000)
 
@@ -138,6 +144,7 @@ async def run(args: argparse.Namespace, ctx: process.Context) -> None:
                 retry_start=args.retry_interval_start,
                 retry_max=args.retry_interval_max,
                 resync_period=args.resync_period,
+                snapshot_sweep_interval=args.snapshot_orphan_sweep_interval,
             ),
         )
         state["provisioner"] = prov

@@ -4,6 +4,16 @@ with the binder are in controller_runtime.storage, so the two can never disagree
 from __future__ import annotations
 
 PV_FINALIZER = "external-provisioner.volume.kubernetes.io/finalizer"
+# On a claim that is the source of a clone being provisioned: keeps it until no clone of it is Pending.
+CLONE_FINALIZER = "provisioner.storage.kubernetes.io/cloning-protection"
+# On a VolumeSnapshot that a claim being provisioned restores from.
+SNAPSHOT_FINALIZER = "provisioner.storage.kubernetes.io/volumesnapshot-as-source-protection"
+# Written on every provisioned PV: the provisioner secret DeleteVolume needs ("" when none).
+ANN_DELETION_SECRET_NAME = "volume.kubernetes.io/provisioner-deletion-secret-name"
+ANN_DELETION_SECRET_NAMESPACE = "volume.kubernetes.io/provisioner-deletion-secret-namespace"
+# Written only when the class names a controller-modify secret (for ControllerModifyVolume).
+ANN_MODIFY_SECRET_NAME = "volume.kubernetes.io/controller-modify-secret-name"
+ANN_MODIFY_SECRET_NAMESPACE = "volume.kubernetes.io/controller-modify-secret-namespace"
 PROVISIONER_IDENTITY = "storage.kubernetes.io/csiProvisionerIdentity"
 
 # Parameters under this prefix are for the provisioner, never passed to the driver as they are.
@@ -32,8 +42,7 @@ def msg_succeeded(pv_name: str) -> str:
     return f"Successfully provisioned volume {pv_name}"
 
 
-def msg_failed(class_name: str, error: str) -> str:
-    return f'failed to provision volume with StorageClass "{class_name}": {error}'
+MSG_POPULATOR = "Assuming an external populator will provision the volume"
 
 
 def msg_still_attached(pv_name: str, node: str) -> str:

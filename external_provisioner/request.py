@@ -5,6 +5,7 @@ created volume becomes the PersistentVolume the provisioner saves. No I/O here."
 from __future__ import annotations
 
 import itertools
+import json
 import re
 import zlib
 from collections.abc import Iterable, Mapping
@@ -21,15 +22,43 @@ from . import names
 
 Segment = dict[str, str]
 
-_SECRET_KINDS = (
-    "provisioner",
-    "controller-publish",
-    "node-stage",
-    "node-publish",
-    "controller-expand",
-    "node-expand",
+
+@dataclass(frozen=True)
+class SecretKind:
+    """One secret the class can name: the name Go's messages use, the parameter prefix, and the
+    pre-`csi.storage.k8s.io/` keys some kinds still accept."""
+
+    kind: str  # provisioner, node-stage, ...
+    title: str  # Provisioner, NodeStage, ... as in the error messages
+    deprecated: str = ""  # csiProvisionerSecret: the deprecated keys are <this>Name / <this>Namespace
+
+    @property
+    def name_key(self) -> str:
+        return f"{self._stem}secret-name"
+
+    @property
+    def namespace_key(self) -> str:
+        return f"{self._stem}secret-namespace"
+
+    @property
+    def _stem(self) -> str:
+        return f"{names.PARAMETER_PREFIX}{self.kind}-" if self.kind else names.PARAMETER_PREFIX
+
+
+SECRET_KINDS = (
+    SecretKind("provisioner", "Provisioner", "csiProvisionerSecret"),
+    SecretKind("node-publish", "NodePublish", "csiNodePublishSecret"),
+    SecretKind("controller-publish", "ControllerPublish", "csiControllerPublishSecret"),
+    SecretKind("node-stage", "NodeStage", "csiNodeStageSecret"),
+    SecretKind("controller-expand", "ControllerExpand"),
+    SecretKind("node-expand", "NodeExpand"),
+    SecretKind("controller-modify", "ControllerModify"),
 )
-# Where each secret reference lands in the PV's spec.csi (the provisioner's own is only used here).
+_BY_KIND = {k.kind: k for k in SECRET_KINDS}
+# Used by every kind the class does not name explicitly.
+_DEFAULT_SECRET = SecretKind("", "Default")  # csi.storage.k8s.io/secret-name, -namespace
+# Where each secret reference lands in the PV's spec.csi (the provisioner's own goes to an
+# annotation for DeleteVolume, the controller-modify one to an annotation for the resizer).
 _PV_SECRET_FIELDS = {
     "controller-publish": "controllerPublishSecretRef",
     "node-stage": "nodeStageSecretRef",
@@ -39,10 +68,11 @@ _PV_SECRET_FIELDS = {
 }
 _KNOWN_RESERVED = frozenset(
     {names.PARAM_FSTYPE, names.PARAM_PVC_NAME, names.PARAM_PVC_NAMESPACE, names.PARAM_PV_NAME}
-    | {f"{names.PARAMETER_PREFIX}{k}-secret-{part}" for k in _SECRET_KINDS for part in ("name", "namespace")}
+    | {k for kind in (*SECRET_KINDS, _DEFAULT_SECRET) for k in (kind.name_key, kind.namespace_key)}
 )
-_TEMPLATE = re.compile(r"\$\{([^}]*)\}")
-_ANNOTATION_REF = re.compile(r"^pvc\.annotations\['([^']+)'\]$")
+_SHELL_SPECIAL = frozenset("*#$@!?-0123456789")
+_DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
 class ProvisionError(Exception):
@@ -61,6 +91,11 @@ def pv_name_for(prefix: str, claim: Obj) -> str:
     return f"{prefix}-{claim['metadata']['uid']}"
 
 
+def go_quote(text: str) -> str:
+    """Go's %q for the strings these messages quote (JSON's escaping agrees for them)."""
+    return json.dumps(text, ensure_ascii=False)
+
+
 # -- parameters and secrets ------------------------------------------------------------------------
 
 
@@ -77,52 +112,147 @@ class ClassParameters:
     secrets: dict[str, SecretRef]  # by kind: provisioner, node-stage, ...
 
 
-def _expand(
-    template: str, values: Mapping[str, str], annotations: Mapping[str, str] | None, what: str
-) -> str:
-    def sub(m: re.Match[str]) -> str:
-        key = m.group(1)
-        if key in values:
-            return values[key]
-        ann = _ANNOTATION_REF.match(key)
-        if ann is not None and annotations is not None:
-            if ann.group(1) not in annotations:
-                raise ProvisionError(f"{what}: the claim has no annotation {ann.group(1)!r}")
-            return annotations[ann.group(1)]
-        raise ProvisionError(f"{what}: ${{{key}}} is not allowed in this template")
+def _shell_name(s: str) -> tuple[str, int]:
+    """The variable name after a `$` and how many characters it spans, as os.Expand reads it: an
+    empty name with a width is bad syntax (eaten), with width 0 a lone `$` (kept)."""
+    if s[0] == "{":
+        if len(s) > 2 and s[1] in _SHELL_SPECIAL and s[2] == "}":
+            return s[1], 3
+        end = s.find("}", 1)
+        if end == 1:
+            return "", 2
+        if end < 0:
+            return "", 1
+        return s[1:end], end + 1
+    if s[0] in _SHELL_SPECIAL:
+        return s[0], 1
+    i = 0
+    while i < len(s) and (s[i] == "_" or (s[i].isascii() and s[i].isalnum())):
+        i += 1
+    return s[:i], i
 
-    return _TEMPLATE.sub(sub, template)
+
+def expand_template(template: str, values: Mapping[str, str]) -> str:
+    """`$name` / `${name}` substitution with os.Expand's syntax; every name must be known."""
+    out: list[str] = []
+    missing: set[str] = set()
+    i = j = 0
+    while j < len(template):
+        if template[j] == "$" and j + 1 < len(template):
+            out.append(template[i:j])
+            name, width = _shell_name(template[j + 1 :])
+            if name:
+                if name not in values:
+                    missing.add(name)
+                out.append(values.get(name, ""))
+            elif not width:
+                out.append("$")
+            j += width
+            i = j + 1
+        j += 1
+    out.append(template[i:])
+    if missing:
+        raise ValueError(f"invalid tokens: [{' '.join(go_quote(m) for m in sorted(missing))}]")
+    return "".join(out)
+
+
+def _templates(kind: SecretKind, params: Mapping[str, str]) -> tuple[str, str]:
+    """The (name, namespace) templates the class gives for one secret kind, ("", "") for none."""
+    names_found = [
+        params[k] for k in (f"{kind.deprecated}Name" if kind.deprecated else "", kind.name_key) if k in params
+    ]
+    namespaces_found = [
+        params[k]
+        for k in (f"{kind.deprecated}Namespace" if kind.deprecated else "", kind.namespace_key)
+        if k in params
+    ]
+    if len(names_found) > 1 or len(namespaces_found) > 1:
+        prefix = names.PARAMETER_PREFIX
+        raise ValueError(f'{kind.title} secrets specified in parameters with both "csi" and "{prefix}" keys')
+    if len(names_found) != len(namespaces_found):
+        raise ValueError(
+            f"either name and namespace for {kind.title} secrets specified, Both must be specified"
+        )
+    if not names_found:
+        return "", ""
+    if not names_found[0] or not namespaces_found[0]:
+        raise ValueError(
+            f"{kind.title} secrets specified in parameters but value of either namespace or name is empty"
+        )
+    return names_found[0], namespaces_found[0]
+
+
+def _resolve(template: str, values: Mapping[str, str], limit: int, form: re.Pattern[str], what: str) -> str:
+    try:
+        value = expand_template(template, values)
+    except ValueError as exc:
+        raise ProvisionError(f"error resolving value {go_quote(template)}: {exc}") from exc
+    if len(value) > limit or not form.match(value):
+        resolved = f" resolved to {go_quote(value)} which" if value != template else ""
+        raise ProvisionError(f"{go_quote(template)}{resolved} is not a valid {what}")
+    return value
+
+
+def secret_reference(
+    kind: str,
+    params: Mapping[str, str],
+    pv_name: str,
+    claim_namespace: str,
+    claim_name: str,
+    claim_annotations: Mapping[str, str],
+) -> SecretRef | None:
+    """The Secret a class names for one kind, templates resolved; None when it names none. The
+    namespace may use only what the claim's author cannot choose (${pv.name}, ${pvc.namespace});
+    the name may also use ${pvc.name} and ${pvc.annotations['key']}. Raises ProvisionError with
+    the sidecar's messages."""
+    try:
+        name_t, ns_t = _templates(_BY_KIND[kind], params)
+    except ValueError as exc:
+        raise ProvisionError(f"failed to get name and namespace template from params: {exc}") from exc
+    if not name_t and not ns_t:
+        try:
+            name_t, ns_t = _templates(_DEFAULT_SECRET, params)
+        except ValueError as exc:
+            raise ProvisionError(
+                f"failed to get default name and namespace template from params: {exc}"
+            ) from exc
+    if not name_t and not ns_t:
+        return None
+    ns_values = {"pv.name": pv_name, "pvc.namespace": claim_namespace}
+    namespace = _resolve(ns_t, ns_values, 63, _DNS1123_LABEL, "namespace name")
+    name_values = {**ns_values, "pvc.name": claim_name}
+    name_values.update({f"pvc.annotations['{k}']": v for k, v in claim_annotations.items()})
+    name = _resolve(name_t, name_values, 253, _DNS1123_SUBDOMAIN, "secret name")
+    return SecretRef(name=name, namespace=namespace)
 
 
 def split_parameters(params: Mapping[str, str], claim: Obj, pv_name: str, default_fs: str) -> ClassParameters:
     """Separates the class's parameters for the driver from the provisioner's own reserved keys,
-    resolving secret reference templates. Unknown reserved keys are refused (a typo would otherwise
-    silently drop a secret)."""
+    resolving every secret reference first (the sidecar's order, so its first error is ours).
+    Unknown reserved keys are refused (a typo would otherwise silently drop a secret)."""
     md = claim["metadata"]
+    secrets: dict[str, SecretRef] = {}
+    for kind in SECRET_KINDS:
+        ref = secret_reference(
+            kind.kind, params, pv_name, md["namespace"], md["name"], md.get("annotations") or {}
+        )
+        if ref is not None:
+            secrets[kind.kind] = ref
     unknown = sorted(k for k in params if k.startswith(names.PARAMETER_PREFIX) and k not in _KNOWN_RESERVED)
     if unknown:
         raise ProvisionError(
+            "failed to strip CSI Parameters of prefixed keys: "
             f'found unknown parameter key "{unknown[0]}" with reserved namespace {names.PARAMETER_PREFIX}'
         )
-    secrets: dict[str, SecretRef] = {}
-    for kind in _SECRET_KINDS:
-        name_t = params.get(f"{names.PARAMETER_PREFIX}{kind}-secret-name")
-        ns_t = params.get(f"{names.PARAMETER_PREFIX}{kind}-secret-namespace")
-        if name_t is None and ns_t is None:
-            continue
-        if not name_t or not ns_t:
-            raise ProvisionError(f"{kind} secret: both the name and the namespace parameters must be set")
-        ns_values = {"pv.name": pv_name, "pvc.namespace": md["namespace"]}
-        # The provisioner's own secret may not depend on what the claim's author writes.
-        annotations = None if kind == "provisioner" else (md.get("annotations") or {})
-        secrets[kind] = SecretRef(
-            name=_expand(name_t, {**ns_values, "pvc.name": md["name"]}, annotations, f"{kind} secret name"),
-            namespace=_expand(ns_t, ns_values, None, f"{kind} secret namespace"),
+    # The deprecated `fstype` key (any case) still counts, and still reaches the driver too.
+    fs_keys = [k for k in params if k == names.PARAM_FSTYPE or k.lower() == "fstype"]
+    if len(fs_keys) > 1:
+        raise ProvisionError(
+            f'fstype specified in parameters with both "fstype" and "{names.PARAM_FSTYPE}" keys'
         )
+    fs_type = params[fs_keys[0]] if fs_keys else ""
     driver = {k: v for k, v in params.items() if not k.startswith(names.PARAMETER_PREFIX)}
-    return ClassParameters(
-        driver=driver, fs_type=params.get(names.PARAM_FSTYPE) or default_fs, secrets=secrets
-    )
+    return ClassParameters(driver=driver, fs_type=fs_type or default_fs, secrets=secrets)
 
 
 # -- topology --------------------------------------------------------------------------------------
@@ -418,7 +548,20 @@ def build_pv(
     vac = claim.get("spec", {}).get("volumeAttributesClassName")
     if vac:
         pv_spec["volumeAttributesClassName"] = vac
-    metadata: Obj = {"name": spec.name, "annotations": {storage.ANN_PROVISIONED_BY: driver}}
+    # DeleteVolume gets the provisioner's secret from these, not from the class, which may have
+    # changed or gone by then and cannot resolve ${pvc.annotations[...]} without the claim. Empty
+    # values record that no secret is needed.
+    deletion = params.secrets.get("provisioner")
+    annotations = {
+        storage.ANN_PROVISIONED_BY: driver,
+        names.ANN_DELETION_SECRET_NAME: deletion.name if deletion else "",
+        names.ANN_DELETION_SECRET_NAMESPACE: deletion.namespace if deletion else "",
+    }
+    modify = params.secrets.get("controller-modify")
+    if modify is not None:
+        annotations[names.ANN_MODIFY_SECRET_NAME] = modify.name
+        annotations[names.ANN_MODIFY_SECRET_NAMESPACE] = modify.namespace
+    metadata: Obj = {"name": spec.name, "annotations": annotations}
     if policy == storage.DELETE:
         metadata["finalizers"] = [names.PV_FINALIZER]
     return {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": metadata, "spec": pv_spec}

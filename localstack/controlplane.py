@@ -99,6 +99,7 @@ class ControlPlane:
         *,
         with_kcm: bool = True,
         with_scheduler: bool = True,
+        kcm_controllers: str = KCM_CONTROLLERS,
         etcd_unsafe_no_fsync: bool = False,
         toolchain: Toolchain | None = None,
         extra_identities: Sequence[Identity] = (),
@@ -111,6 +112,8 @@ class ControlPlane:
         self.ports = ports or Ports()
         self.with_kcm = with_kcm
         self.with_scheduler = with_scheduler
+        # `*` runs kcm's own storage controllers too: the Go side of tests/conformance.
+        self.kcm_controllers = kcm_controllers
         self.etcd_unsafe_no_fsync = etcd_unsafe_no_fsync
         self.toolchain = toolchain or Toolchain.default()
         self.extra_identities = tuple(extra_identities)
@@ -364,7 +367,7 @@ class ControlPlane:
         kubeconfig = c.kubeconfigs[certs.KUBE_CONTROLLER_MANAGER]
         argv = [
             str(self.toolchain.binary("kube-controller-manager")),
-            f"--controllers={KCM_CONTROLLERS}",
+            f"--controllers={self.kcm_controllers}",
             f"--kubeconfig={kubeconfig}",
             f"--authentication-kubeconfig={kubeconfig}",
             f"--authorization-kubeconfig={kubeconfig}",

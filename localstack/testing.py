@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .controlplane import ControlPlane, Ports
+from .controlplane import KCM_CONTROLLERS, ControlPlane, Ports
 from .proc import free_ports
 
 
@@ -20,6 +20,7 @@ async def start_test_control_plane(
     with_kcm: bool = False,
     with_scheduler: bool = False,
     *,
+    kcm_controllers: str = KCM_CONTROLLERS,
     startup_timeout: float = 120.0,
 ) -> ControlPlane:
     """Starts etcd (without fsync: test data is disposable) and kube-apiserver, plus kcm and the
@@ -31,6 +32,7 @@ async def start_test_control_plane(
         free_stack_ports(),
         with_kcm=with_kcm,
         with_scheduler=with_scheduler,
+        kcm_controllers=kcm_controllers,
         etcd_unsafe_no_fsync=True,
         startup_timeout=startup_timeout,
         stop_timeout=10.0,

@@ -32,6 +32,7 @@ from controller_runtime.resources import (
 )
 from controller_runtime.toolchain import REPO_ROOT
 from csi_driver import DRIVER_NAME
+from external_provisioner.names import CLONE_FINALIZER
 from localstack.certs import service_account_identity
 from localstack.controlplane import ControlPlane
 from localstack.proc import free_ports
@@ -284,8 +285,15 @@ class Harness:
 
     async def delete_claims(self) -> None:
         for pvc in (await self.api.list_page(PERSISTENT_VOLUME_CLAIMS, self.ns))["items"]:
+            md = pvc["metadata"]
             with contextlib.suppress(ApiError):
-                await self.api.delete(PERSISTENT_VOLUME_CLAIMS, pvc["metadata"]["name"], self.ns)
+                await self.api.delete(PERSISTENT_VOLUME_CLAIMS, md["name"], self.ns)
+            # A failed test may leave a clone source protected, and the provisioner is stopped.
+            if CLONE_FINALIZER in (md.get("finalizers") or []):
+                rest = [f for f in md["finalizers"] if f != CLONE_FINALIZER]
+                with contextlib.suppress(ApiError):
+                    patch = {"metadata": {"finalizers": rest or None}}
+                    await self.api.patch(PERSISTENT_VOLUME_CLAIMS, md["name"], patch, self.ns)
 
     async def cleanup(self) -> None:
         await self.stop_provisioner()

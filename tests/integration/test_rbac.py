@@ -10,6 +10,7 @@ import pytest
 
 from controller_runtime.toolchain import REPO_ROOT
 from localstack.controlplane import ControlPlane
+from localstack.kind import snapshot_crds
 
 from .test_provisioner_support import kubectl
 
@@ -19,6 +20,10 @@ pytestmark = pytest.mark.integration
 Check = tuple[str, str, str]
 VA = "volumeattachments.storage.k8s.io"
 LEASES = "leases.coordination.k8s.io"
+# external-snapshotter's objects: the test installs their CRDs, without which kubectl cannot resolve
+# the names and every answer about them would be a meaningless "no".
+VS = "volumesnapshots.snapshot.storage.k8s.io"
+VSC = "volumesnapshotcontents.snapshot.storage.k8s.io"
 
 # What no storage component may ever do.
 EVERYONE_MUST_NOT: list[Check] = [
@@ -102,6 +107,23 @@ MUST_NOT: dict[str, list[Check]] = {
         ("get", "secrets", "kube-system"),
         ("create", "pods", "default"),
     ],
+    # external-snapshotter's two (deploy/kubernetes): snapshots, not volumes.
+    "kubeloop-snapshot-controller": [
+        ("create", "persistentvolumes", ""),
+        ("delete", "persistentvolumes", ""),
+        ("delete", "persistentvolumeclaims", "default"),
+        ("create", VA, ""),
+        ("get", "secrets", "kube-system"),
+        ("delete", "pods", "default"),
+    ],
+    "kubeloop-csi-snapshotter": [
+        ("create", VS, "default"),
+        ("delete", VSC, ""),
+        ("create", VSC, ""),
+        ("update", "persistentvolumeclaims", "default"),
+        ("create", "persistentvolumes", ""),
+        ("get", "secrets", "kube-system"),
+    ],
 }
 
 MUST: dict[str, list[Check]] = {
@@ -119,6 +141,8 @@ MUST: dict[str, list[Check]] = {
     "kubeloop-external-resizer": [("patch", "persistentvolumeclaims/status", "default")],
     "kubeloop-volume-expand": [("list", "persistentvolumeclaims", "")],
     "kubeloop-node-agent": [("patch", "pods/status", "default"), ("patch", "nodes/status", "")],
+    "kubeloop-snapshot-controller": [("create", VSC, ""), ("update", "persistentvolumeclaims", "default")],
+    "kubeloop-csi-snapshotter": [("update", VSC, ""), ("get", LEASES, "kube-system")],
 }
 
 
@@ -149,8 +173,10 @@ async def can_i(cp: ControlPlane, sa: str, check: Check, gate: asyncio.Semaphore
 
 
 async def test_components_cannot_do_what_they_must_not(control_plane: ControlPlane) -> None:
-    for path in sorted((REPO_ROOT / "deploy" / "rbac").glob("*.yaml")):
+    for path in [*snapshot_crds(), *sorted((REPO_ROOT / "deploy" / "rbac").glob("*.yaml"))]:
         await kubectl(control_plane, "apply", "-f", str(path))
+    for crd in snapshot_crds():
+        await kubectl(control_plane, "wait", "--for=condition=established", "--timeout=60s", "-f", str(crd))
     assert set(MUST_NOT) == set(MUST) and len(MUST_NOT) == len(
         list((REPO_ROOT / "deploy/rbac").glob("*.yaml"))
     )

@@ -1,5 +1,5 @@
 """ApiClient's request path against a local aiohttp server: URLs and queries as sent, watch
-events split across and within chunks, 409 as ApiError.conflict."""
+events split across and within chunks, 409 as ApiError.conflict, a plain-text 404 as ApiError."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 from aiohttp import web
 from kubernetes_asyncio.client import Configuration
 
-from controller_runtime.client import ApiClient
-from controller_runtime.resources import PERSISTENT_VOLUME_CLAIMS, PERSISTENT_VOLUMES
+from controller_runtime.client import ApiClient, ApiError
+from controller_runtime.resources import PERSISTENT_VOLUME_CLAIMS, PERSISTENT_VOLUMES, VOLUME_SNAPSHOTS
 
 EVENTS = [
     {"type": "ADDED", "object": {"metadata": {"name": f"pv{i}", "resourceVersion": str(i)}}} for i in range(5)
@@ -95,3 +95,11 @@ async def test_merge_patch_with_a_stale_resource_version_is_a_conflict(
             PERSISTENT_VOLUME_CLAIMS, "c", {"metadata": {"resourceVersion": "4"}}, "ns", subresource="status"
         )
     assert getattr(err.value, "conflict", False)
+
+
+async def test_a_plain_text_error_is_an_api_error(server: tuple[ApiClient, list[web.Request]]) -> None:
+    """An API group the server does not serve answers "404 page not found", not a Status."""
+    client, _ = server
+    with pytest.raises(ApiError) as err:
+        await client.list_page(VOLUME_SNAPSHOTS, limit=1)
+    assert err.value.not_found and err.value.message == "HTTP 404"

@@ -88,10 +88,10 @@ def test_reserved_parameters_are_stripped_and_secrets_resolved() -> None:
     [
         {"csi.storage.k8s.io/unknown": "x"},
         {"csi.storage.k8s.io/provisioner-secret-name": "only-name"},
-        # The claim's author may not pick the provisioner's own secret.
+        # The namespace may not depend on what the claim's author writes.
         {
-            "csi.storage.k8s.io/provisioner-secret-name": "${pvc.annotations['team']}",
-            "csi.storage.k8s.io/provisioner-secret-namespace": "ns",
+            "csi.storage.k8s.io/provisioner-secret-name": "s",
+            "csi.storage.k8s.io/provisioner-secret-namespace": "${pvc.name}",
         },
     ],
 )
@@ -198,7 +198,11 @@ def test_pv_is_pre_bound_with_finalizer_affinity_and_identity() -> None:
     )
     assert pv["metadata"]["name"] == "pvc-u-1"
     assert pv["metadata"]["finalizers"] == [names.PV_FINALIZER]
-    assert pv["metadata"]["annotations"] == {storage.ANN_PROVISIONED_BY: DRIVER}
+    assert pv["metadata"]["annotations"] == {
+        storage.ANN_PROVISIONED_BY: DRIVER,
+        names.ANN_DELETION_SECRET_NAME: "",
+        names.ANN_DELETION_SECRET_NAMESPACE: "",
+    }
     s = pv["spec"]
     assert s["claimRef"] == {
         "kind": "PersistentVolumeClaim",
@@ -242,7 +246,6 @@ def test_quantities_and_error_texts() -> None:
             super().__init__(grpc.StatusCode.RESOURCE_EXHAUSTED, None, None, "pool full")
 
     assert error_text(Err()) == "rpc error: code = ResourceExhausted desc = pool full"
-    assert names.msg_failed("c", "x") == 'failed to provision volume with StorageClass "c": x'
 
 
 async def test_journal_survives_a_new_process_and_refuses_bad_names(tmp_path: Path) -> None:
