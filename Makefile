@@ -7,7 +7,7 @@ PYTEST_ARGS ?=
 
 .PHONY: up test unit integration sanity stress-start bench lint deps binaries system-deps python-deps clean \
 	docker-deps images wheels compose-test conformance kind-deps kind-images kind-up kind-down kind-test e2e-deps \
-	e2e-storage e2e-storage-disruptive
+	e2e-storage e2e-storage-disruptive chaos
 
 up: deps binaries
 	$(PY) -m localstack.main up
@@ -33,6 +33,18 @@ sanity: deps binaries
 stress-start: deps binaries
 	KUBELOOP_POOL_START_ROUNDS=50 KUBELOOP_STACK_ROUNDS=20 $(PY) -m pytest -s \
 		tests/unit/test_shared_files.py tests/csi/test_shared_pool.py tests/e2e/test_stack_restarts.py $(PYTEST_ARGS)
+
+# The long chaos campaign (docs/chaos.md); `make test` runs a bounded one (tests/chaos). Each round
+# kills CHAOS_KILLS kubeloop processes during a workload, with apiserver/etcd restarts, pauses past
+# a lease and pool fills every few rounds, then checks the invariants; a JSON report is written.
+CHAOS_ROUNDS ?= 40
+CHAOS_KILLS ?= 5
+CHAOS_SEED ?= 1
+CHAOS_REPORT ?= chaos-report.json
+
+chaos: deps binaries
+	CHAOS_ROUNDS=$(CHAOS_ROUNDS) CHAOS_KILLS=$(CHAOS_KILLS) CHAOS_SEED=$(CHAOS_SEED) \
+		CHAOS_REPORT=$(CHAOS_REPORT) $(PY) -m tests.chaos
 
 # Every differential conformance scenario (docs/conformance.md): each run against kcm's storage
 # controllers and the Go sidecars, then against kubeloop, and compared. `make test` runs a subset.

@@ -22,8 +22,11 @@ from kubernetes_asyncio.client import Configuration
 from prometheus_client import Counter, Histogram
 from yarl import URL
 
+from .logs import get_logger
 from .ratelimit import TokenBucket
 from .resources import Obj, Resource, name_of, namespace_of
+
+log = get_logger("client")
 
 REQUESTS = Counter(
     "rest_client_requests_total", "API requests by status code and method", ["code", "method", "host"]
@@ -212,12 +215,19 @@ class ApiClient:
         headers = self._auth()
         if data is not None:
             headers["Content-Type"] = content_type
-        start = time.perf_counter()
-        async with self.session.request(
-            method, self._url(path, params), data=data, headers=headers, timeout=self._timeout(timeout)
-        ) as resp:
-            raw = await resp.read()
-        self._observe(method, resp.status, time.perf_counter() - start)
+        for attempt in range(MAX_RETRIES + 1):
+            start = time.perf_counter()
+            async with self.session.request(
+                method, self._url(path, params), data=data, headers=headers, timeout=self._timeout(timeout)
+            ) as resp:
+                raw = await resp.read()
+            self._observe(method, resp.status, time.perf_counter() - start)
+            wait = retry_after(resp.status, resp.headers.get("Retry-After"))
+            if wait is None or attempt == MAX_RETRIES:
+                break
+            log.info("the apiserver asked to retry later", method=method, path=path, status=resp.status,
+                     retry_after=f"{wait}s", attempt=attempt + 1)  # fmt: skip
+            await asyncio.sleep(wait)
         if resp.status >= 300:
             # Not always a Status: a group the server does not serve answers "404 page not found".
             try:
@@ -321,37 +331,68 @@ class ApiClient:
         }
         # The server ends the watch after timeoutSeconds; the read timeout only catches a dead peer.
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=15, sock_read=timeout_seconds + 30)
-        async with self.session.get(
-            self._url(res.path(namespace), query), headers=self._auth(), timeout=timeout
-        ) as resp:
-            REQUESTS.labels(str(resp.status), "WATCH", self._host_label).inc()
-            if resp.status >= 300:
-                raw = await resp.read()
-                body = orjson.loads(raw) if raw else None
-                if resp.status == 410:
-                    raise WatchExpiredError(str(body))
-                raise ApiError(
-                    resp.status, body if isinstance(body, dict) else None, "WATCH", res.path(namespace)
-                )
-            # Events arrive as JSON lines; a chunk may hold many of them or part of one. Split each
-            # chunk once: cutting one line at a time off a large buffer copies the rest every time.
-            path = res.path(namespace)
-            tail = b""
-            async for chunk in resp.content.iter_any():
-                if tail:
-                    chunk = tail + chunk
-                lines = chunk.split(b"\n")
-                tail = lines.pop()
-                for line in lines:
-                    if not line or line.isspace():
-                        continue
-                    event = orjson.loads(line)
-                    kind, obj = event.get("type", ""), event.get("object") or {}
-                    if kind == "ERROR":
-                        if obj.get("code") == 410:
-                            raise WatchExpiredError(str(obj.get("message", "")))
-                        raise ApiError(int(obj.get("code") or 500), obj, "WATCH", path)
-                    yield kind, obj
+        url = self._url(res.path(namespace), query)
+        attempt = 0
+        while True:
+            async with self.session.get(url, headers=self._auth(), timeout=timeout) as resp:
+                REQUESTS.labels(str(resp.status), "WATCH", self._host_label).inc()
+                wait = retry_after(resp.status, resp.headers.get("Retry-After"))
+                if wait is None or attempt == MAX_RETRIES:
+                    async for event in _watch_events(resp, res.path(namespace)):
+                        yield event
+                    return
+            attempt += 1
+            log.info("the apiserver asked to retry the watch later", path=res.path(namespace),
+                     status=resp.status, retry_after=f"{wait}s", attempt=attempt)  # fmt: skip
+            await asyncio.sleep(wait)
+
+
+async def _watch_events(resp: aiohttp.ClientResponse, path: str) -> AsyncIterator[tuple[str, Obj]]:
+    """The (type, object) pairs of a watch response; 410 Gone, as the status or as an ERROR event,
+    raises WatchExpiredError."""
+    if resp.status >= 300:
+        raw = await resp.read()
+        body = orjson.loads(raw) if raw else None
+        if resp.status == 410:
+            raise WatchExpiredError(str(body))
+        raise ApiError(resp.status, body if isinstance(body, dict) else None, "WATCH", path)
+    # Events arrive as JSON lines; a chunk may hold many of them or part of one. Split each
+    # chunk once: cutting one line at a time off a large buffer copies the rest every time.
+    tail = b""
+    async for chunk in resp.content.iter_any():
+        if tail:
+            chunk = tail + chunk
+        lines = chunk.split(b"\n")
+        tail = lines.pop()
+        for line in lines:
+            if not line or line.isspace():
+                continue
+            event = orjson.loads(line)
+            kind, obj = event.get("type", ""), event.get("object") or {}
+            if kind == "ERROR":
+                if obj.get("code") == 410:
+                    raise WatchExpiredError(str(obj.get("message", "")))
+                raise ApiError(int(obj.get("code") or 500), obj, "WATCH", path)
+            yield kind, obj
+
+
+# As client-go's rest.Request: how often a request the apiserver answered with Retry-After is sent again.
+MAX_RETRIES = 10
+
+
+def retry_after(status: int, header: str | None) -> int | None:
+    """The seconds the apiserver asked the client to wait before sending the request again: a 429
+    (max-in-flight or priority-and-fairness rejected it) or a 5xx with a Retry-After of whole
+    seconds, as client-go's checkWait reads it; None for any other answer."""
+    if status != 429 and status < 500:
+        return None
+    if header is None:
+        return None
+    try:
+        seconds = int(header.strip())
+    except ValueError:
+        return None
+    return max(0, seconds)
 
 
 def _clean(params: dict[str, Any] | None) -> dict[str, str] | None:

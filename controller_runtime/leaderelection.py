@@ -17,6 +17,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 from prometheus_client import Gauge
 
 from .client import ApiClient, ApiError
@@ -153,6 +154,9 @@ class LeaderElector:
                     log.warning("error renewing lease", error=str(exc))
                 if time.monotonic() >= deadline:
                     self._gauge.set(0)
+                    # Lost: the record is no longer ours to write (another replica may hold the
+                    # Lease by now), so there is nothing to release, as in client-go.
+                    self._lease = None
                     raise LeadershipLost(f"could not renew lease {self._key} within {cfg.renew_deadline}s")
                 await asyncio.sleep(min(1.0, cfg.retry_period))
 
@@ -172,7 +176,9 @@ class LeaderElector:
         try:
             await self.client.update(LEASES, lease)
             log.info("released lease", lease=self._key)
-        except ApiError as exc:
+        except (ApiError, aiohttp.ClientError, OSError, TimeoutError) as exc:
+            # Best effort: the Lease expires by itself. An unreachable apiserver must not replace
+            # the error the elector is stopping for.
             log.warning("could not release lease", error=str(exc))
         self._lease = None
         self._gauge.set(0)

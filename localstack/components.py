@@ -32,7 +32,7 @@ from controller_runtime.toolchain import REPO_ROOT
 
 from .certs import Identity, service_account_identity
 from .controlplane import ControlPlane, Ports, StatusCallback, UnexpectedExitCallback, log_unexpected_exit
-from .proc import ManagedProcess, wait_healthy
+from .proc import ManagedProcess, RestartCallback, RestartPolicy, wait_healthy
 
 log = get_logger("stack")
 
@@ -279,7 +279,11 @@ class Components:
         stop_timeout: float = 15.0,
         on_status: StatusCallback | None = None,
         on_unexpected_exit: UnexpectedExitCallback | None = None,
+        restart: RestartPolicy | None = None,
+        on_restart: RestartCallback | None = None,
     ) -> None:
+        """With a `restart` policy every process is supervised: restarted with backoff after a
+        crash (`on_restart` is told); without one a crash only calls `on_unexpected_exit`."""
         self.cp = control_plane
         self.components = tuple(components)
         self.nodes = tuple(nodes)
@@ -287,6 +291,8 @@ class Components:
         self.stop_timeout = stop_timeout
         self._on_status = on_status
         self._on_unexpected_exit = on_unexpected_exit or log_unexpected_exit
+        self.restart = restart
+        self._on_restart = on_restart
         self.processes: dict[str, ManagedProcess] = {}
         self.startup_seconds: dict[str, float] = {}
 
@@ -335,6 +341,8 @@ class Components:
             log_path=log_path,
             cwd=REPO_ROOT,
             on_unexpected_exit=self._on_unexpected_exit,
+            restart=self.restart,
+            on_restart=self._on_restart,
         )
         self.processes[inst.name] = proc
         await proc.start()
@@ -357,7 +365,21 @@ class Components:
             await self.stop()
             raise
 
+    def status(self) -> dict[str, dict[str, object]]:
+        """Per instance: pid, running, supervised restarts and the last exit code, for status reports."""
+        return {
+            name: {
+                "pid": proc.pid,
+                "running": proc.running,
+                "restarts": proc.restarts,
+                "last_exit_code": proc.last_exit_code,
+            }
+            for name, proc in self.processes.items()
+        }
+
     async def stop(self) -> None:
+        for proc in self.processes.values():
+            proc.disarm()
         for name, proc in reversed(list(self.processes.items())):
             code = await proc.stop(self.stop_timeout)
             log.info("stopped", component=name, exit_code=code)

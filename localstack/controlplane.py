@@ -255,6 +255,21 @@ class ControlPlane:
         if proc is not None:
             await proc.stop(self.stop_timeout)
         seconds = await self._start_apiserver()
+        await self._revive_dependents()
+        return seconds
+
+    async def restart_etcd(self) -> float:
+        """Stops and starts etcd on its data directory, as a crashed or upgraded etcd member comes
+        back; returns the seconds until healthy. The apiserver reconnects by itself; kcm and the
+        scheduler are started again if they gave up meanwhile."""
+        proc = self.processes.get("etcd")
+        if proc is not None:
+            await proc.stop(self.stop_timeout)
+        seconds = await self._start_etcd()
+        await self._revive_dependents()
+        return seconds
+
+    async def _revive_dependents(self) -> None:
         restarts = []
         for name, start in (
             ("kube-controller-manager", self._start_kcm),
@@ -265,7 +280,6 @@ class ControlPlane:
                 log.warning("restarting after the apiserver came back", component=name)
                 restarts.append(start())
         await asyncio.gather(*restarts)
-        return seconds
 
     # --- components -----------------------------------------------------------------------------
 

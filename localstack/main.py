@@ -3,11 +3,14 @@
 It starts etcd, kube-apiserver, kube-controller-manager (storage controllers off) and kube-scheduler
 on 127.0.0.1, then the kubeloop components of localstack/components.py, prints a line as each
 becomes healthy and how to use kubectl, and runs until Ctrl-C or SIGTERM, which stop everything.
+The kubeloop components are supervised: one that crashes is restarted with exponential backoff
+(RestartPolicy), each restart printed and counted in $KUBELOOP_HOME/status.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -28,7 +31,15 @@ from .components import (
     node_names,
 )
 from .controlplane import ControlPlane, Ports, StackLockedError, default_home
-from .proc import ManagedProcess, PortInUseError, UnhealthyError, check_ports_free, tail
+from .proc import (
+    ManagedProcess,
+    PortInUseError,
+    RestartEvent,
+    RestartPolicy,
+    UnhealthyError,
+    check_ports_free,
+    tail,
+)
 
 log = get_logger("stack")
 
@@ -62,6 +73,19 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         default=default_home(),
         help="state directory (default: $KUBELOOP_HOME, else .kubeloop/ in the checkout)",
+    )
+    up.add_argument(
+        "--restart-backoff",
+        type=process.duration,
+        default=RestartPolicy.initial,
+        help="wait before restarting a crashed kubeloop component, doubled per further crash "
+        f"(default: {RestartPolicy.initial:g}s)",
+    )
+    up.add_argument(
+        "--restart-backoff-cap",
+        type=process.duration,
+        default=RestartPolicy.cap,
+        help=f"the longest wait between restarts (default: {RestartPolicy.cap:g}s)",
     )
     ports = up.add_argument_group("ports (all on 127.0.0.1)")
     ports.add_argument(
@@ -140,8 +164,32 @@ def _status(name: str, seconds: float) -> None:
     _say(f"  ok  {name:<28} healthy in {seconds:5.2f}s")
 
 
+def _restarting(proc: ManagedProcess, event: RestartEvent) -> None:
+    # The structured log line is ManagedProcess's; this is the one for the person at the terminal.
+    if event.restarted:
+        _say(
+            f"  !!  restarted {event.name} (exit code {event.exit_code}), attempt {event.attempt}, "
+            f"next backoff {event.backoff:g}s (pid {event.pid}, {event.restarts} restarts in all)"
+        )
+    else:
+        print(
+            f"\n!!! {event.name} exited with code {event.exit_code}; restarting in {event.backoff:g}s "
+            f"(attempt {event.attempt}).\n!!! last lines of {proc.log_path}:\n{tail(proc.log_path, 15)}\n",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+def write_status(path: Path, components: Components) -> None:
+    """The components' pids and restart counters, rewritten on each change (atomically: a reader
+    never sees half a file)."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"components": components.status()}, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
 def _died(proc: ManagedProcess, code: int) -> None:
-    # Loud on purpose: nothing is restarted behind the user's back, so a dead component must be seen.
+    # Loud on purpose: the control plane is not supervised, so a dead process must be seen.
     log.error(
         "COMPONENT DIED; it is not restarted", component=proc.name, exit_code=code, log=str(proc.log_path)
     )
@@ -204,6 +252,12 @@ async def _up(args: argparse.Namespace, ctx: process.Context) -> None:
         on_status=_status,
         on_unexpected_exit=_died,
     )
+    status_path = home / "status.json"
+
+    def restarting(proc: ManagedProcess, event: RestartEvent) -> None:
+        _restarting(proc, event)
+        write_status(status_path, components)
+
     components = Components(
         cp,
         REGISTRY,
@@ -212,11 +266,14 @@ async def _up(args: argparse.Namespace, ctx: process.Context) -> None:
         stop_timeout=args.stop_timeout,
         on_status=_status,
         on_unexpected_exit=_died,
+        restart=RestartPolicy(initial=args.restart_backoff, cap=args.restart_backoff_cap),
+        on_restart=restarting,
     )
     _say(f"kubeloop: starting the local stack in {home}")
     try:
         await cp.start()
         await components.start()
+        write_status(status_path, components)
         kubectl = cp.toolchain.binary("kubectl")
         _say(
             f"\nkubeloop stack is ready in {time.monotonic() - started:.1f}s "
@@ -225,6 +282,7 @@ async def _up(args: argparse.Namespace, ctx: process.Context) -> None:
             f"  export KUBECONFIG={cp.admin_kubeconfig}\n"
             f"  export PATH={kubectl.parent}:$PATH   # kubectl {cp.toolchain.kubernetes_version}\n"
             "  kubectl get --raw /readyz\n"
+            f"Crashed kubeloop components are restarted; pids and restart counts: {status_path}\n"
             "Press Ctrl-C to stop the stack."
         )
         await ctx.stopping.wait()

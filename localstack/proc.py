@@ -1,6 +1,7 @@
 """Child processes of the stack: start in their own process group with the log in a file, stop the
-whole group (SIGTERM, then SIGKILL after a timeout), report an unexpected exit loudly, and probe
-health endpoints and ports."""
+whole group (SIGTERM, then SIGKILL after a timeout), report an unexpected exit loudly or restart the
+process with exponential backoff (a RestartPolicy, as a Deployment's pod or compose's
+`restart: unless-stopped`), and probe health endpoints and ports."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import aiohttp
 
+from controller_runtime.clock import SYSTEM_CLOCK, MonotonicClock
 from controller_runtime.logs import get_logger
 
 log = get_logger("stack")
@@ -36,6 +38,68 @@ def _die_with_parent() -> None:
 ExitCallback = Callable[["ManagedProcess", int], None]
 
 
+@dataclass(frozen=True)
+class RestartPolicy:
+    """Restart a crashed process after `initial` seconds, the delay multiplied by `factor` per
+    further crash up to `cap`; a process that stayed up `reset_after` seconds starts again from
+    `initial`. The defaults are kubelet's CrashLoopBackOff shape with a shorter cap (30 s, not 5 min):
+    on a laptop a component should be back quickly once its cause is gone."""
+
+    initial: float = 1.0
+    factor: float = 2.0
+    cap: float = 30.0
+    reset_after: float = 60.0
+
+
+@dataclass
+class RestartBackoff:
+    """The backoff state of one supervised process; pure, given the times, so a test drives it
+    with a fake clock."""
+
+    policy: RestartPolicy
+    attempt: int = 0  # crashes in the current series (reset after a long enough run)
+    total: int = 0  # restarts since the stack started
+    started_at: float | None = None
+
+    def started(self, now: float) -> None:
+        self.started_at = now
+
+    def delay(self, attempt: int) -> float:
+        """The wait before restart number `attempt` (1-based) of a series."""
+        return float(min(self.policy.cap, self.policy.initial * self.policy.factor ** (attempt - 1)))
+
+    def crashed(self, now: float) -> tuple[int, float]:
+        """Records a crash at `now`; returns (attempt in the series, seconds to wait before restarting)."""
+        if self.started_at is not None and now - self.started_at >= self.policy.reset_after:
+            self.attempt = 0
+        self.attempt += 1
+        self.total += 1
+        self.started_at = None
+        return self.attempt, self.delay(self.attempt)
+
+    def next_delay(self) -> float:
+        """The wait the next crash would get if it came before `reset_after`."""
+        return self.delay(self.attempt + 1)
+
+
+@dataclass(frozen=True)
+class RestartEvent:
+    """One supervised restart, given to the `on_restart` callback twice: when the crash is seen
+    (`restarted` False, `backoff` the wait before the restart) and once the new process runs
+    (`restarted` True, `pid` the new one, `backoff` the wait a further crash would get)."""
+
+    name: str
+    exit_code: int
+    attempt: int
+    restarts: int
+    backoff: float
+    restarted: bool
+    pid: int | None
+
+
+RestartCallback = Callable[["ManagedProcess", RestartEvent], None]
+
+
 def tail(path: Path, lines: int = 20) -> str:
     """The last lines of a log file, for error messages that should say why a process died."""
     try:
@@ -51,7 +115,8 @@ def tail(path: Path, lines: int = 20) -> str:
 
 @dataclass
 class ManagedProcess:
-    """One child process. `on_unexpected_exit` fires when it exits without `stop()` being called."""
+    """One child process. When it exits without `stop()` being called, it is restarted under
+    `restart` (and `on_restart` told) if a policy is given, else `on_unexpected_exit` fires."""
 
     name: str
     argv: Sequence[str]
@@ -59,9 +124,16 @@ class ManagedProcess:
     env: Mapping[str, str] | None = None
     cwd: Path | None = None
     on_unexpected_exit: ExitCallback | None = None
+    restart: RestartPolicy | None = None
+    on_restart: RestartCallback | None = None
+    clock: MonotonicClock = field(default=SYSTEM_CLOCK, repr=False)
+    last_exit_code: int | None = None
     _proc: asyncio.subprocess.Process | None = field(default=None, repr=False)
     _watcher: asyncio.Task[None] | None = field(default=None, repr=False)
     _stopping: bool = field(default=False, repr=False)
+    _backoff: RestartBackoff | None = field(default=None, repr=False)
+    _waiting: bool = field(default=False, repr=False)  # in the backoff sleep: cancellable
+    _spawning: asyncio.Future[None] | None = field(default=None, repr=False)
 
     @property
     def pid(self) -> int | None:
@@ -75,11 +147,22 @@ class ManagedProcess:
     def running(self) -> bool:
         return self._proc is not None and self._proc.returncode is None
 
+    @property
+    def restarts(self) -> int:
+        """How often the supervisor restarted it after a crash (0 without a restart policy)."""
+        return self._backoff.total if self._backoff is not None else 0
+
     async def start(self) -> None:
         if self.running:
             raise RuntimeError(f"{self.name} is already running (pid {self.pid})")
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._stopping = False
+        if self.restart is not None and self._backoff is None:
+            self._backoff = RestartBackoff(self.restart)
+        await self._spawn()
+        self._watcher = asyncio.create_task(self._watch(), name=f"watch-{self.name}")
+
+    async def _spawn(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
         # The log is appended to so a restart (restart_apiserver) keeps the earlier run's lines.
         with self.log_path.open("ab") as logf:
             stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
@@ -98,13 +181,66 @@ class ManagedProcess:
                 start_new_session=True,
                 preexec_fn=_die_with_parent,
             )
+        if self._backoff is not None:
+            self._backoff.started(self.clock.monotonic())
         log.debug("started", component=self.name, pid=self._proc.pid, log=str(self.log_path))
-        self._watcher = asyncio.create_task(self._watch(self._proc), name=f"watch-{self.name}")
 
-    async def _watch(self, proc: asyncio.subprocess.Process) -> None:
-        code = await proc.wait()
-        if not self._stopping and self.on_unexpected_exit is not None:
-            self.on_unexpected_exit(self, code)
+    async def _watch(self) -> None:
+        while True:
+            proc = self._proc
+            assert proc is not None
+            code = await proc.wait()
+            self.last_exit_code = code
+            if self._stopping:
+                return
+            if self._backoff is None:
+                if self.on_unexpected_exit is not None:
+                    self.on_unexpected_exit(self, code)
+                return
+            attempt, delay = self._backoff.crashed(self.clock.monotonic())
+            self._notify(RestartEvent(self.name, code, attempt, self._backoff.total, delay, False, None))
+            self._waiting = True
+            try:
+                await self.clock.sleep(delay)
+            finally:
+                self._waiting = False
+            if self._stopping:
+                return
+            # Shielded: stop() must never cancel a half-made child it would then not know to kill;
+            # it waits for the spawn instead and stops what it made.
+            self._spawning = asyncio.ensure_future(self._spawn())
+            try:
+                await asyncio.shield(self._spawning)
+            finally:
+                self._spawning = None
+            next_delay = self._backoff.next_delay()
+            self._notify(
+                RestartEvent(self.name, code, attempt, self._backoff.total, next_delay, True, self.pid)
+            )
+
+    def _notify(self, event: RestartEvent) -> None:
+        if event.restarted:
+            log.warning(
+                f"restarted {event.name} (exit code {event.exit_code}), attempt {event.attempt}, "
+                f"next backoff {event.backoff:g}s",
+                component=event.name,
+                exit_code=event.exit_code,
+                attempt=event.attempt,
+                restarts=event.restarts,
+                next_backoff=f"{event.backoff:g}s",
+                pid=event.pid,
+            )
+        else:
+            log.error(
+                f"{event.name} exited with code {event.exit_code}; restarting in {event.backoff:g}s",
+                component=event.name,
+                exit_code=event.exit_code,
+                attempt=event.attempt,
+                backoff=f"{event.backoff:g}s",
+                log=str(self.log_path),
+            )
+        if self.on_restart is not None:
+            self.on_restart(self, event)
 
     def _signal_group(self, sig: signal.Signals) -> None:
         if self._proc is None:
@@ -116,12 +252,24 @@ class ManagedProcess:
         except PermissionError:  # pid reused by someone else's group: nothing of ours is left
             pass
 
+    def disarm(self) -> None:
+        """From now on an exit is neither restarted nor reported: the stack is going down, and a
+        process that dies because one stopped before it must not come back."""
+        self._stopping = True
+
     async def stop(self, timeout: float = 15.0) -> int | None:
-        """SIGTERM to the process group, SIGKILL after `timeout`; returns the exit code."""
+        """SIGTERM to the process group, SIGKILL after `timeout`; returns the exit code. A pending
+        supervised restart is called off; one being spawned right now is waited for, then stopped."""
+        self._stopping = True
+        if self._watcher is not None and self._waiting:
+            self._watcher.cancel()
+        spawning = self._spawning
+        if spawning is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(spawning)
         proc = self._proc
         if proc is None:
             return None
-        self._stopping = True
         if proc.returncode is None:
             self._signal_group(signal.SIGTERM)
             try:

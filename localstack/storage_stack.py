@@ -45,7 +45,7 @@ from csi_driver import DRIVER_NAME
 from kubeloop_grpc.csi import csi_pb2
 from localstack.components import REGISTRY, Component, ComponentContext, Components, Instance
 from localstack.controlplane import ControlPlane
-from localstack.proc import ManagedProcess, free_ports
+from localstack.proc import ManagedProcess, RestartPolicy, free_ports
 
 NODES = ("node-a", "node-b")
 STORAGE_COMPONENTS = (
@@ -69,8 +69,10 @@ class ShortHomeComponents(Components):
     """Components whose files live under a short home: unix socket paths are limited to 107 bytes
     and pytest's temporary directories are long."""
 
-    def __init__(self, cp: ControlPlane, components: list[Component], home: Path) -> None:
-        super().__init__(cp, components, NODES, on_unexpected_exit=lambda _p, _c: None)
+    def __init__(
+        self, cp: ControlPlane, components: list[Component], home: Path, restart: RestartPolicy | None = None
+    ) -> None:
+        super().__init__(cp, components, NODES, on_unexpected_exit=lambda _p, _c: None, restart=restart)
         self.short_home = home
 
     def context(self, inst: Instance) -> ComponentContext:
@@ -108,11 +110,23 @@ def _consecutive_free(n: int) -> int:
 
 
 class StorageStack:
-    def __init__(self, cp: ControlPlane, api: ApiClient, names: tuple[str, ...] = STORAGE_COMPONENTS) -> None:
+    """`restart`: supervise the processes as `make up` does (restarted with backoff after a crash);
+    without it a crashed process stays down until a test starts it (kill9)."""
+
+    def __init__(
+        self,
+        cp: ControlPlane,
+        api: ApiClient,
+        names: tuple[str, ...] = STORAGE_COMPONENTS,
+        *,
+        restart: RestartPolicy | None = None,
+        components: list[Component] | None = None,
+    ) -> None:
         self.cp = cp
         self.api = api
         self.home = Path(tempfile.mkdtemp(prefix="kl-", dir="/tmp"))
-        self.components = ShortHomeComponents(cp, storage_components(names), self.home)
+        chosen = components if components is not None else storage_components(names)
+        self.components = ShortHomeComponents(cp, chosen, self.home, restart)
         self.csi: CSIConnection | None = None
 
     @property
@@ -151,11 +165,16 @@ class StorageStack:
                         raise
 
     async def kill9(self, name: str, restart: bool = True) -> None:
-        """SIGKILL to the process group, as a crash, then (unless told not to) start it again."""
+        """SIGKILL to the process group, as a crash, then (unless told not to) start it again; a
+        supervised stack's process is restarted by its supervisor, and this waits for that."""
         proc = self.process(name)
         assert proc.pid is not None
         with_group = proc.pid
+        restarts = proc.restarts
         os.killpg(with_group, signal.SIGKILL)
+        if proc.restart is not None:
+            await wait_for(lambda: _restarted(proc, restarts), 60, f"{name} restarted by its supervisor")
+            return
         for _ in range(100):
             if not proc.running:
                 break
@@ -348,6 +367,10 @@ class StorageStack:
         await wait_for(nothing_left, timeout, f"no loop device or mount left for {handle}")
 
 
+async def _restarted(proc: ManagedProcess, restarts_before: int) -> bool:
+    return proc.restarts > restarts_before and proc.running
+
+
 async def _exists(api: ApiClient, res: Any, name: str, namespace: str | None = None) -> bool:
     try:
         await api.get(res, name, namespace)
@@ -384,15 +407,21 @@ def force_cleanup(root: Path) -> None:
     """Whatever a failed test left: unmount under root, detach loop devices of its pool."""
     for point in sorted(mounts_under(root), key=len, reverse=True):
         subprocess.run(["umount", "-l", point], check=False)
+    for dev, back in loop_backing_files():
+        if back.startswith(str(root)):
+            subprocess.run(["losetup", "-d", dev], check=False)
+
+
+def loop_backing_files() -> list[tuple[str, str]]:
+    """(device, backing file) of every loop device on the machine."""
     out = subprocess.run(
         ["losetup", "--list", "--json", "--output", "NAME,BACK-FILE"],
         capture_output=True,
         text=True,
         check=False,
     ).stdout
-    for dev in json.loads(out)["loopdevices"] if out.strip() else []:
-        if str(dev.get("back-file") or "").startswith(str(root)):
-            subprocess.run(["losetup", "-d", dev["name"]], check=False)
+    devices = json.loads(out)["loopdevices"] if out.strip() else []
+    return [(str(d["name"]), str(d.get("back-file") or "")) for d in devices]
 
 
 __all__ = ["NODES", "StorageStack", "grpc", "wait_for"]

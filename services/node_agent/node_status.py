@@ -8,6 +8,8 @@ import asyncio
 import os
 import time
 
+import aiohttp
+
 from controller_runtime.client import ApiClient, ApiError
 from controller_runtime.clock import micro_time, now_rfc3339
 from controller_runtime.logs import get_logger
@@ -74,7 +76,26 @@ class NodeStatus:
             },
         }
 
-    async def register(self) -> None:
+    async def register(self, first_wait: float = 0.1, max_wait: float = 7.0) -> None:
+        """Registers the Node, trying until it works as kubelet's registerWithAPIServer does
+        (100ms doubling to 7s): at start-up the apiserver may be unreachable, or just restarted
+        and still denying what its RBAC cache has not loaded yet."""
+        wait = first_wait
+        while True:
+            try:
+                await self._register()
+                return
+            except (ApiError, aiohttp.ClientError, OSError, TimeoutError) as exc:
+                log.warning(
+                    "unable to register node with the API server",
+                    node=self.node_name,
+                    error=str(exc),
+                    retry_in=f"{wait:g}s",
+                )
+            await asyncio.sleep(wait)
+            wait = min(max_wait, wait * 2)
+
+    async def _register(self) -> None:
         labels = {
             "kubernetes.io/hostname": self.node_name,
             "kubernetes.io/os": "linux",

@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import aiohttp
+
 from controller_runtime.client import ApiClient, ApiError
 from controller_runtime.clock import now_rfc3339
 from controller_runtime.informer import SharedInformer
@@ -19,6 +21,9 @@ from .plan import PodVolume
 from .volume_manager import VolumeManager
 
 log = get_logger("node-agent")
+
+# A request that never reached the apiserver (restarting, unreachable): nothing was written.
+TRANSPORT_ERRORS = (aiohttp.ClientError, OSError, TimeoutError)
 
 
 class PodStatus:
@@ -99,6 +104,10 @@ class PodStatus:
             self._reported_running.discard(md.get("uid", ""))
             if not exc.not_found:
                 log.warning("could not update pod status", pod=md["name"], error=str(exc))
+        except TRANSPORT_ERRORS as exc:
+            # The apiserver was unreachable: not reported, so the next pass tries again.
+            self._reported_running.discard(md.get("uid", ""))
+            log.warning("could not update pod status", pod=md["name"], error=str(exc))
 
     async def _finish_deletion(self, pod: Obj) -> None:
         """Deletes the pod for good (grace period 0) once nothing of it is mounted, as kubelet does
@@ -117,4 +126,8 @@ class PodStatus:
             if not (exc.not_found or exc.conflict):
                 self._deleting.discard(md.get("uid", ""))
                 log.warning("could not delete pod", pod=md["name"], error=str(exc))
+        except TRANSPORT_ERRORS as exc:
+            self._deleting.discard(md.get("uid", ""))
+            log.warning("could not delete pod", pod=md["name"], error=str(exc))
+            return
         await asyncio.to_thread(remove_pod_dir, self.pods_dir / md.get("uid", "x"))

@@ -436,6 +436,13 @@ class VolumeManager:
             return  # never unstage under a publish (cannot happen: one operation per volume)
         plugin = self._plugin(driver)
         staging = self.layout.staging_path(driver, handle)
+        # From here the staging is uncertain, as kubelet marks a device whose UnmountDevice began:
+        # should the unstage fail half-way (the driver crashed after unmounting), a pod that wants
+        # the volume again gets NodeStageVolume first, not a publish on a missing staging mount;
+        # and that stage is the offline growth a volume waiting for one gets, so its expansion is
+        # then finished like any other.
+        self.stage_confirmed.discard(key)
+        self.expand_offline_only.discard(key)
         if plugin.stage_unstage:
             await plugin.conn.node.NodeUnstageVolume(
                 csi_pb2.NodeUnstageVolumeRequest(volume_id=handle, staging_target_path=str(staging)),
@@ -444,9 +451,7 @@ class VolumeManager:
         if await asyncio.to_thread(mounts.is_mounted, str(staging)):
             raise RuntimeError(f"{staging} is still mounted after NodeUnstageVolume")
         await asyncio.to_thread(remove_volume_dir, staging.parent, staging.name, self.layout.root / "plugins")
-        self.stage_confirmed.discard(key)
         self.staged.discard(key)
-        self.expand_offline_only.discard(key)
         log.info("unstaged", driver=driver, volume=handle)
 
 

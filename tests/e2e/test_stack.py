@@ -211,11 +211,59 @@ def test_kcm_runs_namespace_and_serviceaccount_controllers(stack: RunningStack) 
         time.sleep(0.3)
 
 
+def _status(stack: RunningStack) -> dict[str, dict[str, object]]:
+    data: dict[str, dict[str, dict[str, object]]] = json.loads((stack.home / "status.json").read_text())
+    return data["components"]
+
+
+def test_killed_component_is_restarted_and_claims_still_bind(stack: RunningStack, tmp_path: Path) -> None:
+    """kill -9 of the two processes a claim's binding needs: the launcher restarts each (printed,
+    counted in status.json) and a claim created afterwards is provisioned and bound."""
+    before = _status(stack)
+    victims = ("external-provisioner", "pv-controller")
+    for name in victims:
+        assert before[name]["running"] and before[name]["restarts"] == 0, before[name]
+        os.kill(int(str(before[name]["pid"])), signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    for name in victims:
+        line = f"restarted {name} (exit code -9), attempt 1, next backoff 2s"
+        while line not in stack.stdout.read_text():
+            assert time.monotonic() < deadline, f"{name} was not restarted\n{stack.output()}"
+            time.sleep(0.2)
+        now = _status(stack)[name]
+        assert now["restarts"] == 1 and now["last_exit_code"] == -9, now
+        assert now["pid"] != before[name]["pid"] and psutil.pid_exists(int(str(now["pid"])))
+    ns = f"e2e-restart-{uuid.uuid4().hex[:8]}"
+    stack.kubectl_run("create", "namespace", ns)
+    claim = tmp_path / "claim.json"
+    claim.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolumeClaim",
+                "metadata": {"name": "after-restart", "namespace": ns},
+                "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "16Mi"}}},
+            }
+        )
+    )
+    stack.kubectl_run("create", "-f", str(claim))
+    deadline = time.monotonic() + 90
+    while (
+        stack.kubectl_run("-n", ns, "get", "pvc", "after-restart", "-o", "jsonpath={.status.phase}")
+        != "Bound"
+    ):
+        assert time.monotonic() < deadline, f"the claim never bound after the restarts\n{stack.output()}"
+        time.sleep(0.3)
+    stack.kubectl_run("delete", "namespace", ns, "--wait=false")
+
+
 def test_sigterm_stops_everything(stack: RunningStack) -> None:
     assert stack.children, "no child processes were recorded"
+    restarts = stack.stdout.read_text().count("restarted ")
     stack.proc.send_signal(signal.SIGTERM)
     code = stack.proc.wait(90)
     assert code == 0, stack.output()
+    assert stack.stdout.read_text().count("restarted ") == restarts, "nothing is restarted on the way down"
     _gone, alive = psutil.wait_procs(stack.children, timeout=5)
     assert not alive, f"orphaned: {[(p.pid, p.name()) for p in alive]}"
     assert _stack_processes(stack.home) == []

@@ -7,11 +7,14 @@ import asyncio
 from pathlib import Path
 from typing import Any, cast
 
+import pytest
+
 from controller_runtime.client import ApiClient
 from controller_runtime.events import EventRecorder
 from controller_runtime.volumes import CSIVolume
 from services.node_agent.agent import NodeAgent, Options
 from services.node_agent.plan import PodVolume
+from services.node_agent.plugins import Plugin
 
 DRIVER = "loop.csi.kubeloop.dev"
 
@@ -158,5 +161,44 @@ def test_unstage_goes_ahead_of_queued_unpublishes_and_cancelled_waiters_give_up_
         await asyncio.gather(first, *queued, unstage)
         assert order == ["unpublish-1", "unstage-1", "unpublish-2", "unpublish-3"]
         assert slots.busy == 0 and slots.waiting == 0
+
+    asyncio.run(main())
+
+
+class _CrashingNode:
+    """A CSI node service whose unstage dies half-way, as a driver killed after the unmount."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    async def NodeUnstageVolume(self, *_a: Any, **_kw: Any) -> None:
+        self.calls.append("unstage")
+        raise RuntimeError("rpc error: code = Unavailable desc = Stream removed (Socket closed)")
+
+
+def test_an_interrupted_unstage_leaves_the_staging_to_be_staged_again(tmp_path: Path) -> None:
+    """Found by the chaos campaign: a node plugin killed during NodeUnstageVolume (after its
+    unmount) left the volume recorded as staged, and the next pod's publish failed forever with
+    'globalmount is not mounted; call NodeStageVolume again'; once that was fixed, a claim waiting
+    for its offline growth never saw its node expansion finished."""
+
+    async def main() -> None:
+        key = (DRIVER, "v1")
+        a = agent(tmp_path, 1)
+        node = _CrashingNode()
+        conn = cast(Any, type("Conn", (), {"node": node})())
+        cast(dict[str, Plugin], a.volumes.plugins)[DRIVER] = Plugin(
+            DRIVER, conn, "node-a", True, False, {}, 0
+        )
+        a.volumes.staged.add(key)
+        a.volumes.stage_confirmed.add(key)
+        a.volumes.expand_offline_only.add(key)  # an expansion waiting for the volume to be unstaged
+        with pytest.raises(RuntimeError):
+            await a.volumes._unstage(key)
+        assert node.calls == ["unstage"]
+        assert key not in a.volumes.stage_confirmed, "the next mount stages the volume again"
+        assert key not in a.volumes.expand_offline_only, (
+            "that stage grows it offline, so the node expansion is finished afterwards"
+        )
 
     asyncio.run(main())

@@ -1,0 +1,96 @@
+"""The node agent's pod status writes through an apiserver that is briefly unreachable (found by
+the chaos campaign: a pod whose Running status could not be written while the apiserver
+restarted stayed Pending for good, its volume mounted): a failed write is tried again on the next
+pass, for the Running status and for the final deletion alike."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, cast
+
+import aiohttp
+
+from controller_runtime.client import ApiClient
+from controller_runtime.informer import SharedInformer
+from controller_runtime.resources import Obj
+from services.node_agent.plan import PodVolume
+from services.node_agent.pod_status import PodStatus
+from services.node_agent.volume_manager import VolumeManager
+
+
+class Unreachable:
+    """Fails the first `down` calls as a refused connection, then records them."""
+
+    def __init__(self, down: int) -> None:
+        self.down = down
+        self.calls: list[tuple[str, str]] = []
+
+    def _call(self, verb: str, name: str) -> Obj:
+        if self.down > 0:
+            self.down -= 1
+            raise aiohttp.ClientConnectionError("Cannot connect to host 127.0.0.1")
+        self.calls.append((verb, name))
+        return {}
+
+    async def patch(self, _res: Any, name: str, _patch: Obj, **_kw: Any) -> Obj:
+        return self._call("patch", name)
+
+    async def request(self, method: str, path: str, **_kw: Any) -> Obj:
+        return self._call(method, path.rsplit("/", 1)[-1])
+
+
+class Store:
+    def __init__(self, pods: list[Obj]) -> None:
+        self.pods = pods
+
+    def values(self) -> list[Obj]:
+        return self.pods
+
+
+class Informer:
+    def __init__(self, pods: list[Obj]) -> None:
+        self.store = Store(pods)
+
+
+class Volumes:
+    def all_mounted(self, _vols: list[PodVolume]) -> bool:
+        return True
+
+    def pod_could_have_mounted_volumes(self, _uid: str) -> bool:
+        return False
+
+
+def pod(name: str, deleting: bool = False) -> Obj:
+    md: Obj = {"name": name, "namespace": "ns", "uid": f"uid-{name}"}
+    if deleting:
+        md["deletionTimestamp"] = "2026-11-23T17:43:06Z"
+    return {"metadata": md, "spec": {"containers": [{"name": "app"}]}, "status": {"phase": "Pending"}}
+
+
+def status(client: Unreachable, pods: list[Obj], tmp_path: Path) -> PodStatus:
+    return PodStatus(
+        cast(ApiClient, client),
+        cast(SharedInformer, Informer(pods)),
+        tmp_path,
+        cast(VolumeManager, Volumes()),
+    )
+
+
+async def test_running_is_written_again_after_the_apiserver_was_unreachable(tmp_path: Path) -> None:
+    client = Unreachable(down=1)
+    ps = status(client, [pod("app")], tmp_path)
+    await ps.sync({"ns/app": []})
+    assert client.calls == [], "the first write failed"
+    await ps.sync({"ns/app": []})
+    assert client.calls == [("patch", "app")], "the next pass writes Running again"
+    await ps.sync({"ns/app": []})
+    assert client.calls == [("patch", "app")], "once written, not again"
+
+
+async def test_deletion_is_finished_again_after_the_apiserver_was_unreachable(tmp_path: Path) -> None:
+    client = Unreachable(down=1)
+    ps = status(client, [pod("gone", deleting=True)], tmp_path)
+    await ps.sync({})
+    assert client.calls == []
+    await ps.sync({})
+    assert client.calls == [("DELETE", "gone")]
