@@ -116,6 +116,15 @@ class ApiClient:
         self._timeouts: dict[float, aiohttp.ClientTimeout] = {}
         self._static_auth: dict[str, str] | None = None
 
+    def with_own_limiter(self) -> ApiClient:
+        """A client of the same server and credentials whose requests wait in a rate limiter of their
+        own. Leader election uses one, as client-go gives it a clientset of its own: a Lease renewal
+        queued behind a burst of the controller's work (a provisioner deleting hundreds of volumes
+        at its QPS) misses the renew deadline, and the process loses the lease and exits."""
+        return ApiClient(
+            self._cfg, qps=self._limiter.qps, burst=self._limiter.burst, user_agent=self._user_agent
+        )
+
     @classmethod
     async def from_kubeconfig(
         cls, path: str | None, qps: float = 5.0, burst: int = 10, user_agent: str = "kubeloop"

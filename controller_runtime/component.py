@@ -43,8 +43,9 @@ async def run_elected(
     if not getattr(args, "leader_election", False):
         await lead()
         return
+    lease_client = client.with_own_limiter()
     elector = LeaderElector(
-        client,
+        lease_client,
         LeaderElectionConfig(
             namespace=args.leader_election_namespace,
             name=lease_name,
@@ -54,7 +55,10 @@ async def run_elected(
             retry_period=args.leader_election_retry_period,
         ),
     )
-    await elector.run(lead)
+    try:
+        await elector.run(lead)
+    finally:
+        await lease_client.close()
 
 
 async def serve_controller(

@@ -103,3 +103,15 @@ async def test_a_plain_text_error_is_an_api_error(server: tuple[ApiClient, list[
     with pytest.raises(ApiError) as err:
         await client.list_page(VOLUME_SNAPSHOTS, limit=1)
     assert err.value.not_found and err.value.message == "HTTP 404"
+
+
+def test_leader_election_waits_in_a_rate_limiter_of_its_own() -> None:
+    """A controller in debt to its QPS limiter (hundreds of deletes queued) must not hold back its
+    Lease renewals: run_elected's client has the same limits and a bucket of its own."""
+    work = ApiClient(Configuration(host="https://127.0.0.1:1"), qps=5, burst=2)
+    lease = work.with_own_limiter()
+    for _ in range(50):
+        work._limiter.reserve()
+    assert work._limiter.reserve() > 9.0  # ten seconds of queued work: past a 10 s renew deadline
+    assert lease._limiter.reserve() == 0.0
+    assert (lease._limiter.qps, lease._limiter.burst) == (5, 2)
