@@ -9,9 +9,11 @@ limiter, as client-go does with --kube-api-qps/--kube-api-burst.
 from __future__ import annotations
 
 import asyncio
+import json
 import ssl
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
 
@@ -50,8 +52,70 @@ PATCH_TYPES = {
 }
 
 
+# What client-go says for an error answer that is not a Status (a group the server does not
+# serve answers a plain "404 page not found"): reason and message by HTTP code. None as the
+# message means the server's own text is the message.
+_UNSTRUCTURED: dict[int, tuple[str, str | None]] = {
+    400: ("BadRequest", "the server rejected our request for an unknown reason"),
+    401: ("Unauthorized", "the server has asked for the client to provide credentials"),
+    403: ("Forbidden", None),
+    404: ("NotFound", "the server could not find the requested resource"),
+    405: ("MethodNotAllowed", "the server does not allow this method on the requested resource"),
+    415: ("UnsupportedMediaType", None),
+    422: ("Invalid", "the server rejected our request due to an error in our request"),
+    429: ("TooManyRequests", "the server has received too many requests and has asked us to try again later"),
+    503: ("ServiceUnavailable", "the server is currently unable to handle the request"),
+    504: (
+        "Timeout",
+        "the server was unable to return a response in the time allotted, "
+        "but may still be processing the request",
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a request was about, for the message of an error answer that carries no Status."""
+
+    resource: Resource
+    name: str = ""
+
+    def describe(self, method: str) -> str:
+        res = self.resource
+        qualified = f"{res.plural}.{res.group}" if res.group else res.plural
+        return " ".join(p for p in (method.lower(), qualified, self.name) if p)
+
+
+def unstructured_status(status: int, method: str, server_text: str, target: Target | None) -> Obj:
+    """The Status client-go makes of an error answer without one, so that messages read alike."""
+    if status == 409:
+        reason = "AlreadyExists" if method == "POST" else "Conflict"
+        message = "the server reported a conflict"
+    elif status == 406:
+        reason = "NotAcceptable"
+        message = (
+            server_text
+            if server_text not in ("", "unknown")
+            else "the server was unable to respond with a content type that the client supports"
+        )
+    elif status in _UNSTRUCTURED:
+        reason, fixed = _UNSTRUCTURED[status]
+        message = server_text if fixed is None else fixed
+    elif status >= 500:
+        reason = "InternalError"
+        quoted = json.dumps(server_text, ensure_ascii=False)  # Go's %q, for such text
+        message = f"an error on the server ({quoted}) has prevented the request from succeeding"
+    else:
+        reason = "Unknown"
+        message = f"the server responded with the status code {status} but did not return more information"
+    if target is not None:
+        message = f"{message} ({target.describe(method)})"
+    return {"kind": "Status", "status": "Failure", "code": status, "reason": reason, "message": message}
+
+
 class ApiError(Exception):
-    """A non-2xx answer from the API server, with its Status object when it sent one."""
+    """A non-2xx answer from the API server, with its Status object (or, for an answer without
+    one, the Status client-go would make of it)."""
 
     def __init__(self, status: int, body: Obj | None, method: str = "", path: str = "") -> None:
         self.status = status
@@ -218,6 +282,7 @@ class ApiClient:
         body: Any = None,
         content_type: str = "application/json",
         timeout: float = 60.0,
+        target: Target | None = None,
     ) -> Obj:
         await self._throttle(method)
         data = orjson.dumps(body) if body is not None else None
@@ -243,20 +308,24 @@ class ApiClient:
                 status: Obj | None = orjson.loads(raw) if raw else None
             except orjson.JSONDecodeError:
                 status = None
-            raise ApiError(resp.status, status if isinstance(status, dict) else None, method, path)
+            if not isinstance(status, dict):
+                plain = resp.content_type == "text/plain"
+                text = raw[:2048].decode(errors="replace").strip() if plain else "unknown"
+                status = unstructured_status(resp.status, method, text, target)
+            raise ApiError(resp.status, status, method, path)
         decoded: Obj = orjson.loads(raw) if raw else {}
         return decoded
 
     # -- typed verbs -------------------------------------------------------------------------
 
     async def get(self, res: Resource, name: str, namespace: str | None = None) -> Obj:
-        return await self.request("GET", res.path(namespace, name))
+        return await self.request("GET", res.path(namespace, name), target=Target(res, name))
 
     async def list_page(self, res: Resource, namespace: str | None = None, **params: Any) -> Obj:
         """One page of a list; pass `limit` and `continue_` (sent as `continue`) to page."""
         if "continue_" in params:
             params["continue"] = params.pop("continue_")
-        return await self.request("GET", res.path(namespace), params=params)
+        return await self.request("GET", res.path(namespace), params=params, target=Target(res))
 
     async def list_all(
         self, res: Resource, namespace: str | None = None, page_size: int = 500, **params: Any
@@ -273,17 +342,23 @@ class ApiClient:
 
     async def create(self, res: Resource, obj: Obj, namespace: str | None = None) -> Obj:
         ns = namespace or namespace_of(obj) or None
-        return await self.request("POST", res.path(ns), body=_with_type(res, obj))
+        return await self.request("POST", res.path(ns), body=_with_type(res, obj), target=Target(res))
 
     async def update(self, res: Resource, obj: Obj) -> Obj:
         """PUT with the object's resourceVersion: a stale one fails with 409 (ApiError.conflict)."""
         return await self.request(
-            "PUT", res.path(namespace_of(obj) or None, name_of(obj)), body=_with_type(res, obj)
+            "PUT",
+            res.path(namespace_of(obj) or None, name_of(obj)),
+            body=_with_type(res, obj),
+            target=Target(res, name_of(obj)),
         )
 
     async def update_status(self, res: Resource, obj: Obj) -> Obj:
         return await self.request(
-            "PUT", res.path(namespace_of(obj) or None, name_of(obj), "status"), body=_with_type(res, obj)
+            "PUT",
+            res.path(namespace_of(obj) or None, name_of(obj), "status"),
+            body=_with_type(res, obj),
+            target=Target(res, name_of(obj)),
         )
 
     async def patch(
@@ -296,7 +371,11 @@ class ApiClient:
         subresource: str | None = None,
     ) -> Obj:
         return await self.request(
-            "PATCH", res.path(namespace, name, subresource), body=patch, content_type=PATCH_TYPES[patch_type]
+            "PATCH",
+            res.path(namespace, name, subresource),
+            body=patch,
+            content_type=PATCH_TYPES[patch_type],
+            target=Target(res, name),
         )
 
     async def delete(
@@ -315,7 +394,7 @@ class ApiClient:
             body["preconditions"] = pre
         if propagation:
             body["propagationPolicy"] = propagation
-        return await self.request("DELETE", res.path(namespace, name), body=body)
+        return await self.request("DELETE", res.path(namespace, name), body=body, target=Target(res, name))
 
     async def watch(
         self,

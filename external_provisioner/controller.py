@@ -743,7 +743,7 @@ class Provisioner(InformerController):
             return None
         finalizers = decide.finalizers_after(pv)
         if finalizers is not None:
-            pv = await self._set_finalizers(pv, finalizers)
+            pv = await self._patch_finalizer(name, keep=names.PV_FINALIZER in finalizers)
             if pv is None:
                 return None
         if not decide.should_delete(pv):
@@ -761,9 +761,8 @@ class Provisioner(InformerController):
                 if exc.not_found:
                     return None
                 raise
-        rest = [f for f in pv.get("metadata", {}).get("finalizers") or [] if f != names.PV_FINALIZER]
-        if rest != (pv.get("metadata", {}).get("finalizers") or []):
-            await self._set_finalizers(pv, rest)
+        if names.PV_FINALIZER in (pv.get("metadata", {}).get("finalizers") or []):
+            await self._patch_finalizer(name, keep=False)
         log.info("deleted volume", volume=name, handle=pv["spec"]["csi"]["volumeHandle"])
         return None
 
@@ -787,12 +786,18 @@ class Provisioner(InformerController):
                 raise ProvisionError(names.msg_still_attached(name, va["spec"].get("nodeName", "")))
         await self._delete_volume(csi["volumeHandle"], secrets)
 
-    async def _set_finalizers(self, pv: Obj, finalizers: list[str]) -> Obj | None:
-        """Writes the PV's finalizers (None when the PV is gone)."""
-        md = pv["metadata"]
-        patch = {"metadata": {"resourceVersion": md["resourceVersion"], "finalizers": finalizers or None}}
+    async def _patch_finalizer(self, name: str, *, keep: bool) -> Obj | None:
+        """Adds or removes our finalizer on the PV (None when the PV is gone). A strategic merge
+        patch of that one entry, without a resourceVersion, as the Go sidecar sends: the binder
+        and the protection controller write the PV at the same moments, and a precondition would
+        only turn their writes into conflicts and whole re-syncs (each one more API request
+        against the same rate limit as this sidecar's events)."""
+        if keep:
+            patch: Obj = {"metadata": {"finalizers": [names.PV_FINALIZER]}}
+        else:
+            patch = {"metadata": {"$deleteFromPrimitiveList/finalizers": [names.PV_FINALIZER]}}
         try:
-            return await self.client.patch(PERSISTENT_VOLUMES, md["name"], patch)
+            return await self.client.patch(PERSISTENT_VOLUMES, name, patch, patch_type="strategic")
         except ApiError as exc:
             if exc.not_found:
                 return None

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from controller_runtime import process
+from controller_runtime.client import ApiClient
 from controller_runtime.component import api_client, run_elected
 from controller_runtime.controller import ControllerContext
 from controller_runtime.csi_client import CSIConnection
@@ -82,6 +83,20 @@ def build_parser() -> argparse.ArgumentParser:
         default=os.environ.get("NAMESPACE", "kube-system"),
         help="namespace of the CSIStorageCapacity objects (default: $NAMESPACE or kube-system)",
     )
+    # Upstream gives capacity publishing a client of its own, rate-limited apart: its writes (a
+    # round per new class or node) must not queue in front of provisioning and its events.
+    cap.add_argument(
+        "--kube-api-capacity-qps",
+        type=float,
+        default=1.0,
+        help="QPS of the client that writes CSIStorageCapacity objects (default: %(default)s)",
+    )
+    cap.add_argument(
+        "--kube-api-capacity-burst",
+        type=int,
+        default=5,
+        help="burst of the client that writes CSIStorageCapacity objects (default: %(default)s)",
+    )
     cap.add_argument(
         "--capacity-for-immediate-binding",
         action="store_true",
@@ -127,6 +142,16 @@ async def run(args: argparse.Namespace, ctx: process.Context) -> None:
     # claim's ProvisioningFailed event says what is missing.
     client = await api_client(args, "kubeloop-external-provisioner")
     recorder = EventRecorder(client, f"{conn.driver_name}_{socket.gethostname()}", queue_size=10000)
+    capacity_client = (
+        await ApiClient.from_kubeconfig(
+            args.kubeconfig or None,
+            qps=args.kube_api_capacity_qps,
+            burst=args.kube_api_capacity_burst,
+            user_agent="kubeloop-external-provisioner",
+        )
+        if args.enable_capacity
+        else None
+    )
 
     async def lead() -> None:
         factory = SharedInformerFactory(client, resync_period=args.resync_period)
@@ -149,9 +174,9 @@ async def run(args: argparse.Namespace, ctx: process.Context) -> None:
         )
         state["provisioner"] = prov
         tasks = [asyncio.create_task(prov.run(), name="provisioner")]
-        if args.enable_capacity:
+        if capacity_client is not None:
             publisher = CapacityPublisher(
-                client,
+                capacity_client,
                 conn,
                 prov.classes,
                 prov.csinodes,
@@ -184,6 +209,8 @@ async def run(args: argparse.Namespace, ctx: process.Context) -> None:
     finally:
         await recorder.close()
         await client.close()
+        if capacity_client is not None:
+            await capacity_client.close()
         await conn.close()
 
 

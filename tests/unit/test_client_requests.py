@@ -11,7 +11,7 @@ import pytest
 from aiohttp import web
 from kubernetes_asyncio.client import Configuration
 
-from controller_runtime.client import ApiClient, ApiError
+from controller_runtime.client import ApiClient, ApiError, Target, unstructured_status
 from controller_runtime.resources import PERSISTENT_VOLUME_CLAIMS, PERSISTENT_VOLUMES, VOLUME_SNAPSHOTS
 
 EVENTS = [
@@ -102,7 +102,36 @@ async def test_a_plain_text_error_is_an_api_error(server: tuple[ApiClient, list[
     client, _ = server
     with pytest.raises(ApiError) as err:
         await client.list_page(VOLUME_SNAPSHOTS, limit=1)
-    assert err.value.not_found and err.value.message == "HTTP 404"
+    assert err.value.not_found and err.value.reason == "NotFound"
+    # client-go's words for it, with what was asked: the external-provisioner's events quote them.
+    assert err.value.message == (
+        "the server could not find the requested resource (get volumesnapshots.snapshot.storage.k8s.io)"
+    )
+    with pytest.raises(ApiError) as err:
+        await client.get(VOLUME_SNAPSHOTS, "snap", "ns")
+    assert err.value.message == (
+        "the server could not find the requested resource (get volumesnapshots.snapshot.storage.k8s.io snap)"
+    )
+
+
+def test_an_answer_without_a_status_reads_as_client_go_words_it() -> None:
+    """A taken name stays AlreadyExists (a POST) and a conflict elsewhere; a server error quotes
+    the server's text; an unknown code says it brought nothing more."""
+    created = unstructured_status(409, "POST", "unknown", Target(VOLUME_SNAPSHOTS))
+    assert created["reason"] == "AlreadyExists"
+    assert created["message"] == (
+        "the server reported a conflict (post volumesnapshots.snapshot.storage.k8s.io)"
+    )
+    assert unstructured_status(409, "PUT", "unknown", None)["reason"] == "Conflict"
+    failed = unstructured_status(500, "GET", "boom", Target(PERSISTENT_VOLUME_CLAIMS, "c"))
+    assert failed["message"] == (
+        'an error on the server ("boom") has prevented the request from succeeding '
+        "(get persistentvolumeclaims c)"
+    )
+    odd = unstructured_status(418, "GET", "", None)
+    assert odd["message"] == (
+        "the server responded with the status code 418 but did not return more information"
+    )
 
 
 def test_leader_election_waits_in_a_rate_limiter_of_its_own() -> None:
