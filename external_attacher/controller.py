@@ -45,6 +45,8 @@ ControllerRPC = csi_pb2.ControllerServiceCapability.RPC
 VA_BY_PV = "pv"
 # Where the attach records the node id, for a detach after the node's CSINode is gone.
 ANN_VA_NODE_ID = "csi.alpha.kubernetes.io/node-id"
+# Tries at adding the PV finalizer when other writers keep winning the race (409).
+PV_FINALIZER_TRIES = 5
 
 
 @dataclass(frozen=True)
@@ -287,15 +289,26 @@ class Attacher(SidecarController):
             raise AttachError(f"could not save VolumeAttachment: {exc.message}") from exc
 
     async def _ensure_pv_finalizer(self, pv: Obj) -> None:
-        finalizers = pv["metadata"].get("finalizers") or []
-        if self.finalizer in finalizers:
-            return
-        fresh = copy.deepcopy(pv)
-        fresh["metadata"]["finalizers"] = [*finalizers, self.finalizer]
-        try:
-            await self.client.update(PERSISTENT_VOLUMES, fresh)
-        except ApiError as exc:
-            raise AttachError(f"could not add PersistentVolume finalizer: {exc.message}") from exc
+        # Several VAs of one PV (ReadOnlyMany on two nodes) race to add the same finalizer. A 409
+        # means someone else wrote the PV first: read it again rather than report a failed attach.
+        # (csi-attacher sends a merge patch of the whole list, which can drop a finalizer added
+        # meanwhile; an update on the fresh object cannot.)
+        for attempt in range(PV_FINALIZER_TRIES):
+            finalizers = pv["metadata"].get("finalizers") or []
+            if self.finalizer in finalizers:
+                return
+            fresh = copy.deepcopy(pv)
+            fresh["metadata"]["finalizers"] = [*finalizers, self.finalizer]
+            try:
+                await self.client.update(PERSISTENT_VOLUMES, fresh)
+                return
+            except ApiError as exc:
+                if not exc.conflict or attempt == PV_FINALIZER_TRIES - 1:
+                    raise AttachError(f"could not add PersistentVolume finalizer: {exc.message}") from exc
+            try:
+                pv = await self.client.get(PERSISTENT_VOLUMES, pv["metadata"]["name"])
+            except ApiError as exc:
+                raise AttachError(f"could not add PersistentVolume finalizer: {exc.message}") from exc
 
     async def _set_error(self, va: Obj, field: str, message: str) -> None:
         status = {field: {"time": now_rfc3339(), "message": message}}

@@ -105,6 +105,20 @@ class Cluster:
         # An error here (no docker daemon) must not read as "no cluster": down would then skip it.
         return self.name in self.kind("get", "clusters").stdout.split()
 
+    def api_ready(self, timeout: float) -> bool:
+        """Whether the API server answers /readyz within timeout seconds. A kept cluster whose node
+        containers were restarted (a reboot, a docker restart) resets connections for a while."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                if self.kubectl("get", "--raw", "/readyz", check=False, timeout=15).strip() == "ok":
+                    return True
+            except subprocess.TimeoutExpired:
+                pass
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(2)
+
     def nodes(self) -> list[str]:
         return self.kind("get", "nodes", "--name", self.name).stdout.split()
 
@@ -190,9 +204,13 @@ def up(cluster: Cluster, build: bool = True) -> dict[str, float]:
             raise KindError(f"tools/build-kind-node.sh failed:\n{result.stderr[-4000:]}")
         figures["build_images_s"] = time.monotonic() - start
     if cluster.exists():
-        say(f"cluster {cluster.name} exists: reusing it")
         cluster.kind("export", "kubeconfig", "--name", cluster.name, "--kubeconfig", str(cluster.kubeconfig))
-    else:
+        if cluster.api_ready(timeout=120):
+            say(f"cluster {cluster.name} exists: reusing it")
+        else:
+            say(f"cluster {cluster.name} exists but its API server is not ready after 120 s: recreating it")
+            cluster.delete()
+    if not cluster.exists():
         say(f"creating cluster {cluster.name} ({node_image()})")
         figures["create_cluster_s"] = cluster.create()
     say("loading images")

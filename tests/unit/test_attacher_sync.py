@@ -13,7 +13,7 @@ from typing import Any, cast
 import grpc
 import pytest
 
-from controller_runtime.client import ApiClient
+from controller_runtime.client import ApiClient, ApiError
 from controller_runtime.controller import ControllerContext
 from controller_runtime.csi_client import CSIConnection
 from controller_runtime.events import EventRecorder
@@ -274,5 +274,36 @@ def test_list_volumes_resyncs_attachments_out_of_step_both_ways() -> None:
         assert await a.reconcile_published() == 1
         await a.sync_va("va-1")
         assert driver.calls[-1] == ("unpublish", "vol-1", "id-a")
+
+    asyncio.run(main())
+
+
+def test_a_lost_race_for_the_pv_finalizer_is_no_attach_error() -> None:
+    """ReadOnlyMany on two nodes: both VAs add the same PV finalizer at once, one PUT gets 409. The
+    loser reads the PV again and finds the finalizer there; no attachError, the attach goes on."""
+
+    async def main() -> None:
+        a, driver, writes = make()
+        a.pvs.store.upsert(pv())
+        a.csinodes.store.upsert(csinode())
+        a.vas.store.upsert(va())
+        won_by_other = pv(finalizers=(FINALIZER,))
+
+        async def update(res: Resource, body: Obj, **_: Any) -> Obj:
+            writes.calls.append(("update", res.plural, body))
+            if res.plural == "persistentvolumes":
+                raise ApiError(409, {"message": 'Operation cannot be fulfilled on persistentvolumes "pv-1"'})
+            return body
+
+        async def get(res: Resource, name: str, namespace: str | None = None) -> Obj:
+            return won_by_other
+
+        writes.update = update  # type: ignore[method-assign]
+        writes.get = get  # type: ignore[attr-defined]
+        await a.sync_va("va-1")
+        [marked] = writes.of("patch", "volumeattachments")
+        assert marked["status"]["attached"] is True and marked["status"]["attachError"] is None
+        assert driver.calls == [("publish", "vol-1", "id-a")]
+        assert len(writes.of("update", "persistentvolumes")) == 1
 
     asyncio.run(main())
