@@ -159,6 +159,13 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
         await fs.mkfs(device, fs_type)
         return fs_type
 
+    async def _grow_offline(self, rec: StagingRecord, device: str) -> None:
+        await fs.check_before_grow(device, after_interrupted_grow=rec.growing)
+        rec.growing = True
+        await self.state.put_staging(rec)
+        await fs.resize_offline(device)
+        rec.growing = False  # saved with the staging that follows
+
     def _staged(self, volume_id: str) -> StagingRecord:
         rec = self.state.stagings.get(volume_id)
         if rec is None:
@@ -231,8 +238,8 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
                 # A volume expanded while it was not staged (offline expansion) is grown here,
                 # before anyone uses it: ext offline, xfs (which only grows mounted) after mounting.
                 size = await asyncio.to_thread(loop.device_size, device)
-                if fs_type.startswith("ext") and await fs.ext_needs_grow(device, size):
-                    await fs.grow_offline(device)
+                if fs_type.startswith("ext") and (rec.growing or await fs.ext_needs_grow(device, size)):
+                    await self._grow_offline(rec, device)
                 await asyncio.to_thread(self.kubelet.make_dir, staging, "staging_target_path")
                 options = [*cap.mount_flags, *(["ro"] if read_only else [])]
                 await self._mount_on(staging, "staging_target_path", device, fs_type, options)
@@ -262,6 +269,11 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
             if rec.access_type == "mount":
                 await self._unmount(staging, "staging_target_path")
             backing = self.state.volume_file(volume_id)
+            if rec.growing:
+                # A stage killed during its offline grow: only this record knows the filesystem
+                # may need repair, so the grow is finished before the record goes.
+                await self._grow_offline(rec, await self._ensure_device(rec, backing))
+                await self.state.put_staging(rec)
             for dev in await loop.devices_for(backing):
                 if dev.name == rec.device:
                     await loop.detach(dev.name)

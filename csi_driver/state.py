@@ -81,6 +81,9 @@ class StagingRecord:
     targets: dict[str, bool] = field(default_factory=dict)  # target path -> readonly
     # Targets the driver made itself (file or directory): only these are removed at unpublish.
     created_targets: list[str] = field(default_factory=list)
+    # Set while resize2fs grows the filesystem offline: a stage that finds it set knows the
+    # filesystem may carry the damage of a killed resize2fs, and only that damage.
+    growing: bool = False
 
 
 @dataclass(frozen=True)

@@ -80,11 +80,21 @@ async def ext_needs_grow(device: str, device_size: int) -> bool:
     return device_size - await ext_size(device) >= _GROW_SLACK
 
 
-async def grow_offline(device: str) -> None:
-    """Grows an unmounted ext filesystem; resize2fs insists on a fresh forced check first."""
+async def check_before_grow(device: str, after_interrupted_grow: bool) -> None:
+    """The forced check resize2fs insists on before an offline grow. A clean answer or errors
+    corrected in preen mode pass; anything else needs a human, except after a grow of this very
+    filesystem was killed midway: resize2fs then leaves the resize inode and the free-block
+    counters wrong (never a file's blocks), which e2fsck -y repairs."""
     check = await run("e2fsck", "-f", "-p", device, check=False)
-    if check.returncode >= 2:  # 0: clean, 1: errors corrected; anything else needs a human
+    if check.returncode >= 2 and after_interrupted_grow:  # 0: clean, 1: errors corrected
+        log.warning("repairing a filesystem whose offline grow was interrupted", device=device)
+        check = await run("e2fsck", "-f", "-y", device, check=False)
+    if check.returncode >= 2:
         raise ToolError(["e2fsck", "-f", "-p", device], check.returncode, check.stderr or check.stdout)
+
+
+async def resize_offline(device: str) -> None:
+    """Grows an unmounted, freshly checked ext filesystem to fill its device."""
     await run("resize2fs", device)
     log.info("grew filesystem offline", device=device)
 

@@ -81,8 +81,10 @@ class Driver:
         node_id: str = "node-a",
         extra: Sequence[str] = (),
         pool: Path | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.root = root
+        self.env = env
         self.socket = root / "csi.sock"
         self.pool = pool or root / "pool"
         self.state = root / "state"
@@ -124,7 +126,7 @@ class Driver:
             *self.extra,
         ]
         logf = open(self.log, "ab")  # noqa: SIM115 - handed to the child for its lifetime
-        self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=logf, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=logf, stderr=subprocess.STDOUT, env=self.env)
         logf.close()
         return self
 
