@@ -96,7 +96,8 @@ def test_every_kubeloop_pod_is_ready_and_registered(kind_cluster: KindCluster) -
     for p in pods:
         by_component.setdefault(p["metadata"]["labels"]["app.kubernetes.io/component"], []).append(p)
     assert sorted(by_component) == [
-        "attach-detach-controller", "csi-controller", "csi-node", "pv-controller", "volume-expand-controller",
+        "attach-detach-controller", "csi-controller", "csi-node", "pv-controller", "snapshot-controller",
+        "volume-expand-controller",
     ]  # fmt: skip
     assert len(by_component["csi-node"]) == len(kind_cluster.workers())
     for p in pods:
@@ -104,7 +105,8 @@ def test_every_kubeloop_pod_is_ready_and_registered(kind_cluster: KindCluster) -
         assert all(s["ready"] for s in statuses), (p["metadata"]["name"], statuses)
     controller = by_component["csi-controller"][0]
     assert {c["name"] for c in controller["spec"]["containers"]} == {
-        "kubeloop-plugin", "csi-provisioner", "csi-attacher", "csi-resizer", "liveness-probe",
+        "kubeloop-plugin", "csi-provisioner", "csi-attacher", "csi-resizer", "csi-snapshotter",
+        "liveness-probe",
     }  # fmt: skip
     # The real kubelet registered the node plugin through the registrar's socket.
     for worker in kind_cluster.workers():
