@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import weakref
 from dataclasses import dataclass
 
 from controller_runtime.logs import get_logger
@@ -12,6 +13,23 @@ log = get_logger("csi.tools")
 
 # The tools live in /sbin on Debian; a process started from a user shell may not have it in PATH.
 _PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/local/sbin", "/usr/sbin", "/sbin"])
+
+
+# At most this many tools run at once in one driver process; the others queue. A pod with hundreds
+# of volumes (the e2e volumeLimits spec: 256) makes kubelet stage them all at once, and hundreds of
+# mkfs and mount processes on a few cores, each spawned by a fork on the event loop, starved the
+# loop until Probe missed the liveness probe's deadline for 25 s and kubelet killed the plugin in
+# the middle of its operations. Queued, the volumes are staged as fast and Probe answers at once.
+MAX_PARALLEL_TOOLS = max(8, 4 * (os.cpu_count() or 1))
+_slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
+
+
+def _slot() -> asyncio.Semaphore:
+    loop = asyncio.get_running_loop()
+    slot = _slots.get(loop)
+    if slot is None:
+        slot = _slots[loop] = asyncio.Semaphore(MAX_PARALLEL_TOOLS)
+    return slot
 
 
 class ToolError(RuntimeError):
@@ -38,8 +56,14 @@ async def run(
     child under the same numbers (for `/proc/self/fd/<fd>` paths).
 
     The child is not killed when the calling task is cancelled: an interrupted mkfs or mount would
-    leave a worse state than a finished one, so cancellation waits for the tool to exit.
+    leave a worse state than a finished one, so cancellation waits for the tool to exit. The
+    timeout counts from the tool's start, not from the wait for a slot (MAX_PARALLEL_TOOLS).
     """
+    async with _slot():
+        return await _run(argv, check, timeout, pass_fds)
+
+
+async def _run(argv: tuple[str, ...], check: bool, timeout: float, pass_fds: tuple[int, ...]) -> Result:
     proc = await asyncio.create_subprocess_exec(
         *argv,
         stdin=asyncio.subprocess.DEVNULL,

@@ -78,6 +78,10 @@ WORK_DIR = REPO_ROOT / ".kubeloop" / "conformance"
 NODE_SIDE = ("csi-driver-controller", "csi-driver-node", "node-agent")
 DEPLOY_MANIFESTS = ("deploy/csidriver.yaml", "deploy/storageclasses.yaml")
 SHARED_CLASSES = ("", "kubeloop", "kubeloop-wffc")  # deploy/'s classes: never prefixed
+# After the settle time: how long a scenario must be still before its final snapshot, and the most
+# the runner waits for that.
+QUIET_S = 3.0
+QUIET_LIMIT_S = 20.0
 RESOURCES: dict[str, Resource] = {
     "PersistentVolume": PERSISTENT_VOLUMES,
     "PersistentVolumeClaim": PERSISTENT_VOLUME_CLAIMS,
@@ -352,6 +356,7 @@ class ScenarioRun:
             except ApiError as exc:
                 self.raw.timeline.append(f"{_describe(step)}: error {exc.status}: {_api_message(exc)}")
         await asyncio.sleep(self.scenario.settle)
+        await self._quiet()
         self.snapshot("final")
         self.collect()
         await self.clean_up()
@@ -550,7 +555,27 @@ class ScenarioRun:
             nodes.append({**node, "status": {"volumesAttached": mine}})
         self.raw.snapshots[label] = copy.deepcopy([*pvs, *objs, *vas, *nodes])
 
-    def collect(self) -> None:
+    async def _quiet(self) -> None:
+        """Waits, after the settle time, until nothing of this scenario (its objects, their events)
+        has changed for QUIET_S seconds, at most QUIET_LIMIT_S. Events are posted asynchronously
+        and through rate-limited clients in both modes; a snapshot taken while the last of them
+        is still on its way compares timing, not behaviour."""
+        deadline = time.monotonic() + QUIET_LIMIT_S
+        last, since = self._fingerprint(), time.monotonic()
+        while time.monotonic() < deadline:
+            await asyncio.sleep(0.25)
+            now = self._fingerprint()
+            if now != last:
+                last, since = now, time.monotonic()
+            elif time.monotonic() - since >= QUIET_S:
+                return
+
+    def _fingerprint(self) -> tuple[str, ...]:
+        seen, events = self._collected()
+        return tuple(sorted(str(o["metadata"].get("resourceVersion")) for o in [*seen, *events]))
+
+    def _collected(self) -> tuple[list[Obj], list[Obj]]:
+        """The scenario's objects as last seen (deleted ones too) and the events about them."""
         uids = self._claim_uids()
         pvs = [
             o for o in self.rec.seen.values() if o["kind"] == "PersistentVolume" and self._mine_pv(o, uids)
@@ -567,18 +592,21 @@ class ScenarioRun:
             )
         ]
         names = {(o["kind"], o["metadata"]["name"]) for o in mine if o["kind"] not in NAMESPACED}
-        self.raw.seen = copy.deepcopy(mine)
-        self.raw.events = copy.deepcopy(
-            [
-                e
-                for e in self.rec.events
-                if e.get("involvedObject", {}).get("namespace") == self.namespace
-                or (
-                    e["involvedObject"].get("kind") not in NAMESPACED
-                    and (e["involvedObject"].get("kind"), e["involvedObject"].get("name")) in names
-                )
-            ]
-        )
+        events = [
+            e
+            for e in self.rec.events
+            if e.get("involvedObject", {}).get("namespace") == self.namespace
+            or (
+                e["involvedObject"].get("kind") not in NAMESPACED
+                and (e["involvedObject"].get("kind"), e["involvedObject"].get("name")) in names
+            )
+        ]
+        return mine, events
+
+    def collect(self) -> None:
+        seen, events = self._collected()
+        self.raw.seen = copy.deepcopy(seen)
+        self.raw.events = copy.deepcopy(events)
 
 
 async def _exited(proc: ManagedProcess, timeout: float = 10.0) -> None:
