@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import functools
 import json
 import statistics
 import time
@@ -32,7 +33,7 @@ from .report import text_rows
 
 SIDES = ("kubeloop", "go")
 DEFAULT_ROUNDS = 5
-# Iterations of the calibration loop: about 1.4 s of one core for CPython 3.11 on the development VM (0.7 s per 6M).
+# Iterations of the calibration loop: about 1.4 s of one core (CPython 3.11, the development VM).
 CALIBRATION_ITERATIONS = 12_000_000
 CALIBRATION_REPEATS = 3
 
@@ -149,6 +150,22 @@ async def alternate(rounds: int, one: Callable[[str, int], Awaitable[Any]], what
             pair[side] = dataclasses.asdict(rec) if is_record else dict(rec)
         pairs.append(pair)
     return pairs
+
+
+async def alternate_scenarios(
+    scenarios: Mapping[str, str], rounds: int, one: Callable[[str, str, int], Awaitable[Any]]
+) -> dict[str, list[Pair]]:
+    """`alternate` for each scenario in turn (name -> its label in the table);
+    `one(scenario, side, round)` measures one side once."""
+    return {
+        label: await alternate(rounds, functools.partial(one, name), f"{name}: ")
+        for name, label in scenarios.items()
+    }
+
+
+def qps_labels(names: str, scenarios: Mapping[str, tuple[float, int]]) -> dict[str, str]:
+    """Comma-separated scenario names -> their table labels with the client QPS/burst."""
+    return {s: f"{s} (QPS {scenarios[s][0]:g}/{scenarios[s][1]})" for s in names.split(",")}
 
 
 @dataclass
