@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import sys
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -203,34 +205,52 @@ BENCH = method.Bench(
 
 
 async def collect(args: argparse.Namespace) -> dict[str, list[method.Pair]]:
+    async with session(args.pods, args.qps, args.burst, args.timeout) as ses:
+        sides = {
+            "kubeloop": kubeloop_side(args.qps, args.burst),
+            "go": go_side(args.qps, args.burst, str(ses.stack.cp.admin_kubeconfig)),
+        }
+
+        async def one(side: str, r: int) -> Pass:
+            return await run_side(
+                ses.stack, sides[side], ses.clock, ses.volumes, f"r{r}-{side}", args.timeout
+            )
+
+        return {"default": await method.alternate(args.rounds, one)}
+
+
+@dataclass
+class Session:
+    stack: StorageStack
+    clock: Clock
+    volumes: list[tuple[str, str]]  # (claim, volume handle)
+
+
+@contextlib.asynccontextmanager
+async def session(pods: int, qps: float, burst: int, timeout: float) -> AsyncIterator[Session]:
+    """A control plane with the shared part of the stack, N formatted volumes pre-bound to N
+    claims and the clock watching pods and VolumeAttachments (bench.attach, bench.profile)."""
     async with control_plane(with_kcm=False, with_scheduler=False) as cp:
         api = await ApiClient.from_kubeconfig(str(cp.admin_kubeconfig), qps=0, burst=1, user_agent="bench")
         stack = StorageStack(cp, api, COMMON)
         try:
-            volumes = await prepare(stack, api, args.pods)
-            pods = SharedInformer(api, PODS, namespace=NAMESPACE)
-            vas = SharedInformer(api, VOLUME_ATTACHMENTS)
-            clock = Clock(pods, vas)
-            pods.start()
-            vas.start()
-            await asyncio.gather(pods.wait_for_sync(), vas.wait_for_sync())
-            sides = {
-                "kubeloop": kubeloop_side(args.qps, args.burst),
-                "go": go_side(args.qps, args.burst, str(cp.admin_kubeconfig)),
-            }
-            print("formatting every volume once (unmeasured pass) ...", flush=True)
-            await run_side(stack, sides["kubeloop"], clock, volumes, "format", args.timeout)
-
-            async def one(side: str, r: int) -> Pass:
-                return await run_side(stack, sides[side], clock, volumes, f"r{r}-{side}", args.timeout)
-
-            pairs = await method.alternate(args.rounds, one)
-            await pods.stop()
-            await vas.stop()
+            volumes = await prepare(stack, api, pods)
+            pod_informer = SharedInformer(api, PODS, namespace=NAMESPACE)
+            va_informer = SharedInformer(api, VOLUME_ATTACHMENTS)
+            clock = Clock(pod_informer, va_informer)
+            pod_informer.start()
+            va_informer.start()
+            try:
+                await asyncio.gather(pod_informer.wait_for_sync(), va_informer.wait_for_sync())
+                print("formatting every volume once (unmeasured pass) ...", flush=True)
+                await run_side(stack, kubeloop_side(qps, burst), clock, volumes, "format", timeout)
+                yield Session(stack, clock, volumes)
+            finally:
+                await pod_informer.stop()
+                await va_informer.stop()
         finally:
             await stack.stop()
             await api.close()
-    return {"default": pairs}
 
 
 async def prepare(stack: StorageStack, api: ApiClient, n: int) -> list[tuple[str, str]]:

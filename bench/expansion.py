@@ -20,7 +20,6 @@ kubeloop, then Go (bench/method.py). Prints a table and writes bench/results/exp
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import shutil
@@ -261,39 +260,17 @@ async def run_one(scenario: str, side: str, n: int) -> Run:
             shutil.rmtree(root, ignore_errors=True)
 
 
-FIGURES = (
-    method.Figure("total_s", "total s"),
-    method.Figure("resizes_per_s", "resizes/s", "higher"),
-    method.Figure("latency_p50_s", "latency p50 s"),
-    method.Figure("latency_p99_s", "latency p99 s"),
-    method.Figure("peak_rss_mib", "peak RSS MiB"),
-    method.Figure("cpu_s", "CPU s"),
-    method.Figure("failed", "failed claims"),
+BENCH = method.Bench(
+    name="expansion",
+    title="N bound claims raised 16Mi -> 32Mi at once -> status capacity 32Mi",
+    sides={"kubeloop": "kubeloop external-resizer", "go": "Go external-resizer"},
+    figures=method.claims_figures("resizes_per_s", "resizes/s"),
 )
 
 
-async def collect(args: argparse.Namespace) -> dict[str, list[method.Pair]]:
-    go_binary()
-
-    async def one(scenario: str, side: str, _round: int) -> Run:
-        return await run_one(scenario, side, args.claims)
-
-    return await method.alternate_scenarios(method.qps_labels(args.scenarios, SCENARIOS), args.rounds, one)
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.expansion", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--claims", type=int, default=CLAIMS_DEFAULT, help=f"default: {CLAIMS_DEFAULT}")
-    parser.add_argument("--scenarios", default="default,unthrottled")
-    method.add_rounds_arg(parser)
-    args = parser.parse_args()
-    bench = method.Bench(
-        name="expansion",
-        title="N bound claims raised 16Mi -> 32Mi at once -> status capacity 32Mi",
-        sides={"kubeloop": "kubeloop external-resizer", "go": "Go external-resizer"},
-        figures=FIGURES,
-    )
-    method.run(bench, {"claims": args.claims}, lambda: collect(args))
+    go_binary()
+    method.claims_main(BENCH, __doc__.split("\n\n")[0], SCENARIOS, CLAIMS_DEFAULT, run_one)
 
 
 if __name__ == "__main__":

@@ -225,3 +225,41 @@ def run(
         print_table(title, header, rows)
     print(f"\nresults: {path}")
     return path
+
+
+def claims_figures(rate_key: str, rate_label: str) -> tuple[Figure, ...]:
+    """The figures of a sidecar benchmark over N claims (bench.provisioning, bench.expansion)."""
+    return (
+        Figure("total_s", "total s"),
+        Figure(rate_key, rate_label, "higher"),
+        Figure("latency_p50_s", "latency p50 s"),
+        Figure("latency_p99_s", "latency p99 s"),
+        Figure("peak_rss_mib", "peak RSS MiB"),
+        Figure("cpu_s", "CPU s"),
+        Figure("failed", "failed claims"),
+    )
+
+
+def claims_main(
+    bench: Bench,
+    description: str,
+    scenarios: Mapping[str, tuple[float, int]],
+    claims: int,
+    run_one: Callable[[str, str, int], Awaitable[Any]],
+) -> None:
+    """The command line of a sidecar benchmark over N claims: `--claims`, `--scenarios` (names of
+    `scenarios`, each a client QPS/burst), `--rounds`; `run_one(scenario, side, claims)` measures
+    one side once."""
+    parser = argparse.ArgumentParser(prog=f"python -m bench.{bench.name}", description=description)
+    parser.add_argument("--claims", type=int, default=claims, help=f"claims per run (default: {claims})")
+    parser.add_argument("--scenarios", default=",".join(scenarios), help="comma-separated (default: all)")
+    add_rounds_arg(parser)
+    args = parser.parse_args()
+
+    async def one(scenario: str, side: str, _round: int) -> Any:
+        return await run_one(scenario, side, args.claims)
+
+    async def collect() -> dict[str, list[Pair]]:
+        return await alternate_scenarios(qps_labels(args.scenarios, scenarios), args.rounds, one)
+
+    run(bench, {"claims": args.claims}, collect)

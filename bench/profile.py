@@ -30,14 +30,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from controller_runtime.client import ApiClient
-from controller_runtime.informer import SharedInformer
-from controller_runtime.resources import PODS, VOLUME_ATTACHMENTS
 from controller_runtime.toolchain import REPO_ROOT
-from localstack.storage_stack import ShortHomeComponents, StorageStack
+from localstack.storage_stack import ShortHomeComponents
 
-from .attach import COMMON, NAMESPACE, Clock, kubeloop_side, one_pass, prepare, run_side
-from .common import control_plane, percentile
+from .attach import kubeloop_side, one_pass, session
+from .common import percentile
 
 TOP = 12
 # A stack with one of these is waiting, not working: an executor thread with nothing to do blocks
@@ -144,64 +141,47 @@ def py_spy() -> str:
 
 async def amain(args: argparse.Namespace, spy: str, out: Path) -> dict[str, tuple[float, float]]:
     """Runs the profiled pass; returns each process's CPU seconds over it (own, its commands')."""
-    async with control_plane(with_kcm=False, with_scheduler=False) as cp:
-        api = await ApiClient.from_kubeconfig(str(cp.admin_kubeconfig), qps=0, burst=1, user_agent="bench")
-        stack = StorageStack(cp, api, COMMON)
+    comps = kubeloop_side(args.qps, args.burst)
+    async with session(args.pods, args.qps, args.burst, args.timeout) as ses:
+        group = ShortHomeComponents(ses.stack.cp, comps, ses.stack.home)
+        await group.start()
         try:
-            volumes = await prepare(stack, api, args.pods)
-            pods = SharedInformer(api, PODS, namespace=NAMESPACE)
-            vas = SharedInformer(api, VOLUME_ATTACHMENTS)
-            clock = Clock(pods, vas)
-            pods.start()
-            vas.start()
-            await asyncio.gather(pods.wait_for_sync(), vas.wait_for_sync())
-            comps = kubeloop_side(args.qps, args.burst)
-            print("formatting every volume once (unmeasured pass) ...", flush=True)
-            await run_side(stack, comps, clock, volumes, "format", args.timeout)
-            group = ShortHomeComponents(cp, comps, stack.home)
-            await group.start()
-            try:
-                await one_pass(stack, clock, volumes[:1], "warm", args.timeout)
-                procs = {**stack.components.processes, **group.processes}
-                pids = {name: p.pid for name, p in procs.items() if p.pid is not None}
-                cpu_before = {name: cpu_with_children(pid) for name, pid in pids.items()}
-                spies = {
-                    name: await asyncio.create_subprocess_exec(
-                        spy,
-                        "record",
-                        f"--pid={pid}",
-                        f"--rate={args.rate}",
-                        "--format=raw",
-                        "--nolineno",
-                        *(["--native"] if args.native else []),
-                        f"--output={out / f'{name}.txt'}",
-                        stdout=asyncio.subprocess.DEVNULL,
-                        stderr=asyncio.subprocess.DEVNULL,
-                    )
-                    for name, pid in pids.items()
-                }
-                await asyncio.sleep(1)  # py-spy attaches
-                print(f"profiling one pass of {args.pods} pods ...", flush=True)
-                started = time.monotonic()
-                mount, mount_total, detach, detach_total = await one_pass(
-                    stack, clock, volumes, "profiled", args.timeout
+            await one_pass(ses.stack, ses.clock, ses.volumes[:1], "warm", args.timeout)
+            procs = {**ses.stack.components.processes, **group.processes}
+            pids = {name: p.pid for name, p in procs.items() if p.pid is not None}
+            cpu_before = {name: cpu_with_children(pid) for name, pid in pids.items()}
+            spies = {
+                name: await asyncio.create_subprocess_exec(
+                    spy,
+                    "record",
+                    f"--pid={pid}",
+                    f"--rate={args.rate}",
+                    "--format=raw",
+                    "--nolineno",
+                    *(["--native"] if args.native else []),
+                    f"--output={out / f'{name}.txt'}",
+                    stdout=asyncio.subprocess.DEVNULL,
+                    stderr=asyncio.subprocess.DEVNULL,
                 )
-                elapsed = time.monotonic() - started
-                cpu: dict[str, tuple[float, float]] = {}
-                for name, pid in pids.items():
-                    own, children = cpu_with_children(pid)
-                    cpu[name] = (own - cpu_before[name][0], children - cpu_before[name][1])
-                for spy_proc in spies.values():
-                    spy_proc.send_signal(signal.SIGINT)
-                for spy_proc in spies.values():
-                    await spy_proc.wait()
-            finally:
-                await group.stop()
-            await pods.stop()
-            await vas.stop()
+                for name, pid in pids.items()
+            }
+            await asyncio.sleep(1)  # py-spy attaches
+            print(f"profiling one pass of {args.pods} pods ...", flush=True)
+            started = time.monotonic()
+            mount, mount_total, detach, detach_total = await one_pass(
+                ses.stack, ses.clock, ses.volumes, "profiled", args.timeout
+            )
+            elapsed = time.monotonic() - started
+            cpu: dict[str, tuple[float, float]] = {}
+            for name, pid in pids.items():
+                own, children = cpu_with_children(pid)
+                cpu[name] = (own - cpu_before[name][0], children - cpu_before[name][1])
+            for spy_proc in spies.values():
+                spy_proc.send_signal(signal.SIGINT)
+            for spy_proc in spies.values():
+                await spy_proc.wait()
         finally:
-            await stack.stop()
-            await api.close()
+            await group.stop()
     print(
         f"\none pass of {args.pods} pods in {elapsed:.1f} s: mount p50 {percentile(mount, 50):.2f} s, "
         f"p99 {percentile(mount, 99):.2f} s, all {mount_total:.2f} s; detach p50 "

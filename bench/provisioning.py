@@ -19,7 +19,6 @@ kubeloop, then Go (bench/method.py). Prints a table and writes bench/results/pro
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import shutil
@@ -102,7 +101,7 @@ def provisioner_argv(
     return [sys.executable, "-m", "external_provisioner.main", *common, f"--state-dir={state}", "-v=1"]
 
 
-async def run_one(scenario: str, side: str, n: int, work: Path) -> Run:
+async def run_one(scenario: str, side: str, n: int) -> Run:
     qps, burst = SCENARIOS[scenario]
     logs = REPO_ROOT / "bench" / "results" / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -226,41 +225,17 @@ async def run_one(scenario: str, side: str, n: int, work: Path) -> Run:
             shutil.rmtree(root, ignore_errors=True)
 
 
-FIGURES = (
-    method.Figure("total_s", "total s"),
-    method.Figure("claims_per_s", "claims/s", "higher"),
-    method.Figure("latency_p50_s", "latency p50 s"),
-    method.Figure("latency_p99_s", "latency p99 s"),
-    method.Figure("peak_rss_mib", "peak RSS MiB"),
-    method.Figure("cpu_s", "CPU s"),
-    method.Figure("failed", "failed claims"),
+BENCH = method.Bench(
+    name="provisioning",
+    title="N claims created at once on an Immediate class -> Bound",
+    sides={"kubeloop": "kubeloop external-provisioner", "go": "Go external-provisioner"},
+    figures=method.claims_figures("claims_per_s", "claims/s"),
 )
 
 
-async def collect(args: argparse.Namespace) -> dict[str, list[method.Pair]]:
-    go_binary()
-
-    async def one(scenario: str, side: str, _round: int) -> Run:
-        return await run_one(scenario, side, args.claims, Path(tempfile.gettempdir()))
-
-    return await method.alternate_scenarios(method.qps_labels(args.scenarios, SCENARIOS), args.rounds, one)
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.provisioning", description=__doc__.split("\n\n")[0]
-    )
-    parser.add_argument("--claims", type=int, default=CLAIMS_DEFAULT, help=f"default: {CLAIMS_DEFAULT}")
-    parser.add_argument("--scenarios", default="default,unthrottled")
-    method.add_rounds_arg(parser)
-    args = parser.parse_args()
-    bench = method.Bench(
-        name="provisioning",
-        title="N claims created at once on an Immediate class -> Bound",
-        sides={"kubeloop": "kubeloop external-provisioner", "go": "Go external-provisioner"},
-        figures=FIGURES,
-    )
-    method.run(bench, {"claims": args.claims}, lambda: collect(args))
+    go_binary()
+    method.claims_main(BENCH, __doc__.split("\n\n")[0], SCENARIOS, CLAIMS_DEFAULT, run_one)
 
 
 if __name__ == "__main__":
