@@ -2,7 +2,7 @@
 side with kube-controller-manager's persistentvolume-binder (the same cached kcm binary, run with
 only `--controllers=persistentvolume-binder-controller`).
 
-    python -m bench.binding [--pairs 100 | --large] [--rounds 5] [--scenarios default,unthrottled]
+    python -m bench.binding [--pairs 50 | --large] [--rounds 5] [--scenarios default,unthrottled]
                             [--workers N] [--output NAME] [--profile DIR]
 
 Each (scenario, side) gets a fresh etcd + kube-apiserver and a fresh object set: N PersistentVolumes
@@ -56,7 +56,7 @@ from .common import control_plane, cpu_seconds, kcm_argv, percentile, rss_bytes,
 NAMESPACE = "bench"
 SCENARIOS = {"default": (20.0, 30), "unthrottled": (5000.0, 10000)}
 # Small enough that `make bench` (5 rounds of each side, both scenarios) fits its 30 minutes on 2 cores.
-PAIRS_DEFAULT = 100
+PAIRS_DEFAULT = 50
 # The apiserver labels requests with HTTP-style verbs (PUT, POST) in apiserver_request_total.
 WRITE_VERBS = {"PUT", "PATCH", "POST", "DELETE", "UPDATE", "CREATE"}
 WRITE_RESOURCES = {"persistentvolumes", "persistentvolumeclaims", "events"}
