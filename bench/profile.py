@@ -139,8 +139,11 @@ def py_spy() -> str:
     return found
 
 
-async def amain(args: argparse.Namespace, spy: str, out: Path) -> dict[str, tuple[float, float]]:
-    """Runs the profiled pass; returns each process's CPU seconds over it (own, its commands')."""
+async def amain(
+    args: argparse.Namespace, spy: str, out: Path
+) -> tuple[dict[str, tuple[float, float]], float]:
+    """Runs the profiled pass; returns each process's CPU seconds over it (own, its commands') and
+    the pass's seconds."""
     comps = kubeloop_side(args.qps, args.burst)
     async with session(args.pods, args.qps, args.burst, args.timeout) as ses:
         group = ShortHomeComponents(ses.stack.cp, comps, ses.stack.home)
@@ -149,7 +152,10 @@ async def amain(args: argparse.Namespace, spy: str, out: Path) -> dict[str, tupl
             await one_pass(ses.stack, ses.clock, ses.volumes[:1], "warm", args.timeout)
             procs = {**ses.stack.components.processes, **group.processes}
             pids = {name: p.pid for name, p in procs.items() if p.pid is not None}
-            cpu_before = {name: cpu_with_children(pid) for name, pid in pids.items()}
+            # Measured, not sampled (not Python): the servers every controller talks to.
+            servers = {name: ses.stack.cp.processes[name].pid for name in ("kube-apiserver", "etcd")}
+            measured = {**pids, **{n: pid for n, pid in servers.items() if pid is not None}}
+            cpu_before = {name: cpu_with_children(pid) for name, pid in measured.items()}
             spies = {
                 name: await asyncio.create_subprocess_exec(
                     spy,
@@ -173,7 +179,7 @@ async def amain(args: argparse.Namespace, spy: str, out: Path) -> dict[str, tupl
             )
             elapsed = time.monotonic() - started
             cpu: dict[str, tuple[float, float]] = {}
-            for name, pid in pids.items():
+            for name, pid in measured.items():
                 own, children = cpu_with_children(pid)
                 cpu[name] = (own - cpu_before[name][0], children - cpu_before[name][1])
             for spy_proc in spies.values():
@@ -187,13 +193,23 @@ async def amain(args: argparse.Namespace, spy: str, out: Path) -> dict[str, tupl
         f"p99 {percentile(mount, 99):.2f} s, all {mount_total:.2f} s; detach p50 "
         f"{percentile(detach, 50):.2f} s, p99 {percentile(detach, 99):.2f} s, all {detach_total:.2f} s\n"
     )
-    return cpu
+    return cpu, elapsed
 
 
-def report(out: Path, cpu: dict[str, tuple[float, float]]) -> None:
+def report(out: Path, cpu: dict[str, tuple[float, float]], elapsed: float) -> None:
+    total = sum(sum(c) for c in cpu.values())
+    cores = os.cpu_count() or 1
+    print(
+        f"CPU seconds over the pass ({total:.1f} in all, {total / (elapsed * cores):.0%} of {cores} cores):"
+    )
+    for name in sorted(cpu, key=lambda n: -sum(cpu[n])):
+        print(f"  {sum(cpu[name]):5.1f}  {name}")
+    print()
     for name in sorted(cpu, key=lambda n: -sum(cpu[n])):
         collapsed = out / f"{name}.txt"
-        prof = hot_spots(collapsed.read_text().splitlines() if collapsed.exists() else [])
+        if not collapsed.exists():
+            continue
+        prof = hot_spots(collapsed.read_text().splitlines())
         text = format_profile(name, cpu[name], prof)
         (out / f"{name}.top.txt").write_text(text)
         print(text)
@@ -219,7 +235,7 @@ def main() -> None:
     args = parser.parse_args()
     spy = py_spy()
     args.out.mkdir(parents=True, exist_ok=True)
-    report(args.out, asyncio.run(amain(args, spy, args.out)))
+    report(args.out, *asyncio.run(amain(args, spy, args.out)))
 
 
 if __name__ == "__main__":
