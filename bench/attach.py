@@ -3,7 +3,7 @@ controller and external-attacher side by side with kube-controller-manager's att
 controller (the cached kcm binary with only `--controllers=persistentvolume-attach-detach-controller`)
 and the Go external-attacher (csi-attacher, tools/build-binaries.sh external-attacher).
 
-    python -m bench.attach [--pods 40] [--rounds 5] [--qps 50 --burst 100]
+    python -m bench.attach [--pods 20] [--rounds 5] [--qps 50 --burst 100]
 
 Both sides share one control plane and everything else: the real CSI driver (controller mode and
 a node plugin per node), kubeloop's node agent on node-a and node-b, the pv-controller, and the
@@ -44,7 +44,7 @@ from .common import control_plane, kcm_argv, percentile
 NAMESPACE = "bench-attach"
 COMMON = ("pv-controller", "csi-driver-controller", "csi-driver-node", "node-agent")
 # Small enough that `make bench` (5 rounds of each side) fits its 30 minutes on 2 cores.
-PODS_DEFAULT = 40
+PODS_DEFAULT = 20
 
 
 @dataclass
