@@ -38,9 +38,12 @@ from .common import percentile
 
 TOP = 12
 # A stack with one of these is waiting, not working: an executor thread with nothing to do blocks
-# in a lock acquire, an idle event loop in epoll. py-spy's own idle detection misses most of them
-# here (it counted idle executor threads and uvloop's wait as busy), so they are set apart.
-IDLE_FRAMES = frozenset({"PyThread_acquire_lock_timed", "epoll_wait", "epoll_pwait"})
+# in its queue's get (a lock acquire or a condition wait), an idle event loop in epoll. py-spy's own
+# idle detection misses most of them here (it counted idle executor threads and uvloop's wait as
+# busy), so they are set apart. A condition wait anywhere else is a thread waiting for the GIL.
+IDLE_FRAMES = frozenset(
+    {"_queue_SimpleQueue_get", "PyThread_acquire_lock_timed", "epoll_wait", "epoll_pwait"}
+)
 # Our code, as py-spy names its files (paths relative to sys.path).
 OURS = (
     "controller_runtime/",

@@ -141,7 +141,9 @@ def test_hot_spots_set_idle_stacks_apart() -> None:
         "main (services/x/main.py);run (services/x/agent.py);plan (services/x/plan.py) 6",
         "main (services/x/main.py);run (services/x/agent.py);write_atomic (controller_runtime/files.py);"
         "fsync (libc.so.6) 3",
-        "_worker (concurrent/futures/thread.py);PyThread_acquire_lock_timed (libpython3.11.so.1.0) 50",
+        "_worker (concurrent/futures/thread.py);PyThread_acquire_lock_timed (libpython3.11.so.1.0) 30",
+        "_worker (concurrent/futures/thread.py);_queue_SimpleQueue_get (_queuemodule.c.h);"
+        "pthread_cond_timedwait (libc.so.6) 20",
         "Runner.run (asyncio/runners.py);epoll_wait (libc.so.6) 40",
         "Runner.run (asyncio/runners.py);read (ssl.py) 1",
     ]
