@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: up test unit integration sanity stress-start bench lint deps binaries system-deps python-deps clean \
+.PHONY: up test unit integration sanity stress-start bench profile lint deps binaries system-deps python-deps clean \
 	docker-deps images wheels compose-test conformance kind-deps kind-images kind-up kind-down kind-test e2e-deps \
 	e2e-storage e2e-storage-disruptive chaos
 
@@ -59,6 +59,15 @@ bench: deps binaries
 	@# The Go sidecars are built only for the side-by-side benchmarks.
 	@bash tools/build-binaries.sh external-provisioner external-attacher external-resizer
 	@for b in $(BENCHES); do echo "== bench.$$b"; $(PY) -m bench.$$b || exit 1; done
+	@# The generated tables of docs/benchmarks.md, from every method result in bench/results.
+	$(PY) -m bench.report
+
+# Where a pod's time goes on the attach path (docs/benchmarks.md, "Profiling"): py-spy on every
+# kubeloop process during one pass of PROFILE_PODS pods; writes .kubeloop/profile/.
+PROFILE_PODS ?= 20
+
+profile: deps binaries
+	$(PY) -m bench.profile --pods $(PROFILE_PODS) $(PROFILE_ARGS)
 
 lint: python-deps
 	$(VENV)/bin/ruff check .

@@ -3,7 +3,7 @@ controller and external-attacher side by side with kube-controller-manager's att
 controller (the cached kcm binary with only `--controllers=persistentvolume-attach-detach-controller`)
 and the Go external-attacher (csi-attacher, tools/build-binaries.sh external-attacher).
 
-    python -m bench.attach [--pods 100] [--rounds 1] [--qps 50 --burst 100]
+    python -m bench.attach [--pods 20] [--rounds 5] [--qps 50 --burst 100]
 
 Both sides share one control plane and everything else: the real CSI driver (controller mode and
 a node plugin per node), kubeloop's node agent on node-a and node-b, the pv-controller, and the
@@ -11,17 +11,20 @@ same N static volumes pre-bound to N claims. Each measured pass creates N pods (
 records, per pod, pod creation → Running (its volume attached and mounted), then deletes them all
 and records pod deletion → VolumeAttachment gone. The controllers of both sides use the same
 client QPS/burst. A first unmeasured pass formats every volume (mkfs runs once per volume), so
-no side pays for it; then the sides alternate. Needs root. Writes bench/results/attach.json.
+no side pays for it; then the rounds run kubeloop, then Go (bench/method.py). Needs root. Writes
+bench/results/attach.json.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import sys
 import time
-from dataclasses import asdict, dataclass
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 from controller_runtime.client import ApiClient
@@ -35,15 +38,17 @@ from localstack.go_sidecars import ATTACHER, go_sidecar_binary
 from localstack.proc import free_ports
 from localstack.storage_stack import NODES, ShortHomeComponents, StorageStack, storage_components
 
-from .common import control_plane, kcm_argv, percentile, print_table, write_results
+from . import method
+from .common import control_plane, kcm_argv, percentile
 
 NAMESPACE = "bench-attach"
 COMMON = ("pv-controller", "csi-driver-controller", "csi-driver-node", "node-agent")
+# Small enough that `make bench` (5 rounds of each side) fits its 30 minutes on 2 cores.
+PODS_DEFAULT = 20
 
 
 @dataclass
 class Pass:
-    side: str
     pods: int
     mount_p50_s: float
     mount_p99_s: float
@@ -158,13 +163,12 @@ async def one_pass(
 
 async def run_side(
     stack: StorageStack,
-    side: str,
     comps: list[Component],
     clock: Clock,
     volumes: list[tuple[str, str]],
     tag: str,
     timeout: float,
-) -> Pass | None:
+) -> Pass:
     group = ShortHomeComponents(stack.cp, comps, stack.home)
     await group.start()
     try:
@@ -173,10 +177,7 @@ async def run_side(
         mount, mount_total, detach, detach_total = await one_pass(stack, clock, volumes, tag, timeout)
     finally:
         await group.stop()
-    if tag.startswith("format"):
-        return None
     return Pass(
-        side,
         len(volumes),
         round(percentile(mount, 50), 3),
         round(percentile(mount, 99), 3),
@@ -187,108 +188,107 @@ async def run_side(
     )
 
 
-async def main_async(args: argparse.Namespace) -> None:
+BENCH = method.Bench(
+    name="attach",
+    title="pod creation -> Running with its volume attached and mounted, pod deletion -> "
+    "VolumeAttachment gone (seconds)",
+    sides={"kubeloop": "kubeloop", "go": "kcm + csi-attacher"},
+    figures=(
+        method.Figure("mount_p50_s", "mount p50 s"),
+        method.Figure("mount_p99_s", "mount p99 s"),
+        method.Figure("mount_total_s", "mount all s"),
+        method.Figure("detach_p50_s", "detach p50 s"),
+        method.Figure("detach_p99_s", "detach p99 s"),
+        method.Figure("detach_total_s", "detach all s"),
+    ),
+)
+
+
+async def collect(args: argparse.Namespace) -> dict[str, list[method.Pair]]:
+    async with session(args.pods, args.qps, args.burst, args.timeout) as ses:
+        sides = {
+            "kubeloop": kubeloop_side(args.qps, args.burst),
+            "go": go_side(args.qps, args.burst, str(ses.stack.cp.admin_kubeconfig)),
+        }
+
+        async def one(side: str, r: int) -> Pass:
+            return await run_side(
+                ses.stack, sides[side], ses.clock, ses.volumes, f"r{r}-{side}", args.timeout
+            )
+
+        return {"default": await method.alternate(args.rounds, one)}
+
+
+@dataclass
+class Session:
+    stack: StorageStack
+    clock: Clock
+    volumes: list[tuple[str, str]]  # (claim, volume handle)
+
+
+@contextlib.asynccontextmanager
+async def session(pods: int, qps: float, burst: int, timeout: float) -> AsyncIterator[Session]:
+    """A control plane with the shared part of the stack, N formatted volumes pre-bound to N
+    claims and the clock watching pods and VolumeAttachments (bench.attach, bench.profile)."""
     async with control_plane(with_kcm=False, with_scheduler=False) as cp:
         api = await ApiClient.from_kubeconfig(str(cp.admin_kubeconfig), qps=0, burst=1, user_agent="bench")
         stack = StorageStack(cp, api, COMMON)
         try:
-            await stack.start()
-            await api.create(NAMESPACES, {"metadata": {"name": NAMESPACE}})
-            # No kcm here (the Go side runs only its attach-detach controller): nobody else would
-            # create the namespace's default ServiceAccount that pod admission requires.
-            sa = Resource("", "v1", "serviceaccounts", "ServiceAccount", True)
-            await api.create(sa, {"metadata": {"name": "default", "namespace": NAMESPACE}})
-            print(f"creating {args.pods} volumes, static PVs and claims ...", flush=True)
-            volumes: list[tuple[str, str]] = []
-            for chunk in range(0, args.pods, 20):
-                made = await asyncio.gather(
-                    *(stack.volume(NAMESPACE, size_mi=16) for _ in range(chunk, min(args.pods, chunk + 20)))
-                )
-                volumes.extend((pvc, handle) for pvc, _pv, handle in made)
-            pods = SharedInformer(api, PODS, namespace=NAMESPACE)
-            vas = SharedInformer(api, VOLUME_ATTACHMENTS)
-            clock = Clock(pods, vas)
-            pods.start()
-            vas.start()
-            await asyncio.gather(pods.wait_for_sync(), vas.wait_for_sync())
-            sides = {"kubeloop": kubeloop_side(args.qps, args.burst)}
-            if "kcm+csi-attacher" in args.sides:
-                sides["kcm+csi-attacher"] = go_side(args.qps, args.burst, str(cp.admin_kubeconfig))
-            print("formatting every volume once (unmeasured pass) ...", flush=True)
-            await run_side(stack, "kubeloop", sides["kubeloop"], clock, volumes, "format", args.timeout)
-            passes: list[Pass] = []
-            order = [s for s in ("kcm+csi-attacher", "kubeloop") if s in sides]
-            for r in range(args.rounds):
-                for side in order if r % 2 == 0 else reversed(order):
-                    print(f"round {r + 1}: {side} ...", flush=True)
-                    p = await run_side(
-                        stack, side, sides[side], clock, volumes, f"r{r}-{side[:3]}", args.timeout
-                    )
-                    assert p is not None
-                    passes.append(p)
-            await pods.stop()
-            await vas.stop()
+            volumes = await prepare(stack, api, pods)
+            pod_informer = SharedInformer(api, PODS, namespace=NAMESPACE)
+            va_informer = SharedInformer(api, VOLUME_ATTACHMENTS)
+            clock = Clock(pod_informer, va_informer)
+            pod_informer.start()
+            va_informer.start()
+            try:
+                await asyncio.gather(pod_informer.wait_for_sync(), va_informer.wait_for_sync())
+                print("formatting every volume once (unmeasured pass) ...", flush=True)
+                await run_side(stack, kubeloop_side(qps, burst), clock, volumes, "format", timeout)
+                yield Session(stack, clock, volumes)
+            finally:
+                await pod_informer.stop()
+                await va_informer.stop()
         finally:
             await stack.stop()
             await api.close()
-    rows = [
-        [
-            p.side,
-            p.pods,
-            p.mount_p50_s,
-            p.mount_p99_s,
-            p.mount_total_s,
-            p.detach_p50_s,
-            p.detach_p99_s,
-            p.detach_total_s,
-        ]
-        for p in passes
-    ]
-    print_table(
-        f"attach + mount / unmount + detach of {args.pods} pods over {len(NODES)} nodes "
-        f"(client QPS {args.qps:g}/burst {args.burst} on both sides; seconds)",
-        ["side", "pods", "mount p50", "mount p99", "mount all", "detach p50", "detach p99", "detach all"],
-        rows,
-    )
-    if len({p.side for p in passes}) < 2:
-        return
-    best = {s: min(p.mount_p99_s for p in passes if p.side == s) for s in {p.side for p in passes}}
-    best_d = {s: min(p.detach_p99_s for p in passes if p.side == s) for s in {p.side for p in passes}}
-    speedup = {
-        "mount_p99": round(best["kcm+csi-attacher"] / best["kubeloop"], 2),
-        "detach_p99": round(best_d["kcm+csi-attacher"] / best_d["kubeloop"], 2),
-    }
-    print(
-        f"\nkubeloop speed-up at p99 (Go / kubeloop): mount {speedup['mount_p99']}x, "
-        f"detach {speedup['detach_p99']}x"
-    )
-    path = write_results(
-        "attach",
-        {
-            "pods": args.pods,
-            "nodes": list(NODES),
-            "qps": args.qps,
-            "burst": args.burst,
-            "passes": [asdict(p) for p in passes],
-            "speedup_p99": speedup,
-        },
-    )
-    print(f"results: {path}")
+
+
+async def prepare(stack: StorageStack, api: ApiClient, n: int) -> list[tuple[str, str]]:
+    """Starts the shared part of the stack and makes the namespace and N static volumes pre-bound
+    to N claims; returns (claim, volume handle) pairs."""
+    await stack.start()
+    await api.create(NAMESPACES, {"metadata": {"name": NAMESPACE}})
+    # No kcm here (the Go side runs only its attach-detach controller): nobody else would
+    # create the namespace's default ServiceAccount that pod admission requires.
+    sa = Resource("", "v1", "serviceaccounts", "ServiceAccount", True)
+    await api.create(sa, {"metadata": {"name": "default", "namespace": NAMESPACE}})
+    print(f"creating {n} volumes, static PVs and claims ...", flush=True)
+    volumes: list[tuple[str, str]] = []
+    for chunk in range(0, n, 20):
+        made = await asyncio.gather(
+            *(stack.volume(NAMESPACE, size_mi=16) for _ in range(chunk, min(n, chunk + 20)))
+        )
+        volumes.extend((pvc, handle) for pvc, _pv, handle in made)
+    return volumes
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.attach", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--pods", type=int, default=100, help="pods, each with its own claim (default: 100)")
-    parser.add_argument("--rounds", type=int, default=1, help="measured passes per side (default: 1)")
+    parser.add_argument(
+        "--pods",
+        type=int,
+        default=PODS_DEFAULT,
+        help=f"pods, each with its own claim (default: {PODS_DEFAULT})",
+    )
+    method.add_rounds_arg(parser)
     parser.add_argument(
         "--qps", type=float, default=50.0, help="client QPS of both sides' controllers (default: 50)"
     )
     parser.add_argument("--burst", type=int, default=100, help="client burst of both sides (default: 100)")
-    parser.add_argument(
-        "--sides", default="kubeloop,kcm+csi-attacher", help="comma-separated (default: both)"
-    )
     parser.add_argument("--timeout", type=float, default=600.0, help="per pass (default: 600s)")
-    asyncio.run(main_async(parser.parse_args()))
+    args = parser.parse_args()
+    params = {"pods": args.pods, "nodes": len(NODES), "QPS/burst": f"{args.qps:g}/{args.burst}"}
+    method.run(BENCH, params, lambda: collect(args))
 
 
 if __name__ == "__main__":

@@ -2,8 +2,8 @@
 side with kube-controller-manager's persistentvolume-binder (the same cached kcm binary, run with
 only `--controllers=persistentvolume-binder-controller`).
 
-    python -m bench.binding [--pairs 1000 | --large] [--scenarios default,unthrottled]
-                            [--sides kubeloop,kcm] [--workers N] [--output NAME] [--profile DIR]
+    python -m bench.binding [--pairs 50 | --large] [--rounds 5] [--scenarios default,unthrottled]
+                            [--workers N] [--output NAME] [--profile DIR]
 
 Each (scenario, side) gets a fresh etcd + kube-apiserver and a fresh object set: N PersistentVolumes
 and N claims that each fit any of them. Then the controller process starts (t0) and the bench
@@ -27,7 +27,8 @@ objects, the same --kube-api-qps/--kube-api-burst, and the same resync period (k
 15 s); t0 is the spawn of the controller process, so start-up (Python imports, Go init) counts.
 
 Scenarios: `default` runs both at kcm's client defaults (QPS 20 / burst 30), `unthrottled` at
-QPS 5000 / burst 10000. Prints a table and writes bench/results/binding.json.
+QPS 5000 / burst 10000. Within a scenario the rounds run kubeloop, then kcm (bench/method.py).
+Prints a table and writes bench/results/binding.json.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ import contextlib
 import signal
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -49,19 +50,13 @@ from localstack.controlplane import ControlPlane
 from localstack.proc import free_ports
 from services.pv_controller.controller import Options
 
-from .common import (
-    control_plane,
-    cpu_seconds,
-    kcm_argv,
-    percentile,
-    print_table,
-    rss_bytes,
-    stop_process,
-    write_results,
-)
+from . import method
+from .common import control_plane, cpu_seconds, kcm_argv, percentile, rss_bytes, stop_process
 
 NAMESPACE = "bench"
 SCENARIOS = {"default": (20.0, 30), "unthrottled": (5000.0, 10000)}
+# Small enough that `make bench` (5 rounds of each side, both scenarios) fits its 30 minutes on 2 cores.
+PAIRS_DEFAULT = 50
 # The apiserver labels requests with HTTP-style verbs (PUT, POST) in apiserver_request_total.
 WRITE_VERBS = {"PUT", "PATCH", "POST", "DELETE", "UPDATE", "CREATE"}
 WRITE_RESOURCES = {"persistentvolumes", "persistentvolumeclaims", "events"}
@@ -215,7 +210,7 @@ def kcm_side_argv(cp: ControlPlane, qps: float, burst: int, _workers: int) -> li
     return kcm_argv("persistentvolume-binder-controller", str(cp.admin_kubeconfig), qps, burst, port)
 
 
-SIDES = {"kubeloop": kubeloop_argv, "kcm": kcm_side_argv}
+SIDES = {"kubeloop": kubeloop_argv, "go": kcm_side_argv}
 
 
 async def run_one(
@@ -318,68 +313,48 @@ async def run_one(
     )
 
 
-async def amain(args: argparse.Namespace) -> None:
+FIGURES = (
+    method.Figure("total_s", "total s"),
+    method.Figure("binds_per_s", "binds/s", "higher"),
+    method.Figure("completion_p50_s", "done p50 s"),
+    method.Figure("completion_p99_s", "done p99 s"),
+    method.Figure("bind_latency_p50_ms", "bind p50 ms"),
+    method.Figure("bind_latency_p99_ms", "bind p99 ms"),
+    method.Figure("writes_per_bind", "writes/bind"),
+    method.Figure("peak_rss_mb", "peak RSS MB"),
+    method.Figure("controller_cpu_s", "controller CPU s"),
+    method.Figure("apiserver_cpu_s", "apiserver CPU s"),
+)
+
+
+async def collect(args: argparse.Namespace) -> dict[str, list[method.Pair]]:
     n = 5000 if args.large else args.pairs
     logs = REPO_ROOT / "bench" / "results" / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    runs: list[Run] = []
-    for scenario in args.scenarios.split(","):
+
+    async def one(scenario: str, side: str, r: int) -> Run:
         qps, _ = SCENARIOS[scenario]
         # Five writes per pair at the client limit, plus a resync and process start-up.
         timeout = 5 * n / qps * 2 + 120
-        for side in args.sides.split(","):
-            print(f"running {scenario} / {side} with {n} pairs ...", flush=True)
-            profile = Path(args.profile) / f"binding-{scenario}.svg" if args.profile else None
-            run = await run_one(scenario, side, n, args.workers, timeout, logs, profile, args.output)
-            print(f"  {asdict(run)}", flush=True)
-            runs.append(run)
-    header = [
-        "scenario",
-        "side",
-        "pairs",
-        "qps/burst",
-        "total s",
-        "binds/s",
-        "done p50/p99 s",
-        "bind p50/p99 ms",
-        "writes/bind",
-        "peak RSS MB",
-        "CPU s ctl/api/etcd",
-    ]
-    rows = [
-        [
-            r.scenario,
-            r.side + (" (TIMED OUT)" if r.timed_out else ""),
-            r.pairs,
-            f"{r.qps:g}/{r.burst}",
-            r.total_s,
-            r.binds_per_s,
-            f"{r.completion_p50_s}/{r.completion_p99_s}",
-            f"{r.bind_latency_p50_ms}/{r.bind_latency_p99_ms}",
-            r.writes_per_bind,
-            r.peak_rss_mb,
-            f"{r.controller_cpu_s}/{r.apiserver_cpu_s}/{r.etcd_cpu_s}",
-        ]
-        for r in runs
-    ]
-    print_table(f"PV/PVC binding, {n} pre-created pairs", header, rows)
-    path = write_results(
-        args.output,
-        {"pairs": n, "workers": args.workers, "runs": [asdict(r) for r in runs]},
-    )
-    print(f"\nwrote {path}")
+        # The profile, if asked for, of the first round's kubeloop run of each scenario.
+        profile = Path(args.profile) / f"binding-{scenario}.svg" if args.profile and r == 0 else None
+        return await run_one(scenario, side, n, args.workers, timeout, logs, profile, args.output)
+
+    return await method.alternate_scenarios(method.qps_labels(args.scenarios, SCENARIOS), args.rounds, one)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--pairs", type=int, default=1000, help="PV/PVC pairs per run (default: 1000)")
+    parser.add_argument(
+        "--pairs", type=int, default=PAIRS_DEFAULT, help=f"PV/PVC pairs per run (default: {PAIRS_DEFAULT})"
+    )
     parser.add_argument("--large", action="store_true", help="5000 pairs")
     parser.add_argument(
         "--scenarios", default="default,unthrottled", help="comma-separated: default,unthrottled"
     )
-    parser.add_argument("--sides", default="kubeloop,kcm", help="comma-separated: kubeloop,kcm")
+    method.add_rounds_arg(parser)
     parser.add_argument(
         "--workers", type=int, default=Options.workers, help="kubeloop --worker-threads (default: its own)"
     )
@@ -389,7 +364,15 @@ def main() -> None:
         default="",
         help="directory: record the kubeloop side with py-spy (flame graph per scenario)",
     )
-    asyncio.run(amain(parser.parse_args()))
+    args = parser.parse_args()
+    bench = method.Bench(
+        name=args.output,
+        title="static binding of pre-created PV/PVC pairs",
+        sides={"kubeloop": "kubeloop pv-controller", "go": "kcm persistentvolume-binder"},
+        figures=FIGURES,
+    )
+    params = {"pairs": 5000 if args.large else args.pairs, "workers": args.workers}
+    method.run(bench, params, lambda: collect(args))
 
 
 if __name__ == "__main__":

@@ -54,16 +54,20 @@ def print_table(title: str, header: Sequence[str], rows: Sequence[Sequence[Any]]
             print("  ".join("-" * w for w in widths))
 
 
-def write_results(name: str, data: dict[str, Any]) -> Path:
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    path = RESULTS_DIR / f"{name}.json"
-    doc = {
+def stamped(name: str, data: dict[str, Any]) -> dict[str, Any]:
+    """A result document: the benchmark's name, the time and the machine, then `data`."""
+    return {
         "benchmark": name,
         "time": now_rfc3339(),
         "machine": {"python": platform.python_version(), "cpus": _cpus()},
         **data,
     }
-    path.write_text(json.dumps(doc, indent=2) + "\n")
+
+
+def write_results(name: str, data: dict[str, Any]) -> Path:
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    path = RESULTS_DIR / f"{name}.json"
+    path.write_text(json.dumps(stamped(name, data), indent=2) + "\n")
     return path
 
 

@@ -2,7 +2,7 @@
 Go kubernetes-csi external-resizer (built by `tools/build-binaries.sh external-resizer` at the
 version pinned in tools/versions.env), both driving the same kubeloop CSI driver.
 
-    python -m bench.expansion [--claims 200] [--scenarios default,unthrottled]
+    python -m bench.expansion [--claims 20] [--rounds 5] [--scenarios default,unthrottled]
 
 Each (scenario, side) gets a fresh etcd + kube-apiserver and a fresh driver (`--mode controller`,
 pool in a temporary directory). N block volumes are created through the driver, each with a PV
@@ -14,22 +14,20 @@ bench watches until each claim's status capacity shows the new size. Both sides 
 10 workers), `unthrottled` QPS 1000 / burst 2000.
 
 Reported: total time and resizes per second, per-claim latency (request raised → status capacity)
-p50/p99, failed claims, the resizer's peak RSS and CPU. Prints a table and writes
-bench/results/expansion.json.
+p50/p99, failed claims, the resizer's peak RSS and CPU. Within a scenario the rounds run
+kubeloop, then Go (bench/method.py). Prints a table and writes bench/results/expansion.json.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import shutil
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from controller_runtime.client import ApiClient
 from controller_runtime.csi_client import CSIConnection
@@ -46,21 +44,22 @@ from csi_driver import DRIVER_NAME
 from kubeloop_grpc.csi import csi_pb2
 from localstack.go_sidecars import RESIZER, go_sidecar_binary
 
+from . import method
 from .common import (
     control_plane,
     cpu_seconds,
     percentile,
-    print_table,
     rss_bytes,
     start,
     start_controller_driver,
     stop_process,
-    write_results,
 )
 
 NAMESPACE = "bench"
 CLASS = "bench-expandable"
 SCENARIOS = {"default": (5.0, 10), "unthrottled": (1000.0, 2000)}
+# Small enough that `make bench` (5 rounds of each side, both scenarios) fits its 30 minutes on 2 cores.
+CLAIMS_DEFAULT = 20
 WORKERS = 10
 FROM, TO = "16Mi", "32Mi"
 
@@ -261,67 +260,17 @@ async def run_one(scenario: str, side: str, n: int) -> Run:
             shutil.rmtree(root, ignore_errors=True)
 
 
-async def amain(args: argparse.Namespace) -> None:
-    go_binary()
-    runs: list[Run] = []
-    scenarios = args.scenarios.split(",")
-    for scenario in scenarios:
-        for side in ("go", "kubeloop"):
-            print(f"running {scenario}/{side} with {args.claims} claims...", flush=True)
-            runs.append(await run_one(scenario, side, args.claims))
-    rows = []
-    summary: dict[str, Any] = {}
-    for scenario in scenarios:
-        go = next(r for r in runs if r.scenario == scenario and r.side == "go")
-        ours = next(r for r in runs if r.scenario == scenario and r.side == "kubeloop")
-        ratio = round(ours.resizes_per_s / go.resizes_per_s, 2) if go.resizes_per_s else 0.0
-        summary[scenario] = {"throughput_ratio": ratio}
-        for r in (go, ours):
-            rows.append(
-                [
-                    r.scenario,
-                    r.side,
-                    f"{r.qps:g}/{r.burst}",
-                    r.workers,
-                    f"{r.total_s:.1f}s",
-                    f"{r.resizes_per_s:.1f}",
-                    f"{r.latency_p50_s:.2f}s",
-                    f"{r.latency_p99_s:.2f}s",
-                    r.failed,
-                    f"{r.peak_rss_mib:.0f} MiB",
-                    f"{r.cpu_s:.1f}s",
-                    f"{ratio:.2f}x" if r is ours else "",
-                ]
-            )
-    print_table(
-        f"expansion: {args.claims} bound claims raised {FROM} -> {TO} at once -> status capacity {TO}",
-        [
-            "scenario",
-            "side",
-            "qps/burst",
-            "workers",
-            "total",
-            "resizes/s",
-            "p50",
-            "p99",
-            "failed",
-            "rss",
-            "cpu",
-            "vs go",
-        ],
-        rows,
-    )
-    path = write_results(
-        "expansion", {"claims": args.claims, "runs": [asdict(r) for r in runs], "summary": summary}
-    )
-    print(f"\nwrote {path}")
+BENCH = method.Bench(
+    name="expansion",
+    title="N bound claims raised 16Mi -> 32Mi at once -> status capacity 32Mi",
+    sides={"kubeloop": "kubeloop external-resizer", "go": "Go external-resizer"},
+    figures=method.claims_figures("resizes_per_s", "resizes/s"),
+)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.expansion", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--claims", type=int, default=200)
-    parser.add_argument("--scenarios", default="default,unthrottled")
-    asyncio.run(amain(parser.parse_args()))
+    go_binary()
+    method.claims_main(BENCH, __doc__.split("\n\n")[0], SCENARIOS, CLAIMS_DEFAULT, run_one)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 external-provisioner side by side with the Go kubernetes-csi external-provisioner (v6.3.x, built
 by `tools/build-binaries.sh external-provisioner`), both driving the same kubeloop CSI driver.
 
-    python -m bench.provisioning [--claims 500] [--scenarios default,unthrottled]
+    python -m bench.provisioning [--claims 40] [--rounds 5] [--scenarios default,unthrottled]
 
 Each (scenario, side) gets a fresh etcd + kube-apiserver, a fresh driver (`--mode controller`,
 pool in a temporary directory) and kubeloop's pv-controller as a subprocess with a generous QPS (it
@@ -13,22 +13,20 @@ bench watches until every claim is Bound. Both sides run with the same --kube-ap
 `unthrottled` QPS 1000 / burst 2000.
 
 Reported: total time and claims per second, per-claim latency (created → Bound) p50/p99, failed
-claims (not Bound in time), the sidecar's peak RSS. Prints a table and writes
-bench/results/provisioning.json.
+claims (not Bound in time), the sidecar's peak RSS. Within a scenario the rounds run
+kubeloop, then Go (bench/method.py). Prints a table and writes bench/results/provisioning.json.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import shutil
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from controller_runtime.client import ApiClient
 from controller_runtime.informer import EventHandler, SharedInformer
@@ -44,21 +42,22 @@ from controller_runtime.toolchain import REPO_ROOT, MissingBinaryError
 from csi_driver import DRIVER_NAME, TOPOLOGY_KEY
 from localstack.go_sidecars import PROVISIONER, go_sidecar_binary
 
+from . import method
 from .common import (
     control_plane,
     cpu_seconds,
     percentile,
-    print_table,
     rss_bytes,
     start,
     start_controller_driver,
     stop_process,
-    write_results,
 )
 
 NAMESPACE = "bench"
 CLASS = "bench-immediate"
 SCENARIOS = {"default": (5.0, 10), "unthrottled": (1000.0, 2000)}
+# Small enough that `make bench` (5 rounds of each side, both scenarios) fits its 30 minutes on 2 cores.
+CLAIMS_DEFAULT = 40
 WORKERS = 100
 
 
@@ -102,7 +101,7 @@ def provisioner_argv(
     return [sys.executable, "-m", "external_provisioner.main", *common, f"--state-dir={state}", "-v=1"]
 
 
-async def run_one(scenario: str, side: str, n: int, work: Path) -> Run:
+async def run_one(scenario: str, side: str, n: int) -> Run:
     qps, burst = SCENARIOS[scenario]
     logs = REPO_ROOT / "bench" / "results" / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -226,69 +225,17 @@ async def run_one(scenario: str, side: str, n: int, work: Path) -> Run:
             shutil.rmtree(root, ignore_errors=True)
 
 
-async def amain(args: argparse.Namespace) -> None:
-    go_binary()
-    runs: list[Run] = []
-    for scenario in args.scenarios.split(","):
-        for side in ("go", "kubeloop"):
-            print(f"running {scenario}/{side} with {args.claims} claims...", flush=True)
-            runs.append(await run_one(scenario, side, args.claims, Path(tempfile.gettempdir())))
-    rows = []
-    summary: dict[str, Any] = {}
-    for scenario in args.scenarios.split(","):
-        go = next(r for r in runs if r.scenario == scenario and r.side == "go")
-        ours = next(r for r in runs if r.scenario == scenario and r.side == "kubeloop")
-        speedup = round(ours.claims_per_s / go.claims_per_s, 2) if go.claims_per_s else 0.0
-        summary[scenario] = {"throughput_ratio": speedup}
-        for r in (go, ours):
-            rows.append(
-                [
-                    r.scenario,
-                    r.side,
-                    f"{r.qps:g}/{r.burst}",
-                    r.workers,
-                    f"{r.total_s:.1f}s",
-                    f"{r.claims_per_s:.1f}",
-                    f"{r.latency_p50_s:.2f}s",
-                    f"{r.latency_p99_s:.2f}s",
-                    r.failed,
-                    f"{r.peak_rss_mib:.0f} MiB",
-                    f"{r.cpu_s:.1f}s",
-                    f"{speedup:.2f}x" if r is ours else "",
-                ]
-            )
-    print_table(
-        f"provisioning: {args.claims} claims created at once -> Bound",
-        [
-            "scenario",
-            "side",
-            "qps/burst",
-            "workers",
-            "total",
-            "claims/s",
-            "p50",
-            "p99",
-            "failed",
-            "rss",
-            "cpu",
-            "vs go",
-        ],
-        rows,
-    )
-    path = write_results(
-        "provisioning",
-        {"claims": args.claims, "runs": [asdict(r) for r in runs], "summary": summary},
-    )
-    print(f"\nwrote {path}")
+BENCH = method.Bench(
+    name="provisioning",
+    title="N claims created at once on an Immediate class -> Bound",
+    sides={"kubeloop": "kubeloop external-provisioner", "go": "Go external-provisioner"},
+    figures=method.claims_figures("claims_per_s", "claims/s"),
+)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.provisioning", description=__doc__.split("\n\n")[0]
-    )
-    parser.add_argument("--claims", type=int, default=500)
-    parser.add_argument("--scenarios", default="default,unthrottled")
-    asyncio.run(amain(parser.parse_args()))
+    go_binary()
+    method.claims_main(BENCH, __doc__.split("\n\n")[0], SCENARIOS, CLAIMS_DEFAULT, run_one)
 
 
 if __name__ == "__main__":
