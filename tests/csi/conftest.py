@@ -191,14 +191,20 @@ def driver(csi_root: Path, request: pytest.FixtureRequest) -> Iterator[Driver]:
     try:
         yield d
     finally:
-        if d.proc is not None and d.proc.poll() is None:
-            client = Client(d.endpoint)
-            try:
-                teardown_volumes(client, d)
-            finally:
-                client.close()
-            d.stop()
-        force_cleanup(work)
+        stop_and_clean(d, work)
+
+
+def stop_and_clean(d: Driver, work: Path) -> None:
+    """A running driver unpublishes and unstages what it still stages, then gets SIGTERM; whatever
+    is left under work is cleaned up by force."""
+    if d.proc is not None and d.proc.poll() is None:
+        client = Client(d.endpoint)
+        try:
+            teardown_volumes(client, d)
+        finally:
+            client.close()
+        d.stop()
+    force_cleanup(work)
 
 
 def teardown_volumes(client: Client, d: Driver) -> None:

@@ -21,7 +21,7 @@ import grpc
 import pytest
 
 from kubeloop_grpc.csi import csi_pb2
-from tests.csi.conftest import Client, Driver, force_cleanup, teardown_volumes
+from tests.csi.conftest import Client, Driver, stop_and_clean
 from tests.csi.test_driver import Attached, create, expand, fs_bytes, mount_cap, read_digest, write_data
 
 MiB = 1 << 20
@@ -118,11 +118,4 @@ def test_a_killed_offline_grow_is_repaired_and_finished(csi_root: Path) -> None:
         )
         assert "repairing a filesystem whose offline grow was interrupted" in plain.log.read_text()
     finally:
-        if plain.proc is not None and plain.proc.poll() is None:
-            client = Client(plain.endpoint)
-            try:
-                teardown_volumes(client, plain)
-            finally:
-                client.close()
-            plain.stop()
-        force_cleanup(work)
+        stop_and_clean(plain, work)
