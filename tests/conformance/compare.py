@@ -9,12 +9,15 @@ claim becomes `pvc-uid(PersistentVolumeClaim/<claim>)`), timestamps and resource
 
 Events: the API server aggregates repeats into one Event with a count, and how often a controller
 retries is timing, not behaviour; so per involved object and reporting component the outcome is
-the ordered sequence of distinct (type, reason, message) in the order each first appeared.
+the ordered sequence of distinct (type, reason, message) in the order each first appeared, except
+that consecutive events of one reason are sorted: they come from independent operations of the
+same kind (a pod's two volumes attached at once), whose order is a race in both modes.
 """
 
 from __future__ import annotations
 
 import difflib
+import itertools
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -234,8 +237,17 @@ def normalise(raw: RawOutcome) -> Obj:
     return {
         "timeline": [norm.text(t) for t in raw.timeline],
         "snapshots": snapshots,
-        "events": {k: dict(sorted(v.items())) for k, v in sorted(events.items())},
+        "events": {
+            k: {source: same_reason_sorted(seq) for source, seq in sorted(v.items())}
+            for k, v in sorted(events.items())
+        },
     }
+
+
+def same_reason_sorted(seq: list[str]) -> list[str]:
+    """Each run of consecutive lines with one type and reason sorted; the runs keep their order."""
+    runs = itertools.groupby(seq, key=lambda line: line.split(":", 1)[0])
+    return [line for _, run in runs for line in sorted(run)]
 
 
 def render(doc: Obj) -> list[str]:

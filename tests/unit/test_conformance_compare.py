@@ -118,6 +118,21 @@ def test_event_order_matters_but_repeats_do_not() -> None:
     assert compare("s", normalise(GO), normalise(swapped)).status == "differ"
 
 
+def test_independent_events_of_one_reason_compare_in_any_order() -> None:
+    """Two volumes of one pod attached at once: their SuccessfulAttachVolume events come in either
+    order, in both modes. Events of different reasons keep their order (test above)."""
+
+    def attached(volumes: tuple[str, ...]) -> RawOutcome:
+        raw = copy.deepcopy(GO)
+        base = {**raw.events[0], "reason": "SuccessfulAttachVolume"}
+        raw.events = [{**base, "message": f'AttachVolume.Attach succeeded for volume "{v}"'} for v in volumes]
+        return raw
+
+    one_way, other_way = attached(("pv-c1", "pv-c2")), attached(("pv-c2", "pv-c1"))
+    assert compare("s", normalise(one_way), normalise(other_way)).status == "identical"
+    assert compare("s", normalise(one_way), normalise(attached(("pv-c1",)))).status == "differ"
+
+
 def test_expected_difference_must_match_exactly() -> None:
     diverged = copy.deepcopy(KUBELOOP)
     diverged.snapshots["final"][1]["status"]["phase"] = "Lost"
