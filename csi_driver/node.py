@@ -273,7 +273,6 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
                 # A stage killed during its offline grow: only this record knows the filesystem
                 # may need repair, so the grow is finished before the record goes.
                 await self._grow_offline(rec, await self._ensure_device(rec, backing))
-                await self.state.put_staging(rec)
             for dev in await loop.devices_for(backing):
                 if dev.name == rec.device:
                     await loop.detach(dev.name)
