@@ -62,9 +62,21 @@ def read_mounts() -> list[Mount]:
         return parse_mountinfo(f.read())
 
 
+def _escape(path: str) -> str:
+    return path.replace("\\", "\\134").replace(" ", "\\040").replace("\t", "\\011").replace("\n", "\\012")
+
+
 def mounts_at(path: str, table: Sequence[Mount] | None = None) -> list[Mount]:
     path = os.path.normpath(path)
-    return [m for m in (read_mounts() if table is None else table) if m.mountpoint == path]
+    if table is None:
+        with open("/proc/self/mountinfo") as f:
+            text = f.read()
+        # Most asks are of one path among hundreds of mounts: a path that appears nowhere in the
+        # text, as mountinfo escapes it, is no mount point, and nothing needs parsing.
+        if f" {_escape(path)} " not in text:
+            return []
+        table = parse_mountinfo(text)
+    return [m for m in table if m.mountpoint == path]
 
 
 def is_mounted(path: str, table: Sequence[Mount] | None = None) -> bool:

@@ -54,21 +54,19 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
         """Mounts a device on a directory from a request, reached without following symlinks."""
         with self.kubelet.walked(path, what) as w:
             fd = w.open_final(directory=True)
-            await mounts.mount(source, fd_path(fd), fs_type, options, name=w.path, pass_fds=(fd,))
+            await mounts.mount(source, fd_path(fd), fs_type, options, name=w.path)
 
     async def _bind_on(
         self, source: str, src_fd: int | None, target: str, is_dir: bool, read_only: bool
     ) -> None:
         with self.kubelet.walked(target, "target_path") as w:
             fd = w.open_final(directory=is_dir)
-            fds = (fd, w.parent_fd) + ((src_fd,) if src_fd is not None else ())
             await mounts.bind(
                 fd_path(src_fd) if src_fd is not None else source,
                 fd_path(fd),
                 remount_target=w.via_parent,
                 read_only=read_only,
                 name=w.path,
-                pass_fds=fds,
             )
 
     async def _unmount(self, path: str, what: str) -> None:
@@ -78,7 +76,7 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
             mode = w.kind()
             if mode is None or stat.S_ISLNK(mode):
                 raise failed_precondition(f"{w.path} is no longer the path that was mounted")
-            await mounts.unmount(w.path, w.via_parent, pass_fds=(w.parent_fd,))
+            await mounts.unmount(w.path, w.via_parent)
 
     # --- start-up -------------------------------------------------------------------------------
     async def reconcile(self) -> None:
@@ -132,13 +130,12 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
         return backing
 
     async def _ensure_device(self, rec: StagingRecord, backing: str) -> str:
-        if rec.device:
-            current = await loop.devices_for(backing)
-            if any(d.name == rec.device for d in current):
-                return rec.device
+        if await loop.is_attached(rec.device, backing):
+            return rec.device
         dev = await loop.attach(backing, direct_io=self.config.direct_io)
+        # Saved with the next write of the record, not on its own: a plugin killed before then
+        # finds the device by its backing file at start (reconcile) and adopts it.
         rec.device = dev.name
-        await self.state.put_staging(rec)
         return dev.name
 
     async def _ensure_filesystem(self, volume_id: str, device: str, requested: str) -> str:
@@ -162,7 +159,7 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
     async def _grow_offline(self, rec: StagingRecord, device: str) -> None:
         await fs.check_before_grow(device, after_interrupted_grow=rec.growing)
         rec.growing = True
-        await self.state.put_staging(rec)
+        await self.state.put_staging(rec, durable=True)
         await fs.resize_offline(device)
         rec.growing = False  # saved with the staging that follows
 
@@ -189,7 +186,7 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
         backing = self.state.volume_file(rec.volume_id)
         if not await asyncio.to_thread(os.path.exists, backing):
             return csi_pb2.VolumeCondition(abnormal=True, message=f"backing file {backing} is missing")
-        if not rec.device or not any(d.name == rec.device for d in await loop.devices_for(backing)):
+        if not await loop.is_attached(rec.device, backing):
             return csi_pb2.VolumeCondition(
                 abnormal=True, message="loop device is not attached; restage the volume"
             )
@@ -273,9 +270,8 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
                 # A stage killed during its offline grow: only this record knows the filesystem
                 # may need repair, so the grow is finished before the record goes.
                 await self._grow_offline(rec, await self._ensure_device(rec, backing))
-            for dev in await loop.devices_for(backing):
-                if dev.name == rec.device:
-                    await loop.detach(dev.name)
+            if await loop.is_attached(rec.device, backing):
+                await loop.detach(rec.device)
             await self.state.delete_staging(volume_id)
         log.info("unstaged volume", volume=volume_id, staging=staging)
         return csi_pb2.NodeUnstageVolumeResponse()
@@ -320,20 +316,28 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
             block = cap.access_type == "block"
             if block:
                 backing = self.state.volume_file(volume_id)
-                if not rec.device or not any(d.name == rec.device for d in await loop.devices_for(backing)):
+                if not await loop.is_attached(rec.device, backing):
                     raise failed_precondition(
                         f"volume {volume_id} has no loop device; call NodeStageVolume again"
                     )
             elif not is_mounted(staging):
                 raise failed_precondition(f"{staging} is not mounted; call NodeStageVolume again")
             # Recorded before anything is made or mounted, so a crash leaves a record to undo.
+            # Only what the driver makes itself is removed at unpublish: a file or directory that
+            # was already there (someone else's) stays. Whether it will make the target is known
+            # before it does, so one write records both; another write only if someone raced it.
             rec.targets[target] = read_only
+            ours = target in rec.created_targets
+            if not ours and not await asyncio.to_thread(self.kubelet.exists, target, "target_path"):
+                rec.created_targets.append(target)
             await self.state.put_staging(rec)
             make = self.kubelet.make_file if block else self.kubelet.make_dir
-            if await asyncio.to_thread(make, target, "target_path") and target not in rec.created_targets:
-                # Only what the driver made itself is removed at unpublish: a file or directory
-                # that was already there (someone else's) stays.
-                rec.created_targets.append(target)
+            made = await asyncio.to_thread(make, target, "target_path")
+            if made != (target in rec.created_targets) and not ours:
+                if made:
+                    rec.created_targets.append(target)
+                else:
+                    rec.created_targets.remove(target)
                 await self.state.put_staging(rec)
             if block:
                 await self._bind_on(rec.device, None, target, False, read_only)

@@ -123,7 +123,11 @@ class DriverState:
         self.state_dir = state_dir.resolve()
         self.volume_store = RecordStore(self.state_dir / "volumes", VolumeRecord)
         self.snapshot_store = RecordStore(self.state_dir / "snapshots", SnapshotRecord)
-        self.staging_store = RecordStore(self.state_dir / "staging", StagingRecord)
+        # A staging record describes loop devices and mounts, which a power loss undoes too; it
+        # must outlive the process (a kill -9, which the page cache survives), not the machine,
+        # and a stage writes it two or three times: no fsync (reconcile squares it at start), but
+        # for the mark of a grow in progress, the one thing only the record knows.
+        self.staging_store = RecordStore(self.state_dir / "staging", StagingRecord, durable=False)
         self.volumes: dict[str, VolumeRecord] = {}
         self.snapshots: dict[str, SnapshotRecord] = {}
         self.stagings: dict[str, StagingRecord] = {}
@@ -234,8 +238,8 @@ class DriverState:
         self.snapshots.pop(snapshot_id, None)
 
     # --- stagings (node) ------------------------------------------------------------------------
-    async def put_staging(self, record: StagingRecord) -> None:
-        await self.staging_store.put(record.volume_id, record)
+    async def put_staging(self, record: StagingRecord, *, durable: bool = False) -> None:
+        await self.staging_store.put(record.volume_id, record, durable=durable)
         self.stagings[record.volume_id] = record
 
     async def delete_staging(self, volume_id: str) -> None:

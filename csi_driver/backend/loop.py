@@ -1,26 +1,46 @@
-"""Loop devices through losetup: attach a backing file, find what is attached, refresh, detach."""
+"""Loop devices through the kernel's loop ioctls: attach a backing file (LOOP_CONFIGURE), find
+what is attached (sysfs, LOOP_GET_STATUS64), refresh the size, detach (LOOP_CLR_FD).
+
+These used to be `losetup` runs, a fork and an exec per call; ioctls on the devices are the same
+calls losetup makes, without the process. LOOP_CONFIGURE needs Linux 5.8 or later.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import fcntl
-import json
 import os
 import stat
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 
 from controller_runtime.logs import get_logger
 
-from .tools import ToolError, run
+from .tools import ToolError
 
 log = get_logger("csi.loop")
 
-# LOOP_CTL_GET_FREE followed by LOOP_CONFIGURE can race between two attaches in one process; one
-# lock keeps `losetup --find` honest without slowing different volumes' mkfs or mounts.
+# LOOP_CTL_GET_FREE then LOOP_CONFIGURE is not atomic: within this process the lock keeps two
+# attaches from picking the same device; another process racing for it makes LOOP_CONFIGURE fail
+# with EBUSY, and the attach asks for the next free device.
 _attach_lock = asyncio.Lock()
+_ATTACH_TRIES = 16
 
-LOOP_CTL_GET_FREE = 0x4C82  # linux/loop.h: the lowest free loop device, created when none is
+# linux/loop.h
+LOOP_CLR_FD = 0x4C01
+LOOP_GET_STATUS64 = 0x4C05
+LOOP_SET_CAPACITY = 0x4C07
+LOOP_CONFIGURE = 0x4C0A
+LOOP_CTL_GET_FREE = 0x4C82  # the lowest free loop device, created when none is
+LO_FLAGS_READ_ONLY = 1
+LO_FLAGS_DIRECT_IO = 16
+# struct loop_info64: lo_device, lo_inode, lo_rdevice, lo_offset, lo_sizelimit; lo_number,
+# lo_encrypt_type, lo_encrypt_key_size, lo_flags; lo_file_name, lo_crypt_name, lo_encrypt_key;
+# lo_init[2]. struct loop_config: fd, block_size, info, reserved[8].
+_INFO64 = struct.Struct("=5Q4I64s64s32s2Q")
+_CONFIG = struct.Struct(f"=2I{_INFO64.size}s8Q")
 
 
 @dataclass(frozen=True)
@@ -36,7 +56,7 @@ class DeviceNodes:
         it exists; says whether it made it.
 
         In a container /dev is a tmpfs filled when the container started: a loop device the
-        kernel adds later has no node there (no devtmpfs, no udev), and losetup fails on it."""
+        kernel adds later has no node there (no devtmpfs, no udev) to open."""
         path = self.dev / f"loop{index}"
         if os.path.lexists(path):
             return False
@@ -49,27 +69,24 @@ class DeviceNodes:
         log.info("created loop device node", device=str(path), numbers=f"{major}:{minor}")
         return True
 
-    def ensure_free_node(self) -> bool:
-        """Gives the device `losetup --find` will take a node, asking the kernel which it is
-        (LOOP_CTL_GET_FREE, which adds a device when none is free); says whether it made one.
-        Without /dev/loop-control losetup scans the nodes itself and there is nothing to do; a
-        failure here is only logged, losetup then reports what is wrong."""
-        control = self.dev / "loop-control"
-        try:
-            fd = os.open(control, os.O_RDWR | os.O_CLOEXEC)
-        except FileNotFoundError:
-            return False
-        except OSError as e:
-            log.warning("cannot open the loop control device", path=str(control), error=str(e))
-            return False
+    def free_index(self) -> int:
+        """The number of the lowest free loop device, as the kernel tells it (LOOP_CTL_GET_FREE
+        adds a device when none is free); its node is made when this /dev lacks it."""
+        fd = os.open(self.dev / "loop-control", os.O_RDWR | os.O_CLOEXEC)
         try:
             index = fcntl.ioctl(fd, LOOP_CTL_GET_FREE)
-            return self.ensure_node(index)
-        except (OSError, ValueError) as e:
-            log.warning("cannot prepare a free loop device node", error=str(e))
-            return False
         finally:
             os.close(fd)
+        self.ensure_node(index)
+        return index
+
+    def open(self, name: str, flags: int = os.O_RDONLY, *, make: bool = True) -> int:
+        """Opens loopN (or /dev/loopN) through this /dev, making its node first when a
+        container's /dev lacks it, unless `make` is false."""
+        path = self.dev / Path(name).name
+        if make and not os.path.lexists(path):
+            self.ensure_node(int(Path(name).name.removeprefix("loop")))
+        return os.open(path, flags | os.O_CLOEXEC)
 
 
 @dataclass(frozen=True)
@@ -103,31 +120,100 @@ def _back_file(raw: str) -> str:
     return raw.removesuffix(" (deleted)")
 
 
-async def list_devices() -> list[LoopDevice]:
-    """Every configured loop device on the machine, as the kernel reports it."""
-    result = await run(
-        "losetup", "--list", "--json", "--output", "NAME,BACK-FILE,BACK-MAJ:MIN,BACK-INO,DIO,RO"
+def _read(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""
+
+
+def _device(name: str, nodes: DeviceNodes) -> LoopDevice | None:
+    """What sysfs and the device say of loopN; None when it has no backing file."""
+    loop_dir = nodes.sys_block / name / "loop"
+    back_file = _read(loop_dir / "backing_file")
+    if not back_file:
+        return None
+    back_dev, back_ino = "", 0
+    try:
+        fd = nodes.open(name, make=False)  # listing makes no node; a missing one leaves the path
+        try:
+            info = _INFO64.unpack(fcntl.ioctl(fd, LOOP_GET_STATUS64, bytes(_INFO64.size)))
+        finally:
+            os.close(fd)
+        back_dev, back_ino = f"{os.major(info[0])}:{os.minor(info[0])}", int(info[1])
+    except OSError:
+        pass  # detached meanwhile, or a node that cannot be made: the path has to do
+    return LoopDevice(
+        name=f"/dev/{name}",
+        back_file=_back_file(back_file),
+        direct_io=_read(loop_dir / "dio") == "1",
+        read_only=_read(nodes.sys_block / name / "ro") == "1",
+        back_dev=back_dev,
+        back_ino=back_ino,
     )
-    if not result.stdout.strip():
+
+
+def _list(nodes: DeviceNodes) -> list[LoopDevice]:
+    try:
+        names = sorted(n for n in os.listdir(nodes.sys_block) if n.startswith("loop"))
+    except FileNotFoundError:
         return []
-    doc = json.loads(result.stdout)
-    devices = []
-    for entry in doc.get("loopdevices", []):
-        devices.append(
-            LoopDevice(
-                name=str(entry["name"]),
-                back_file=_back_file(str(entry.get("back-file") or "")),
-                direct_io=entry.get("dio") in (True, "1", 1),
-                read_only=entry.get("ro") in (True, "1", 1),
-                back_dev=str(entry.get("back-maj:min") or "").strip(),
-                back_ino=int(entry.get("back-ino") or 0),
-            )
-        )
-    return devices
+    return [d for d in (_device(n, nodes) for n in names) if d is not None]
 
 
-async def devices_for(back_file: str) -> list[LoopDevice]:
-    return [d for d in await list_devices() if d.backed_by(back_file)]
+async def list_devices(nodes: DeviceNodes = DeviceNodes()) -> list[LoopDevice]:
+    """Every configured loop device on the machine, as the kernel reports it."""
+    return await asyncio.to_thread(_list, nodes)
+
+
+async def devices_for(back_file: str, nodes: DeviceNodes = DeviceNodes()) -> list[LoopDevice]:
+    return [d for d in await list_devices(nodes) if d.backed_by(back_file)]
+
+
+async def is_attached(device: str, back_file: str, nodes: DeviceNodes = DeviceNodes()) -> bool:
+    """Whether `device` (/dev/loopN) is attached to `back_file`: one device asked, not all."""
+
+    def _ask() -> bool:
+        name = Path(device).name
+        if _back_file(_read(nodes.sys_block / name / "loop" / "backing_file")) == back_file:
+            return True
+        found = _device(name, nodes)  # the inode, for a path from another mount namespace
+        return found is not None and found.backed_by(back_file)
+
+    return bool(device) and await asyncio.to_thread(_ask)
+
+
+def _configure(back_file: str, direct_io: bool, read_only: bool, nodes: DeviceNodes) -> str:
+    try:
+        return _configure_once(back_file, direct_io, read_only, nodes)
+    except OSError as e:
+        if not direct_io or e.errno != errno.EINVAL:
+            raise
+        # A backing filesystem without direct I/O (tmpfs, some overlays): buffered, as losetup
+        # falls back; whether the kernel took direct I/O is read back from sysfs either way.
+        return _configure_once(back_file, False, read_only, nodes)
+
+
+def _configure_once(back_file: str, direct_io: bool, read_only: bool, nodes: DeviceNodes) -> str:
+    flags = os.O_RDONLY if read_only else os.O_RDWR
+    backing = os.open(back_file, flags | os.O_CLOEXEC | (os.O_DIRECT if direct_io else 0))
+    lo_flags = (LO_FLAGS_READ_ONLY if read_only else 0) | (LO_FLAGS_DIRECT_IO if direct_io else 0)
+    info = _INFO64.pack(0, 0, 0, 0, 0, 0, 0, 0, lo_flags, os.fsencode(back_file)[:63], b"", b"", 0, 0)
+    try:
+        for _ in range(_ATTACH_TRIES):
+            index = nodes.free_index()
+            dev = nodes.open(f"loop{index}", flags)
+            try:
+                fcntl.ioctl(dev, LOOP_CONFIGURE, _CONFIG.pack(backing, 0, info, *([0] * 8)))
+                return f"/dev/loop{index}"
+            except OSError as e:
+                if e.errno != errno.EBUSY:  # taken by another user of the kernel since GET_FREE
+                    raise
+            finally:
+                os.close(dev)
+        raise OSError(errno.EBUSY, f"every free loop device was taken first, {_ATTACH_TRIES} times")
+    finally:
+        os.close(backing)
 
 
 async def attach(
@@ -137,25 +223,13 @@ async def attach(
 
     Direct I/O skips the page cache of the pool's filesystem, so data is cached once (in the
     filesystem on the loop device) instead of twice. When the backing filesystem cannot do it
-    (tmpfs, some overlays) losetup still attaches and the kernel falls back to buffered I/O.
+    (tmpfs, some overlays) the device is still attached and the kernel uses buffered I/O.
     """
-    argv = ["losetup", "--find", "--show"]
-    if direct_io:
-        argv.append("--direct-io=on")
-    if read_only:
-        argv.append("--read-only")
     async with _attach_lock:
-        nodes.ensure_free_node()
         try:
-            result = await run(*argv, back_file)
-        except ToolError:
-            # Other users of the kernel (node plugins of other kind nodes share it) may have taken
-            # the device prepared above, and losetup found the next one without a node: once more
-            # when that is what happened.
-            if not nodes.ensure_free_node():
-                raise
-            result = await run(*argv, back_file)
-    name = result.stdout.strip().splitlines()[-1]
+            name = await asyncio.to_thread(_configure, back_file, direct_io, read_only, nodes)
+        except OSError as e:
+            raise ToolError(["attach loop device", back_file], e.errno or 1, str(e)) from e
     dio = _direct_io(name)
     log.info("attached loop device", device=name, file=back_file, direct_io=dio)
     return LoopDevice(name=name, back_file=back_file, direct_io=dio, read_only=read_only)
@@ -169,14 +243,28 @@ def _direct_io(device: str) -> bool:
         return False
 
 
-async def detach(device: str) -> None:
-    await run("losetup", "--detach", device)
+async def _loop_ioctl(device: str, request: int, what: str, nodes: DeviceNodes) -> None:
+    def _call() -> None:
+        fd = nodes.open(device)
+        try:
+            fcntl.ioctl(fd, request)
+        finally:
+            os.close(fd)
+
+    try:
+        await asyncio.to_thread(_call)
+    except OSError as e:
+        raise ToolError([what, device], e.errno or 1, str(e)) from e
+
+
+async def detach(device: str, nodes: DeviceNodes = DeviceNodes()) -> None:
+    await _loop_ioctl(device, LOOP_CLR_FD, "detach loop device", nodes)
     log.info("detached loop device", device=device)
 
 
-async def refresh_capacity(device: str) -> None:
+async def refresh_capacity(device: str, nodes: DeviceNodes = DeviceNodes()) -> None:
     """Makes the kernel re-read the backing file's size after it grew (`losetup -c`)."""
-    await run("losetup", "--set-capacity", device)
+    await _loop_ioctl(device, LOOP_SET_CAPACITY, "refresh loop device capacity", nodes)
 
 
 def device_size(device: str) -> int:

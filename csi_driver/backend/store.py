@@ -1,12 +1,14 @@
 """Durable records: one JSON file per record, replaced atomically (temp file, fsync, rename, fsync
 of the directory). A kill -9 at any instant leaves either the old or the new record, never a torn
-one, so a restarted driver knows every volume, snapshot and staging that any RPC acknowledged."""
+one, so a restarted driver knows every volume, snapshot and staging that any RPC acknowledged.
+Records fsync'd (durable) also survive a power loss."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import json
 from pathlib import Path
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
@@ -24,16 +26,18 @@ class _Dataclass(Protocol):
 R = TypeVar("R", bound=_Dataclass)
 
 
-def write_json_atomic(path: Path, doc: dict[str, Any]) -> None:
-    write_atomic(path, json.dumps(doc, sort_keys=True, indent=1).encode())
+def write_json_atomic(path: Path, doc: dict[str, Any], *, durable: bool = True) -> None:
+    write_atomic(path, json.dumps(doc, sort_keys=True, indent=1).encode(), durable=durable)
 
 
 class RecordStore(Generic[R]):
     """Records of one dataclass type, keyed by a validated id (never a path component from a user)."""
 
-    def __init__(self, directory: Path, cls: type[R]) -> None:
+    def __init__(self, directory: Path, cls: type[R], *, durable: bool = True) -> None:
+        """`durable=False` skips the fsyncs: for records of what a power loss undoes anyway."""
         self.directory = directory
         self._cls = cls
+        self._durable = durable
         self._fields = {f.name for f in dataclasses.fields(cls)}
 
     def _path(self, key: str) -> Path:
@@ -59,14 +63,17 @@ class RecordStore(Generic[R]):
             records[path.stem] = record
         return records
 
-    async def put(self, key: str, record: R) -> None:
+    async def put(self, key: str, record: R, *, durable: bool | None = None) -> None:
+        """`durable` overrides the store's choice for one write."""
         doc = dataclasses.asdict(record)
-        await asyncio.to_thread(write_json_atomic, self._path(key), doc)
+        sync = self._durable if durable is None else durable
+        await asyncio.to_thread(functools.partial(write_json_atomic, durable=sync), self._path(key), doc)
 
     async def delete(self, key: str) -> None:
         def _delete() -> None:
             with contextlib.suppress(FileNotFoundError):
                 self._path(key).unlink()
-                fsync_dir(str(self.directory))
+                if self._durable:
+                    fsync_dir(str(self.directory))
 
         await asyncio.to_thread(_delete)

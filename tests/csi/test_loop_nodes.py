@@ -1,5 +1,5 @@
 """A container's /dev, played by a directory holding only loop-control: the driver gives the loop
-device `losetup --find` will take a real node there, with the kernel's numbers."""
+device it is about to configure a real node there, with the kernel's numbers."""
 
 from __future__ import annotations
 
@@ -19,8 +19,9 @@ def test_the_next_free_loop_device_gets_a_node(csi_root: Path) -> None:
     dev.mkdir()
     os.symlink("/dev/loop-control", dev / "loop-control")
     nodes = DeviceNodes(dev=dev)
-    assert nodes.ensure_free_node(), "the directory had no loop node at all"
+    index = nodes.free_index()
     (made,) = [p for p in dev.iterdir() if p.name.startswith("loop") and p.name != "loop-control"]
+    assert made.name == f"loop{index}"
     st = os.lstat(made)
     assert stat.S_ISBLK(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o660
     kernel = (Path("/sys/block") / made.name / "dev").read_text().strip()
