@@ -106,9 +106,11 @@ def read_vol_data(path: Path) -> VolData | None:
 
 
 def write_vol_data(path: Path, data: VolData) -> None:
-    """Atomic: a crash leaves the old file or the new one."""
+    """Atomic: a crash leaves the old file or the new one. Not fsync'd, as kubelet does not: the
+    file tells a restarted agent which CSI calls to undo, and after a power loss there are no
+    mounts or loop devices left to undo (a file lost with them is read as "nothing began")."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, json.dumps(asdict(data)).encode(), mode=0o644)
+    write_atomic(path, json.dumps(asdict(data)).encode(), mode=0o644, durable=False)
 
 
 def remove_volume_dir(path: Path, leaf: str, stop: Path) -> None:
