@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from importlib import metadata
 
-# The driver forks a tool (losetup, mkfs, mount) for almost every RPC. gRPC's fork handlers are
+# The driver forks tools (mkfs, blkid, e2fsck, resize2fs). gRPC's fork handlers are
 # meant for processes that keep using gRPC in the child; ours exec at once, and with the handlers
 # on a child forked while gRPC threads are busy can crash before it execs. Must be set before
 # grpc is imported, hence here.

@@ -31,7 +31,7 @@ FILE_MODE = 0o600
 
 
 def fd_path(fd: int, name: str = "") -> str:
-    """The path of an open descriptor (or of `name` inside it) for a child that inherits it."""
+    """The path of an open descriptor of this process (or of `name` inside it), for mount(2)."""
     return f"/proc/self/fd/{fd}" + (f"/{name}" if name else "")
 
 
@@ -75,7 +75,7 @@ class Walked:
 
     @property
     def via_parent(self) -> str:
-        """The path as a child process inheriting `parent_fd` reaches it (for umount/remount:
+        """The path as this process reaches it through `parent_fd` (for umount/remount:
         a mount point cannot be renamed or replaced while mounted)."""
         return fd_path(self.parent_fd, self.name)
 

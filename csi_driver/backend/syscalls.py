@@ -132,5 +132,9 @@ def remount_bind_read_only(target: str) -> None:
     _check(rc, ["mount", "-o", "remount,bind,ro", target])
 
 
+# A symlink swapped in for the mount point after the caller checked it is not followed.
+UMOUNT_NOFOLLOW = 8
+
+
 def unmount(target: str) -> None:
-    _check(_libc.umount2(target.encode(), 0), ["umount", target])
+    _check(_libc.umount2(target.encode(), UMOUNT_NOFOLLOW), ["umount", target])
