@@ -249,8 +249,11 @@ class ApiClient:
     @property
     def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            # No connection cap: every informer holds a long-lived watch connection.
-            connector = aiohttp.TCPConnector(ssl=self._ssl, limit=0)
+            # No connection cap: every informer holds a long-lived watch connection. Idle
+            # connections are kept 90 s, as client-go's transport keeps them (aiohttp: 15 s): a
+            # controller working in bursts would otherwise pay a TLS handshake per request of
+            # each burst, a profiled cost of the external-attacher.
+            connector = aiohttp.TCPConnector(ssl=self._ssl, limit=0, keepalive_timeout=90)
             self._session = aiohttp.ClientSession(
                 connector=connector, headers={"User-Agent": self._user_agent, "Accept": "application/json"}
             )
