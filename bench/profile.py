@@ -177,9 +177,7 @@ async def amain(
             await asyncio.sleep(1)  # py-spy attaches
             print(f"profiling one pass of {args.pods} pods ...", flush=True)
             started = time.monotonic()
-            mount, mount_total, detach, detach_total = await one_pass(
-                ses.stack, ses.clock, ses.volumes, "profiled", args.timeout
-            )
+            t = await one_pass(ses.stack, ses.clock, ses.volumes, "profiled", args.timeout)
             elapsed = time.monotonic() - started
             cpu: dict[str, tuple[float, float]] = {}
             for name, pid in measured.items():
@@ -192,9 +190,10 @@ async def amain(
         finally:
             await group.stop()
     print(
-        f"\none pass of {args.pods} pods in {elapsed:.1f} s: mount p50 {percentile(mount, 50):.2f} s, "
-        f"p99 {percentile(mount, 99):.2f} s, all {mount_total:.2f} s; detach p50 "
-        f"{percentile(detach, 50):.2f} s, p99 {percentile(detach, 99):.2f} s, all {detach_total:.2f} s\n"
+        f"\none pass of {args.pods} pods in {elapsed:.1f} s: mount p50 {percentile(t.mount, 50):.2f} s, "
+        f"p99 {percentile(t.mount, 99):.2f} s, all {t.mount_total:.2f} s; detach p50 "
+        f"{percentile(t.detach, 50):.2f} s, p99 {percentile(t.detach, 99):.2f} s, "
+        f"all {t.detach_total:.2f} s\n"
     )
     return cpu, elapsed
 
