@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from controller_runtime.client import ApiError
 from controller_runtime.controller import ControllerContext, InformerController, run_workers
@@ -165,6 +167,8 @@ class AttachDetachController(InformerController):
         )
         # Creates count as attachments until the cache has them.
         self._creating: dict[str, Attachment] = {}
+        # VA name -> ((VA, PV resourceVersion), its Attachment without pending).
+        self._attachment_cache: dict[str, tuple[tuple[Any, Any], Attachment]] = {}
         self._detaching: set[str] = set()
         self._unmount_wait_since: dict[str, float] = {}
         self._created_here: set[str] = set()
@@ -276,38 +280,58 @@ class AttachDetachController(InformerController):
 
     # -- actual state -------------------------------------------------------------------------------
 
+    def _attachment(self, va: Obj) -> Attachment:
+        """A VA as the actual state sees it (never pending), built again only when the VA or its
+        PV changed: a pass runs on every event, over every VA."""
+        name = va["metadata"]["name"]
+        spec = va.get("spec", {})
+        pv_name = spec.get("source", {}).get("persistentVolumeName") or ""
+        pv = self.pvs.store.get(pv_name) if pv_name else None
+        version = (
+            va["metadata"].get("resourceVersion"),
+            (pv or {}).get("metadata", {}).get("resourceVersion"),
+        )
+        # Objects always carry a resourceVersion from the API; one without is never cached.
+        cacheable = version[0] is not None and (pv is None or version[1] is not None)
+        cached = self._attachment_cache.get(name)
+        if cacheable and cached is not None and cached[0] == version:
+            return cached[1]
+        vol = csi_volume(pv) if pv is not None else None
+        driver = str(spec.get("attacher", ""))
+        handle = vol.handle if vol is not None else ""
+        status = va.get("status") or {}
+        att = Attachment(
+            name=name,
+            node=str(spec.get("nodeName", "")),
+            pv_name=pv_name,
+            driver=driver,
+            handle=handle,
+            unique_name=unique_volume_name(driver, handle) if handle else "",
+            attached=bool(status.get("attached")),
+            deleting=bool(va["metadata"].get("deletionTimestamp")),
+            attach_error=str((status.get("attachError") or {}).get("message") or ""),
+        )
+        if cacheable:
+            self._attachment_cache[name] = (version, att)
+        return att
+
     def attachments(self, now: float) -> list[Attachment]:
         out: dict[str, Attachment] = {}
         for va in self.vas.store.values():
-            name = va["metadata"]["name"]
-            spec = va.get("spec", {})
-            pv_name = spec.get("source", {}).get("persistentVolumeName") or ""
-            pv = self.pvs.store.get(pv_name) if pv_name else None
-            vol = csi_volume(pv) if pv is not None else None
-            driver = str(spec.get("attacher", ""))
-            handle = vol.handle if vol is not None else ""
-            status = va.get("status") or {}
-            attached = bool(status.get("attached"))
-            deleting = bool(va["metadata"].get("deletionTimestamp"))
-            error = str((status.get("attachError") or {}).get("message") or "")
-            started = self._attach_started.get(name)
-            out[name] = Attachment(
-                name=name,
-                node=str(spec.get("nodeName", "")),
-                pv_name=pv_name,
-                driver=driver,
-                handle=handle,
-                unique_name=unique_volume_name(driver, handle) if handle else "",
-                attached=attached,
-                deleting=deleting,
-                attach_error=error,
-                # kcm's attach operation ends at success, a reported error, the VA's deletion or
-                # its timeout; until then the VA is neither attached nor uncertain.
-                pending=not (attached or deleting or error)
-                and started is not None
-                and now - started <= self.options.attach_timeout,
-            )
-            self._seeded.pop(name, None)  # the VA is the truth from now on
+            att = self._attachment(va)
+            started = self._attach_started.get(att.name)
+            # kcm's attach operation ends at success, a reported error, the VA's deletion or its
+            # timeout; until then the VA is neither attached nor uncertain.
+            if (
+                started is not None
+                and not (att.attached or att.deleting or att.attach_error)
+                and now - started <= self.options.attach_timeout
+            ):
+                att = dataclasses.replace(att, pending=True)
+            out[att.name] = att
+            self._seeded.pop(att.name, None)  # the VA is the truth from now on
+        if len(self._attachment_cache) > len(out):
+            self._attachment_cache = {n: c for n, c in self._attachment_cache.items() if n in out}
         for name, att in list(self._creating.items()):
             if name in out:
                 del self._creating[name]
@@ -421,6 +445,7 @@ class AttachDetachController(InformerController):
             )
             while True:
                 self._wake.clear()
+                began = time.monotonic()
                 try:
                     now = self.options.clock()
                     if now - self._last_populate >= self.options.populator_period:
@@ -429,10 +454,13 @@ class AttachDetachController(InformerController):
                     await self.reconcile()
                 except Exception:
                     log.exception("reconcile pass failed")
+                spent = time.monotonic() - began
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), self.options.loop_period)
-                # Never spin faster than a tenth of the loop period, however many events arrive.
-                await asyncio.sleep(self.options.loop_period / 10)
+                # Never spin faster than a tenth of the loop period, however many events arrive,
+                # nor spend more than half the time in passes when they grow long (thousands of
+                # pods): events then pile into fewer passes instead of starving everything else.
+                await asyncio.sleep(max(self.options.loop_period / 10, spent))
         finally:
             METRICS.sources.remove(self._metric_counts)
             workers.cancel()

@@ -82,18 +82,23 @@ class DesiredEntry:
 
 @dataclass
 class DesiredState:
-    # pod key -> (pod, node, volumes): one pod's whole contribution, replaced as a unit.
+    # pod key -> (pod, node, volumes): one pod's whole contribution, replaced as a unit. Changed
+    # only through set_pod and remove_pod, which drop the entries computed from it.
     pods: dict[str, tuple[PodRef, str, tuple[DesiredVolume, ...]]] = field(default_factory=dict)
+    _entries: list[DesiredEntry] | None = field(default=None, repr=False, compare=False)
 
     def set_pod(self, pod: PodRef, node: str, volumes: Iterable[DesiredVolume]) -> None:
         vols = tuple(volumes)
         if vols:
-            self.pods[pod.key] = (pod, node, vols)
+            if self.pods.get(pod.key) != (pod, node, vols):
+                self.pods[pod.key] = (pod, node, vols)
+                self._entries = None
         else:
-            self.pods.pop(pod.key, None)
+            self.remove_pod(pod.key)
 
     def remove_pod(self, key: str) -> None:
-        self.pods.pop(key, None)
+        if self.pods.pop(key, None) is not None:
+            self._entries = None
 
     def drop_volumes(self, unwanted: Callable[[DesiredVolume], bool]) -> None:
         """Removes the volumes `unwanted` picks from every pod's contribution."""
@@ -107,7 +112,13 @@ class DesiredState:
 
     def entries(self) -> list[DesiredEntry]:
         """Entries in a stable order (node, then volume), so concurrent wishes for one exclusive
-        volume are resolved the same way on every pass."""
+        volume are resolved the same way on every pass. Computed again only after a change: a
+        pass runs on every event, and most events (a VA's status, a node's) change no pod."""
+        if self._entries is None:
+            self._entries = self._group()
+        return list(self._entries)
+
+    def _group(self) -> list[DesiredEntry]:
         grouped: dict[tuple[str, str], tuple[DesiredVolume, list[PodRef]]] = {}
         for pod, node, vols in self.pods.values():
             for vol in vols:

@@ -17,7 +17,13 @@ from controller_runtime.informer import SharedInformerFactory
 from controller_runtime.resources import Obj, Resource
 from controller_runtime.volumes import ANN_CONTROLLER_MANAGED, unique_volume_name, va_name
 from services.attach_detach.controller import AttachDetachController, Options
-from services.attach_detach.state import ATTACH_FAILED_MESSAGE, ATTACH_SUCCEEDED_MESSAGE
+from services.attach_detach.state import (
+    ATTACH_FAILED_MESSAGE,
+    ATTACH_SUCCEEDED_MESSAGE,
+    DesiredState,
+    DesiredVolume,
+    PodRef,
+)
 
 DRIVER = "loop.csi.kubeloop.dev"
 
@@ -376,3 +382,42 @@ def test_attach_failure_goes_to_the_attachs_pods_and_its_retry_to_those_of_then(
         ]
 
     asyncio.run(main())
+
+
+def test_an_attachment_is_read_again_only_when_its_va_or_pv_changed() -> None:
+    """Every pass builds the actual state from every VA; a VA and PV whose resourceVersions have
+    not moved give the very same Attachment, a newer VA (or PV) a new one."""
+    w = World()
+    w.add_volume("v")
+    pv = w.c.pvs.store.get("pv-v")
+    assert pv is not None
+    w.c.pvs.store.upsert({**pv, "metadata": {**pv["metadata"], "resourceVersion": "3"}})
+    first = {
+        **va("v", "node-a", attached=False),
+        "metadata": {"name": va_name("v", DRIVER, "node-a"), "resourceVersion": "7"},
+    }
+    w.c.vas.store.upsert(first)
+    (a,) = w.c.attachments(w.clock())
+    (b,) = w.c.attachments(w.clock())
+    assert a is b and not a.attached
+    w.c.vas.store.upsert(
+        {**first, "metadata": {**first["metadata"], "resourceVersion": "8"}, "status": {"attached": True}}
+    )
+    (c,) = w.c.attachments(w.clock())
+    assert c.attached and c.unique_name == unique("v")
+    w.c.vas.store.delete(first["metadata"]["name"])
+    assert w.c.attachments(w.clock()) == [] and w.c._attachment_cache == {}
+
+
+def test_desired_entries_are_grouped_again_only_after_a_change() -> None:
+    state = DesiredState()
+    vol = DesiredVolume("pv-v", DRIVER, "v", unique("v"), multi_node=False)
+    state.set_pod(PodRef("ns", "p", "u1"), "node-a", [vol])
+    first = state.entries()
+    assert state.entries() == first and state._entries is not None
+    state.set_pod(PodRef("ns", "p", "u1"), "node-a", [vol])  # the same contribution: no change
+    assert state._entries is not None
+    state.set_pod(PodRef("ns", "q", "u2"), "node-a", [vol])
+    assert [e.pods for e in state.entries()] == [(PodRef("ns", "p", "u1"), PodRef("ns", "q", "u2"))]
+    state.remove_pod("ns/p")
+    assert [e.pods for e in state.entries()] == [(PodRef("ns", "q", "u2"),)]
