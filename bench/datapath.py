@@ -18,12 +18,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -91,6 +92,12 @@ SETUPS: dict[str, Setup] = {
         dataclasses.replace(DRIVER, queue=dataclasses.replace(UNTUNED, read_ahead_kb=128)),
         what="read_ahead_kb 128",
     ),
+    "cpu-lean": Setup(
+        dataclasses.replace(
+            DRIVER, queue=dataclasses.replace(UNTUNED, nomerges=2, iostats=False, rq_affinity=2)
+        ),
+        what="nomerges 2, iostats 0, rq_affinity 2",
+    ),
     "noatime": Setup(DRIVER, mount_options=("noatime",), what="ext4 mounted noatime"),
     "tuned": Setup(TUNING, what="loop_tuning.TUNING"),
 }
@@ -135,12 +142,16 @@ def fio(p: Params, path: Path, name: str, *job: str) -> dict[str, Any]:
     return dict(doc["jobs"][0])
 
 
-def measure(p: Params, path: Path) -> Figures:
+def measure(p: Params, path: Path, before: Callable[[], None] = lambda: None) -> Figures:
+    """The three figures on `path`; `before` runs ahead of each."""
     seq = [f"--iodepth={p.seq_depth}", "--bs=1M"]
     # overwrite: the file is laid out before the first round, so every round overwrites blocks the
     # pool (and the backing file) already hold instead of allocating, the same on both sides.
+    before()
     w = fio(p, path, "seqwrite", "--rw=write", "--overwrite=1", "--end_fsync=1", *seq)
+    before()
     r = fio(p, path, "seqread", "--rw=read", *seq)
+    before()
     rr = fio(
         p,
         path,
@@ -207,8 +218,7 @@ async def scenario(p: Params, name: str, rounds: int) -> list[Pair]:
         async def one(side: str, _round: int) -> Figures:
             if side == "go":
                 return measure(p, base)
-            drop_cached(back)
-            return measure(p, on_volume)
+            return measure(p, on_volume, functools.partial(drop_cached, back))
 
         try:
             return await alternate(rounds, one, f"{name}: ", flip=True)

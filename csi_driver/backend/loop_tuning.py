@@ -39,6 +39,11 @@ class QueueSettings:
     max_sectors_kb: int | None = None
     nr_requests: int | None = None
     read_ahead_kb: int | None = None
+    # CPU per request: 2 stops trying to merge requests, iostats 0 stops the accounting,
+    # rq_affinity 2 completes a request on the CPU that issued it.
+    nomerges: int | None = None
+    iostats: bool | None = None
+    rq_affinity: int | None = None
 
     def files(self) -> dict[str, str]:
         """The sysfs files to write, in the order to write them: the scheduler first, because
@@ -50,6 +55,9 @@ class QueueSettings:
             "max_sectors_kb": self.max_sectors_kb,
             "nr_requests": self.nr_requests,
             "read_ahead_kb": self.read_ahead_kb,
+            "nomerges": self.nomerges,
+            "iostats": self.iostats,
+            "rq_affinity": self.rq_affinity,
         }
         return {name: _sysfs_value(v) for name, v in values.items() if v is not None}
 
