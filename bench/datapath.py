@@ -64,40 +64,23 @@ class Setup:
 
 DRIVER = LoopTuning(block_size=512, direct_io=True, queue=UNTUNED)
 
+
+def queue(what: str, **settings: Any) -> Setup:
+    """`driver` with some queue settings changed."""
+    return Setup(dataclasses.replace(DRIVER, queue=dataclasses.replace(UNTUNED, **settings)), what=what)
+
+
 SETUPS: dict[str, Setup] = {
     "driver": Setup(DRIVER, what="losetup --direct-io=on, as the node plugin attached before tuning"),
     "dio-off": Setup(dataclasses.replace(DRIVER, direct_io=False), what="buffered I/O on the backing file"),
     "bs4096": Setup(dataclasses.replace(DRIVER, block_size=4096), what="--sector-size 4096"),
-    "sched-none": Setup(
-        dataclasses.replace(DRIVER, queue=dataclasses.replace(UNTUNED, scheduler="none")),
-        what="scheduler none",
-    ),
-    "nonrot": Setup(
-        dataclasses.replace(DRIVER, queue=dataclasses.replace(UNTUNED, rotational=False)),
-        what="rotational 0",
-    ),
-    "wbt-off": Setup(
-        dataclasses.replace(DRIVER, queue=dataclasses.replace(UNTUNED, wbt_lat_usec=0)),
-        what="wbt_lat_usec 0",
-    ),
-    "maxsect": Setup(
-        dataclasses.replace(DRIVER, queue=dataclasses.replace(UNTUNED, max_sectors_kb=4096)),
-        what="max_sectors_kb 4096 (clamped to max_hw_sectors_kb)",
-    ),
-    "nr-req": Setup(
-        dataclasses.replace(DRIVER, queue=dataclasses.replace(UNTUNED, nr_requests=256)),
-        what="nr_requests 256",
-    ),
-    "readahead": Setup(
-        dataclasses.replace(DRIVER, queue=dataclasses.replace(UNTUNED, read_ahead_kb=128)),
-        what="read_ahead_kb 128",
-    ),
-    "cpu-lean": Setup(
-        dataclasses.replace(
-            DRIVER, queue=dataclasses.replace(UNTUNED, nomerges=2, iostats=False, rq_affinity=2)
-        ),
-        what="nomerges 2, iostats 0, rq_affinity 2",
-    ),
+    "sched-none": queue("scheduler none", scheduler="none"),
+    "nonrot": queue("rotational 0", rotational=False),
+    "wbt-off": queue("wbt_lat_usec 0", wbt_lat_usec=0),
+    "maxsect": queue("max_sectors_kb 4096 (clamped to max_hw_sectors_kb)", max_sectors_kb=4096),
+    "nr-req": queue("nr_requests 256", nr_requests=256),
+    "readahead": queue("read_ahead_kb 128", read_ahead_kb=128),
+    "cpu-lean": queue("nomerges 2, iostats 0, rq_affinity 2", nomerges=2, iostats=False, rq_affinity=2),
     "noatime": Setup(DRIVER, mount_options=("noatime",), what="ext4 mounted noatime"),
     "tuned": Setup(TUNING, what="loop_tuning.TUNING"),
 }
@@ -231,7 +214,8 @@ def main() -> None:
     parser.add_argument(
         "--scenarios",
         default=DEFAULT_SCENARIOS,
-        help=f"comma-separated, of {', '.join(SETUPS)}; 'all' for every one (default: {DEFAULT_SCENARIOS})",
+        help="comma-separated, 'all' for every one (default: %(default)s): "
+        + "; ".join(f"{n}: {s.what}" for n, s in SETUPS.items()).replace("%", "%%"),
     )
     add_rounds_arg(parser)
     parser.add_argument("--size-mib", type=int, default=1024, help="file size per side (default: 1024)")

@@ -69,7 +69,9 @@ class LoopTuning:
 
     # Matches the 4096-byte blocks of ext4 and xfs on the pool: with direct I/O the loop device
     # then never issues a request smaller than a pool block, so the pool never reads a block to
-    # change part of it.
+    # change part of it. A filesystem made on a 512-byte device may not mount on a 4096-byte one:
+    # xfs records its 512-byte sector size, and mkfs.ext4 gives volumes under 512 MiB 1 KiB
+    # blocks. A volume formatted before this setting needs the block size it was made with.
     block_size: int = 4096
     # Data is cached once, in the filesystem on the loop device, instead of twice.
     direct_io: bool = True
