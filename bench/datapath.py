@@ -71,7 +71,7 @@ def queue(what: str, **settings: Any) -> Setup:
 
 
 SETUPS: dict[str, Setup] = {
-    "driver": Setup(DRIVER, what="losetup --direct-io=on, as the node plugin attached before tuning"),
+    "driver": Setup(DRIVER, what="direct I/O, 512-byte blocks, queue as attached: the driver before tuning"),
     "dio-off": Setup(dataclasses.replace(DRIVER, direct_io=False), what="buffered I/O on the backing file"),
     "bs4096": Setup(dataclasses.replace(DRIVER, block_size=4096), what="--sector-size 4096"),
     "sched-none": queue("scheduler none", scheduler="none"),
