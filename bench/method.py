@@ -137,13 +137,17 @@ Record = dict[str, Any]
 Pair = dict[str, Record]
 
 
-async def alternate(rounds: int, one: Callable[[str, int], Awaitable[Any]], what: str = "") -> list[Pair]:
+async def alternate(
+    rounds: int, one: Callable[[str, int], Awaitable[Any]], what: str = "", flip: bool = False
+) -> list[Pair]:
     """`rounds` rounds of kubeloop then Go; `one(side, round)` measures one side once and returns
-    a dataclass (or dict) of its figures."""
+    a dataclass (or dict) of its figures. With `flip`, odd rounds run Go first: where one side's
+    run leaves work behind for the next (a disk still flushing the writes), each side then follows
+    the other equally often."""
     pairs: list[Pair] = []
     for r in range(rounds):
         pair: Pair = {}
-        for side in SIDES:
+        for side in SIDES[::-1] if flip and r % 2 else SIDES:
             print(f"{what}round {r + 1}/{rounds}: {side} ...", flush=True)
             rec = await one(side, r)
             is_record = dataclasses.is_dataclass(rec) and not isinstance(rec, type)

@@ -72,6 +72,19 @@ async def test_alternate_runs_kubeloop_then_go_each_round() -> None:
     assert pairs[2] == {"kubeloop": {"total_s": 2.0}, "go": {"total_s": 2.0}}
 
 
+async def test_alternate_with_flip_runs_go_first_in_odd_rounds() -> None:
+    calls: list[tuple[str, int]] = []
+
+    async def one(side: str, r: int) -> dict[str, float]:
+        calls.append((side, r))
+        return {"total_s": float(r)}
+
+    pairs = await method.alternate(3, one, flip=True)
+    assert calls == [("kubeloop", 0), ("go", 0), ("go", 1), ("kubeloop", 1), ("kubeloop", 2), ("go", 2)]
+    # The records of a pair are by side, whichever ran first.
+    assert pairs[1]["kubeloop"] == pairs[1]["go"] == {"total_s": 1.0}
+
+
 def sample_doc(name: str = "attach") -> dict[str, Any]:
     pairs = [pair((1.0, 10.0), (2.0, 5.0)), pair((2.0, 8.0), (3.0, 6.0))]
     return {
