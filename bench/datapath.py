@@ -7,7 +7,7 @@ sequential write (1 MiB blocks, fsync at the end), sequential read (1 MiB) and 4
 (libaio, several requests in flight). The ratio of each round is volume / pool.
 
 A scenario is one way of setting up the loop device and its filesystem (`SETUPS`): `driver` is what
-the node plugin did before tuning, `tuned` is csi_driver/backend/loop_tuning.TUNING, the others
+the node plugin did before tuning, `tuned` is bench/loop_tuning.TUNING, the others
 change one thing each, to show what it is worth. Needs root, losetup, mkfs.ext4 and fio.
 
     python -m bench.datapath [--scenarios driver,tuned] [--rounds 5] [--size-mib 1024] [--dir /var/tmp]
@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from csi_driver.backend import fs
-from csi_driver.backend.loop_tuning import TUNING, LoopTuning, QueueSettings, apply_queue
 
+from .loop_tuning import TUNING, LoopTuning, QueueSettings, apply_queue
 from .method import Bench, Figure, Pair, add_rounds_arg, alternate, run
 
 MiB = 1 << 20

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from csi_driver.backend.loop_tuning import TUNING, QueueSettings, apply_queue
+from bench.loop_tuning import TUNING, QueueSettings, apply_queue
 
 # As a loop device on a virtio disk has them after attach.
 KERNEL = {

@@ -1,9 +1,11 @@
 """Settings of a loop device that keep its data path close to the pool's filesystem (issue 16).
 
-`python -m bench.datapath` measured each setting against the pool filesystem itself
-(docs/benchmarks.md, "datapath"); `TUNING` holds the combination it chose. The block size and
-direct I/O are given at attach (LOOP_CONFIGURE); the queue settings are sysfs files of the attached
-device, written by `apply_queue` right after attach.
+`python -m bench.datapath` measures each setting against the pool filesystem itself
+(docs/benchmarks.md, "The loop data path"); `TUNING` holds the combination it chose. The block size
+and direct I/O are given at attach; the queue settings are sysfs files of the attached device,
+written by `apply_queue` right after. The node plugin does not apply them (docs/csi-driver.md,
+"Data path": the gain is within the VM's noise, and the block size of a formatted volume cannot
+change).
 
 Every queue setting is a hint: a container may mount /sys read-only, and an older kernel may lack a
 file or refuse a value. A device that cannot be tuned still works, only more slowly, so a failure
@@ -17,7 +19,7 @@ from pathlib import Path
 
 from controller_runtime.logs import get_logger
 
-log = get_logger("csi.loop")
+log = get_logger("bench.datapath")
 
 SYS_BLOCK = Path("/sys/block")
 
