@@ -1,7 +1,7 @@
 """A small asyncio client for the Kubernetes API that returns plain dicts.
 
 Configuration (server, CA, client certificate or token) comes from a kubeconfig or the in-cluster
-service account via kubernetes_asyncio's loader; requests go straight through aiohttp and are
+service account (controller_runtime.kubeconfig); requests go straight through aiohttp and are
 decoded once with orjson. Every request, watches included, first takes a token from the client-side
 limiter, as client-go does with --kube-api-qps/--kube-api-burst.
 """
@@ -19,11 +19,11 @@ from urllib.parse import urlencode
 
 import aiohttp
 import orjson
-from kubernetes_asyncio import config as kube_config
-from kubernetes_asyncio.client import Configuration
 from prometheus_client import Counter, Histogram
 from yarl import URL
 
+from . import kubeconfig
+from .kubeconfig import ClientConfig
 from .logs import get_logger
 from .ratelimit import TokenBucket
 from .resources import Obj, Resource, name_of, namespace_of
@@ -150,7 +150,7 @@ class WatchExpiredError(Exception):
     """The watch's resourceVersion is older than what etcd still has (410 Gone): re-list."""
 
 
-def _ssl_context(cfg: Configuration) -> ssl.SSLContext | bool:
+def _ssl_context(cfg: ClientConfig) -> ssl.SSLContext | bool:
     if not str(cfg.host).startswith("https"):
         return False
     ctx = ssl.create_default_context(cafile=cfg.ssl_ca_cert or None)
@@ -164,7 +164,7 @@ def _ssl_context(cfg: Configuration) -> ssl.SSLContext | bool:
 
 class ApiClient:
     def __init__(
-        self, cfg: Configuration, qps: float = 5.0, burst: int = 10, user_agent: str = "kubeloop"
+        self, cfg: ClientConfig, qps: float = 5.0, burst: int = 10, user_agent: str = "kubeloop"
     ) -> None:
         self.server = str(cfg.host).rstrip("/")
         self._cfg = cfg
@@ -194,14 +194,7 @@ class ApiClient:
         cls, path: str | None, qps: float = 5.0, burst: int = 10, user_agent: str = "kubeloop"
     ) -> ApiClient:
         """Loads `path`, or the in-cluster service account when path is empty."""
-        cfg = Configuration()
-        if path:
-            await kube_config.load_kube_config(
-                config_file=path, client_configuration=cfg, persist_config=False
-            )
-        else:
-            kube_config.load_incluster_config(client_configuration=cfg)
-        return cls(cfg, qps=qps, burst=burst, user_agent=user_agent)
+        return cls(await kubeconfig.load(path), qps=qps, burst=burst, user_agent=user_agent)
 
     def _auth(self) -> dict[str, str]:
         """The request's auth headers, as a new dict the caller may extend. Evaluated per request
