@@ -144,3 +144,54 @@ def test_leader_election_waits_in_a_rate_limiter_of_its_own() -> None:
     assert work._limiter.reserve() > 9.0  # ten seconds of queued work: past a 10 s renew deadline
     assert lease._limiter.reserve() == 0.0
     assert (lease._limiter.qps, lease._limiter.burst) == (5, 2)
+
+
+async def test_requests_share_a_few_connections_and_watches_are_not_capped() -> None:
+    """A burst of requests reuses at most REQUEST_CONNECTIONS connections (no handshake per
+    request), while more open watches than that still leave requests room."""
+    from controller_runtime import client as client_module
+
+    peers: set[object] = set()
+    hold = asyncio.Event()
+    watching = asyncio.Event()
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        peers.add(request.transport.get_extra_info("peername") if request.transport else None)
+        if request.query.get("watch") == "true":
+            resp = web.StreamResponse()
+            await resp.prepare(request)
+            if len(peers) == client_module.REQUEST_CONNECTIONS + 2:
+                watching.set()
+            await hold.wait()
+            await resp.write_eof()
+            return resp
+        await asyncio.sleep(0.01)
+        return web.json_response({"metadata": {"name": "pv"}})
+
+    app = web.Application()
+    app.router.add_get("/api/v1/persistentvolumes", handler)
+    app.router.add_get("/api/v1/persistentvolumes/pv", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    cfg = Configuration()
+    cfg.host = f"http://127.0.0.1:{port}"
+    client = ApiClient(cfg, qps=0, burst=1)
+
+    async def drain() -> None:
+        async for _ in client.watch(PERSISTENT_VOLUMES):
+            pass
+
+    watches = [asyncio.create_task(drain()) for _ in range(client_module.REQUEST_CONNECTIONS + 2)]
+    try:
+        await asyncio.wait_for(watching.wait(), 10)
+        peers.clear()
+        await asyncio.wait_for(asyncio.gather(*(client.get(PERSISTENT_VOLUMES, "pv") for _ in range(40))), 10)
+        assert 1 <= len(peers) <= client_module.REQUEST_CONNECTIONS
+    finally:
+        hold.set()
+        await asyncio.gather(*watches)
+        await client.close()
+        await runner.cleanup()
