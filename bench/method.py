@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from .common import RESULTS_DIR, print_table, stamped
+from .common import RESULTS_DIR, compile_sources, print_table, stamped
 from .report import text_rows
 
 SIDES = ("kubeloop", "go")
@@ -199,6 +199,7 @@ def run(
 ) -> Path:
     """Calibrates, runs `collect` (scenario name -> its round pairs, from `alternate`), calibrates
     again, prints the table and writes bench/results/<name>.json."""
+    compile_sources()
     print("calibrating (before) ...", flush=True)
     before = calibrate()
     started = time.monotonic()
