@@ -14,6 +14,7 @@ import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -121,9 +122,11 @@ def compile_sources() -> None:
     kubeloop's wheel does. The development environment sets PYTHONDONTWRITEBYTECODE, so without
     this every measured kubeloop process compiled its modules from source at start (about 0.45 s
     of CPU for the external-provisioner), a cost the deployed image does not have. Symlinked
-    packages (kubeloop_grpc in a worktree) are left to their own checkout."""
+    packages (kubeloop_grpc in a worktree) are left to their own checkout, tests are not measured."""
     for package in sorted(REPO_ROOT.iterdir()):
-        if package.is_dir() and not package.is_symlink() and (package / "__init__.py").exists():
+        if package.name == "tests" or package.is_symlink():
+            continue
+        if package.is_dir() and (package / "__init__.py").exists():
             compileall.compile_dir(package, quiet=1)
 
 
@@ -143,6 +146,39 @@ async def start(argv: list[str], log: Path, cwd: Path = REPO_ROOT) -> asyncio.su
     return await asyncio.create_subprocess_exec(
         *argv, cwd=cwd, stdout=log.open("ab"), stderr=asyncio.subprocess.STDOUT, start_new_session=True
     )
+
+
+@dataclass(frozen=True)
+class LogMark:
+    """Where a process's log ended before it started: `wait_log` reads only what it wrote since
+    (the bench appends every run to one log per component)."""
+
+    path: Path
+    offset: int
+
+    @classmethod
+    def here(cls, path: Path) -> LogMark:
+        return cls(path, path.stat().st_size if path.exists() else 0)
+
+
+async def wait_log(
+    mark: LogMark, marker: str, proc: asyncio.subprocess.Process, timeout: float = 120
+) -> float:
+    """Waits until the process has logged `marker` since `mark` (its ready line); returns the
+    seconds waited. A start-up slowed by a busy machine is waited for rather than measured as part
+    of the work that follows."""
+    started = time.monotonic()
+    needle = marker.encode()
+    while True:
+        with contextlib.suppress(FileNotFoundError), mark.path.open("rb") as f:
+            f.seek(mark.offset)
+            if needle in f.read():
+                return time.monotonic() - started
+        if proc.returncode is not None:
+            raise RuntimeError(f"{mark.path.name}: the process exited before logging {marker!r}")
+        if time.monotonic() - started > timeout:
+            raise RuntimeError(f"{mark.path.name}: no {marker!r} within {timeout:g} s")
+        await asyncio.sleep(0.05)
 
 
 async def wait_socket(path: Path, proc: asyncio.subprocess.Process, timeout: float = 30) -> None:

@@ -7,13 +7,16 @@ by `tools/build-binaries.sh external-provisioner`), both driving the same kubelo
 Each (scenario, side) gets a fresh etcd + kube-apiserver, a fresh driver (`--mode controller`,
 pool in a temporary directory) and kubeloop's pv-controller as a subprocess with a generous QPS (it
 completes the binds for both sides, and must not be the bottleneck). The provisioner under test
-starts and becomes ready; then N claims of an Immediate class are created at once (t0) and the
+starts and becomes ready (the bench waits for the ready line each component logs, and at least
+3 s: on a busy machine a start-up could otherwise still be running when the claims arrive, and be
+counted as provisioning time); then N claims of an Immediate class are created at once (t0) and the
 bench watches until every claim is Bound. Both sides run with the same --kube-api-qps/-burst and
 --worker-threads; `default` is the sidecar's defaults (QPS 5 / burst 10, 100 workers),
 `unthrottled` QPS 1000 / burst 2000.
 
 Reported: total time and claims per second, per-claim latency (created → Bound) p50/p99, failed
-claims (not Bound in time), the sidecar's peak RSS. Within a scenario the rounds run
+claims (not Bound in time), the sidecar's peak RSS and CPU, and its start-up (process start to
+its ready line). Within a scenario the rounds run
 kubeloop, then Go (bench/method.py). Prints a table and writes bench/results/provisioning.json.
 """
 
@@ -44,6 +47,7 @@ from localstack.go_sidecars import PROVISIONER, go_sidecar_binary
 
 from . import method
 from .common import (
+    LogMark,
     control_plane,
     cpu_seconds,
     percentile,
@@ -51,11 +55,18 @@ from .common import (
     start,
     start_controller_driver,
     stop_process,
+    wait_log,
 )
 
 NAMESPACE = "bench"
 CLASS = "bench-immediate"
 SCENARIOS = {"default": (5.0, 10), "unthrottled": (1000.0, 2000)}
+# What each component logs once its caches are synced and its workers run.
+READY = {
+    "kubeloop": "caches synced, starting workers",
+    "go": "Started provisioner controller",
+    "pv-controller": "first pass over volumes done, starting claim workers",
+}
 # Small enough that `make bench` (5 rounds of each side, both scenarios) fits its 30 minutes on 2 cores.
 CLAIMS_DEFAULT = 40
 WORKERS = 100
@@ -76,6 +87,7 @@ class Run:
     failed: int
     peak_rss_mib: float
     cpu_s: float  # the sidecar's user+system CPU over the whole run
+    ready_s: float  # the sidecar's start-up: process start to its ready line
 
 
 def go_binary() -> Path:
@@ -114,21 +126,22 @@ async def run_one(scenario: str, side: str, n: int) -> Run:
                 root, logs / f"provisioning-{scenario}-{side}-driver.log"
             )
             procs.append(driver)
-            procs.append(
-                await start(
-                    [
-                        sys.executable,
-                        "-m",
-                        "services.pv_controller.main",
-                        f"--kubeconfig={cp.admin_kubeconfig}",
-                        "--kube-api-qps=5000",
-                        "--kube-api-burst=10000",
-                        "--worker-threads=16",
-                        "-v=1",
-                    ],
-                    logs / f"provisioning-{scenario}-{side}-pv-controller.log",
-                )
+            binder_log = logs / f"provisioning-{scenario}-{side}-pv-controller.log"
+            binder_mark = LogMark.here(binder_log)
+            binder = await start(
+                [
+                    sys.executable,
+                    "-m",
+                    "services.pv_controller.main",
+                    f"--kubeconfig={cp.admin_kubeconfig}",
+                    "--kube-api-qps=5000",
+                    "--kube-api-burst=10000",
+                    "--worker-threads=16",
+                    "-v=1",
+                ],
+                binder_log,
             )
+            procs.append(binder)
             await api.create(NAMESPACES, {"metadata": {"name": NAMESPACE}})
             # The Go sidecar refuses to provision for a topology-aware driver until some node
             # reports the driver's topology; one node serves both sides.
@@ -150,12 +163,17 @@ async def run_one(scenario: str, side: str, n: int) -> Run:
                 STORAGE_CLASSES,
                 {"metadata": {"name": CLASS}, "provisioner": DRIVER_NAME, "volumeBindingMode": "Immediate"},
             )
+            prov_log = logs / f"provisioning-{scenario}-{side}.log"
+            prov_mark = LogMark.here(prov_log)
             prov = await start(
                 provisioner_argv(side, cp.admin_kubeconfig, socket, qps, burst, root / "provisioner"),
-                logs / f"provisioning-{scenario}-{side}.log",
+                prov_log,
             )
             procs.append(prov)
-            await asyncio.sleep(3)  # both sidecars connect and sync their caches in well under 3 s
+            settle = asyncio.create_task(asyncio.sleep(3))
+            ready = await wait_log(prov_mark, READY[side], prov)
+            await wait_log(binder_mark, READY["pv-controller"], binder)
+            await settle
 
             created: dict[str, float] = {}
             bound: dict[str, float] = {}
@@ -217,6 +235,7 @@ async def run_one(scenario: str, side: str, n: int) -> Run:
                 failed=n - len(bound),
                 peak_rss_mib=round(peak / (1 << 20), 1),
                 cpu_s=round(cpu, 1),
+                ready_s=round(ready, 2),
             )
         finally:
             for proc in reversed(procs):
@@ -229,7 +248,7 @@ BENCH = method.Bench(
     name="provisioning",
     title="N claims created at once on an Immediate class -> Bound",
     sides={"kubeloop": "kubeloop external-provisioner", "go": "Go external-provisioner"},
-    figures=method.claims_figures("claims_per_s", "claims/s"),
+    figures=(*method.claims_figures("claims_per_s", "claims/s"), method.Figure("ready_s", "start-up s")),
 )
 
 

@@ -176,3 +176,28 @@ def test_hot_spots_set_idle_stacks_apart() -> None:
     ]
     assert "10 busy of 100 samples" in profile.format_profile("p", (1.0, 0.5), prof)
     assert profile.hot_spots([]).busy == 0
+
+
+async def test_wait_log_reads_only_what_the_process_wrote_since_its_start(tmp_path: Path) -> None:
+    """The bench appends every run to one log per component: an earlier run's ready line must not
+    count, the new one must, and a process that exits without it fails the wait."""
+    import asyncio
+
+    from bench.common import LogMark, wait_log
+
+    log = tmp_path / "c.log"
+    log.write_text("ready\n")  # an earlier run's
+    mark = LogMark.here(log)
+    proc = await asyncio.create_subprocess_exec(
+        "sh", "-c", f"sleep 0.3; echo starting >> {log}; echo ready >> {log}"
+    )
+    waited = await wait_log(mark, "ready", proc, timeout=10)
+    assert waited >= 0.2
+    await proc.wait()
+
+    mark = LogMark.here(log)
+    proc = await asyncio.create_subprocess_exec("sh", "-c", f"echo starting >> {log}")
+    await proc.wait()
+    with pytest.raises(RuntimeError, match="exited before logging 'ready'"):
+        await wait_log(mark, "ready", proc, timeout=10)
+    assert LogMark.here(tmp_path / "absent.log").offset == 0
