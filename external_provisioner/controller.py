@@ -646,9 +646,10 @@ class Provisioner(InformerController):
             # Another node may have room: only meaningful when the request named a node's topology.
             exc.reschedule = code == grpc.StatusCode.RESOURCE_EXHAUSTED and bool(selected) and self.topology
             raise
-        if entry.volume_id != created.volume_id:
-            entry.volume_id = created.volume_id
-            await self.journal.put(entry, durable=False)
+        # Kept in memory for now: written to the entry only if saving the PV has to be retried
+        # (see _save_pv). Losing it costs a crash's clean-up one repeated CreateVolume, while
+        # writing it for every claim put a file write on every provisioning's path.
+        entry.volume_id = created.volume_id
         failpoints.reach(failpoints.AFTER_CREATE_VOLUME)
         pv = build_pv(
             driver=self.options.driver,
@@ -674,6 +675,9 @@ class Provisioner(InformerController):
         name = pv["metadata"]["name"]
         error = ""
         for attempt in range(self.options.pv_save_attempts):
+            if attempt == 1:
+                # Retries take a while: a crash meanwhile finds the volume id in the journal.
+                await self.journal.put(entry, durable=False)
             if attempt:
                 await asyncio.sleep(self.options.pv_save_interval)
             try:
