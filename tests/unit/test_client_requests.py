@@ -4,6 +4,7 @@ events split across and within chunks, 409 as ApiError.conflict, a plain-text 40
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 
 import orjson
@@ -17,6 +18,24 @@ from controller_runtime.resources import PERSISTENT_VOLUME_CLAIMS, PERSISTENT_VO
 EVENTS = [
     {"type": "ADDED", "object": {"metadata": {"name": f"pv{i}", "resourceVersion": str(i)}}} for i in range(5)
 ]
+
+
+@contextlib.asynccontextmanager
+async def serve(app: web.Application) -> AsyncIterator[ApiClient]:
+    """`app` on a free loopback port, and a client of it."""
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    cfg = Configuration()
+    cfg.host = f"http://127.0.0.1:{port}"
+    client = ApiClient(cfg, qps=0, burst=1)
+    try:
+        yield client
+    finally:
+        await client.close()
+        await runner.cleanup()
 
 
 @pytest.fixture
@@ -51,19 +70,8 @@ async def server() -> AsyncIterator[tuple[ApiClient, list[web.Request]]]:
     app = web.Application()
     app.router.add_get("/api/v1/persistentvolumes", watch_or_list)
     app.router.add_patch("/api/v1/namespaces/ns/persistentvolumeclaims/c/status", patch)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    cfg = Configuration()
-    cfg.host = f"http://127.0.0.1:{port}"
-    client = ApiClient(cfg, qps=0, burst=1)
-    try:
+    async with serve(app) as client:
         yield client, seen
-    finally:
-        await client.close()
-        await runner.cleanup()
 
 
 async def test_watch_yields_every_event_however_the_stream_is_cut(
@@ -171,27 +179,19 @@ async def test_requests_share_a_few_connections_and_watches_are_not_capped() -> 
     app = web.Application()
     app.router.add_get("/api/v1/persistentvolumes", handler)
     app.router.add_get("/api/v1/persistentvolumes/pv", handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    cfg = Configuration()
-    cfg.host = f"http://127.0.0.1:{port}"
-    client = ApiClient(cfg, qps=0, burst=1)
+    async with serve(app) as client:
 
-    async def drain() -> None:
-        async for _ in client.watch(PERSISTENT_VOLUMES):
-            pass
+        async def drain() -> None:
+            async for _ in client.watch(PERSISTENT_VOLUMES):
+                pass
 
-    watches = [asyncio.create_task(drain()) for _ in range(client_module.REQUEST_CONNECTIONS + 2)]
-    try:
-        await asyncio.wait_for(watching.wait(), 10)
-        peers.clear()
-        await asyncio.wait_for(asyncio.gather(*(client.get(PERSISTENT_VOLUMES, "pv") for _ in range(40))), 10)
-        assert 1 <= len(peers) <= client_module.REQUEST_CONNECTIONS
-    finally:
-        hold.set()
-        await asyncio.gather(*watches)
-        await client.close()
-        await runner.cleanup()
+        watches = [asyncio.create_task(drain()) for _ in range(client_module.REQUEST_CONNECTIONS + 2)]
+        try:
+            await asyncio.wait_for(watching.wait(), 10)
+            peers.clear()
+            burst = asyncio.gather(*(client.get(PERSISTENT_VOLUMES, "pv") for _ in range(40)))
+            await asyncio.wait_for(burst, 10)
+            assert 1 <= len(peers) <= client_module.REQUEST_CONNECTIONS
+        finally:
+            hold.set()
+            await asyncio.gather(*watches)
