@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -174,8 +175,11 @@ async def bind_all(cp: ControlPlane, api: ApiClient, n: int, logs: Path) -> None
     print(f"  {n} claims Bound in {time.monotonic() - started:.0f} s (warm-up)", flush=True)
 
 
-async def steady_rss(argv: list[str], log: Path, api: ApiClient, timeout: float) -> Reading:
-    """Starts `argv`, waits until it is idle (see the module doc) and returns its RSS then."""
+async def steady_rss(
+    argv: list[str], log: Path, api: ApiClient, timeout: float, min_s: float = SETTLE_MIN_S
+) -> Reading:
+    """Starts `argv`, waits until it is idle (see the module doc), at least `min_s`, and returns
+    its RSS then."""
     proc = await start(argv, log)
     assert proc.pid is not None
     started = time.monotonic()
@@ -194,7 +198,7 @@ async def steady_rss(argv: list[str], log: Path, api: ApiClient, timeout: float)
             writes.append((now, await write_count(api)))
             recent_writes = {w for t, w in writes if t >= now - SETTLE_WINDOW_S}
             if (
-                now - started >= SETTLE_MIN_S
+                now - started >= min_s
                 and len(recent_writes) == 1
                 and settled(samples, SETTLE_WINDOW_S, SETTLE_TOLERANCE)
             ):
@@ -223,7 +227,7 @@ BENCH = method.Bench(
 )
 
 
-async def collect(n: int, rounds: int, timeout: float) -> dict[str, list[method.Pair]]:
+async def collect(n: int, rounds: int, timeout: float, min_s: float) -> dict[str, list[method.Pair]]:
     logs = REPO_ROOT / "bench" / "results" / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     async with control_plane() as cp:
@@ -241,7 +245,8 @@ async def collect(n: int, rounds: int, timeout: float) -> dict[str, list[method.
             }
 
             async def measure(side: str, r: int, what: str) -> Reading:
-                return await steady_rss(argv[side](), logs / f"memory-{what}-{side}-{r}.log", api, timeout)
+                log = logs / f"memory-{what}-{side}-{r}.log"
+                return await steady_rss(argv[side](), log, api, timeout, min_s)
 
             empty: dict[tuple[str, int], Reading] = {}
 
@@ -259,7 +264,8 @@ async def collect(n: int, rounds: int, timeout: float) -> dict[str, list[method.
                 baseline = None
                 if side == "go":
                     log = logs / f"memory-full-kcm-baseline-{r}.log"
-                    baseline = (await steady_rss(kcm(KCM_BASELINE_CONTROLLERS)(), log, api, timeout)).rss_mib
+                    kcm_base = kcm(KCM_BASELINE_CONTROLLERS)()
+                    baseline = (await steady_rss(kcm_base, log, api, timeout, min_s)).rss_mib
                 return derive(n, empty[side, r], full, baseline)
 
             return {f"{n} PVs": await method.alternate(rounds, one_full, f"{n} PVs: ")}
@@ -271,10 +277,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.memory", description=__doc__.split("\n\n")[0])
     parser.add_argument("--pvs", type=int, default=PER, help=f"bound PV/claim pairs (default: {PER})")
     method.add_rounds_arg(parser, default=3)
+    parser.add_argument(
+        "--settle-min",
+        type=float,
+        default=SETTLE_MIN_S,
+        help=f"read no process's RSS earlier than this after its start (default: {SETTLE_MIN_S:g}s); "
+        "Go returns freed heap to the system gradually, so a longer wait shows kcm's later RSS",
+    )
     parser.add_argument("--timeout", type=float, default=300.0, help="per measured process (default: 300s)")
+    parser.add_argument("--output", default=BENCH.name, help="results name: bench/results/NAME.json")
     args = parser.parse_args()
-    params: dict[str, Any] = {"pvs": args.pvs}
-    method.run(BENCH, params, lambda: collect(args.pvs, args.rounds, args.timeout))
+    params: dict[str, Any] = {"pvs": args.pvs, "settle min s": args.settle_min}
+    bench = dataclasses.replace(BENCH, name=args.output)
+    timeout = max(args.timeout, args.settle_min + 120)
+    method.run(bench, params, lambda: collect(args.pvs, args.rounds, timeout, args.settle_min))
 
 
 if __name__ == "__main__":
