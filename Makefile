@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: up test unit integration sanity stress-start bench profile lint deps binaries system-deps python-deps clean \
+.PHONY: up test unit integration sanity stress-start bench bench-scaling profile lint deps binaries system-deps python-deps clean \
 	docker-deps images wheels compose-test conformance kind-deps kind-images kind-up kind-down kind-test e2e-deps \
 	e2e-storage e2e-storage-disruptive chaos
 
@@ -60,6 +60,17 @@ bench: deps binaries
 	@bash tools/build-binaries.sh external-provisioner external-attacher external-resizer
 	@for b in $(BENCHES); do echo "== bench.$$b"; $(PY) -m bench.$$b || exit 1; done
 	@# The generated tables of docs/benchmarks.md, from every method result in bench/results.
+	$(PY) -m bench.report
+
+# The scaling curves (docs/benchmarks.md, "Scaling"): binding, provisioning and attach at several
+# sizes, kubeloop and Go alternating at each. `make bench-scaling SCALING_POINTS=binding:100,attach:100`
+# runs chosen points; the default, all nine, takes hours on 2 cores.
+SCALING_POINTS ?= binding:100,binding:1000,binding:5000,provisioning:100,provisioning:1000,provisioning:5000,attach:100,attach:500,attach:1000
+SCALING_ROUNDS ?= 1
+
+bench-scaling: deps binaries
+	@bash tools/build-binaries.sh external-provisioner external-attacher
+	$(PY) -m bench.scaling --points $(SCALING_POINTS) --rounds $(SCALING_ROUNDS)
 	$(PY) -m bench.report
 
 # Where a pod's time goes on the attach path (docs/benchmarks.md, "Profiling"): py-spy on every

@@ -40,7 +40,7 @@ from localstack.proc import free_ports
 from localstack.storage_stack import NODES, ShortHomeComponents, StorageStack, storage_components
 
 from . import method
-from .common import control_plane, kcm_argv, percentile
+from .common import PeakRss, control_plane, kcm_argv, percentile
 
 NAMESPACE = "bench-attach"
 COMMON = ("pv-controller", "csi-driver-controller", "csi-driver-node", "node-agent")
@@ -62,6 +62,8 @@ class Pass:
     detach_p50_s: float
     detach_p99_s: float
     detach_total_s: float
+    # The highest RSS of each of the side's controller processes over the pass (MiB).
+    peak_rss_mib: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 def kubeloop_side(qps: float, burst: int) -> list[Component]:
@@ -221,7 +223,8 @@ async def run_side(
     try:
         # One pod first, unmeasured: kcm answers before its controllers run.
         await one_pass(stack, clock, volumes[:1], f"{tag}-warm", timeout)
-        t = await one_pass(stack, clock, volumes, tag, timeout)
+        async with PeakRss(lambda: {n: p.pid for n, p in group.processes.items()}) as rss:
+            t = await one_pass(stack, clock, volumes, tag, timeout)
     finally:
         await group.stop()
     return Pass(
@@ -235,6 +238,7 @@ async def run_side(
         round(percentile(t.detach, 50), 3),
         round(percentile(t.detach, 99), 3),
         round(t.detach_total, 3),
+        rss.peaks,
     )
 
 
@@ -257,12 +261,17 @@ BENCH = method.Bench(
 )
 
 
+def side_components(ses: Session, qps: float, burst: int) -> dict[str, list[Component]]:
+    """What each side runs over a session's shared stack (bench.attach, bench.scaling)."""
+    return {
+        "kubeloop": kubeloop_side(qps, burst),
+        "go": go_side(qps, burst, str(ses.stack.cp.admin_kubeconfig)),
+    }
+
+
 async def collect(args: argparse.Namespace) -> dict[str, list[method.Pair]]:
     async with session(args.pods, args.qps, args.burst, args.timeout) as ses:
-        sides = {
-            "kubeloop": kubeloop_side(args.qps, args.burst),
-            "go": go_side(args.qps, args.burst, str(ses.stack.cp.admin_kubeconfig)),
-        }
+        sides = side_components(ses, args.qps, args.burst)
 
         async def one(side: str, r: int) -> Pass:
             return await run_side(

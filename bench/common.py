@@ -13,7 +13,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,6 +44,41 @@ def rss_bytes(pid: int | None = None) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
     raise RuntimeError(f"no VmRSS in {path}")
+
+
+class PeakRss:
+    """The highest RSS (MiB) of each of a changing set of named processes, sampled in the
+    background while the context is open; `pids` is asked again at every sample, so processes
+    started or restarted meanwhile are followed."""
+
+    def __init__(self, pids: Callable[[], Mapping[str, int | None]], interval: float = 0.25) -> None:
+        self.peaks: dict[str, float] = {}
+        self._pids = pids
+        self._interval = interval
+        self._task: asyncio.Task[None] | None = None
+
+    def sample(self) -> None:
+        for name, pid in self._pids().items():
+            if pid is None:
+                continue
+            with contextlib.suppress(OSError, RuntimeError):  # gone between listing and reading
+                self.peaks[name] = max(self.peaks.get(name, 0.0), round(rss_bytes(pid) / 2**20, 1))
+
+    async def _run(self) -> None:
+        while True:
+            self.sample()
+            await asyncio.sleep(self._interval)
+
+    async def __aenter__(self) -> PeakRss:
+        self._task = asyncio.create_task(self._run())
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        self.sample()
 
 
 def print_table(title: str, header: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:

@@ -1,0 +1,86 @@
+"""The pure parts of bench/scaling.py and bench/memory.py: points, the common record of the three
+benchmarks, the memory figures derived from RSS readings and the idle test; and bench/common's
+peak-RSS sampler on this process."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+
+from bench import attach, binding, memory, provisioning, scaling
+from bench.common import PeakRss
+
+
+def test_points_parse_in_order() -> None:
+    assert scaling.parse_points("binding:100, attach:500,provisioning:1000") == [
+        scaling.Point("binding", 100),
+        scaling.Point("attach", 500),
+        scaling.Point("provisioning", 1000),
+    ]
+    assert len(scaling.parse_points(scaling.DEFAULT_POINTS)) == 9
+
+
+@pytest.mark.parametrize("text", ["", "binding", "binding:", "binding:0", "expansion:100", "attach:1e3"])
+def test_points_reject_what_is_not_a_point(text: str) -> None:
+    with pytest.raises(ValueError):
+        scaling.parse_points(text)
+
+
+def test_point_labels_name_the_load() -> None:
+    assert scaling.Point("binding", 5000).label == "binding 5,000 pairs (unthrottled)"
+    assert scaling.Point("attach", 100).label == "attach 100 pods (QPS 50/100)"
+
+
+def test_binding_and_provisioning_map_to_common_terms() -> None:
+    run = binding.Run(
+        "unthrottled", "go", 100, 5000.0, 10000, 4.0, 25.0, 2.0, 3.9, 20.0, 30.0, 5.0, 78.5, False
+    )
+    got = scaling.from_binding(run, 12.34)
+    assert (got.size, got.throughput_per_s, got.latency_p50_s, got.latency_p99_s) == (100, 25.0, 2.0, 3.9)
+    assert (got.peak_rss_mib, got.wall_s, got.source["side"]) == (78.5, 12.3, "go")
+    prov = provisioning.Run(
+        "unthrottled", "kubeloop", 100, 1000.0, 2000, 100, 3.0, 33.3, 1.2, 2.9, 0, 98.0, 1.5, 1.2
+    )
+    got = scaling.from_provisioning(prov, 20.0)
+    assert (got.throughput_per_s, got.latency_p99_s) == (33.3, 2.9)
+    assert got.peak_rss_by_process == {"provisioner": 98.0}
+
+
+def test_attach_sums_the_sides_controllers_and_rates_pods_over_the_mount_pass() -> None:
+    peaks = {"external-attacher": 60.0, "attach-detach-controller": 70.5}
+    run = attach.Pass(100, 0.1, 0.3, 0.5, 1.5, 4.0, 5.0, 1.0, 2.0, 2.5, peaks)
+    got = scaling.from_attach(run, 30.0, 120.04)
+    assert got.throughput_per_s == 20.0
+    assert (got.latency_p50_s, got.latency_p99_s) == (1.5, 4.0)
+    assert got.peak_rss_mib == 130.5
+    assert got.source["setup_s"] == 120.0
+    assert scaling.from_attach(attach.Pass(1, 0, 0, 0, 0, 0, 0.0, 0, 0, 0), 1.0, 1.0).throughput_per_s == 0.0
+
+
+def test_memory_share_is_against_the_empty_cluster_for_kubeloop_and_the_baseline_for_kcm() -> None:
+    empty, full = memory.Reading(90.0, 91.0, 21.0), memory.Reading(130.0, 140.0, 25.0)
+    kubeloop = memory.derive(10_000, empty, full, None)
+    assert (kubeloop.share_mib, kubeloop.baseline_mib, kubeloop.growth_per_10k_mib) == (40.0, 90.0, 40.0)
+    assert kubeloop.bytes_per_pv == round(40 * 2**20 / 10_000)
+    kcm = memory.derive(5_000, memory.Reading(70.0, 70.0, 20.0), memory.Reading(100.0, 100.0, 20.0), 72.0)
+    assert (kcm.share_mib, kcm.growth_per_10k_mib, kcm.rss_empty_mib) == (28.0, 60.0, 70.0)
+
+
+def test_settled_needs_the_whole_window_and_a_steady_rss() -> None:
+    steady = [(float(t), 100.0 + 0.05 * t) for t in range(12)]
+    assert memory.settled(steady, 10.0, 0.01)
+    assert not memory.settled(steady[:5], 10.0, 0.01)  # not a window's worth yet
+    assert not memory.settled([*steady, (12.0, 110.0)], 10.0, 0.01)  # still growing
+    assert not memory.settled([], 10.0, 0.01)
+
+
+def test_peak_rss_follows_named_processes_and_skips_gone_ones() -> None:
+    async def sample() -> dict[str, float]:
+        async with PeakRss(lambda: {"self": os.getpid(), "none": None, "gone": 2**22 + 1}, 0.01) as rss:
+            await asyncio.sleep(0.05)
+        return rss.peaks
+
+    peaks = asyncio.run(sample())
+    assert set(peaks) == {"self"} and peaks["self"] > 1
