@@ -3,7 +3,7 @@ side with kube-controller-manager's persistentvolume-binder (the same cached kcm
 only `--controllers=persistentvolume-binder-controller`).
 
     python -m bench.binding [--pairs 50 | --large] [--rounds 5] [--scenarios default,unthrottled]
-                            [--workers N] [--output NAME] [--profile DIR]
+                            [--workers N] [--binds-in-flight N] [--output NAME] [--profile DIR]
 
 Each (scenario, side) gets a fresh etcd + kube-apiserver and a fresh object set: N PersistentVolumes
 and N claims that each fit any of them. Then the controller process starts (t0) and the bench
@@ -191,7 +191,7 @@ class Observer:
                 await t
 
 
-def kubeloop_argv(cp: ControlPlane, qps: float, burst: int, workers: int) -> list[str]:
+def kubeloop_argv(cp: ControlPlane, qps: float, burst: int, workers: int, binds: int) -> list[str]:
     (port,) = free_ports(1)
     return [
         sys.executable,
@@ -201,11 +201,12 @@ def kubeloop_argv(cp: ControlPlane, qps: float, burst: int, workers: int) -> lis
         f"--kube-api-qps={qps}",
         f"--kube-api-burst={burst}",
         f"--worker-threads={workers}",
+        f"--binds-in-flight={binds}",
         f"--http-endpoint=127.0.0.1:{port}",
     ]
 
 
-def kcm_side_argv(cp: ControlPlane, qps: float, burst: int, _workers: int) -> list[str]:
+def kcm_side_argv(cp: ControlPlane, qps: float, burst: int, _workers: int, _binds: int) -> list[str]:
     (port,) = free_ports(1)
     return kcm_argv("persistentvolume-binder-controller", str(cp.admin_kubeconfig), qps, burst, port)
 
@@ -220,6 +221,7 @@ async def run_one(
     workers: int,
     timeout: float,
     logs: Path,
+    binds: int = Options.binds_in_flight,
     profile: Path | None = None,
     logs_prefix: str = "binding",
 ) -> Run:
@@ -236,7 +238,7 @@ async def run_one(
             server_cpu = {name: cpu_seconds(pid) for name, pid in server_pids.items()}
             t0 = time.monotonic()
             proc = await asyncio.create_subprocess_exec(
-                *SIDES[side](cp, qps, burst, workers),
+                *SIDES[side](cp, qps, burst, workers, binds),
                 cwd=REPO_ROOT,
                 stdout=log.open("wb"),
                 stderr=asyncio.subprocess.STDOUT,
@@ -338,7 +340,9 @@ async def collect(args: argparse.Namespace) -> dict[str, list[method.Pair]]:
         timeout = 5 * n / qps * 2 + 120
         # The profile, if asked for, of the first round's kubeloop run of each scenario.
         profile = Path(args.profile) / f"binding-{scenario}.svg" if args.profile and r == 0 else None
-        return await run_one(scenario, side, n, args.workers, timeout, logs, profile, args.output)
+        return await run_one(
+            scenario, side, n, args.workers, timeout, logs, args.binds_in_flight, profile, args.output
+        )
 
     return await method.alternate_scenarios(method.qps_labels(args.scenarios, SCENARIOS), args.rounds, one)
 
@@ -358,6 +362,12 @@ def main() -> None:
     parser.add_argument(
         "--workers", type=int, default=Options.workers, help="kubeloop --worker-threads (default: its own)"
     )
+    parser.add_argument(
+        "--binds-in-flight",
+        type=int,
+        default=Options.binds_in_flight,
+        help="kubeloop --binds-in-flight (default: its own)",
+    )
     parser.add_argument("--output", default="binding", help="results name: bench/results/NAME.json")
     parser.add_argument(
         "--profile",
@@ -371,7 +381,11 @@ def main() -> None:
         sides={"kubeloop": "kubeloop pv-controller", "go": "kcm persistentvolume-binder"},
         figures=FIGURES,
     )
-    params = {"pairs": 5000 if args.large else args.pairs, "workers": args.workers}
+    params = {
+        "pairs": 5000 if args.large else args.pairs,
+        "workers": args.workers,
+        "binds in flight": args.binds_in_flight,
+    }
     method.run(bench, params, lambda: collect(args))
 
 

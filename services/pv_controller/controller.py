@@ -82,6 +82,12 @@ class BindingError(Exception):
 class Options:
     resync_period: float = 15.0
     workers: int = 8
+    # New binds with their writes in flight at once (kcm: one, its single claim worker). Each bind
+    # is four writes in sequence, so by Little's law a bind takes (binds in flight) / (binds per
+    # second): once the apiserver is busy, a second bind in flight only queues its writes behind
+    # the first one's. One keeps each bind as short as kcm's; more suit an apiserver with cores
+    # to spare (see docs/pv-controller.md, Concurrency).
+    binds_in_flight: int = 1
     # Per-key retry backoff of both queues (client-go's defaults); resync re-adds every key anyway.
     retry_base: float = 0.005
     retry_max: float = 1000.0
@@ -121,6 +127,7 @@ class PVController(InformerController):
         self.classes.add_handler(EventHandler(self._class_changed, self._class_updated, None))
         self._counts = (self.view.all_volumes, self.view.all_claims)
         self._throttled_writes = asyncio.Lock()
+        self._bind_slots = asyncio.Semaphore(max(1, self.options.binds_in_flight))
 
     # -- event handlers: keep the view current and enqueue keys, nothing else -------------------------
 
@@ -518,11 +525,12 @@ class PVController(InformerController):
                 # The client-side limiter is the bottleneck: a second bind in flight would bind
                 # no faster, only interleave its writes with this one's in the token bucket and
                 # make both slower. While throttled, new binds (and volume syncs, see
-                # sync_volume_key) go one at a time; unthrottled, every worker writes concurrently.
-                async with self._throttled_writes:
+                # sync_volume_key) go one at a time whatever binds_in_flight allows.
+                async with self._throttled_writes, self._bind_slots:
                     await self._bind(volume, claim)
             else:
-                await self._bind(volume, claim)
+                async with self._bind_slots:
+                    await self._bind(volume, claim)
         except Exception:
             # A provision's bind that fails counts as a failed provision (the timer keeps running).
             self.timer.failed(key, "provision")

@@ -29,6 +29,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=Options.workers,
         help=f"concurrent syncs per queue (volumes and claims) (default: {Options.workers})",
     )
+    parser.add_argument(
+        "--binds-in-flight",
+        type=int,
+        default=Options.binds_in_flight,
+        help="new binds whose writes may be in flight at once; more trade each bind's latency "
+        f"for throughput on an apiserver with spare cores (default: {Options.binds_in_flight}, as kcm)",
+    )
     process.add_controller_flags(
         parser,
         resync_period=15.0,
@@ -40,7 +47,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 async def run(args: argparse.Namespace, ctx: process.Context) -> None:
-    options = Options(resync_period=args.resync_period, workers=max(1, args.worker_threads))
+    options = Options(
+        resync_period=args.resync_period,
+        workers=max(1, args.worker_threads),
+        binds_in_flight=max(1, args.binds_in_flight),
+    )
     build = partial(PVController, options=options)
     await serve_controller(args, ctx, build, user_agent=NAME, event_source=names.COMPONENT, lease_name=NAME)
 

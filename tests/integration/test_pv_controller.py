@@ -13,7 +13,7 @@ import pytest
 
 from controller_runtime import storage
 from controller_runtime.client import ApiClient
-from controller_runtime.resources import PERSISTENT_VOLUME_CLAIMS, PERSISTENT_VOLUMES
+from controller_runtime.resources import PERSISTENT_VOLUME_CLAIMS, PERSISTENT_VOLUMES, Obj
 from localstack.controlplane import ControlPlane
 from services.pv_controller import names
 
@@ -590,6 +590,42 @@ async def test_concurrent_workers_never_bind_a_volume_twice(
             claim = bound[pv["metadata"]["name"]]
             assert ref["uid"] == claim["metadata"]["uid"], "volume and claim point at each other"
             assert pv["status"]["phase"] == "Bound"
+
+
+@pytest.mark.parametrize("binds_in_flight", [1, 3])
+async def test_binds_in_flight_are_bounded(
+    control_plane: ControlPlane, api: ApiClient, namespace: str, binds_in_flight: int
+) -> None:
+    """With eight workers and ten claims queued at once, no more than binds_in_flight new binds
+    have writes outstanding at any moment (kcm: one), and the limit is actually reached; every
+    claim still ends Bound."""
+    async with harness(control_plane, api, namespace) as h:
+        for i in range(10):
+            await h.create_pv(PV(f"pv{i}"))
+        for i in range(10):
+            await h.create_pvc(PVC(f"c{i}"))
+        controller = await h.start(workers=8, resync=60, binds_in_flight=binds_in_flight)
+        bind = controller._bind
+        in_flight, peak = 0, 0
+
+        async def counting_bind(volume: Obj, claim: Obj) -> None:
+            nonlocal in_flight, peak
+            new = BIND_COMPLETED not in (claim["metadata"].get("annotations") or {})
+            in_flight += new
+            peak = max(peak, in_flight)
+            try:
+                await bind(volume, claim)
+            finally:
+                in_flight -= new
+
+        controller._bind = counting_bind  # type: ignore[method-assign]
+
+        async def unbound() -> list[str]:
+            claims = (await api.list_page(PERSISTENT_VOLUME_CLAIMS, namespace))["items"]
+            return [c["metadata"]["name"] for c in claims if c.get("status", {}).get("phase") != "Bound"]
+
+        assert not await wait_for(unbound, 30)
+        assert peak == binds_in_flight
 
 
 async def test_a_lost_claim_is_left_alone_until_its_volume_returns(

@@ -239,14 +239,17 @@ class Harness:
 
     # -- controller ------------------------------------------------------------------------------------
 
-    async def start(self, workers: int = 4, resync: float = 2.0) -> PVController:
+    async def start(
+        self, workers: int = 4, resync: float = 2.0, binds_in_flight: int = Options.binds_in_flight
+    ) -> PVController:
         self._client = await ApiClient.from_kubeconfig(
             str(self.cp.admin_kubeconfig), qps=0, burst=1, user_agent="pv-controller-test"
         )
         self._recorder = EventRecorder(self._client, names.COMPONENT)
         factory = SharedInformerFactory(self._client, resync_period=resync)
         context = ControllerContext(self._client, factory, self._recorder)
-        self.controller = PVController(context, Options(resync_period=resync, workers=workers))
+        options = Options(resync_period=resync, workers=workers, binds_in_flight=binds_in_flight)
+        self.controller = PVController(context, options)
         self._task = asyncio.create_task(self.controller.run())
         await asyncio.wait_for(factory.wait_for_sync(), 30)
         return self.controller
