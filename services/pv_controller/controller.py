@@ -84,10 +84,10 @@ class Options:
     workers: int = 8
     # New binds with their writes in flight at once (kcm: one, its single claim worker). Each bind
     # is four writes in sequence, so by Little's law a bind takes (binds in flight) / (binds per
-    # second): once the apiserver is busy, a second bind in flight only queues its writes behind
-    # the first one's. One keeps each bind as short as kcm's; more suit an apiserver with cores
-    # to spare (see docs/pv-controller.md, Concurrency).
-    binds_in_flight: int = 1
+    # second): once the apiserver is busy, another bind in flight queues its writes behind the
+    # others'. One keeps each bind as short as kcm's; the default, one per worker, binds a batch
+    # of claims sooner (see docs/pv-controller.md, Concurrency).
+    binds_in_flight: int = 8
     # Per-key retry backoff of both queues (client-go's defaults); resync re-adds every key anyway.
     retry_base: float = 0.005
     retry_max: float = 1000.0

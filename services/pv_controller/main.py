@@ -34,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=Options.binds_in_flight,
         help="new binds whose writes may be in flight at once; more trade each bind's latency "
-        f"for throughput on an apiserver with spare cores (default: {Options.binds_in_flight}, as kcm)",
+        f"for throughput (kcm: 1) (default: {Options.binds_in_flight})",
     )
     process.add_controller_flags(
         parser,
