@@ -46,6 +46,7 @@ from controller_runtime.resources import (
 from controller_runtime.toolchain import REPO_ROOT
 from localstack.controlplane import ControlPlane
 from localstack.proc import free_ports
+from services.pv_controller.controller import Options
 
 from . import method
 from .binding import NAMESPACE, Observer, kcm_side_argv, kubeloop_argv, write_count
@@ -165,7 +166,7 @@ async def bind_all(cp: ControlPlane, api: ApiClient, n: int, logs: Path) -> None
     """The unmeasured warm-up: kubeloop's pv-controller moves every pre-bound pair to Bound."""
     observer = Observer(api, n)
     await observer.start()
-    proc = await start(kubeloop_argv(cp, QPS, BURST, 16), logs / "memory-warmup.log")
+    proc = await start(kubeloop_argv(cp, QPS, BURST, 16, Options.binds_in_flight), logs / "memory-warmup.log")
     started = time.monotonic()
     try:
         await asyncio.wait_for(observer.done.wait(), 120 + n / 20)
@@ -240,8 +241,8 @@ async def collect(n: int, rounds: int, timeout: float, min_s: float) -> dict[str
                 return lambda: kcm_argv(controllers, kubeconfig, QPS, BURST, free_ports(1)[0])
 
             argv: dict[str, Callable[[], list[str]]] = {
-                "kubeloop": lambda: kubeloop_argv(cp, QPS, BURST, 16),
-                "go": lambda: kcm_side_argv(cp, QPS, BURST, 0),
+                "kubeloop": lambda: kubeloop_argv(cp, QPS, BURST, 16, Options.binds_in_flight),
+                "go": lambda: kcm_side_argv(cp, QPS, BURST, 0, 0),
             }
 
             async def measure(side: str, r: int, what: str) -> Reading:

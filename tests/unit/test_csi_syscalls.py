@@ -12,6 +12,7 @@ import pytest
 from csi_driver.backend import fs, syscalls
 from csi_driver.backend.fs import Signature
 from csi_driver.backend.syscalls import MS_NOATIME, MS_NODEV, MS_NOSUID, MS_RDONLY, parse_options
+from csi_driver.backend.tools import ToolError
 
 
 def test_generic_options_become_flags_and_the_rest_goes_to_the_filesystem() -> None:
@@ -27,7 +28,7 @@ def test_a_later_option_wins_over_a_contrary_earlier_one() -> None:
 
 
 def test_a_failed_mount_says_what_was_asked_and_the_kernels_answer(tmp_path: Path) -> None:
-    with pytest.raises(fs.ToolError) as err:
+    with pytest.raises(ToolError) as err:
         syscalls.mount(str(tmp_path / "missing-device"), str(tmp_path), "ext4", ["ro"])
     text = str(err.value)
     assert "mount -t ext4 -o ro" in text and "missing-device" in text and "errno" in text
@@ -71,5 +72,5 @@ async def test_anything_else_is_left_to_blkid(tmp_path: Path) -> None:
         f.truncate(16 << 20)
     assert fs.known_signature(blank.read_bytes()[:2048]) is None
     assert (await fs.probe(str(blank))).blank
-    with pytest.raises(fs.ToolError, match="no ext2/3/4 superblock"):
+    with pytest.raises(ToolError, match="no ext2/3/4 superblock"):
         await fs.ext_size(str(blank))

@@ -33,7 +33,9 @@ def _write(path: Path, user: dict[str, Any], cluster: dict[str, Any] | None = No
 
 
 def test_embedded_certificates_become_private_files(tmp_path: Path) -> None:
-    b64 = lambda s: base64.b64encode(s.encode()).decode()  # noqa: E731
+    def b64(text: str) -> str:
+        return base64.b64encode(text.encode()).decode()
+
     path = _write(
         tmp_path / "kc",
         {"client-certificate-data": b64("CERT"), "client-key-data": b64("KEY")},

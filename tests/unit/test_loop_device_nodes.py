@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import fcntl
 import os
 import stat
 import struct
@@ -100,7 +101,7 @@ async def test_attach_asks_for_another_device_only_when_the_first_was_taken(
 
     monkeypatch.setattr(DeviceNodes, "free_index", free_index)
     monkeypatch.setattr(DeviceNodes, "open", open_device)
-    monkeypatch.setattr(loop.fcntl, "ioctl", ioctl)
+    monkeypatch.setattr(fcntl, "ioctl", ioctl)
     if attempts == 1:
         with pytest.raises(ToolError, match="No such device"):
             await loop.attach(str(backing), direct_io=False)
