@@ -272,6 +272,15 @@ class ApiClient:
             self._watch_session = self._new_session(0)
         return self._watch_session
 
+    async def warm(self) -> None:
+        """Opens the request session's connections before the first burst needs them."""
+
+        async def one() -> None:
+            async with self.session.get(self._url("/version", None)) as resp:
+                await resp.read()
+
+        await asyncio.gather(*(one() for _ in range(REQUEST_CONNECTIONS)), return_exceptions=True)
+
     async def close(self) -> None:
         for session in (self._session, self._watch_session):
             if session is not None:

@@ -104,4 +104,4 @@ class InformerController:
     async def start_informers(self) -> None:
         """Starts the factory's informers and waits until every cache is filled."""
         self.factory.start()
-        await self.factory.wait_for_sync()
+        await asyncio.gather(self.factory.wait_for_sync(), self.client.warm())

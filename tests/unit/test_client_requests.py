@@ -195,3 +195,37 @@ async def test_requests_share_a_few_connections_and_watches_are_not_capped() -> 
         finally:
             hold.set()
             await asyncio.gather(*watches)
+
+
+async def test_warm_opens_the_request_connections_that_a_burst_then_reuses() -> None:
+    """A controller warms its client while its caches fill: its first burst of requests finds the
+    connections open (no TLS handshake inside the burst), as Go finds its one HTTP/2 connection."""
+    from controller_runtime import client as client_module
+
+    warmed: set[object] = set()
+    burst: set[object] = set()
+
+    async def version(request: web.Request) -> web.Response:
+        warmed.add(request.transport.get_extra_info("peername") if request.transport else None)
+        await asyncio.sleep(0.05)  # all of them at once: each needs its own connection
+        return web.json_response({"major": "1"})
+
+    async def get(request: web.Request) -> web.Response:
+        burst.add(request.transport.get_extra_info("peername") if request.transport else None)
+        await asyncio.sleep(0.01)
+        return web.json_response({"metadata": {"name": "pv"}})
+
+    app = web.Application()
+    app.router.add_get("/version", version)
+    app.router.add_get("/api/v1/persistentvolumes/pv", get)
+    async with serve(app) as client:
+        await client.warm()
+        assert len(warmed) == client_module.REQUEST_CONNECTIONS
+        await asyncio.gather(*(client.get(PERSISTENT_VOLUMES, "pv") for _ in range(20)))
+        assert burst <= warmed, "the burst opened connections of its own"
+
+
+async def test_warm_never_fails_a_start() -> None:
+    app = web.Application()  # no /version: every warm-up request gets a 404
+    async with serve(app) as client:
+        await client.warm()
