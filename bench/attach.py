@@ -21,6 +21,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import math
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -59,6 +60,10 @@ class Pass:
     mount_p50_s: float
     mount_p99_s: float
     mount_total_s: float
+    # Where a pod's detach time goes, p50 from its deletion: the node stopped reporting the
+    # volume in use (the controllers may detach from there), the VA got its deletion.
+    node_unused_p50_s: float
+    va_deleting_p50_s: float
     detach_p50_s: float
     detach_p99_s: float
     detach_total_s: float
@@ -113,6 +118,10 @@ class Clock:
         self.va_attached: dict[str, float] = {}
         self.listed: dict[tuple[str, str], float] = {}  # (node, unique volume name)
         self.va_gone: dict[str, float] = {}
+        # Detach side: the node no longer reports the volume in use; the VA got its deletion.
+        self.unused: dict[tuple[str, str], float] = {}
+        self.va_deleting: dict[str, float] = {}
+        self._unused_watch: set[tuple[str, str]] = set()
         self._pods = pods
         pods.add_handler(EventHandler(self._pod, lambda _o, n: self._pod(n), None))
         vas.add_handler(EventHandler(self._va_seen, lambda _o, n: self._va_seen(n), self._va))
@@ -123,18 +132,31 @@ class Clock:
         self.va_created.setdefault(name, now)
         if (va.get("status") or {}).get("attached"):
             self.va_attached.setdefault(name, now)
+        if va["metadata"].get("deletionTimestamp"):
+            self.va_deleting.setdefault(name, now)
 
     def _node(self, node: Obj) -> None:
         now, name = time.monotonic(), node["metadata"]["name"]
-        for entry in (node.get("status") or {}).get("volumesAttached") or ():
+        status = node.get("status") or {}
+        for entry in status.get("volumesAttached") or ():
             self.listed.setdefault((name, str(entry.get("name", ""))), now)
+        in_use = set(status.get("volumesInUse") or ())
+        for key in self._unused_watch:
+            if key[0] == name and key[1] not in in_use:
+                self.unused.setdefault(key, now)
+
+    def watch_unused(self, keys: set[tuple[str, str]]) -> None:
+        """From now on, marks when each (node, unique volume name) leaves its node's volumesInUse."""
+        self._unused_watch = set(keys)
 
     def forget(self, vas: dict[str, tuple[str, str]]) -> None:
         """Drops the marks of a pass's VolumeAttachments (name -> (node, unique volume name))."""
         for va, listed in vas.items():
-            for marks in (self.va_created, self.va_attached, self.va_gone):
+            for marks in (self.va_created, self.va_attached, self.va_gone, self.va_deleting):
                 marks.pop(va, None)
             self.listed.pop(listed, None)
+            self.unused.pop(listed, None)
+        self._unused_watch = set()
 
     def _pod(self, pod: Obj) -> None:
         if pod.get("status", {}).get("phase") == "Running":
@@ -164,6 +186,8 @@ class PassTimes:
     node_listed: list[float]
     mount: list[float]
     mount_total: float
+    node_unused: list[float]
+    va_deleting: list[float]
     detach: list[float]
     detach_total: float
 
@@ -200,14 +224,20 @@ async def one_pass(
 
     stages = (since_created(clock.va_created, vas), since_created(clock.va_attached, vas))
     listed = since_created(clock.listed, unique)
+    clock.watch_unused(set(unique.values()))
     start = time.monotonic()
     await asyncio.gather(*(delete(n) for n in names))
     await wait_until(lambda: all(v in clock.va_gone for v in vas.values()), timeout, f"{tag}: all VAs gone")
     detach_total = max(clock.va_gone[v] for v in vas.values()) - start
     detach = [clock.va_gone[vas[n]] - deleted[n] for n in names]
+
+    def since_deleted(marks: dict[Any, float], keys: dict[str, Any]) -> list[float]:
+        return [marks[keys[n]] - deleted[n] for n in names if keys[n] in marks]
+
+    detach_stages = (since_deleted(clock.unused, unique), since_deleted(clock.va_deleting, vas))
     clock.forget({vas[n]: unique[n] for n in names})
     await wait_until(lambda: not clock.pods_left(), timeout, f"{tag}: pods deleted")
-    return PassTimes(*stages, listed, mount, mount_total, detach, detach_total)
+    return PassTimes(*stages, listed, mount, mount_total, *detach_stages, detach, detach_total)
 
 
 async def run_side(
@@ -235,6 +265,8 @@ async def run_side(
         round(percentile(t.mount, 50), 3),
         round(percentile(t.mount, 99), 3),
         round(t.mount_total, 3),
+        round(percentile(t.node_unused or [math.nan], 50), 3),
+        round(percentile(t.va_deleting or [math.nan], 50), 3),
         round(percentile(t.detach, 50), 3),
         round(percentile(t.detach, 99), 3),
         round(t.detach_total, 3),
@@ -254,6 +286,8 @@ BENCH = method.Bench(
         method.Figure("mount_p50_s", "mount p50 s"),
         method.Figure("mount_p99_s", "mount p99 s"),
         method.Figure("mount_total_s", "mount all s"),
+        method.Figure("node_unused_p50_s", "node unused p50 s"),
+        method.Figure("va_deleting_p50_s", "VA deleting p50 s"),
         method.Figure("detach_p50_s", "detach p50 s"),
         method.Figure("detach_p99_s", "detach p99 s"),
         method.Figure("detach_total_s", "detach all s"),
