@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import gc
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from controller_runtime import storage
@@ -82,12 +83,13 @@ class BindingError(Exception):
 class Options:
     resync_period: float = 15.0
     workers: int = 8
-    # New binds with their writes in flight at once (kcm: one, its single claim worker). Each bind
-    # is four writes in sequence, so by Little's law a bind takes (binds in flight) / (binds per
-    # second): once the apiserver is busy, another bind in flight queues its writes behind the
-    # others'. One keeps each bind as short as kcm's; the default, one per worker, binds a batch
-    # of claims sooner (see docs/pv-controller.md, Concurrency).
-    binds_in_flight: int = 8
+    # New binds with their leading writes in flight at once (kcm: one, its single claim worker).
+    # A bind is three round trips in sequence (see _bind), so by Little's law a bind takes
+    # (binds in flight) / (binds per second): once the apiserver is busy, a second bind in flight
+    # queues its writes behind the first's. One keeps each bind as short as kcm's; since a bind's
+    # last write overlaps the next bind's first, one still binds faster than kcm (see
+    # docs/pv-controller.md, Binds in flight).
+    binds_in_flight: int = 1
     # Per-key retry backoff of both queues (client-go's defaults); resync re-adds every key anyway.
     retry_base: float = 0.005
     retry_max: float = 1000.0
@@ -99,6 +101,34 @@ def _cacheable(written: Obj) -> Obj:
     would only make the apiserver decode and compare them again."""
     written.get("metadata", {}).pop("managedFields", None)
     return written
+
+
+class _BindSlot:
+    """One of the `binds_in_flight` slots: held from a new bind's first write until its last one
+    leaves, so that last write (the claim's phase, which nothing of the bind waits for) overlaps
+    the next bind's first."""
+
+    def __init__(self, slots: asyncio.Semaphore) -> None:
+        self._slots = slots
+        self._held = False
+
+    async def __aenter__(self) -> _BindSlot:
+        await self._slots.acquire()
+        self._held = True
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        self.release()
+
+    def release(self) -> None:
+        if self._held:
+            self._held = False
+            self._slots.release()
+
+
+async def _same(obj: Obj) -> Obj:
+    """A write that is already done: its object as it is."""
+    return obj
 
 
 class PVController(InformerController):
@@ -526,11 +556,11 @@ class PVController(InformerController):
                 # no faster, only interleave its writes with this one's in the token bucket and
                 # make both slower. While throttled, new binds (and volume syncs, see
                 # sync_volume_key) go one at a time whatever binds_in_flight allows.
-                async with self._throttled_writes, self._bind_slots:
+                async with self._throttled_writes, _BindSlot(self._bind_slots):
                     await self._bind(volume, claim)
             else:
-                async with self._bind_slots:
-                    await self._bind(volume, claim)
+                async with _BindSlot(self._bind_slots) as slot:
+                    await self._bind(volume, claim, slot.release)
         except Exception:
             # A provision's bind that fails counts as a failed provision (the timer keeps running).
             self.timer.failed(key, "provision")
@@ -538,18 +568,35 @@ class PVController(InformerController):
         finally:
             self.view.release(name, key)
 
-    async def _bind(self, volume: Obj, claim: Obj) -> None:
-        """The four ordered writes; each is skipped when already done, so a bind cut short at any
-        point is finished by the next sync of either object."""
+    async def _bind(
+        self, volume: Obj, claim: Obj, before_last_write: Callable[[], None] | None = None
+    ) -> None:
+        """kcm's four writes; each is skipped when already done, so a bind cut short at any point
+        is finished by the next sync of either object. The volume's claimRef goes first (it
+        reserves the volume for the claim) and the claim's phase last, once both middle writes
+        succeeded, so a claim is never Bound before its volume. The two middle writes (volume
+        phase, claim volumeName) touch different objects and neither reads the other's answer:
+        they go together, three round trips in sequence instead of four. `before_last_write` gives
+        the bind's slot back before the claim's phase is written."""
         new = volume_bound_to_claim(volume, claim)
         if new is not None:
             volume = await self._update_volume(new)
-        new = volume_with_phase(volume, storage.PV_BOUND)
-        if new is not None:
-            volume = await self._update_volume_status(new)
-        new = claim_bound_to_volume(claim, volume)
-        if new is not None:
-            claim = await self._update_claim(new)
+        phase = volume_with_phase(volume, storage.PV_BOUND)
+        spec = claim_bound_to_volume(claim, volume)
+        # Both are awaited to the end before an error is raised: the reservation must outlive
+        # every write of the bind.
+        new_volume, new_claim = await asyncio.gather(
+            self._update_volume_status(phase) if phase is not None else _same(volume),
+            self._update_claim(spec) if spec is not None else _same(claim),
+            return_exceptions=True,
+        )
+        if isinstance(new_volume, BaseException):
+            raise new_volume
+        if isinstance(new_claim, BaseException):
+            raise new_claim
+        volume, claim = new_volume, new_claim
+        if before_last_write is not None:
+            before_last_write()
         await self._set_claim_phase(claim, storage.CLAIM_BOUND, volume)
         self.timer.finish(key_of(claim), "provision")
 

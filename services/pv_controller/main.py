@@ -33,8 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--binds-in-flight",
         type=int,
         default=Options.binds_in_flight,
-        help="new binds whose writes may be in flight at once; more trade each bind's latency "
-        f"for throughput (kcm: 1) (default: {Options.binds_in_flight})",
+        help="new binds whose writes may be in flight at once: 1 (kcm's single claim worker) keeps "
+        "each bind as short as kcm's, more trade its latency for throughput; a bind's last write "
+        f"always overlaps the next bind's first (default: {Options.binds_in_flight})",
     )
     process.add_controller_flags(
         parser,
