@@ -13,10 +13,11 @@ from collections.abc import Callable
 import pytest
 
 from controller_runtime import storage
-from controller_runtime.client import ApiClient
+from controller_runtime.client import ApiClient, ApiError
 from controller_runtime.resources import PERSISTENT_VOLUME_CLAIMS, PERSISTENT_VOLUMES, Obj
 from localstack.controlplane import ControlPlane
 from services.pv_controller import names
+from services.pv_controller.controller import PVController
 
 from .test_pv_controller_support import (
     ANY,
@@ -591,6 +592,45 @@ async def test_concurrent_workers_never_bind_a_volume_twice(
             claim = bound[pv["metadata"]["name"]]
             assert ref["uid"] == claim["metadata"]["uid"], "volume and claim point at each other"
             assert pv["status"]["phase"] == "Bound"
+
+
+async def test_a_claim_is_never_bound_before_its_volume(
+    control_plane: ControlPlane, api: ApiClient, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The volume's phase and the claim's volumeName are written together; when the volume's
+    write fails, the claim's phase is not written (kcm's order: volume Bound, then claim Bound),
+    and the retry finishes the bind from where it stopped."""
+    original = PVController._update_volume_status
+    failures: list[str] = []
+    claim_phases: list[str] = []
+
+    async def failing_once(self: PVController, volume: Obj) -> Obj:
+        if volume.get("status", {}).get("phase") == "Bound" and not failures:
+            failures.append(volume["metadata"]["name"])
+            raise ApiError(500, {"reason": "InternalError", "message": "injected"}, "PUT", "status")
+        return await original(self, volume)
+
+    async def recording(self: PVController, claim: Obj) -> Obj:
+        pv = self.view.volume(claim["spec"]["volumeName"])
+        assert pv is not None
+        claim_phases.append(f"{claim['status']['phase']} after volume {pv['status']['phase']}")
+        return await original_claim_status(self, claim)
+
+    original_claim_status = PVController._update_claim_status
+    monkeypatch.setattr(PVController, "_update_volume_status", failing_once)
+    monkeypatch.setattr(PVController, "_update_claim_status", recording)
+    async with harness(control_plane, api, namespace) as h:
+        await h.create_pv(PV("pv0"))
+        await h.create_pvc(PVC("c0"))
+        await h.start(workers=2, resync=60)
+
+        async def unbound() -> list[str]:
+            claims = (await api.list_page(PERSISTENT_VOLUME_CLAIMS, namespace))["items"]
+            return [c["metadata"]["name"] for c in claims if c.get("status", {}).get("phase") != "Bound"]
+
+        assert not await wait_for(unbound, 30)
+        assert failures == [f"{h.prefix}-pv0"]
+        assert claim_phases == ["Bound after volume Bound"]
 
 
 @pytest.mark.parametrize("binds_in_flight", [1, 3])
