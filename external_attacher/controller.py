@@ -258,20 +258,25 @@ class Attacher(SidecarController):
             raise AttachError(error_text(exc)) from exc
         # The finalizer first: a deleted VA without it counts as detached whatever its status says.
         finalizers = va["metadata"].get("finalizers") or []
+        remaining = [f for f in finalizers if f != self.finalizer]
         if self.finalizer in finalizers:
             fresh = copy.deepcopy(va)
-            fresh["metadata"]["finalizers"] = [f for f in finalizers if f != self.finalizer]
+            fresh["metadata"]["finalizers"] = remaining
             try:
                 await self.client.update(VOLUME_ATTACHMENTS, fresh)
             except ApiError as exc:
                 if not exc.not_found:
                     raise
-        status = {"attached": False, "detachError": None, "attachmentMetadata": None}
-        try:
-            await self.client.patch(VOLUME_ATTACHMENTS, name, {"status": status}, subresource="status")
-        except ApiError as exc:
-            if not exc.not_found:  # usually gone already: the finalizer was the last one
-                raise
+                remaining = []
+        # Without another finalizer the deleted VA is gone now: no status left to write (the write
+        # would only come back 404 while the worker waits for it).
+        if remaining:
+            status = {"attached": False, "detachError": None, "attachmentMetadata": None}
+            try:
+                await self.client.patch(VOLUME_ATTACHMENTS, name, {"status": status}, subresource="status")
+            except ApiError as exc:
+                if not exc.not_found:
+                    raise
         log.info("detached", va=name, pv=va_pv_name(va), node=va["spec"]["nodeName"])
 
     async def _ensure_va_finalizer(self, va: Obj, node_id: str) -> Obj:

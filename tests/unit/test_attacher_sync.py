@@ -157,9 +157,26 @@ def test_not_found_from_unpublish_is_an_error_to_retry() -> None:
         assert not writes.of("update", "volumeattachments"), "the finalizer stays"
 
         driver.fail = None
+        patches = len(writes.of("patch", "volumeattachments"))
         await a.sync_va("va-1")
         [update] = writes.of("update", "volumeattachments")
         assert update["metadata"]["finalizers"] == []
+        # Its last finalizer gone, the deleted VA is gone too: no status write after it (as
+        # csi-attacher's one patch).
+        assert len(writes.of("patch", "volumeattachments")) == patches
+
+    asyncio.run(main())
+
+
+def test_a_detached_va_another_finalizer_holds_says_so_in_its_status() -> None:
+    async def main() -> None:
+        a, _driver, writes = make()
+        a.pvs.store.upsert(pv(finalizers=(FINALIZER,)))
+        a.csinodes.store.upsert(csinode())
+        a.vas.store.upsert(va(attached=True, deleting=True, finalizers=("example.com/other", FINALIZER)))
+        await a.sync_va("va-1")
+        [update] = writes.of("update", "volumeattachments")
+        assert update["metadata"]["finalizers"] == ["example.com/other"]
         assert writes.of("patch", "volumeattachments")[-1]["status"] == {
             "attached": False,
             "detachError": None,

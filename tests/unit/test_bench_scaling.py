@@ -50,13 +50,13 @@ def test_binding_and_provisioning_map_to_common_terms() -> None:
 
 def test_attach_sums_the_sides_controllers_and_rates_pods_over_the_mount_pass() -> None:
     peaks = {"external-attacher": 60.0, "attach-detach-controller": 70.5}
-    run = attach.Pass(100, 0.1, 0.3, 0.5, 1.5, 4.0, 5.0, 1.0, 2.0, 2.5, peaks)
+    run = attach.Pass(100, 0.1, 0.3, 0.5, 1.5, 4.0, 5.0, 0.6, 0.8, 1.0, 2.0, 2.5, peaks)
     got = scaling.from_attach(run, 30.0, 120.04)
     assert got.throughput_per_s == 20.0
     assert (got.latency_p50_s, got.latency_p99_s) == (1.5, 4.0)
     assert got.peak_rss_mib == 130.5
     assert got.source["setup_s"] == 120.0
-    assert scaling.from_attach(attach.Pass(1, 0, 0, 0, 0, 0, 0.0, 0, 0, 0), 1.0, 1.0).throughput_per_s == 0.0
+    assert scaling.from_attach(attach.Pass(1, 0, 0, 0, 0, 0, 0.0, 0, 0, 0, 0, 0), 1.0, 1.0).throughput_per_s == 0.0
 
 
 def test_memory_share_is_against_the_empty_cluster_for_kubeloop_and_the_baseline_for_kcm() -> None:
