@@ -35,6 +35,7 @@ from controller_runtime.resources import NODES as NODE_OBJECTS
 from controller_runtime.toolchain import MissingBinaryError
 from controller_runtime.volumes import unique_volume_name, va_name
 from csi_driver import DRIVER_NAME
+from csi_driver.main import MAX_VOLUMES_PER_NODE
 from localstack.components import Component, ComponentContext
 from localstack.go_sidecars import ATTACHER, go_sidecar_binary
 from localstack.proc import free_ports
@@ -315,6 +316,22 @@ async def collect(args: argparse.Namespace) -> dict[str, list[method.Pair]]:
         return {"default": await method.alternate(args.rounds, one)}
 
 
+def common_components(pods: int) -> list[Component]:
+    """The shared part of the stack. A pass that puts more volumes on a node than a node plugin
+    accepts by default (attach at 1,000 pods over 2 nodes) gets node plugins that take them all:
+    pods here name their node, so nothing would keep them off a full one."""
+    comps = storage_components(COMMON)
+    per_node = -(-pods // len(NODES))
+    if per_node <= MAX_VOLUMES_PER_NODE:
+        return comps
+
+    def taking_all(comp: Component) -> Component:
+        base = comp.argv
+        return dataclasses.replace(comp, argv=lambda c: [*base(c), f"--max-volumes-per-node={per_node}"])
+
+    return [taking_all(c) if c.name == "csi-driver-node" else c for c in comps]
+
+
 @dataclass
 class Session:
     stack: StorageStack
@@ -328,7 +345,7 @@ async def session(pods: int, qps: float, burst: int, timeout: float) -> AsyncIte
     claims and the clock watching pods and VolumeAttachments (bench.attach, bench.profile)."""
     async with control_plane(with_kcm=False, with_scheduler=False) as cp:
         api = await ApiClient.from_kubeconfig(str(cp.admin_kubeconfig), qps=0, burst=1, user_agent="bench")
-        stack = StorageStack(cp, api, COMMON)
+        stack = StorageStack(cp, api, components=common_components(pods))
         try:
             volumes = await prepare(stack, api, pods)
             informers = (

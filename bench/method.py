@@ -21,6 +21,7 @@ import asyncio
 import dataclasses
 import functools
 import json
+import signal
 import statistics
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
@@ -192,6 +193,22 @@ def add_rounds_arg(parser: argparse.ArgumentParser, default: int = DEFAULT_ROUND
     )
 
 
+async def _until_terminated(
+    collect: Callable[[], Coroutine[Any, Any, dict[str, list[Pair]]]],
+) -> dict[str, list[Pair]]:
+    """Runs `collect`; a SIGTERM cancels it, so its clean-up (processes, mounts, loop devices, a
+    control plane) runs as after an error instead of dying with the process."""
+    loop, task = asyncio.get_running_loop(), asyncio.current_task()
+    assert task is not None
+    loop.add_signal_handler(signal.SIGTERM, task.cancel)
+    try:
+        return await collect()
+    except asyncio.CancelledError:
+        raise SystemExit(128 + signal.SIGTERM) from None
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
+
+
 def run(
     bench: Bench,
     params: dict[str, Any],
@@ -203,7 +220,7 @@ def run(
     print("calibrating (before) ...", flush=True)
     before = calibrate()
     started = time.monotonic()
-    groups = asyncio.run(collect())
+    groups = asyncio.run(_until_terminated(collect))
     duration = time.monotonic() - started
     print("calibrating (after) ...", flush=True)
     after = calibrate()

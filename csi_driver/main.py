@@ -32,6 +32,10 @@ from .validation import TiB, check_id, parse_size
 log = get_logger("csi.main")
 
 
+# Volumes a node plugin accepts unless told otherwise (--max-volumes-per-node).
+MAX_VOLUMES_PER_NODE = 256
+
+
 def _size(text: str) -> int:
     try:
         return parse_size(text)
@@ -90,8 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--max-volumes-per-node",
         type=int,
-        default=256,
-        help="volumes a node accepts, reported by NodeGetInfo; 0 is unlimited (default: 256)",
+        default=MAX_VOLUMES_PER_NODE,
+        help="volumes a node accepts, reported by NodeGetInfo; 0 is unlimited "
+        f"(default: {MAX_VOLUMES_PER_NODE})",
     )
     parser.add_argument(
         "--direct-io",
