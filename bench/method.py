@@ -197,16 +197,29 @@ async def _until_terminated(
     collect: Callable[[], Coroutine[Any, Any, dict[str, list[Pair]]]],
 ) -> dict[str, list[Pair]]:
     """Runs `collect`; a SIGTERM cancels it, so its clean-up (processes, mounts, loop devices, a
-    control plane) runs as after an error instead of dying with the process."""
+    control plane) runs as after an error instead of dying with the process. Only the first one
+    cancels: a second must not cut that clean-up short."""
     loop, task = asyncio.get_running_loop(), asyncio.current_task()
     assert task is not None
-    loop.add_signal_handler(signal.SIGTERM, task.cancel)
+    terminated = False
+
+    def on_sigterm() -> None:
+        nonlocal terminated
+        if not terminated:
+            terminated = True
+            task.cancel()
+
+    loop.add_signal_handler(signal.SIGTERM, on_sigterm)
     try:
-        return await collect()
+        groups = await collect()
     except asyncio.CancelledError:
-        raise SystemExit(128 + signal.SIGTERM) from None
+        if not terminated:
+            raise
     finally:
         loop.remove_signal_handler(signal.SIGTERM)
+    if terminated:  # also when a clean-up swallowed the cancellation and the run went on
+        raise SystemExit(128 + signal.SIGTERM)
+    return groups
 
 
 def run(

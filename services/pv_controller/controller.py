@@ -126,11 +126,6 @@ class _BindSlot:
             self._slots.release()
 
 
-async def _same(obj: Obj) -> Obj:
-    """A write that is already done: its object as it is."""
-    return obj
-
-
 class PVController(InformerController):
     def __init__(self, context: ControllerContext, options: Options | None = None) -> None:
         super().__init__(context)
@@ -397,7 +392,10 @@ class PVController(InformerController):
             assert claim is not None
             self.claim_queue.add(key_of(claim))
         elif action is VolumeAction.BOUND:
-            await self._set_volume_phase(volume, storage.PV_BOUND)
+            # A bind in flight writes this phase itself, side by side with the claim's volumeName:
+            # a second writer now would only make one of them conflict.
+            if not self.view.reserved(volume["metadata"]["name"]):
+                await self._set_volume_phase(volume, storage.PV_BOUND)
         elif action is VolumeAction.UNBIND:
             log.info(
                 "claim is bound to another volume, unbinding",
@@ -583,22 +581,30 @@ class PVController(InformerController):
             volume = await self._update_volume(new)
         phase = volume_with_phase(volume, storage.PV_BOUND)
         spec = claim_bound_to_volume(claim, volume)
-        # Both are awaited to the end before an error is raised: the reservation must outlive
-        # every write of the bind.
-        new_volume, new_claim = await asyncio.gather(
-            self._update_volume_status(phase) if phase is not None else _same(volume),
-            self._update_claim(spec) if spec is not None else _same(claim),
-            return_exceptions=True,
-        )
-        if isinstance(new_volume, BaseException):
-            raise new_volume
-        if isinstance(new_claim, BaseException):
-            raise new_claim
-        volume, claim = new_volume, new_claim
+        if phase is not None and spec is not None:
+            volume, claim = await self._update_both(phase, spec)
+        elif phase is not None:
+            volume = await self._update_volume_status(phase)
+        elif spec is not None:
+            claim = await self._update_claim(spec)
         if before_last_write is not None:
             before_last_write()
         await self._set_claim_phase(claim, storage.CLAIM_BOUND, volume)
         self.timer.finish(key_of(claim), "provision")
+
+    async def _update_both(self, phase: Obj, spec: Obj) -> tuple[Obj, Obj]:
+        """The volume's phase and the claim's spec written at once. Both are awaited to the end
+        before an error is raised: the reservation must outlive every write of the bind."""
+        new_volume, new_claim = await asyncio.gather(
+            self._update_volume_status(phase), self._update_claim(spec), return_exceptions=True
+        )
+        if isinstance(new_volume, BaseException):
+            if isinstance(new_claim, BaseException):
+                log.warning("claim write failed too", claim=key_of(spec), error=str(new_claim))
+            raise new_volume
+        if isinstance(new_claim, BaseException):
+            raise new_claim
+        return new_volume, new_claim
 
     async def _assign_default_class(self, claim: Obj) -> bool:
         """Gives a claim with no class (nil, not "") the default StorageClass once one exists."""

@@ -165,6 +165,9 @@ class LocalView:
         self._reserved[volume_name] = claim_key_
         return True
 
+    def reserved(self, volume_name: str) -> bool:
+        return volume_name in self._reserved
+
     def reserved_by_other(self, volume_name: str, claim_key_: str) -> bool:
         holder = self._reserved.get(volume_name)
         return holder is not None and holder != claim_key_

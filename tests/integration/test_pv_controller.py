@@ -560,8 +560,9 @@ async def test_stale_cache_never_releases_a_volume(
         assert controller.view.claim(f"{namespace}/data") is not None, "the API answer refills the view"
 
 
+@pytest.mark.parametrize("binds_in_flight", [1, 8])
 async def test_concurrent_workers_never_bind_a_volume_twice(
-    control_plane: ControlPlane, api: ApiClient, namespace: str
+    control_plane: ControlPlane, api: ApiClient, namespace: str, binds_in_flight: int
 ) -> None:
     """Many claims race for fewer identical volumes with many workers: every volume ends with at
     most one claim, and every bound claim with its own volume."""
@@ -570,7 +571,7 @@ async def test_concurrent_workers_never_bind_a_volume_twice(
             await h.create_pv(PV(f"pv{i}"))
         for i in range(20):
             await h.create_pvc(PVC(f"c{i}"))
-        await h.start(workers=16, resync=60)
+        await h.start(workers=16, resync=60, binds_in_flight=binds_in_flight)
 
         async def bound_count() -> list[str]:
             claims = (await api.list_page(PERSISTENT_VOLUME_CLAIMS, namespace))["items"]
@@ -598,27 +599,33 @@ async def test_a_claim_is_never_bound_before_its_volume(
     control_plane: ControlPlane, api: ApiClient, namespace: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The volume's phase and the claim's volumeName are written together; when the volume's
-    write fails, the claim's phase is not written (kcm's order: volume Bound, then claim Bound),
-    and the retry finishes the bind from where it stopped."""
-    original = PVController._update_volume_status
-    failures: list[str] = []
-    claim_phases: list[str] = []
+    write fails, the claim's still goes out but its phase does not (kcm's order: volume Bound,
+    then claim Bound), and the retry finishes the bind from where it stopped."""
+    original_volume_status = PVController._update_volume_status
+    original_claim = PVController._update_claim
+    original_claim_status = PVController._update_claim_status
+    log: list[str] = []
 
     async def failing_once(self: PVController, volume: Obj) -> Obj:
-        if volume.get("status", {}).get("phase") == "Bound" and not failures:
-            failures.append(volume["metadata"]["name"])
+        if volume.get("status", {}).get("phase") == "Bound" and "volume phase failed" not in log:
+            log.append("volume phase failed")
             raise ApiError(500, {"reason": "InternalError", "message": "injected"}, "PUT", "status")
-        return await original(self, volume)
+        return await original_volume_status(self, volume)
 
-    async def recording(self: PVController, claim: Obj) -> Obj:
-        pv = self.view.volume(claim["spec"]["volumeName"])
-        assert pv is not None
-        claim_phases.append(f"{claim['status']['phase']} after volume {pv['status']['phase']}")
+    async def claim_spec(self: PVController, claim: Obj) -> Obj:
+        log.append("claim volumeName")
+        return await original_claim(self, claim)
+
+    async def claim_status(self: PVController, claim: Obj) -> Obj:
+        if claim["status"].get("phase") == "Bound":
+            pv = self.view.volume(claim["spec"]["volumeName"])
+            assert pv is not None
+            log.append(f"claim Bound after volume {pv['status']['phase']}")
         return await original_claim_status(self, claim)
 
-    original_claim_status = PVController._update_claim_status
     monkeypatch.setattr(PVController, "_update_volume_status", failing_once)
-    monkeypatch.setattr(PVController, "_update_claim_status", recording)
+    monkeypatch.setattr(PVController, "_update_claim", claim_spec)
+    monkeypatch.setattr(PVController, "_update_claim_status", claim_status)
     async with harness(control_plane, api, namespace) as h:
         await h.create_pv(PV("pv0"))
         await h.create_pvc(PVC("c0"))
@@ -629,8 +636,8 @@ async def test_a_claim_is_never_bound_before_its_volume(
             return [c["metadata"]["name"] for c in claims if c.get("status", {}).get("phase") != "Bound"]
 
         assert not await wait_for(unbound, 30)
-        assert failures == [f"{h.prefix}-pv0"]
-        assert claim_phases == ["Bound after volume Bound"]
+        assert sorted(log[:2]) == ["claim volumeName", "volume phase failed"], log
+        assert log[2:] == ["claim Bound after volume Bound"], log
 
 
 @pytest.mark.parametrize("binds_in_flight", [1, 3])

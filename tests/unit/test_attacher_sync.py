@@ -161,8 +161,8 @@ def test_not_found_from_unpublish_is_an_error_to_retry() -> None:
         await a.sync_va("va-1")
         [update] = writes.of("update", "volumeattachments")
         assert update["metadata"]["finalizers"] == []
-        # Its last finalizer gone, the deleted VA is gone too: no status write after it (as
-        # csi-attacher's one patch).
+        # Its last finalizer gone, the deleted VA is gone too: no status write after it
+        # (csi-attacher sends one and ignores its 404).
         assert len(writes.of("patch", "volumeattachments")) == patches
 
     asyncio.run(main())
