@@ -319,18 +319,54 @@ def check_ports_free(ports: Mapping[str, int], host: str = "127.0.0.1") -> None:
             )
 
 
-def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """`count` distinct ports the kernel considers free right now (for tests)."""
-    socks: list[socket.socket] = []
+# Test servers listen on ports from here up to the kernel's ephemeral range.
+PORT_FLOOR = 20000
+
+
+def ephemeral_range() -> tuple[int, int]:
+    """The ports the kernel gives outgoing connections (and `bind(0)`)."""
     try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind((host, 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def listen_port_candidates() -> list[int]:
+    """Ports for test servers, in a per-process order: below the ephemeral range, because a port
+    in it that is free when checked can become the local end of any outgoing connection (to etcd,
+    to the apiserver) before the server binds it. An ephemeral range starting too low leaves
+    nothing below: then the range above it, or anything."""
+    low, high = ephemeral_range()
+    if low - PORT_FLOOR >= 1000:
+        ports = list(range(PORT_FLOOR, low))
+    elif 65535 - high >= 1000:
+        ports = list(range(high + 1, 65536))
+    else:
+        ports = list(range(PORT_FLOOR, 65536))
+    start = os.getpid() * 37 % len(ports)
+    return ports[start:] + ports[:start]
+
+
+_handed_out: set[int] = set()
+
+
+def free_ports(count: int, host: str = "127.0.0.1", *, consecutive: bool = False) -> list[int]:
+    """`count` distinct ports that are free right now, outside the kernel's ephemeral range (see
+    listen_port_candidates) and not handed out before by this process; `consecutive`: a block
+    of adjacent ones (a per-node component's instance i listens on port + i)."""
+    candidates = listen_port_candidates()
+    found: list[int] = []
+    for port in candidates:
+        block = range(port, port + count) if consecutive else range(port, port + 1)
+        if any(p in _handed_out or p > 65535 for p in block):
+            continue
+        if all(port_is_free(p, host) for p in block):
+            found.extend(block)
+            _handed_out.update(block)
+            if len(found) >= count:
+                return found[:count]
+    raise RuntimeError(f"no {count} free ports on {host}")
 
 
 class UnhealthyError(RuntimeError):

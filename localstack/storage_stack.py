@@ -89,24 +89,9 @@ def storage_components(names: tuple[str, ...] = STORAGE_COMPONENTS) -> list[Comp
     for name in names:
         comp = by_name[name]
         # A per-node component's instance i listens on port + i: it needs a block of free ports.
-        port = _consecutive_free(len(NODES)) if comp.per_node else free_ports(1)[0]
+        port = free_ports(len(NODES), consecutive=True)[0] if comp.per_node else free_ports(1)[0]
         out.append(dataclasses.replace(comp, http_port=port))
     return out
-
-
-_taken: set[int] = set()
-
-
-def _consecutive_free(n: int) -> int:
-    from localstack.proc import port_is_free
-
-    for base in range(30000 + os.getpid() % 1000 * 20 + len(_taken) * 3, 60000, 7):
-        if base in _taken:
-            continue
-        if all(port_is_free(base + i) for i in range(n)):
-            _taken.update(range(base, base + n))
-            return base
-    raise RuntimeError("no free port block")
 
 
 class StorageStack:
