@@ -554,7 +554,7 @@ class PVController(InformerController):
                 # no faster, only interleave its writes with this one's in the token bucket and
                 # make both slower. While throttled, new binds (and volume syncs, see
                 # sync_volume_key) go one at a time whatever binds_in_flight allows.
-                async with self._throttled_writes, _BindSlot(self._bind_slots):
+                async with self._throttled_writes, self._bind_slots:
                     await self._bind(volume, claim)
             else:
                 async with _BindSlot(self._bind_slots) as slot:

@@ -34,8 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=Options.binds_in_flight,
         help="new binds whose writes may be in flight at once: 1 (kcm's single claim worker) keeps "
-        "each bind as short as kcm's, more trade its latency for throughput; a bind's last write "
-        f"always overlaps the next bind's first (default: {Options.binds_in_flight})",
+        "each bind as short as kcm's, more trade its latency for throughput; unthrottled, a bind's "
+        f"last write overlaps the next bind's first (default: {Options.binds_in_flight})",
     )
     process.add_controller_flags(
         parser,

@@ -20,6 +20,11 @@ EVENTS = [
 ]
 
 
+def _peer(request: web.Request) -> object:
+    """The client end of the connection a request came on."""
+    return request.transport.get_extra_info("peername") if request.transport else None
+
+
 @contextlib.asynccontextmanager
 async def serve(app: web.Application) -> AsyncIterator[ApiClient]:
     """`app` on a free loopback port, and a client of it."""
@@ -164,7 +169,7 @@ async def test_requests_share_a_few_connections_and_watches_are_not_capped() -> 
     watching = asyncio.Event()
 
     async def handler(request: web.Request) -> web.StreamResponse:
-        peers.add(request.transport.get_extra_info("peername") if request.transport else None)
+        peers.add(_peer(request))
         if request.query.get("watch") == "true":
             resp = web.StreamResponse()
             await resp.prepare(request)
@@ -206,12 +211,12 @@ async def test_warm_opens_the_request_connections_that_a_burst_then_reuses() -> 
     burst: set[object] = set()
 
     async def version(request: web.Request) -> web.Response:
-        warmed.add(request.transport.get_extra_info("peername") if request.transport else None)
+        warmed.add(_peer(request))
         await asyncio.sleep(0.05)  # all of them at once: each needs its own connection
         return web.json_response({"major": "1"})
 
     async def get(request: web.Request) -> web.Response:
-        burst.add(request.transport.get_extra_info("peername") if request.transport else None)
+        burst.add(_peer(request))
         await asyncio.sleep(0.01)
         return web.json_response({"metadata": {"name": "pv"}})
 
