@@ -16,7 +16,6 @@ time.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import time
 from collections.abc import Callable
@@ -28,6 +27,7 @@ from controller_runtime.controller import ControllerContext, InformerController,
 from controller_runtime.informer import EventHandler
 from controller_runtime.logs import get_logger
 from controller_runtime.operations import Backoff, OperationExecutor
+from controller_runtime.passes import PassPacer
 from controller_runtime.resources import (
     CSI_DRIVERS,
     NODES,
@@ -158,6 +158,7 @@ class AttachDetachController(InformerController):
             )
         )
         self._wake = asyncio.Event()
+        self.decide_cpu = 0.0  # CPU seconds the last pass spent deciding (paces the passes)
         # One operation per VA name at a time, backing off per VA name after a failure.
         self.operations = OperationExecutor[str](
             "attachdetach",
@@ -443,9 +444,9 @@ class AttachDetachController(InformerController):
                 attachments=len(self.vas.store),
                 listed_without_attachment=len(self._seeded),
             )
+            # Never spin faster than a tenth of the loop period, however many events arrive.
+            pacer = PassPacer(self._wake, self.options.loop_period, self.options.loop_period / 10)
             while True:
-                self._wake.clear()
-                began = time.thread_time()
                 try:
                     now = self.options.clock()
                     if now - self._last_populate >= self.options.populator_period:
@@ -454,14 +455,8 @@ class AttachDetachController(InformerController):
                     await self.reconcile()
                 except Exception:
                     log.exception("reconcile pass failed")
-                spent = time.thread_time() - began  # CPU: waiting on a write is not work
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), self.options.loop_period)
-                # Never spin faster than a tenth of the loop period, however many events arrive,
-                # nor spend more than half the CPU in passes when they grow long (thousands of
-                # pods): events then pile into fewer passes instead of starving everything else.
-                # A pass that mostly waited (a node status write before a detach) is not long.
-                await asyncio.sleep(max(self.options.loop_period / 10, spent))
+                pacer.pass_ended(self.decide_cpu)
+                await pacer.next_pass()
         finally:
             METRICS.sources.remove(self._metric_counts)
             workers.cancel()
@@ -474,6 +469,7 @@ class AttachDetachController(InformerController):
     # -- the reconcile pass ---------------------------------------------------------------------------
 
     async def reconcile(self) -> None:
+        began = time.thread_time()
         now = self.options.clock()
         if now - self._last_sync_states >= self.options.sync_states_period:
             # kcm's periodic check of its attached volumes: one listed by a node but without a
@@ -500,6 +496,7 @@ class AttachDetachController(InformerController):
             max_wait_for_unmount=self.options.max_wait_for_unmount,
             detaching=frozenset(self._detaching),
         )
+        self.decide_cpu = time.thread_time() - began
         self._unmount_wait_since = {
             name: self._unmount_wait_since.get(name, now) for name in plan.detach_requested
         }

@@ -16,7 +16,6 @@ This module only puts the four parts together and runs the sync loop:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +24,7 @@ from controller_runtime.client import ApiClient
 from controller_runtime.events import EventRecorder
 from controller_runtime.logs import get_logger
 from controller_runtime.operations import Backoff
+from controller_runtime.passes import PassPacer
 
 from .disk import Layout
 from .node_status import NodeStatus
@@ -91,9 +91,10 @@ class NodeAgent:
         self.ready = False
 
     async def reconcile(self) -> None:
-        """One pass of the sync loop: volumes first, then the pod statuses they allow."""
+        """One pass of the sync loop: volumes first, then the pod statuses they allow (written in
+        the background)."""
         complete = await self.volumes.reconcile()
-        await self.pod_status.sync(complete)
+        self.pod_status.sync(complete)
 
     async def run(self) -> None:
         await self.node_status.register()
@@ -109,20 +110,21 @@ class NodeAgent:
         await asyncio.to_thread(self.volumes.remove_orphan_pod_dirs)
         self.ready = True
         log.info("node agent ready", node=self.node_name, plugins=",".join(self.plugins.plugins))
-        wake = self.volumes.wake
+        # Passes no closer together than a tenth of the loop period: a burst of events (eight
+        # unstages finishing) makes one volumesInUse write, not eight.
+        pacer = PassPacer(self.volumes.wake, self.options.loop_period, self.options.loop_period / 10)
         try:
             while True:
-                wake.clear()
                 try:
                     await self.reconcile()
                 except Exception:
                     log.exception("reconcile pass failed")
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(wake.wait(), self.options.loop_period)
-                await asyncio.sleep(self.options.loop_period / 10)
+                pacer.pass_ended(self.volumes.decide_cpu)
+                await pacer.next_pass()
         finally:
             for t in self._tasks:
                 t.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)
+            await self.pod_status.stop()
             await self.volumes.stop()
             await self.plugins.close()

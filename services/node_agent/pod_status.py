@@ -1,6 +1,10 @@
 """Pod status, kubelet's status manager and the end of its pod deletion: a pod whose volumes are
 all mounted is reported Running (conditions and a running status per container; nothing runs), and
-a pod being deleted is deleted for good once none of its volumes is published any more."""
+a pod being deleted is deleted for good once none of its volumes is published any more.
+
+The writes run in the background, as kubelet's status manager runs beside its volume manager: the
+volume pass that found a pod ready does not wait for them, so the next unstage and the
+volumesInUse write that lets the volume detach never queue behind a batch of pod writes."""
 
 from __future__ import annotations
 
@@ -36,9 +40,11 @@ class PodStatus:
         self.volumes = volumes
         self._deleting: set[str] = set()
         self._reported_running: set[str] = set()
+        self._writes: set[asyncio.Task[None]] = set()
 
-    async def sync(self, complete: dict[str, list[PodVolume]]) -> None:
-        """`complete`: per pod key whose claims all resolve, its volumes (from the volume pass)."""
+    def sync(self, complete: dict[str, list[PodVolume]]) -> None:
+        """Starts the writes the pods need now. `complete`: per pod key whose claims all resolve,
+        its volumes (from the volume pass). A write that fails is started again by a later call."""
         writes = []
         for pod in self.pods.store.values():
             md = pod["metadata"]
@@ -55,8 +61,20 @@ class PodStatus:
             if self.volumes.all_mounted(vols):
                 self._reported_running.add(uid)
                 writes.append(self._set_running(pod))
-        if writes:
-            await asyncio.gather(*writes)
+        for write in writes:
+            task = asyncio.create_task(write)
+            self._writes.add(task)
+            task.add_done_callback(self._writes.discard)
+
+    async def settled(self) -> None:
+        """Waits for the writes started so far."""
+        while self._writes:
+            await asyncio.gather(*self._writes, return_exceptions=True)
+
+    async def stop(self) -> None:
+        for task in list(self._writes):
+            task.cancel()
+        await self.settled()
 
     async def _set_running(self, pod: Obj) -> None:
         md = pod["metadata"]

@@ -56,7 +56,8 @@ def test_attach_sums_the_sides_controllers_and_rates_pods_over_the_mount_pass() 
     assert (got.latency_p50_s, got.latency_p99_s) == (1.5, 4.0)
     assert got.peak_rss_mib == 130.5
     assert got.source["setup_s"] == 120.0
-    assert scaling.from_attach(attach.Pass(1, 0, 0, 0, 0, 0, 0.0, 0, 0, 0, 0, 0), 1.0, 1.0).throughput_per_s == 0.0
+    empty = attach.Pass(1, 0, 0, 0, 0, 0, 0.0, 0, 0, 0, 0, 0)
+    assert scaling.from_attach(empty, 1.0, 1.0).throughput_per_s == 0.0
 
 
 def test_memory_share_is_against_the_empty_cluster_for_kubeloop_and_the_baseline_for_kcm() -> None:

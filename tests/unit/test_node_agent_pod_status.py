@@ -1,10 +1,11 @@
 """The node agent's pod status writes through an apiserver that is briefly unreachable (found by
 the chaos campaign: a pod whose Running status could not be written while the apiserver
 restarted stayed Pending for good, its volume mounted): a failed write is tried again on the next
-pass, for the Running status and for the final deletion alike."""
+pass, for the Running status and for the final deletion alike; and a pass does not wait for them."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any, cast
 
@@ -79,18 +80,49 @@ def status(client: Unreachable, pods: list[Obj], tmp_path: Path) -> PodStatus:
 async def test_running_is_written_again_after_the_apiserver_was_unreachable(tmp_path: Path) -> None:
     client = Unreachable(down=1)
     ps = status(client, [pod("app")], tmp_path)
-    await ps.sync({"ns/app": []})
+    ps.sync({"ns/app": []})
+    await ps.settled()
     assert client.calls == [], "the first write failed"
-    await ps.sync({"ns/app": []})
+    ps.sync({"ns/app": []})
+    await ps.settled()
     assert client.calls == [("patch", "app")], "the next pass writes Running again"
-    await ps.sync({"ns/app": []})
+    ps.sync({"ns/app": []})
+    await ps.settled()
     assert client.calls == [("patch", "app")], "once written, not again"
 
 
 async def test_deletion_is_finished_again_after_the_apiserver_was_unreachable(tmp_path: Path) -> None:
     client = Unreachable(down=1)
     ps = status(client, [pod("gone", deleting=True)], tmp_path)
-    await ps.sync({})
+    ps.sync({})
+    await ps.settled()
     assert client.calls == []
-    await ps.sync({})
+    ps.sync({})
+    await ps.settled()
     assert client.calls == [("DELETE", "gone")]
+
+
+class Held(Unreachable):
+    """Every call waits until `release` is set (an apiserver slow to answer)."""
+
+    def __init__(self) -> None:
+        super().__init__(down=0)
+        self.release = asyncio.Event()
+
+    async def patch(self, _res: Any, name: str, _patch: Obj, **_kw: Any) -> Obj:
+        await self.release.wait()
+        return self._call("patch", name)
+
+
+async def test_a_pass_does_not_wait_for_its_pod_writes(tmp_path: Path) -> None:
+    """The volume pass that found pods ready goes on (an unstage, a volumesInUse write) while their
+    status writes are under way, and does not start a second write for a pod meanwhile."""
+    client = Held()
+    ps = status(client, [pod("a"), pod("b")], tmp_path)
+    ps.sync({"ns/a": [], "ns/b": []})
+    ps.sync({"ns/a": [], "ns/b": []})
+    await asyncio.sleep(0)
+    assert client.calls == [], "sync returned with both writes still waiting"
+    client.release.set()
+    await ps.settled()
+    assert sorted(client.calls) == [("patch", "a"), ("patch", "b")]

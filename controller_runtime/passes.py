@@ -1,0 +1,46 @@
+"""Pacing of level-triggered reconcile loops (the attach-detach controller's, the node agent's): a
+pass runs when something changed or `period` passed. An event after a quiet spell starts a pass at
+once; a flood of events makes fewer, larger passes instead of a busy loop, because passes start no
+closer together than `floor`, nor than the CPU the last one spent deciding (so that passes which
+grow long, with thousands of objects, never take more than half the CPU from everything else)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+
+
+class PassPacer:
+    def __init__(
+        self,
+        wake: asyncio.Event,
+        period: float,
+        floor: float,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self.wake = wake
+        self.period = period
+        self.floor = floor
+        self.clock = clock
+        self.sleep = sleep
+        self._ended = float("-inf")
+        self._spacing = 0.0
+
+    def pass_ended(self, cpu_spent: float) -> None:
+        """Marks the end of a pass that spent `cpu_spent` seconds of CPU deciding what to do (not
+        waiting for its writes: waiting is not work)."""
+        self._ended = self.clock()
+        self._spacing = max(self.floor, cpu_spent)
+
+    async def next_pass(self) -> None:
+        """Returns when the next pass should start, with `wake` cleared so that an event during
+        that pass calls for another one."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.wake.wait(), self.period)
+        delay = self._ended + self._spacing - self.clock()
+        if delay > 0:
+            await self.sleep(delay)
+        self.wake.clear()
