@@ -5,8 +5,9 @@ by `tools/build-binaries.sh external-provisioner`), both driving the same kubelo
     python -m bench.provisioning [--claims 40] [--rounds 5] [--scenarios default,unthrottled]
 
 Each (scenario, side) gets a fresh etcd + kube-apiserver, a fresh driver (`--mode controller`,
-pool in a temporary directory) and kubeloop's pv-controller as a subprocess with a generous QPS (it
-completes the binds for both sides, and must not be the bottleneck). The provisioner under test
+pool in a temporary directory) and kubeloop's pv-controller as a subprocess with a generous QPS and
+16 binds in flight (it completes the binds for both sides, and must not be the bottleneck: with its
+default of one bind in flight it was, and both sides bound claims at its pace). The provisioner under test
 starts and becomes ready (the bench waits for the ready line each component logs, and at least
 3 s: on a busy machine a start-up could otherwise still be running when the claims arrive, and be
 counted as provisioning time); then N claims of an Immediate class are created at once (t0) and the
@@ -137,6 +138,7 @@ async def run_one(scenario: str, side: str, n: int) -> Run:
                     "--kube-api-qps=5000",
                     "--kube-api-burst=10000",
                     "--worker-threads=16",
+                    "--binds-in-flight=16",
                     "-v=1",
                 ],
                 binder_log,
