@@ -70,6 +70,11 @@ class Pass:
     detach_total_s: float
     # The highest RSS of each of the side's controller processes over the pass (MiB).
     peak_rss_mib: dict[str, float] = dataclasses.field(default_factory=dict)
+    # When the bench's watch saw the pod (created) and its deletionTimestamp (deleted), p50 from
+    # the bench's request: the apiserver's and the bench client's share, neither side's work (the
+    # bench sends at most 8 requests at once, so the last of a burst wait for a connection).
+    pod_seen_p50_s: float = math.nan
+    deletion_seen_p50_s: float = math.nan
 
 
 def kubeloop_side(qps: float, burst: int) -> list[Component]:
@@ -115,6 +120,8 @@ class Clock:
 
     def __init__(self, pods: SharedInformer, vas: SharedInformer, nodes: SharedInformer) -> None:
         self.running: dict[str, float] = {}
+        self.pod_seen: dict[str, float] = {}
+        self.deletion_seen: dict[str, float] = {}
         self.va_created: dict[str, float] = {}
         self.va_attached: dict[str, float] = {}
         self.listed: dict[tuple[str, str], float] = {}  # (node, unique volume name)
@@ -160,8 +167,12 @@ class Clock:
         self._unused_watch = set()
 
     def _pod(self, pod: Obj) -> None:
+        now, md = time.monotonic(), pod["metadata"]
+        self.pod_seen.setdefault(md["name"], now)
+        if md.get("deletionTimestamp"):
+            self.deletion_seen.setdefault(md["name"], now)
         if pod.get("status", {}).get("phase") == "Running":
-            self.running.setdefault(pod["metadata"]["name"], time.monotonic())
+            self.running.setdefault(md["name"], now)
 
     def pods_left(self) -> bool:
         return len(self._pods.store) > 0
@@ -182,11 +193,13 @@ async def wait_until(cond: Any, timeout: float, what: str) -> None:
 class PassTimes:
     """Per pod, seconds from its creation (mount side) or deletion (detach side)."""
 
+    pod_seen: list[float]
     va_created: list[float]
     va_attached: list[float]
     node_listed: list[float]
     mount: list[float]
     mount_total: float
+    deletion_seen: list[float]
     node_unused: list[float]
     va_deleting: list[float]
     detach: list[float]
@@ -223,7 +236,12 @@ async def one_pass(
         deleted[name] = time.monotonic()
         await stack.api.delete(PODS, name, NAMESPACE)
 
-    stages = (since_created(clock.va_created, vas), since_created(clock.va_attached, vas))
+    own = {n: n for n in names}
+    stages = (
+        since_created(clock.pod_seen, own),
+        since_created(clock.va_created, vas),
+        since_created(clock.va_attached, vas),
+    )
     listed = since_created(clock.listed, unique)
     clock.watch_unused(set(unique.values()))
     start = time.monotonic()
@@ -235,7 +253,11 @@ async def one_pass(
     def since_deleted(marks: dict[Any, float], keys: dict[str, Any]) -> list[float]:
         return [marks[keys[n]] - deleted[n] for n in names if keys[n] in marks]
 
-    detach_stages = (since_deleted(clock.unused, unique), since_deleted(clock.va_deleting, vas))
+    detach_stages = (
+        since_deleted(clock.deletion_seen, own),
+        since_deleted(clock.unused, unique),
+        since_deleted(clock.va_deleting, vas),
+    )
     clock.forget({vas[n]: unique[n] for n in names})
     await wait_until(lambda: not clock.pods_left(), timeout, f"{tag}: pods deleted")
     return PassTimes(*stages, listed, mount, mount_total, *detach_stages, detach, detach_total)
@@ -272,6 +294,8 @@ async def run_side(
         round(percentile(t.detach, 99), 3),
         round(t.detach_total, 3),
         rss.peaks,
+        round(percentile(t.pod_seen or [math.nan], 50), 3),
+        round(percentile(t.deletion_seen or [math.nan], 50), 3),
     )
 
 
@@ -281,12 +305,14 @@ BENCH = method.Bench(
     "VolumeAttachment gone (seconds)",
     sides={"kubeloop": "kubeloop", "go": "kcm + csi-attacher"},
     figures=(
+        method.Figure("pod_seen_p50_s", "pod created p50 s"),
         method.Figure("va_created_p50_s", "VA created p50 s"),
         method.Figure("va_attached_p50_s", "VA attached p50 s"),
         method.Figure("node_listed_p50_s", "node lists it p50 s"),
         method.Figure("mount_p50_s", "mount p50 s"),
         method.Figure("mount_p99_s", "mount p99 s"),
         method.Figure("mount_total_s", "mount all s"),
+        method.Figure("deletion_seen_p50_s", "pod deleting p50 s"),
         method.Figure("node_unused_p50_s", "node unused p50 s"),
         method.Figure("va_deleting_p50_s", "VA deleting p50 s"),
         method.Figure("detach_p50_s", "detach p50 s"),

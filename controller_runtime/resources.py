@@ -74,6 +74,22 @@ def resource_version(obj: Obj) -> str:
     return str(obj.get("metadata", {}).get("resourceVersion", ""))
 
 
+def revision_of(obj: Obj) -> int:
+    """The resourceVersion as the etcd revision it is (0 when absent). Kubernetes calls it opaque,
+    yet kcm's pv-controller and the scheduler's assume cache compare it as a number to keep a
+    controller's own write over an older copy the watch has not replaced yet; so does kubeloop."""
+    try:
+        return int(obj.get("metadata", {}).get("resourceVersion") or 0)
+    except ValueError:
+        return 0
+
+
+def newer(candidate: Obj, held: Obj | None) -> bool:
+    """Whether `candidate` may replace `held`. resourceVersions come from one etcd revision counter,
+    so a re-created object (another UID) is newer too; equal versions are the same object."""
+    return held is None or revision_of(candidate) >= revision_of(held)
+
+
 def object_key(namespace: str | None, name: str) -> str:
     """The cache key client-go uses: `namespace/name`, or `name` for cluster-scoped objects."""
     return f"{namespace}/{name}" if namespace else name

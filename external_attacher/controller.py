@@ -29,7 +29,7 @@ from controller_runtime.controller import ControllerContext, run_workers
 from controller_runtime.csi_client import CSIConnection, SidecarController, SidecarOptions, error_text
 from controller_runtime.informer import EventHandler
 from controller_runtime.logs import get_logger
-from controller_runtime.resources import CSI_NODES, PERSISTENT_VOLUMES, VOLUME_ATTACHMENTS, Obj
+from controller_runtime.resources import CSI_NODES, PERSISTENT_VOLUMES, VOLUME_ATTACHMENTS, Obj, newer
 from controller_runtime.volumes import CSIVolume, attacher_finalizer, csi_volume, volume_capability
 from controller_runtime.workqueue import (
     BucketRateLimiter,
@@ -80,6 +80,12 @@ class Attacher(SidecarController):
         self.can_publish_readonly = csi.has_controller_capability(ControllerRPC.PUBLISH_READONLY)
         # VAs the ListVolumes pass found out of step: their next sync runs even if nothing seems due.
         self._force_sync: set[str] = set()
+        # VAs as our own last write returned them, until the cache holds that version or a newer
+        # one. The finalizer write's event queues the VA again while its attach is still running;
+        # synced from a cache that has not seen the status write yet, the VA looked unattached and
+        # was attached a second time (ControllerPublishVolume and the status patch again: most
+        # VAs of a 20-pod burst, measured).
+        self._written: dict[str, Obj] = {}
         limiter: MaxOfRateLimiter[str] = MaxOfRateLimiter(
             ItemExponentialRateLimiter(self.options.retry_start, self.options.retry_max),
             BucketRateLimiter(100.0, 1000),
@@ -111,6 +117,7 @@ class Attacher(SidecarController):
             self.va_queue.add(va["metadata"]["name"])
 
     def _va_gone(self, va: Obj) -> None:
+        self._written.pop(va["metadata"]["name"], None)
         if pv := va_pv_name(va):
             self.pv_queue.add(pv)
 
@@ -138,8 +145,17 @@ class Attacher(SidecarController):
 
     # -- VolumeAttachment sync --------------------------------------------------------------------
 
+    def _freshest(self, name: str) -> Obj | None:
+        """The VA from the cache, or from our own last write when the cache has not caught up."""
+        cached = self.vas.store.get(name)
+        mine = self._written.get(name)
+        if cached is None or mine is None or newer(cached, mine):
+            self._written.pop(name, None)
+            return cached
+        return mine
+
     async def sync_va(self, name: str) -> float | None:
-        va = self.vas.store.get(name)
+        va = self._freshest(name)
         if va is None or not self._ours(va):
             return None
         if not self.can_publish:
@@ -244,7 +260,9 @@ class Attacher(SidecarController):
     async def _mark_attached(self, va: Obj, context: dict[str, str]) -> None:
         status = {"attached": True, "attachmentMetadata": context or None, "attachError": None}
         name = va["metadata"]["name"]
-        await self.client.patch(VOLUME_ATTACHMENTS, name, {"status": status}, subresource="status")
+        self._written[name] = await self.client.patch(
+            VOLUME_ATTACHMENTS, name, {"status": status}, subresource="status"
+        )
 
     async def _detach(self, va: Obj) -> None:
         name = va["metadata"]["name"]
@@ -289,9 +307,11 @@ class Attacher(SidecarController):
             fresh["metadata"]["finalizers"] = [*finalizers, self.finalizer]
         fresh["metadata"]["annotations"] = {**annotations, ANN_VA_NODE_ID: node_id}
         try:
-            return await self.client.update(VOLUME_ATTACHMENTS, fresh)  # 409 → requeue
+            saved = await self.client.update(VOLUME_ATTACHMENTS, fresh)  # 409 → requeue
         except ApiError as exc:
             raise AttachError(f"could not save VolumeAttachment: {exc.message}") from exc
+        self._written[va["metadata"]["name"]] = saved
+        return saved
 
     async def _ensure_pv_finalizer(self, pv: Obj) -> None:
         # Several VAs of one PV (ReadOnlyMany on two nodes) race to add the same finalizer. A 409

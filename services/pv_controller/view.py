@@ -13,22 +13,9 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from controller_runtime.resources import Obj, key_of
+from controller_runtime.resources import Obj, key_of, newer, revision_of
 
 from .match import VolumeIndex
-
-
-def rv_of(obj: Obj) -> int:
-    try:
-        return int(obj.get("metadata", {}).get("resourceVersion") or 0)
-    except ValueError:
-        return 0
-
-
-def newer(candidate: Obj, held: Obj | None) -> bool:
-    """Whether `candidate` may replace `held`. resourceVersions come from one etcd revision counter,
-    so a re-created object (another UID) is newer too; equal versions are the same object."""
-    return held is None or rv_of(candidate) >= rv_of(held)
 
 
 @dataclass
@@ -48,7 +35,7 @@ class VersionedStore:
         stored, None when ignored."""
         held = self.items.get(key)
         dead = self._tombstones.get(key)
-        if dead is not None and rv_of(obj) <= dead:
+        if dead is not None and revision_of(obj) <= dead:
             return None
         if not newer(obj, held):
             return None
@@ -58,9 +45,9 @@ class VersionedStore:
 
     def delete(self, key: str, obj: Obj | None) -> Obj | None:
         held = self.items.pop(key, None)
-        rv = rv_of(obj) if obj is not None else 0
+        rv = revision_of(obj) if obj is not None else 0
         if held is not None:
-            rv = max(rv, rv_of(held))
+            rv = max(rv, revision_of(held))
         self._tombstones[key] = rv
         self._tombstones.move_to_end(key)
         while len(self._tombstones) > self.tombstone_capacity:

@@ -7,6 +7,7 @@ until the PV is deleted, and the ListVolumes pass re-syncing VAs out of step in 
 from __future__ import annotations
 
 import asyncio
+import copy
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -322,5 +323,62 @@ def test_a_lost_race_for_the_pv_finalizer_is_no_attach_error() -> None:
         assert marked["status"]["attached"] is True and marked["status"]["attachError"] is None
         assert driver.calls == [("publish", "vol-1", "id-a")]
         assert len(writes.of("update", "persistentvolumes")) == 1
+
+    asyncio.run(main())
+
+
+class Versioned(Writes):
+    """Answers writes as the apiserver does: the whole object at a new resourceVersion."""
+
+    def __init__(self, first: Obj) -> None:
+        super().__init__()
+        self.held = copy.deepcopy(first)
+
+    def _next(self, obj: Obj) -> Obj:
+        obj["metadata"]["resourceVersion"] = str(int(self.held["metadata"]["resourceVersion"]) + 1)
+        self.held = copy.deepcopy(obj)
+        return obj
+
+    async def update(self, res: Resource, body: Obj, **kw: Any) -> Obj:
+        await super().update(res, body, **kw)
+        return self._next(copy.deepcopy(body)) if res.plural == "volumeattachments" else body
+
+    async def patch(self, res: Resource, name: str, body: Obj, **kw: Any) -> Obj:
+        await super().patch(res, name, body, **kw)
+        obj = copy.deepcopy(self.held)
+        obj["status"] = {**obj.get("status", {}), **body["status"]}
+        return self._next(obj)
+
+
+def test_a_sync_from_a_cache_behind_our_own_writes_does_not_attach_again() -> None:
+    """The finalizer write's event queues the VA while its attach runs; the cache that sync reads
+    has the finalizer but not yet the status write. csi-attacher decides from its lister's copy
+    alone, so it attaches again (ControllerPublishVolume and the status patch once more); kubeloop
+    goes by its own newer write."""
+
+    async def main() -> None:
+        first = va()
+        first["metadata"]["resourceVersion"] = "10"
+        a, driver, _ = make()
+        writes = Versioned(first)
+        a.client = cast(ApiClient, writes)
+        a.pvs.store.upsert(pv(finalizers=(FINALIZER,)))
+        a.csinodes.store.upsert(csinode())
+        a.vas.store.upsert(first)
+        await a.sync_va("va-1")
+        assert [c[0] for c in driver.calls] == ["publish"]
+        [finalizer_written] = writes.of("update", "volumeattachments")
+
+        a.vas.store.upsert(finalizer_written)  # the cache at the finalizer write, not the status's
+        await a.sync_va("va-1")
+        assert [c[0] for c in driver.calls] == ["publish"], "attached once"
+        assert len(writes.calls) == 2, "no second status patch"
+
+        deleted = copy.deepcopy(writes.held)  # the cache catches up, then the VA is deleted
+        deleted["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+        deleted["metadata"]["resourceVersion"] = "20"
+        a.vas.store.upsert(deleted)
+        await a.sync_va("va-1")
+        assert [c[0] for c in driver.calls] == ["publish", "unpublish"], "a newer cache wins"
 
     asyncio.run(main())
