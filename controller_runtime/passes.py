@@ -1,8 +1,9 @@
 """Pacing of level-triggered reconcile loops (the attach-detach controller's, the node agent's): a
 pass runs when something changed or `period` passed. An event after a quiet spell starts a pass at
-once; a flood of events makes fewer, larger passes instead of a busy loop, because passes start no
-closer together than `floor`, nor than the CPU the last one spent deciding (so that passes which
-grow long, with thousands of objects, never take more than half the CPU from everything else)."""
+once; a flood of events makes fewer, larger passes instead of a busy loop, because a pass starts
+no sooner after the last one ended than `floor`, nor than the CPU that one spent deciding (so
+that the deciding, which grows with thousands of objects, never takes more than about half the
+CPU from everything else; waiting on writes is not counted)."""
 
 from __future__ import annotations
 

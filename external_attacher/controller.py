@@ -146,13 +146,27 @@ class Attacher(SidecarController):
     # -- VolumeAttachment sync --------------------------------------------------------------------
 
     def _freshest(self, name: str) -> Obj | None:
-        """The VA from the cache, or from our own last write when the cache has not caught up."""
+        """The VA from the cache, or from our own last write when the cache has not caught up. A
+        cached deletion, or another object of that name, wins whatever the versions say (should
+        they ever go backwards, an etcd restore, a deleted VA must still be detached)."""
         cached = self.vas.store.get(name)
         mine = self._written.get(name)
-        if cached is None or mine is None or newer(cached, mine):
+        if (
+            cached is None
+            or mine is None
+            or newer(cached, mine)
+            or cached["metadata"].get("deletionTimestamp")
+            or cached["metadata"].get("uid") != mine.get("metadata", {}).get("uid")
+        ):
             self._written.pop(name, None)
             return cached
         return mine
+
+    def _remember(self, name: str, written: Obj) -> None:
+        """Keeps what a write returned, for a VA the cache still holds (one whose deletion the
+        cache has seen meanwhile is gone, and must not come back through here)."""
+        if name in self.vas.store:
+            self._written[name] = written
 
     async def sync_va(self, name: str) -> float | None:
         va = self._freshest(name)
@@ -260,8 +274,8 @@ class Attacher(SidecarController):
     async def _mark_attached(self, va: Obj, context: dict[str, str]) -> None:
         status = {"attached": True, "attachmentMetadata": context or None, "attachError": None}
         name = va["metadata"]["name"]
-        self._written[name] = await self.client.patch(
-            VOLUME_ATTACHMENTS, name, {"status": status}, subresource="status"
+        self._remember(
+            name, await self.client.patch(VOLUME_ATTACHMENTS, name, {"status": status}, subresource="status")
         )
 
     async def _detach(self, va: Obj) -> None:
@@ -310,7 +324,7 @@ class Attacher(SidecarController):
             saved = await self.client.update(VOLUME_ATTACHMENTS, fresh)  # 409 → requeue
         except ApiError as exc:
             raise AttachError(f"could not save VolumeAttachment: {exc.message}") from exc
-        self._written[va["metadata"]["name"]] = saved
+        self._remember(va["metadata"]["name"], saved)
         return saved
 
     async def _ensure_pv_finalizer(self, pv: Obj) -> None:
@@ -415,8 +429,9 @@ class Attacher(SidecarController):
             if not token:
                 break
         queued = 0
-        for va in self.vas.store.values():
-            if not self._ours(va):
+        for name in list(self.vas.store.keys()):
+            va = self._freshest(name)
+            if va is None or not self._ours(va):
                 continue
             try:
                 node_id = self._node_id(va)
@@ -426,7 +441,6 @@ class Attacher(SidecarController):
             attached = bool(va.get("status", {}).get("attached"))
             if attached == (node_id in published.get(vol.handle, set())):
                 continue
-            name = va["metadata"]["name"]
             log.warning(
                 "VolumeAttachment status and the driver's published nodes disagree, syncing it again",
                 va=name,

@@ -447,15 +447,18 @@ class AttachDetachController(InformerController):
             # Never spin faster than a tenth of the loop period, however many events arrive.
             pacer = PassPacer(self._wake, self.options.loop_period, self.options.loop_period / 10)
             while True:
+                populate_cpu = 0.0
                 try:
                     now = self.options.clock()
                     if now - self._last_populate >= self.options.populator_period:
+                        began = time.thread_time()
                         self._last_populate = now
                         self.populate(now)
+                        populate_cpu = time.thread_time() - began
                     await self.reconcile()
                 except Exception:
                     log.exception("reconcile pass failed")
-                pacer.pass_ended(self.decide_cpu)
+                pacer.pass_ended(populate_cpu + self.decide_cpu)
                 await pacer.next_pass()
         finally:
             METRICS.sources.remove(self._metric_counts)

@@ -9,7 +9,9 @@ volumesInUse write that lets the volume detach never queue behind a batch of pod
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
@@ -45,26 +47,42 @@ class PodStatus:
     def sync(self, complete: dict[str, list[PodVolume]]) -> None:
         """Starts the writes the pods need now. `complete`: per pod key whose claims all resolve,
         its volumes (from the volume pass). A write that fails is started again by a later call."""
-        writes = []
+        writes: list[tuple[Coroutine[Any, Any, None], str, set[str]]] = []
+        present = set()
         for pod in self.pods.store.values():
             md = pod["metadata"]
             key, uid = f"{md.get('namespace', '')}/{md['name']}", md.get("uid", "")
+            present.add(uid)
             if md.get("deletionTimestamp"):
                 busy = self.volumes.pod_could_have_mounted_volumes(uid)
                 if not busy and uid not in self._deleting:
                     self._deleting.add(uid)
-                    writes.append(self._finish_deletion(pod))
+                    writes.append((self._finish_deletion(pod), uid, self._deleting))
                 continue
             vols = complete.get(key)
             if vols is None or pod_terminated(pod) or uid in self._reported_running:
                 continue
             if self.volumes.all_mounted(vols):
                 self._reported_running.add(uid)
-                writes.append(self._set_running(pod))
-        for write in writes:
-            task = asyncio.create_task(write)
+                writes.append((self._set_running(pod), uid, self._reported_running))
+        # Pods gone from the cache need no mark: without this the sets grow by every pod the node
+        # ever had.
+        self._deleting &= present
+        self._reported_running &= present
+        for write, uid, marks in writes:
+            task = asyncio.create_task(self._guarded(write, uid, marks))
             self._writes.add(task)
             task.add_done_callback(self._writes.discard)
+
+    @staticmethod
+    async def _guarded(write: Coroutine[Any, Any, None], uid: str, marks: set[str]) -> None:
+        """A write that failed in a way it did not foresee is logged and left for a later pass
+        (its mark cleared), as a failure of the pass that awaited it used to be."""
+        try:
+            await write
+        except Exception:
+            marks.discard(uid)
+            log.exception("pod status write failed", pod_uid=uid)
 
     async def settled(self) -> None:
         """Waits for the writes started so far."""

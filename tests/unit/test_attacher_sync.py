@@ -382,3 +382,27 @@ def test_a_sync_from_a_cache_behind_our_own_writes_does_not_attach_again() -> No
         assert [c[0] for c in driver.calls] == ["publish", "unpublish"], "a newer cache wins"
 
     asyncio.run(main())
+
+
+def test_a_cached_deletion_wins_over_our_write_whatever_the_versions_say() -> None:
+    """Should resourceVersions ever go backwards (etcd restored from a backup), a deleted VA is still
+    detached rather than held by the copy of our own last write."""
+
+    async def main() -> None:
+        first = va()
+        first["metadata"]["resourceVersion"] = "10"
+        a, driver, _ = make()
+        writes = Versioned(first)
+        a.client = cast(ApiClient, writes)
+        a.pvs.store.upsert(pv(finalizers=(FINALIZER,)))
+        a.csinodes.store.upsert(csinode())
+        a.vas.store.upsert(first)
+        await a.sync_va("va-1")
+        deleted = copy.deepcopy(writes.held)
+        deleted["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+        deleted["metadata"]["resourceVersion"] = "3"
+        a.vas.store.upsert(deleted)
+        await a.sync_va("va-1")
+        assert [c[0] for c in driver.calls] == ["publish", "unpublish"]
+
+    asyncio.run(main())

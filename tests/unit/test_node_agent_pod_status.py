@@ -126,3 +126,35 @@ async def test_a_pass_does_not_wait_for_its_pod_writes(tmp_path: Path) -> None:
     client.release.set()
     await ps.settled()
     assert sorted(client.calls) == [("patch", "a"), ("patch", "b")]
+
+
+class Broken(Unreachable):
+    """The first call fails in a way no handler foresees."""
+
+    def _call(self, verb: str, name: str) -> Obj:
+        if not self.calls and self.down > 0:
+            self.down -= 1
+            raise ValueError("unforeseen")
+        return super()._call(verb, name)
+
+
+async def test_an_unforeseen_failure_is_logged_and_the_write_started_again(tmp_path: Path) -> None:
+    client = Broken(down=1)
+    ps = status(client, [pod("app")], tmp_path)
+    ps.sync({"ns/app": []})
+    await ps.settled()
+    assert client.calls == []
+    ps.sync({"ns/app": []})
+    await ps.settled()
+    assert client.calls == [("patch", "app")]
+
+
+async def test_marks_of_pods_gone_from_the_cache_are_dropped(tmp_path: Path) -> None:
+    client = Unreachable(down=0)
+    pods = [pod("app"), pod("gone", deleting=True)]
+    ps = status(client, pods, tmp_path)
+    ps.sync({"ns/app": []})
+    await ps.settled()
+    pods.clear()
+    ps.sync({})
+    assert not ps._reported_running and not ps._deleting
