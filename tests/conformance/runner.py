@@ -262,8 +262,11 @@ async def _kubectl_apply(cp: ControlPlane, manifests: tuple[str, ...]) -> None:
 
 
 async def _wait_nodes_ready(rec: Recorder, api: ApiClient, timeout: float = 120.0) -> None:
-    """Both nodes Ready with the driver in their CSINode, and capacity published for each (the
-    scheduler needs it for WaitForFirstConsumer claims: storageCapacity is on in deploy/)."""
+    """Both nodes Ready and untainted with the driver in their CSINode, and capacity published for
+    each (the scheduler needs it for WaitForFirstConsumer claims: storageCapacity is on in
+    deploy/). Ready is not enough: kcm's node lifecycle controller takes the not-ready taint the
+    apiserver put on a new Node off a moment later, and a pod created in between gets a
+    FailedScheduling event in one mode and not in the other (a fresh-clone run differed so)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         ready = [
@@ -273,6 +276,7 @@ async def _wait_nodes_ready(rec: Recorder, api: ApiClient, timeout: float = 120.
                 c.get("type") == "Ready" and c.get("status") == "True"
                 for c in n.get("status", {}).get("conditions") or ()
             )
+            and not n.get("spec", {}).get("taints")
         ]
         csinodes, _ = await api.list_all(CSI_NODES)
         with_driver = [
@@ -282,7 +286,7 @@ async def _wait_nodes_ready(rec: Recorder, api: ApiClient, timeout: float = 120.
         if len(ready) >= 2 and len(with_driver) >= 2 and len(capacities) >= 2:
             return
         await asyncio.sleep(0.5)
-    raise RuntimeError("nodes, CSINodes or CSIStorageCapacity objects not ready in time")
+    raise RuntimeError("nodes (Ready, untainted), CSINodes or CSIStorageCapacity objects not ready in time")
 
 
 @dataclass
