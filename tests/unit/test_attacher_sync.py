@@ -350,6 +350,27 @@ class Versioned(Writes):
         return self._next(obj)
 
 
+async def attached_through_versioned_writes() -> tuple[Attacher, Driver, Versioned]:
+    """An attacher that attached va-1 (at resourceVersion 10 in its cache) through `Versioned`."""
+    first = va()
+    first["metadata"]["resourceVersion"] = "10"
+    a, driver, _ = make()
+    writes = Versioned(first)
+    a.client = cast(ApiClient, writes)
+    a.pvs.store.upsert(pv(finalizers=(FINALIZER,)))
+    a.csinodes.store.upsert(csinode())
+    a.vas.store.upsert(first)
+    await a.sync_va("va-1")
+    return a, driver, writes
+
+
+def deleted(held: Obj, resource_version: str) -> Obj:
+    obj = copy.deepcopy(held)
+    obj["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    obj["metadata"]["resourceVersion"] = resource_version
+    return obj
+
+
 def test_a_sync_from_a_cache_behind_our_own_writes_does_not_attach_again() -> None:
     """The finalizer write's event queues the VA while its attach runs; the cache that sync reads
     has the finalizer but not yet the status write. csi-attacher decides from its lister's copy
@@ -357,15 +378,7 @@ def test_a_sync_from_a_cache_behind_our_own_writes_does_not_attach_again() -> No
     goes by its own newer write."""
 
     async def main() -> None:
-        first = va()
-        first["metadata"]["resourceVersion"] = "10"
-        a, driver, _ = make()
-        writes = Versioned(first)
-        a.client = cast(ApiClient, writes)
-        a.pvs.store.upsert(pv(finalizers=(FINALIZER,)))
-        a.csinodes.store.upsert(csinode())
-        a.vas.store.upsert(first)
-        await a.sync_va("va-1")
+        a, driver, writes = await attached_through_versioned_writes()
         assert [c[0] for c in driver.calls] == ["publish"]
         [finalizer_written] = writes.of("update", "volumeattachments")
 
@@ -374,10 +387,7 @@ def test_a_sync_from_a_cache_behind_our_own_writes_does_not_attach_again() -> No
         assert [c[0] for c in driver.calls] == ["publish"], "attached once"
         assert len(writes.calls) == 2, "no second status patch"
 
-        deleted = copy.deepcopy(writes.held)  # the cache catches up, then the VA is deleted
-        deleted["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
-        deleted["metadata"]["resourceVersion"] = "20"
-        a.vas.store.upsert(deleted)
+        a.vas.store.upsert(deleted(writes.held, "20"))  # the cache catches up, then the VA is deleted
         await a.sync_va("va-1")
         assert [c[0] for c in driver.calls] == ["publish", "unpublish"], "a newer cache wins"
 
@@ -389,19 +399,8 @@ def test_a_cached_deletion_wins_over_our_write_whatever_the_versions_say() -> No
     detached rather than held by the copy of our own last write."""
 
     async def main() -> None:
-        first = va()
-        first["metadata"]["resourceVersion"] = "10"
-        a, driver, _ = make()
-        writes = Versioned(first)
-        a.client = cast(ApiClient, writes)
-        a.pvs.store.upsert(pv(finalizers=(FINALIZER,)))
-        a.csinodes.store.upsert(csinode())
-        a.vas.store.upsert(first)
-        await a.sync_va("va-1")
-        deleted = copy.deepcopy(writes.held)
-        deleted["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
-        deleted["metadata"]["resourceVersion"] = "3"
-        a.vas.store.upsert(deleted)
+        a, driver, writes = await attached_through_versioned_writes()
+        a.vas.store.upsert(deleted(writes.held, "3"))
         await a.sync_va("va-1")
         assert [c[0] for c in driver.calls] == ["publish", "unpublish"]
 
