@@ -42,10 +42,11 @@ from localstack.proc import free_ports
 from localstack.storage_stack import NODES, ShortHomeComponents, StorageStack, storage_components
 
 from . import method
-from .common import PeakRss, control_plane, kcm_argv, percentile
+from .common import CpuUse, PeakRss, control_plane, kcm_argv, percentile
 
 NAMESPACE = "bench-attach"
 COMMON = ("pv-controller", "csi-driver-controller", "csi-driver-node", "node-agent")
+NODE_SIDE = ("csi-driver-node", "node-agent")  # name prefixes: one process of each per node
 # Small enough that `make bench` (5 rounds of each side) fits its 30 minutes on 2 cores.
 PODS_DEFAULT = 20
 
@@ -75,6 +76,14 @@ class Pass:
     # bench sends at most 8 requests at once, so the last of a burst wait for a connection).
     pod_seen_p50_s: float = math.nan
     deletion_seen_p50_s: float = math.nan
+    # CPU seconds over the measured pass: the side's controllers; the node side both sides share
+    # (node agents and CSI node plugins); kube-apiserver and etcd. With the pass's wall time they
+    # show how much of the machine's cores a side left to the rest.
+    side_cpu_s: float = math.nan
+    node_cpu_s: float = math.nan
+    server_cpu_s: float = math.nan
+    pass_s: float = math.nan
+    cpu_s: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 def kubeloop_side(qps: float, burst: int) -> list[Component]:
@@ -273,11 +282,23 @@ async def run_side(
 ) -> Pass:
     group = ShortHomeComponents(stack.cp, comps, stack.home)
     await group.start()
+    side_names = list(group.processes)
     try:
         # One pod first, unmeasured: kcm answers before its controllers run.
         await one_pass(stack, clock, volumes[:1], f"{tag}-warm", timeout)
-        async with PeakRss(lambda: {n: p.pid for n, p in group.processes.items()}) as rss:
-            t = await one_pass(stack, clock, volumes, tag, timeout)
+
+        def side() -> dict[str, int | None]:
+            return {n: p.pid for n, p in group.processes.items()}
+
+        def every() -> dict[str, int | None]:
+            shared = {**stack.cp.processes, **stack.components.processes}
+            return {**{n: p.pid for n, p in shared.items()}, **side()}
+
+        async with PeakRss(side) as rss:
+            began = time.monotonic()
+            with CpuUse(every) as cpu:
+                t = await one_pass(stack, clock, volumes, tag, timeout)
+            wall = time.monotonic() - began
     finally:
         await group.stop()
     return Pass(
@@ -296,6 +317,11 @@ async def run_side(
         rss.peaks,
         round(percentile(t.pod_seen or [math.nan], 50), 3),
         round(percentile(t.deletion_seen or [math.nan], 50), 3),
+        cpu.total(side_names),
+        cpu.total(n for n in cpu.spent if n.startswith(NODE_SIDE)),
+        cpu.total(stack.cp.processes),
+        round(wall, 3),
+        cpu.spent,
     )
 
 
@@ -318,6 +344,10 @@ BENCH = method.Bench(
         method.Figure("detach_p50_s", "detach p50 s"),
         method.Figure("detach_p99_s", "detach p99 s"),
         method.Figure("detach_total_s", "detach all s"),
+        method.Figure("pass_s", "pass wall s"),
+        method.Figure("side_cpu_s", "side's controllers CPU s"),
+        method.Figure("node_cpu_s", "node side CPU s"),
+        method.Figure("server_cpu_s", "apiserver+etcd CPU s"),
     ),
 )
 

@@ -13,7 +13,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -79,6 +79,29 @@ class PeakRss:
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
         self.sample()
+
+
+class CpuUse:
+    """CPU seconds (user + system) each named process spent while the context was open. Names the
+    context did not see start count from zero; the processes must still run when it closes."""
+
+    def __init__(self, pids: Callable[[], Mapping[str, int | None]]) -> None:
+        self._pids = pids
+        self._start: dict[str, float] = {}
+        self.spent: dict[str, float] = {}
+
+    def __enter__(self) -> CpuUse:
+        self._start = {name: cpu_seconds(pid) for name, pid in self._pids().items()}
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.spent = {
+            name: round(cpu_seconds(pid) - self._start.get(name, 0.0), 2)
+            for name, pid in self._pids().items()
+        }
+
+    def total(self, names: Iterable[str]) -> float:
+        return round(sum(self.spent.get(n, 0.0) for n in names), 2)
 
 
 def print_table(title: str, header: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:

@@ -4,12 +4,14 @@ profile summary (bench/profile.py): spreads, per-round ratios, the generated tab
 from __future__ import annotations
 
 import json
+import os
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from bench import method, profile, report
+from bench import common, method, profile, report
 
 FIGURES = (method.Figure("total_s", "total s"), method.Figure("rate", "per s", "higher"))
 
@@ -201,3 +203,14 @@ async def test_wait_log_reads_only_what_the_process_wrote_since_its_start(tmp_pa
     with pytest.raises(RuntimeError, match="exited before logging 'ready'"):
         await wait_log(mark, "ready", proc, timeout=10)
     assert LogMark.here(tmp_path / "absent.log").offset == 0
+
+
+def test_cpu_use_counts_what_each_process_spent_inside_the_context() -> None:
+    pids = {"self": os.getpid(), "gone": None}
+    with common.CpuUse(lambda: pids) as use:
+        deadline = time.process_time() + 0.05
+        while time.process_time() < deadline:
+            pass
+    assert use.spent["self"] >= 0.04
+    assert use.spent["gone"] == 0.0
+    assert use.total(["self", "gone", "never-seen"]) == use.spent["self"]
