@@ -3,7 +3,8 @@ pass runs when something changed or `period` passed. An event after a quiet spel
 once; a flood of events makes fewer, larger passes instead of a busy loop, because a pass starts
 no sooner after the last one ended than `floor`, nor than the CPU that one spent deciding (so
 that the deciding, which grows with thousands of objects, never takes more than about half the
-CPU from everything else; waiting on writes is not counted)."""
+CPU from everything else; waiting on writes is not counted). `CpuMeter` gathers that CPU from the
+blocks of a pass that decide."""
 
 from __future__ import annotations
 
@@ -45,3 +46,24 @@ class PassPacer:
         if delay > 0:
             await self.sleep(delay)
         self.wake.clear()
+
+
+class CpuMeter:
+    """The CPU a pass spent deciding: each `with meter:` block adds the CPU its thread used (the
+    blocks are not nested); `take()` returns the sum and starts the next pass's count at zero."""
+
+    def __init__(self, clock: Callable[[], float] = time.thread_time) -> None:
+        self._clock = clock
+        self._spent = 0.0
+        self._began = 0.0
+
+    def __enter__(self) -> CpuMeter:
+        self._began = self._clock()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._spent += self._clock() - self._began
+
+    def take(self) -> float:
+        spent, self._spent = self._spent, 0.0
+        return spent

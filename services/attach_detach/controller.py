@@ -27,7 +27,7 @@ from controller_runtime.controller import ControllerContext, InformerController,
 from controller_runtime.informer import EventHandler
 from controller_runtime.logs import get_logger
 from controller_runtime.operations import Backoff, OperationExecutor
-from controller_runtime.passes import PassPacer
+from controller_runtime.passes import CpuMeter, PassPacer
 from controller_runtime.resources import (
     CSI_DRIVERS,
     NODES,
@@ -158,7 +158,7 @@ class AttachDetachController(InformerController):
             )
         )
         self._wake = asyncio.Event()
-        self.decide_cpu = 0.0  # CPU seconds the last pass spent deciding (paces the passes)
+        self.deciding = CpuMeter()  # the CPU a pass spends deciding (paces the passes)
         # One operation per VA name at a time, backing off per VA name after a failure.
         self.operations = OperationExecutor[str](
             "attachdetach",
@@ -447,18 +447,16 @@ class AttachDetachController(InformerController):
             # Never spin faster than a tenth of the loop period, however many events arrive.
             pacer = PassPacer(self._wake, self.options.loop_period, self.options.loop_period / 10)
             while True:
-                populate_cpu = 0.0
                 try:
                     now = self.options.clock()
                     if now - self._last_populate >= self.options.populator_period:
-                        began = time.thread_time()
                         self._last_populate = now
-                        self.populate(now)
-                        populate_cpu = time.thread_time() - began
+                        with self.deciding:
+                            self.populate(now)
                     await self.reconcile()
                 except Exception:
                     log.exception("reconcile pass failed")
-                pacer.pass_ended(populate_cpu + self.decide_cpu)
+                pacer.pass_ended(self.deciding.take())
                 await pacer.next_pass()
         finally:
             METRICS.sources.remove(self._metric_counts)
@@ -472,34 +470,33 @@ class AttachDetachController(InformerController):
     # -- the reconcile pass ---------------------------------------------------------------------------
 
     async def reconcile(self) -> None:
-        began = time.thread_time()
         now = self.options.clock()
-        if now - self._last_sync_states >= self.options.sync_states_period:
-            # kcm's periodic check of its attached volumes: one listed by a node but without a
-            # VolumeAttachment is not attached after all (a wanted one is then attached anew).
-            self._last_sync_states = now
-            self._seeded = {n: a for n, a in self._seeded.items() if n in self._detaching}
-        desired = self.desired.entries()
-        attachments = self.attachments(now)
-        self._track_mounts(attachments)
-        nodes = self.node_infos()
-        live = {a.name for a in attachments}
-        self._detaching &= {a.name for a in attachments if not a.deleting}
-        self._attach_started = {
-            n: t for n, t in self._attach_started.items() if n in live and n not in self._detaching
-        }
-        self._counts = (len(desired), len(attachments))
-        plan = decide(
-            desired,
-            attachments,
-            nodes,
-            attach_required=self.attach_required,
-            unmount_wait_since=self._unmount_wait_since,
-            now=now,
-            max_wait_for_unmount=self.options.max_wait_for_unmount,
-            detaching=frozenset(self._detaching),
-        )
-        self.decide_cpu = time.thread_time() - began
+        with self.deciding:
+            if now - self._last_sync_states >= self.options.sync_states_period:
+                # kcm's periodic check of its attached volumes: one listed by a node but without a
+                # VolumeAttachment is not attached after all (a wanted one is then attached anew).
+                self._last_sync_states = now
+                self._seeded = {n: a for n, a in self._seeded.items() if n in self._detaching}
+            desired = self.desired.entries()
+            attachments = self.attachments(now)
+            self._track_mounts(attachments)
+            nodes = self.node_infos()
+            live = {a.name for a in attachments}
+            self._detaching &= {a.name for a in attachments if not a.deleting}
+            self._attach_started = {
+                n: t for n, t in self._attach_started.items() if n in live and n not in self._detaching
+            }
+            self._counts = (len(desired), len(attachments))
+            plan = decide(
+                desired,
+                attachments,
+                nodes,
+                attach_required=self.attach_required,
+                unmount_wait_since=self._unmount_wait_since,
+                now=now,
+                max_wait_for_unmount=self.options.max_wait_for_unmount,
+                detaching=frozenset(self._detaching),
+            )
         self._unmount_wait_since = {
             name: self._unmount_wait_since.get(name, now) for name in plan.detach_requested
         }

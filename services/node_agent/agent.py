@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -90,15 +89,13 @@ class NodeAgent:
         self.pod_status = PodStatus(client, self.volumes.pods, self.layout.root / "pods", self.volumes)
         self._tasks: list[asyncio.Task[None]] = []
         self.ready = False
-        self.decide_cpu = 0.0  # CPU seconds the last pass spent deciding (paces the passes)
 
     async def reconcile(self) -> None:
         """One pass of the sync loop: volumes first, then the pod statuses they allow (written in
         the background)."""
         complete = await self.volumes.reconcile()
-        began = time.thread_time()
-        self.pod_status.sync(complete)
-        self.decide_cpu = self.volumes.decide_cpu + time.thread_time() - began
+        with self.volumes.deciding:
+            self.pod_status.sync(complete)
 
     async def run(self) -> None:
         await self.node_status.register()
@@ -123,7 +120,7 @@ class NodeAgent:
                     await self.reconcile()
                 except Exception:
                     log.exception("reconcile pass failed")
-                pacer.pass_ended(self.decide_cpu)
+                pacer.pass_ended(self.volumes.deciding.take())
                 await pacer.next_pass()
         finally:
             for t in self._tasks:

@@ -21,6 +21,7 @@ from controller_runtime.events import EventRecorder
 from controller_runtime.informer import EventHandler, SharedInformer
 from controller_runtime.logs import get_logger
 from controller_runtime.operations import Backoff, OperationExecutor, RetryLater
+from controller_runtime.passes import CpuMeter
 from controller_runtime.resources import (
     CSI_DRIVERS,
     NODES,
@@ -115,7 +116,7 @@ class VolumeManager:
             logger=log,
         )
         self._in_use_written: tuple[tuple[str, ...], float] | None = None
-        self.decide_cpu = 0.0  # CPU seconds the last pass spent deciding (paces the passes)
+        self.deciding = CpuMeter()  # the CPU a pass spends deciding (paces the passes)
         self.expander = NodeExpander(client, recorder, node_name, csi_timeout)
         # Volumes whose driver can grow them only while unstaged: no online attempt until then.
         self.expand_offline_only: set[VolumeKey] = set()
@@ -212,17 +213,15 @@ class VolumeManager:
 
     async def reconcile(self) -> dict[str, list[PodVolume]]:
         """One pass; returns, per pod key whose claims all resolve, its volumes (for pod status)."""
-        began = time.thread_time()
-        desired, complete = self.desired()
-        plan = plan_volumes(desired, self.mounted, self.confirmed, self.staged)
-        self.decide_cpu = time.thread_time() - began
+        with self.deciding:
+            desired, complete = self.desired()
+            plan = plan_volumes(desired, self.mounted, self.confirmed, self.staged)
         if await self._write_in_use(plan.in_use):
             # Operations may have finished while the write was under way: decide on the state as
             # it is now, not as it was (a stale plan would unstage or unpublish a second time).
-            began = time.thread_time()
-            desired, complete = self.desired()
-            plan = plan_volumes(desired, self.mounted, self.confirmed, self.staged)
-            self.decide_cpu += time.thread_time() - began
+            with self.deciding:
+                desired, complete = self.desired()
+                plan = plan_volumes(desired, self.mounted, self.confirmed, self.staged)
         node = self.node.store.get(self.node_name) or {}
         status = node.get("status") or {}
         in_use = set(status.get("volumesInUse") or ())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from controller_runtime.passes import PassPacer
+from controller_runtime.passes import CpuMeter, PassPacer
 
 
 class FakeTime:
@@ -68,3 +68,16 @@ async def test_an_event_during_the_rest_is_left_for_the_pass_that_follows_it() -
     p.sleep = event_while_resting
     await p.next_pass()
     assert not wake.is_set(), "the pass about to start sees that event's state already"
+
+
+def test_cpu_meter_sums_the_deciding_blocks_of_one_pass() -> None:
+    readings = iter([1.0, 1.25, 2.0, 2.5, 3.0, 3.125])
+    meter = CpuMeter(clock=lambda: next(readings))
+    with meter:
+        pass
+    with meter:  # a second block of the same pass (the node agent's pod scan after its plan)
+        pass
+    assert meter.take() == 0.75
+    with meter:
+        pass
+    assert meter.take() == 0.125, "take() starts the next pass's count at zero"
