@@ -1,12 +1,20 @@
 """The mount table: /proc/self/mountinfo parsed, and whether a path is a mount point. Read by the
 node agent (what is still mounted after a restart or an unpublish) and by the CSI driver's node
-service; mounting and unmounting belong to the driver (csi_driver/backend/mounts.py)."""
+service; mounting and unmounting belong to the driver (csi_driver/backend/mounts.py).
+
+Whether one path is a mount point is asked of the kernel for that path (statx's mount-root
+attribute): reading the table costs time in proportion to every mount on the machine, a few
+milliseconds at a thousand mounts, and a node plugin asks several times per call."""
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import errno
 import os
 import re
-from collections.abc import Sequence
+import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 _OCTAL = re.compile(r"\\([0-7]{3})")
@@ -80,4 +88,61 @@ def mounts_at(path: str, table: Sequence[Mount] | None = None) -> list[Mount]:
 
 
 def is_mounted(path: str, table: Sequence[Mount] | None = None) -> bool:
+    """Whether `path` (as written, symlinks not followed) is a mount point: in `table` when one is
+    given (one snapshot for many questions), else by asking the kernel, or the table where the
+    kernel cannot say."""
+    if table is None:
+        answer = _mount_root(path)
+        if answer is not None:
+            return answer
     return bool(mounts_at(path, table))
+
+
+# statx(2): the mount-root attribute exists since Linux 5.8; struct statx's fixed offsets.
+_AT_FDCWD = -100
+_AT_SYMLINK_NOFOLLOW = 0x100
+_AT_NO_AUTOMOUNT = 0x800
+_STATX_TYPE = 0x1
+_STATX_ATTR_MOUNT_ROOT = 0x2000
+_ATTRIBUTES = slice(8, 16)
+_ATTRIBUTES_MASK = slice(56, 64)
+_ABSENT = (errno.ENOENT, errno.ENOTDIR)
+
+
+def _load_statx() -> Callable[..., int] | None:
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    fn = getattr(libc, "statx", None)  # glibc 2.28 and later
+    if fn is not None:
+        fn.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_uint, ctypes.c_void_p)
+    return fn
+
+
+_statx = _load_statx()
+
+
+def _mount_root(path: str) -> bool | None:
+    """The kernel's word on whether `path` is the root of a mount, or None where it cannot answer
+    for `path` as the table reads it (normalised, nothing followed): a relative path, or a symlink
+    among the parents, which the kernel would follow; no statx or no mount-root attribute (an old
+    kernel, a seccomp filter); or an error other than "no such path" (a dead FUSE mount still has
+    its line in the table)."""
+    global _statx
+    if _statx is None or not os.path.isabs(path):
+        return None
+    path = os.path.normpath(path)
+    if os.path.realpath(os.path.dirname(path)) != os.path.dirname(path):
+        return None
+    buf = ctypes.create_string_buffer(256)
+    flags = _AT_SYMLINK_NOFOLLOW | _AT_NO_AUTOMOUNT
+    if _statx(_AT_FDCWD, os.fsencode(path), flags, _STATX_TYPE, buf) != 0:
+        err = ctypes.get_errno()
+        if err in _ABSENT:
+            return False
+        if err in (errno.ENOSYS, errno.EPERM):
+            _statx = None  # never there, or filtered: the table from now on
+        return None
+    raw = buf.raw
+    if not int.from_bytes(raw[_ATTRIBUTES_MASK], sys.byteorder) & _STATX_ATTR_MOUNT_ROOT:
+        _statx = None
+        return None
+    return bool(int.from_bytes(raw[_ATTRIBUTES], sys.byteorder) & _STATX_ATTR_MOUNT_ROOT)
