@@ -102,6 +102,7 @@ def is_mounted(path: str, table: Sequence[Mount] | None = None) -> bool:
 _AT_FDCWD = -100
 _AT_SYMLINK_NOFOLLOW = 0x100
 _AT_NO_AUTOMOUNT = 0x800
+_AT_STATX_DONT_SYNC = 0x4000  # cached attributes: a hung FUSE or NFS server is never asked
 _STATX_TYPE = 0x1
 _STATX_ATTR_MOUNT_ROOT = 0x2000
 _ATTRIBUTES = slice(8, 16)
@@ -110,7 +111,10 @@ _ABSENT = (errno.ENOENT, errno.ENOTDIR)
 
 
 def _load_statx() -> Callable[..., int] | None:
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    except OSError:
+        return None  # a libc ctypes cannot find: the table answers
     fn = getattr(libc, "statx", None)  # glibc 2.28 and later
     if fn is not None:
         fn.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_uint, ctypes.c_void_p)
@@ -122,27 +126,32 @@ _statx = _load_statx()
 
 def _mount_root(path: str) -> bool | None:
     """The kernel's word on whether `path` is the root of a mount, or None where it cannot answer
-    for `path` as the table reads it (normalised, nothing followed): a relative path, or a symlink
-    among the parents, which the kernel would follow; no statx or no mount-root attribute (an old
-    kernel, a seccomp filter); or an error other than "no such path" (a dead FUSE mount still has
-    its line in the table)."""
+    for `path` as the table reads it (normalised, nothing followed): a relative path or one with a
+    NUL, or a symlink among the parents, which the kernel would follow; no statx or no mount-root
+    attribute (an old kernel, a seccomp filter); or an error other than "no such path" (a dead FUSE
+    mount still has its line in the table).
+
+    Where a mount was made over one of the path's parents, the path's own mount is hidden: the
+    kernel answers for the path as it now resolves (not a mount point, as kubelet's check says),
+    while the table still lists the hidden mount. Only the host's root can stack mounts like that."""
     global _statx
-    if _statx is None or not os.path.isabs(path):
+    statx = _statx  # one read: another thread may switch it off meanwhile
+    if statx is None or not os.path.isabs(path) or "\0" in path:
         return None
     path = os.path.normpath(path)
     if os.path.realpath(os.path.dirname(path)) != os.path.dirname(path):
         return None
     buf = ctypes.create_string_buffer(256)
-    flags = _AT_SYMLINK_NOFOLLOW | _AT_NO_AUTOMOUNT
-    if _statx(_AT_FDCWD, os.fsencode(path), flags, _STATX_TYPE, buf) != 0:
+    flags = _AT_SYMLINK_NOFOLLOW | _AT_NO_AUTOMOUNT | _AT_STATX_DONT_SYNC
+    if statx(_AT_FDCWD, os.fsencode(path), flags, _STATX_TYPE, buf) != 0:
         err = ctypes.get_errno()
         if err in _ABSENT:
             return False
-        if err in (errno.ENOSYS, errno.EPERM):
-            _statx = None  # never there, or filtered: the table from now on
+        if err == errno.ENOSYS:
+            _statx = None  # never there: the table from now on
         return None
     raw = buf.raw
     if not int.from_bytes(raw[_ATTRIBUTES_MASK], sys.byteorder) & _STATX_ATTR_MOUNT_ROOT:
-        _statx = None
+        _statx = None  # a kernel before 5.8
         return None
     return bool(int.from_bytes(raw[_ATTRIBUTES], sys.byteorder) & _STATX_ATTR_MOUNT_ROOT)

@@ -1,6 +1,7 @@
 """controller_runtime.mounts.is_mounted asks the kernel (statx's mount-root attribute) instead of
 reading the whole mount table; it must answer as the table does for every kind of path the node
-plugin and the node agent ask about. Real tmpfs and bind mounts in a temporary directory, as root."""
+plugin and the node agent ask about, but for a mount hidden by another made over its parent.
+Real tmpfs and bind mounts in a temporary directory, as root."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ def base(tmp_path: Path) -> Iterator[Path]:
     try:
         yield root
     finally:
-        run("umount", "--recursive", "--lazy", str(root))
+        run("umount", "--lazy", str(root))  # detaches everything under it, hidden mounts included
 
 
 def both(path: Path) -> bool:
@@ -62,6 +63,19 @@ def test_the_kernel_answers_as_the_table_does(base: Path) -> None:
     assert mounts._mount_root(str(base / "linked-parent" / "bound")) is None, "left to the table"
     assert not both(base / "linked-parent" / "bound")
     assert mounts._mount_root("relative/path") is None
+    assert mounts._mount_root(str(base) + "\0/plain") is None, "a NUL would cut the path short"
+
+
+def test_a_mount_hidden_under_another_is_not_a_mount_point_for_the_kernel(base: Path) -> None:
+    parent = base / "parent"
+    (parent / "child").mkdir(parents=True)
+    run("mount", "-t", "tmpfs", "-o", "size=1m", "hidden", str(parent / "child"))
+    run("mount", "-t", "tmpfs", "-o", "size=1m", "over", str(parent))
+    (parent / "child").mkdir()
+    # The path now leads into the mount made over its parent, as kubelet's own check sees it; the
+    # table still lists the hidden mount.
+    assert not mounts.is_mounted(str(parent / "child"))
+    assert mounts.is_mounted(str(parent / "child"), mounts.read_mounts())
 
 
 def test_stacked_mounts_unmount_one_at_a_time(base: Path) -> None:
