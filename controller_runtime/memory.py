@@ -7,15 +7,11 @@ would keep that high-water mark as RSS for its whole life. malloc_trim returns t
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import gc
 
-_libc_name = ctypes.util.find_library("c")
-try:
-    _malloc_trim = ctypes.CDLL(_libc_name).malloc_trim if _libc_name else None
-except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to trim
-    _malloc_trim = None
+from . import libc
+
+_malloc_trim = libc.function("malloc_trim")  # None outside glibc (musl, macOS): nothing to trim
 
 
 def release_free_memory() -> None:

@@ -9,13 +9,14 @@ milliseconds at a thousand mounts, and a node plugin asks several times per call
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import os
 import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+from . import libc
 
 _OCTAL = re.compile(r"\\([0-7]{3})")
 
@@ -111,11 +112,7 @@ _ABSENT = (errno.ENOENT, errno.ENOTDIR)
 
 
 def _load_statx() -> Callable[..., int] | None:
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    except OSError:
-        return None  # a libc ctypes cannot find: the table answers
-    fn = getattr(libc, "statx", None)  # glibc 2.28 and later
+    fn = libc.function("statx")
     if fn is not None:
         fn.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_uint, ctypes.c_void_p)
     return fn

@@ -11,14 +11,17 @@ descriptors opened without following symlinks, as they did with `mount --no-cano
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from controller_runtime.libc import LIBC
+
 from .tools import ToolError
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+if LIBC is None:
+    raise ImportError("the node plugin mounts through the C library, and ctypes cannot load one")
+_libc = LIBC
 _libc.mount.argtypes = (ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p)
 _libc.umount2.argtypes = (ctypes.c_char_p, ctypes.c_int)
 
