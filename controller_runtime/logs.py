@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 import time
 from typing import Any
@@ -15,10 +16,20 @@ from typing import Any
 _FIELDS = "kubeloop_fields"
 
 
+# Control characters (C0, DEL, C1) in a logged value, which may come from a request: written raw,
+# an ESC sequence would reach the operator's terminal and a newline could forge a log line.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
+def _escape_control(match: re.Match[str]) -> str:
+    return f"\\u{ord(match.group()):04x}"
+
+
 def _quote(value: Any) -> str:
     text = str(value)
-    if text == "" or any(c in text for c in ' ="\n\t'):
-        return json.dumps(text)
+    if text == "" or any(c in text for c in ' ="') or _CONTROL.search(text):
+        # json.dumps escapes C0 controls; DEL and C1 it leaves raw without ensure_ascii.
+        return _CONTROL.sub(_escape_control, json.dumps(text, ensure_ascii=False))
     return text
 
 

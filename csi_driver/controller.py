@@ -4,10 +4,12 @@ published to. It never touches loop devices or mounts; that is the node service'
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import os
+import stat
 import uuid
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 
 import grpc
@@ -79,6 +81,10 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
     def __init__(self, state: DriverState, config: ControllerConfig) -> None:
         self.state = state
         self.config = config
+        # A record is what reserves room in the pool. The room check and the write of the record
+        # that takes the room run under this one lock, so concurrent creates, clones, snapshots
+        # and expansions can never each count the same free bytes.
+        self._space = asyncio.Lock()
 
     # --- start-up -------------------------------------------------------------------------------
     async def reconcile(self) -> None:
@@ -100,6 +106,15 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
                         names[kind].add(entry.name.removesuffix(".img"))
             return names["volumes"], names["snapshots"]
 
+        # A record that is not ready belongs to a CreateVolume or CreateSnapshot that never
+        # answered (killed mid-copy): no CO knows its id, so it is rolled back, file and record,
+        # and the CO's retry by name makes it anew. Listing it instead would show a volume no
+        # claim can own; finishing it would spend the pool on a name that may never be retried.
+        for half_made in [
+            *(v for v in self.state.volumes.values() if not v.ready),
+            *(s for s in self.state.snapshots.values() if not s.ready),
+        ]:
+            await self._roll_back(half_made)
         volume_files, snapshot_files = await asyncio.to_thread(scan)
         for vid, vol in self.state.volumes.items():
             if vol.ready and vid not in volume_files:
@@ -113,6 +128,22 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
             log.warning("backing file without a snapshot record; leaving it for an operator", snapshot=orphan)
 
     # --- helpers --------------------------------------------------------------------------------
+    async def _roll_back(self, record: VolumeRecord | SnapshotRecord) -> None:
+        """Removes a volume or snapshot that was never handed to a CO: backing file first, then
+        the record. Failing here is logged, not raised: the caller's own error is the answer, and
+        the next start rolls the record back again."""
+        try:
+            if isinstance(record, VolumeRecord):
+                await asyncio.to_thread(files.remove, self.state.volume_file(record.volume_id))
+                await self.state.delete_volume(record.volume_id)
+                log.info("rolled back a half-made volume", volume=record.volume_id, name=record.name)
+            else:
+                await asyncio.to_thread(files.remove, self.state.snapshot_file(record.snapshot_id))
+                await self.state.delete_snapshot(record.snapshot_id)
+                log.info("rolled back a half-made snapshot", snapshot=record.snapshot_id, name=record.name)
+        except OSError as e:
+            log.error("could not roll back; the next start tries again", name=record.name, error=str(e))
+
     def _volume(self, volume_id: str) -> VolumeRecord:
         check_id(volume_id, "volume_id")
         vol = self.state.volumes.get(volume_id)
@@ -129,6 +160,14 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
         if self.config.capacity:
             return max(0, self.config.capacity - self._allocated())
         return await asyncio.to_thread(files.free_bytes, str(self.state.pool_dir))
+
+    @contextlib.asynccontextmanager
+    async def _reserving(self, size: int) -> AsyncIterator[None]:
+        """Checks that `size` more bytes fit, and holds the pool's space while the caller writes
+        the record that takes them."""
+        async with self._space:
+            await self._check_room(size)
+            yield
 
     async def _check_room(self, size: int) -> None:
         available = await self._available()
@@ -201,9 +240,12 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
 
     def _condition(self, vol: VolumeRecord) -> csi_pb2.VolumeCondition:
         try:
-            size = os.stat(self.state.volume_file(vol.volume_id)).st_size
+            st = os.lstat(self.state.volume_file(vol.volume_id))
         except OSError as e:
             return csi_pb2.VolumeCondition(abnormal=True, message=f"backing file unavailable: {e.strerror}")
+        if not stat.S_ISREG(st.st_mode):
+            return csi_pb2.VolumeCondition(abnormal=True, message="backing file is not a regular file")
+        size = st.st_size
         if size < vol.capacity:
             return csi_pb2.VolumeCondition(
                 abnormal=True,
@@ -285,31 +327,40 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
                     return csi_pb2.CreateVolumeResponse(volume=self._csi_volume(vol))
                 log.info("resuming an interrupted CreateVolume", volume=vol.volume_id, name=name)
             else:
-                await self._check_room(size)
-                # The record goes first (not ready): a crash before the file is complete leaves a
-                # record that the CO's retry by name finishes, never an unaccounted file.
-                vol = VolumeRecord(
-                    volume_id=f"vol-{uuid.uuid4().hex}",
-                    name=name,
-                    capacity=size,
-                    seq=self.state.next_seq(),
-                    access_type=access_type,
-                    fs_type=fs_type,
-                    parameters=dict(req.parameters),
-                    source_kind=source_kind,
-                    source_id=source_id,
-                    topology=topology,
-                )
-                await self.state.put_volume(vol)
+                async with self._reserving(size):
+                    # The record goes first (not ready): it holds the room, and after a crash
+                    # before the file is complete it tells the restarted controller what to roll
+                    # back (no CO can know a volume whose CreateVolume never answered).
+                    vol = VolumeRecord(
+                        volume_id=f"vol-{uuid.uuid4().hex}",
+                        name=name,
+                        capacity=size,
+                        seq=self.state.next_seq(),
+                        access_type=access_type,
+                        fs_type=fs_type,
+                        parameters=dict(req.parameters),
+                        source_kind=source_kind,
+                        source_id=source_id,
+                        topology=topology,
+                    )
+                    await self.state.put_volume(vol)
             async with self.state.locks.hold(vol.volume_id):
-                if source_path is not None:
-                    # Holding the source's lock keeps it from being deleted or grown mid-copy.
-                    async with self.state.locks.hold(source_id):
-                        await self._fill(self.state.volume_file(vol.volume_id), vol.capacity, source_path)
-                else:
-                    await self._fill(self.state.volume_file(vol.volume_id), vol.capacity, None)
-                vol.ready = True
-                await self.state.put_volume(vol)
+                try:
+                    if source_path is not None:
+                        # Holding the source's lock keeps it from being deleted or grown mid-copy.
+                        async with self.state.locks.hold(source_id):
+                            await self._fill(self.state.volume_file(vol.volume_id), vol.capacity, source_path)
+                    else:
+                        await self._fill(self.state.volume_file(vol.volume_id), vol.capacity, None)
+                    vol.ready = True
+                    await self.state.put_volume(vol)
+                except Exception:
+                    # A failed fill (a full pool, an unreadable source) gives the room back at
+                    # once. A call cancelled by the driver stopping is not: its copy may still be
+                    # running in a thread, and the next start rolls the record back.
+                    vol.ready = False
+                    await self._roll_back(vol)
+                    raise
         log.info(
             "created volume",
             volume=vol.volume_id,
@@ -488,26 +539,34 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
         self, req: csi_pb2.ControllerExpandVolumeRequest, _: grpc.aio.ServicerContext
     ) -> csi_pb2.ControllerExpandVolumeResponse:
         volume_id = check_id(req.volume_id, "volume_id")
-        if not req.HasField("capacity_range"):
-            raise invalid("capacity_range is required")
-        size = choose_size(
-            req.capacity_range.required_bytes, req.capacity_range.limit_bytes, self.config.max_volume_size
-        )
+        required, limit = req.capacity_range.required_bytes, req.capacity_range.limit_bytes
+        if not required and not limit:
+            # The spec makes the range REQUIRED with at least one bound: an expansion without a
+            # size has no answer, and the creation default would silently grow the volume.
+            raise invalid("capacity_range is required and must set required_bytes or limit_bytes")
+        size = choose_size(required, limit, self.config.max_volume_size)  # checks the range itself
         async with self.state.locks.hold(volume_id):
             vol = self._volume(volume_id)
+            if fits(vol.capacity, required, limit):
+                size = vol.capacity  # already within the range: nothing to grow
+            elif limit and vol.capacity > limit:
+                raise out_of_range(
+                    f"volume {volume_id} holds {format_size(vol.capacity)}, more than limit_bytes {limit}; "
+                    "a volume cannot shrink"
+                )
             access_type = vol.access_type
             if req.HasField("volume_capability"):
                 access_type = parse_capability(req.volume_capability).access_type
             if size > vol.capacity:
                 try:
-                    await self._check_room(size - vol.capacity)
+                    async with self._reserving(size - vol.capacity):
+                        await asyncio.to_thread(files.grow, self.state.volume_file(volume_id), size)
+                        old, vol.capacity = vol.capacity, size
+                        await self.state.put_volume(vol)
                 except CsiError as e:
                     # The spec's code for a capacity the plugin cannot give an existing volume;
                     # a sidecar treats it as final, so a user may ask for less and be served.
                     raise out_of_range(e.message) from e
-                await asyncio.to_thread(files.grow, self.state.volume_file(volume_id), size)
-                old, vol.capacity = vol.capacity, size
-                await self.state.put_volume(vol)
                 log.info("expanded volume", volume=volume_id, old=old, new=size)
             # A filesystem must be grown on the node; a raw block volume only needs the node's loop
             # device refreshed, which matters only while it is attached somewhere.
@@ -546,21 +605,28 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
             async with self.state.locks.hold(source_id):
                 vol = self._volume(source_id)
                 if snap is None:
-                    if self.config.capacity:
-                        await self._check_room(vol.capacity)
-                    snap = SnapshotRecord(
-                        snapshot_id=f"snap-{uuid.uuid4().hex}",
-                        name=name,
-                        source_volume_id=source_id,
-                        size=vol.capacity,
-                        seq=self.state.next_seq(),
+                    # A copy takes what its source holds, which only a --capacity pool counts.
+                    async with self._reserving(vol.capacity if self.config.capacity else 0):
+                        snap = SnapshotRecord(
+                            snapshot_id=f"snap-{uuid.uuid4().hex}",
+                            name=name,
+                            source_volume_id=source_id,
+                            size=vol.capacity,
+                            seq=self.state.next_seq(),
+                        )
+                        await self.state.put_snapshot(snap)
+                try:
+                    await self._fill(
+                        self.state.snapshot_file(snap.snapshot_id),
+                        snap.size,
+                        self.state.volume_file(source_id),
                     )
+                    snap.ready = True
                     await self.state.put_snapshot(snap)
-                await self._fill(
-                    self.state.snapshot_file(snap.snapshot_id), snap.size, self.state.volume_file(source_id)
-                )
-            snap.ready = True
-            await self.state.put_snapshot(snap)
+                except Exception:
+                    snap.ready = False  # as a failed CreateVolume: the room goes back at once
+                    await self._roll_back(snap)
+                    raise
         log.info("created snapshot", snapshot=snap.snapshot_id, name=name, volume=source_id)
         return csi_pb2.CreateSnapshotResponse(snapshot=self._csi_snapshot(snap))
 

@@ -43,6 +43,23 @@ class NodeConfig:
     direct_io: bool = True
 
 
+def _read_only_device(rec: StagingRecord) -> bool:
+    """Whether the staged loop device itself is read-only: a block volume staged read-only (a
+    read-only ControllerPublish or a reader-only access mode). A filesystem's read-only staging
+    is its "ro" mount; its device stays writable for the journal the kernel may have to replay."""
+    return rec.access_type == "block" and rec.read_only
+
+
+def _checked_fs_type(fs_type: str, where: str) -> str:
+    """An fsType from a request's context map: empty, or one of the filesystems the driver makes."""
+    if fs_type and fs_type not in fs.SUPPORTED:
+        raise invalid(
+            f"{where} names filesystem {fs_type[:100]!r}, which is not supported; "
+            f"use one of {', '.join(fs.SUPPORTED)}"
+        )
+    return fs_type
+
+
 class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
     def __init__(self, state: DriverState, config: NodeConfig) -> None:
         self.state = state
@@ -85,27 +102,49 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
         targets that are no longer mounted (/proc/self/mountinfo) are forgotten."""
         devices = await loop.list_devices()
         table = read_mounts()
-        claimed = {r.device for r in self.state.stagings.values() if r.device}
+        claimed = {d for r in self.state.stagings.values() for d in (r.device, r.ro_device) if d}
+
+        def adopt(recorded: str, attached: list[loop.LoopDevice], read_only: bool) -> str:
+            """The recorded device if still attached, else one of the right kind that no other
+            staging claims: the record is gone (reboot) or was never written (a crash right
+            after the attach). "" when there is none; the next stage or publish attaches one."""
+            if any(d.name == recorded and d.read_only == read_only for d in attached):
+                return recorded
+            found = next((d.name for d in attached if d.read_only == read_only and d.name not in claimed), "")
+            claimed.add(found)
+            return found
+
         for rec in list(self.state.stagings.values()):
             backing = self.state.volume_file(rec.volume_id)
-            attached = [d.name for d in devices if d.backed_by(backing)]
-            device = rec.device
-            if device not in attached:
-                # The recorded device is gone (reboot) or was never written (a crash right after
-                # losetup): adopt an attached device no other staging claims, else restage later.
-                device = next((d for d in attached if d not in claimed), "")
-                claimed.add(device)
+            attached = [d for d in devices if d.backed_by(backing)]
+            device = adopt(rec.device, attached, _read_only_device(rec))
+            ro_device = (
+                adopt(rec.ro_device, attached, True)
+                if rec.access_type == "block" and not _read_only_device(rec)
+                else ""
+            )
             targets = {t: ro for t, ro in rec.targets.items() if is_mounted(t, table)}
             created = [t for t in rec.created_targets if t in targets]
-            if device != rec.device or targets != rec.targets or created != rec.created_targets:
+            if (device, ro_device, targets, created) != (
+                rec.device,
+                rec.ro_device,
+                rec.targets,
+                rec.created_targets,
+            ):
                 log.info(
                     "reconciled staging with the kernel",
                     volume=rec.volume_id,
                     device=device or "none",
                     was=rec.device or "none",
+                    read_only_device=ro_device or "none",
                     targets=len(targets),
                 )
-                rec.device, rec.targets, rec.created_targets = device, targets, created
+                rec.device, rec.ro_device, rec.targets, rec.created_targets = (
+                    device,
+                    ro_device,
+                    targets,
+                    created,
+                )
                 await self.state.put_staging(rec)
             if rec.access_type == "mount" and not is_mounted(rec.staging_path, table):
                 log.warning(
@@ -125,21 +164,44 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
                 f"publish_context names backing file {hint!r}, which is not {backing} in this node's "
                 f"--pool-dir {self.state.pool_dir}"
             )
-        if not os.path.exists(backing):
-            raise not_found(f"volume {volume_id} does not exist: no backing file {backing}")
+        try:
+            mode = os.lstat(backing).st_mode
+        except FileNotFoundError:
+            raise not_found(f"volume {volume_id} does not exist: no backing file {backing}") from None
+        if not stat.S_ISREG(mode):
+            # Checked again where the file is opened (files.open_regular); this is the clear answer.
+            raise failed_precondition(
+                f"backing file {backing} of volume {volume_id} is not a regular file (a symlink?); "
+                "the driver never follows one out of the pool"
+            )
         return backing
 
     async def _ensure_device(self, rec: StagingRecord, backing: str) -> str:
         if await loop.is_attached(rec.device, backing):
             return rec.device
-        dev = await loop.attach(backing, direct_io=self.config.direct_io)
+        dev = await loop.attach(backing, direct_io=self.config.direct_io, read_only=_read_only_device(rec))
         # Saved with the next write of the record, not on its own: a plugin killed before then
         # finds the device by its backing file at start (reconcile) and adopts it.
         rec.device = dev.name
         return dev.name
 
+    async def _ensure_read_only_device(self, rec: StagingRecord, backing: str) -> str:
+        """The read-only loop device that read-only block targets of a read-write staging get."""
+        if await loop.is_attached(rec.ro_device, backing):
+            return rec.ro_device
+        dev = await loop.attach(backing, direct_io=self.config.direct_io, read_only=True)
+        rec.ro_device = dev.name  # saved with the target's record; reconcile adopts it otherwise
+        return dev.name
+
     async def _ensure_filesystem(self, volume_id: str, device: str, requested: str) -> str:
         sig = await fs.probe(device)
+        if sig.fs_type and sig.fs_type not in fs.SUPPORTED:
+            # Whoever wrote the data chose this type (a block volume cloned into a filesystem
+            # volume, say): the kernel's parser for it is not one this driver offers to mount.
+            raise failed_precondition(
+                f"volume {volume_id} holds a {sig.fs_type} filesystem, which this driver does not "
+                f"mount; it mounts {', '.join(fs.SUPPORTED)}"
+            )
         if sig.fs_type:
             if requested and sig.fs_type != requested:
                 raise failed_precondition(
@@ -205,6 +267,11 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
         cap = require_capability(req)
         context = dict(req.publish_context)
         read_only = context.get(CTX_READONLY) == "true" or cap.read_only
+        # The capability's fs_type is checked with the capability; the contexts are plain maps,
+        # and what they name would otherwise pick the mkfs.<type> to run.
+        from_volume = _checked_fs_type(req.volume_context.get(CTX_FS_TYPE, ""), "volume_context")
+        from_publish = _checked_fs_type(context.get(CTX_FS_TYPE, ""), "publish_context")
+        requested = cap.fs_type or from_volume or from_publish
         async with self.state.locks.hold(volume_id):
             backing = self._backing_file(volume_id, context)
             rec = self.state.stagings.get(volume_id)
@@ -230,7 +297,6 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
                 await self.state.put_staging(rec)
             device = await self._ensure_device(rec, backing)
             if cap.access_type == "mount" and not is_mounted(staging):
-                requested = cap.fs_type or req.volume_context.get(CTX_FS_TYPE) or context.get(CTX_FS_TYPE, "")
                 fs_type = await self._ensure_filesystem(volume_id, device, requested)
                 # A volume expanded while it was not staged (offline expansion) is grown here,
                 # before anyone uses it: ext offline, xfs (which only grows mounted) after mounting.
@@ -270,8 +336,9 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
                 # A stage killed during its offline grow: only this record knows the filesystem
                 # may need repair, so the grow is finished before the record goes.
                 await self._grow_offline(rec, await self._ensure_device(rec, backing))
-            if await loop.is_attached(rec.device, backing):
-                await loop.detach(rec.device)
+            for device in (rec.ro_device, rec.device):
+                if await loop.is_attached(device, backing):
+                    await loop.detach(device)
             await self.state.delete_staging(volume_id)
         log.info("unstaged volume", volume=volume_id, staging=staging)
         return csi_pb2.NodeUnstageVolumeResponse()
@@ -288,7 +355,7 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
         staging = self.kubelet.check(req.staging_target_path, "staging_target_path")
         target = await asyncio.to_thread(self.kubelet.validate, req.target_path, "target_path")
         cap: Capability = require_capability(req)
-        read_only = req.readonly or req.publish_context.get(CTX_READONLY) == "true"
+        read_only = req.readonly or req.publish_context.get(CTX_READONLY) == "true" or cap.read_only
         async with self.state.locks.hold(volume_id):
             rec = self.state.stagings.get(volume_id)
             if rec is None or rec.staging_path != staging:
@@ -314,12 +381,22 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
                         f"published at {others[0]}"
                     )
             block = cap.access_type == "block"
+            device = rec.device
             if block:
                 backing = self.state.volume_file(volume_id)
                 if not await loop.is_attached(rec.device, backing):
                     raise failed_precondition(
                         f"volume {volume_id} has no loop device; call NodeStageVolume again"
                     )
+                if _read_only_device(rec) and not read_only:
+                    raise failed_precondition(
+                        f"volume {volume_id} is staged read-only on node {self.config.node_id}; "
+                        "it cannot be published read-write"
+                    )
+                if read_only and not _read_only_device(rec):
+                    # A read-only bind mount does not stop writes through a device node: the pod
+                    # gets a second loop device of the same file that the kernel keeps read-only.
+                    device = await self._ensure_read_only_device(rec, backing)
             elif not is_mounted(staging):
                 raise failed_precondition(f"{staging} is not mounted; call NodeStageVolume again")
             # Recorded before anything is made or mounted, so a crash leaves a record to undo.
@@ -340,7 +417,7 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
                     rec.created_targets.remove(target)
                 await self.state.put_staging(rec)
             if block:
-                await self._bind_on(rec.device, None, target, False, read_only)
+                await self._bind_on(device, None, target, False, read_only)
             else:
                 with self.kubelet.walked(staging, "staging_target_path") as s:
                     src = s.open_final(directory=True)
@@ -420,6 +497,8 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
                     f"volume {volume_id} is not mounted at its staging path; call NodeStageVolume again"
                 )
             await loop.refresh_capacity(rec.device)
+            if rec.ro_device:
+                await loop.refresh_capacity(rec.ro_device)
             size = await asyncio.to_thread(loop.device_size, rec.device)
             if rec.access_type == "mount" and (
                 not rec.fs_type.startswith("ext") or await fs.ext_needs_grow(rec.device, size)

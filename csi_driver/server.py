@@ -16,6 +16,7 @@ from prometheus_client import Histogram
 from controller_runtime.logs import get_logger
 
 from . import DRIVER_NAME
+from .backend.files import UnsafePoolFile
 from .backend.tools import ToolError
 from .errors import CsiError
 
@@ -93,6 +94,10 @@ class CsiInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                 code, message = e.code, e.message
             except ToolError as e:
                 code, message = grpc.StatusCode.INTERNAL, str(e)
+            except UnsafePoolFile as e:
+                # A pool entry swapped for a symlink or a special file: nothing is wrong with the
+                # request, and nothing changes until an operator puts the real file back.
+                code, message = grpc.StatusCode.FAILED_PRECONDITION, f"refusing a pool file: {e.strerror}"
             except asyncio.CancelledError:
                 code, message = grpc.StatusCode.CANCELLED, "client cancelled; the operation continues"
                 raise

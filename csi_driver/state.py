@@ -75,6 +75,9 @@ class StagingRecord:
     access_type: str
     fs_type: str = ""
     device: str = ""  # the loop device; "" until attached (or after a reboot detached it)
+    # A second, read-only loop device for read-only publishes of a block volume staged
+    # read-write; "" until the first such publish.
+    ro_device: str = ""
     mount_flags: list[str] = field(default_factory=list)
     read_only: bool = False
     access_mode: int = 0

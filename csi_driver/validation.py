@@ -28,7 +28,7 @@ DEFAULT_VOLUME_SIZE = GiB
 # characters that can never form a path separator or a relative component: no `/`, no NUL,
 # no leading dot (so never `.` or `..`).
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
-MAX_NAME_LENGTH = 128  # the CSI spec lets a CO send names up to 128 characters
+MAX_NAME_LENGTH = 128  # bytes: the CSI spec's size limit for a name
 
 
 def check_id(value: str, what: str) -> str:
@@ -43,13 +43,23 @@ def check_id(value: str, what: str) -> str:
     return value
 
 
+# Code points the CSI spec bans in names (C0 controls but TAB, LF and CR; DEL and the C1 controls).
+_BANNED_IN_NAME = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+
+
 def check_name(value: str, what: str = "name") -> str:
+    """A volume or snapshot name: 1-128 bytes of UTF-8 without the code points the spec bans."""
     if not value:
         raise invalid(f"{what} is required")
-    if len(value) > MAX_NAME_LENGTH:
-        raise invalid(f"{what} is {len(value)} characters long; at most {MAX_NAME_LENGTH} are allowed")
-    if "\x00" in value:
-        raise invalid(f"{what} contains a NUL character")
+    size = len(value.encode("utf-8", "surrogatepass"))
+    if size > MAX_NAME_LENGTH:
+        raise invalid(f"{what} is {size} bytes long; at most {MAX_NAME_LENGTH} are allowed")
+    banned = _BANNED_IN_NAME.search(value)
+    if banned is not None:
+        raise invalid(
+            f"{what} {value!r} contains the control character U+{ord(banned.group()):04X}, "
+            "which the CSI spec does not allow in a name"
+        )
     return value
 
 

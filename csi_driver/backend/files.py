@@ -9,12 +9,40 @@ import contextlib
 import errno
 import fcntl
 import os
+import stat
 
 from controller_runtime.files import fsync_dir, temp_name
 
 # ioctl FICLONE: a reflink copy, instant and sharing extents, where the filesystem can (btrfs, xfs).
 _FICLONE = 0x40049409
 _CHUNK = 64 << 20
+
+
+class UnsafePoolFile(OSError):
+    """A backing file that is not a regular file reached without a symlink."""
+
+
+def open_regular(path: str, flags: int) -> int:
+    """Opens `path` (absolute, its directories free of symlinks) only if it is a regular file
+    reached without following any symlink.
+
+    Whoever can write the pool is trusted less than the driver: a `volumes/x.img` that is a
+    symlink, or a `volumes` directory swapped for one, must not make the driver read, grow or
+    attach a file elsewhere. The path is pinned first (O_PATH, which follows nothing and never
+    blocks on a FIFO), checked by what the kernel says it reached, then reopened with `flags`.
+    """
+    pin = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(pin).st_mode
+        if not stat.S_ISREG(mode):
+            kind = "a symlink" if stat.S_ISLNK(mode) else "not a regular file"
+            raise UnsafePoolFile(errno.ELOOP if stat.S_ISLNK(mode) else errno.EINVAL, f"{path} is {kind}")
+        reached = os.readlink(f"/proc/self/fd/{pin}")
+        if reached != path:
+            raise UnsafePoolFile(errno.ELOOP, f"{path} leads to {reached} through a symlink")
+        return os.open(f"/proc/self/fd/{pin}", flags | os.O_CLOEXEC)
+    finally:
+        os.close(pin)
 
 
 def create_sparse(path: str, size: int) -> None:
@@ -54,7 +82,7 @@ def copy_sparse(src_path: str, dst_path: str, size: int) -> None:
     """Copies src to dst (atomically, temp + rename) keeping holes, then sets dst's size to `size`
     (a clone or restore may be larger than its source)."""
     tmp = temp_name(dst_path)
-    src = os.open(src_path, os.O_RDONLY | os.O_CLOEXEC)
+    src = open_regular(src_path, os.O_RDONLY)
     try:
         dst = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         try:
@@ -76,7 +104,7 @@ def copy_sparse(src_path: str, dst_path: str, size: int) -> None:
 
 def grow(path: str, size: int) -> None:
     """Extends a backing file to `size` (never shrinks it)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    fd = open_regular(path, os.O_WRONLY)
     try:
         if os.fstat(fd).st_size < size:
             os.ftruncate(fd, size)

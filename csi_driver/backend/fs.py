@@ -99,6 +99,9 @@ async def probe(device: str) -> Signature:
 
 
 async def mkfs(device: str, fs_type: str) -> None:
+    if fs_type not in SUPPORTED:
+        # The last guard before a tool named after the type runs: callers check requests first.
+        raise ValueError(f"refusing to run mkfs for unsupported filesystem {fs_type!r}")
     if fs_type == "xfs":
         # -K: do not discard; on a fresh sparse file there is nothing to discard.
         argv = ["mkfs.xfs", "-q", "-K", device]

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from controller_runtime.logs import get_logger
 
+from .files import open_regular
 from .tools import ToolError
 
 log = get_logger("csi.loop")
@@ -196,7 +197,8 @@ def _configure(back_file: str, direct_io: bool, read_only: bool, nodes: DeviceNo
 
 def _configure_once(back_file: str, direct_io: bool, read_only: bool, nodes: DeviceNodes) -> str:
     flags = os.O_RDONLY if read_only else os.O_RDWR
-    backing = os.open(back_file, flags | os.O_CLOEXEC | (os.O_DIRECT if direct_io else 0))
+    # Never through a symlink, never anything but a regular file (files.open_regular says why).
+    backing = open_regular(back_file, flags | (os.O_DIRECT if direct_io else 0))
     lo_flags = (LO_FLAGS_READ_ONLY if read_only else 0) | (LO_FLAGS_DIRECT_IO if direct_io else 0)
     info = _INFO64.pack(0, 0, 0, 0, 0, 0, 0, 0, lo_flags, os.fsencode(back_file)[:63], b"", b"", 0, 0)
     try:
