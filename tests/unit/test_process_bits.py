@@ -41,6 +41,16 @@ def test_text_and_json_logs_carry_fields() -> None:
     assert doc["msg"] == "bound claim" and doc["claim"] == "ns/data" and doc["count"] == 3
 
 
+@pytest.mark.parametrize("raw", ["\x1b[31mred", "a\nlevel=error forged", "del\x7f", "c1\x9b2J", "nul\x00"])
+def test_text_logs_escape_control_characters(raw: str) -> None:
+    """A value from a request (a name, a path) never writes a raw control character: no ESC
+    sequence reaches a terminal, no newline starts a forged line (issue 29)."""
+    text = TextFormatter().format(_record(name=raw))
+    assert not any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F for c in text), repr(text)
+    assert json.loads(text.split("name=", 1)[1]) == raw
+    assert "\n" not in JsonFormatter().format(_record(name=raw))
+
+
 def test_token_bucket() -> None:
     now = [0.0]
     bucket = TokenBucket(qps=2, burst=2, clock=lambda: now[0])
