@@ -110,11 +110,12 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
         # answered (killed mid-copy): no CO knows its id, so it is rolled back, file and record,
         # and the CO's retry by name makes it anew. Listing it instead would show a volume no
         # claim can own; finishing it would spend the pool on a name that may never be retried.
-        for half_made in [
+        half_made: list[VolumeRecord | SnapshotRecord] = [
             *(v for v in self.state.volumes.values() if not v.ready),
             *(s for s in self.state.snapshots.values() if not s.ready),
-        ]:
-            await self._roll_back(half_made)
+        ]
+        for record in half_made:
+            await self._roll_back(record)
         volume_files, snapshot_files = await asyncio.to_thread(scan)
         for vid, vol in self.state.volumes.items():
             if vol.ready and vid not in volume_files:
