@@ -10,7 +10,6 @@ the intent journal, decides, and writes. See docs/external-provisioner.md for th
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import time
 from collections.abc import Mapping
@@ -40,6 +39,7 @@ from controller_runtime.resources import (
     object_key,
     typed,
 )
+from controller_runtime.secrets import SecretNotSendable, csi_secrets
 from controller_runtime.storage import claim_class, is_deleting, volume_class
 from controller_runtime.workqueue import ItemExponentialRateLimiter, WorkQueue
 from kubeloop_grpc.csi import csi_pb2
@@ -577,6 +577,9 @@ class Provisioner(InformerController):
         )
 
     async def _secrets(self, ref: SecretRef | None, required: bool = True) -> dict[str, str]:
+        """The Secret's data for a CSI request. One that cannot be read stops only a provisioning
+        (`required`: DeleteVolume goes without it, as upstream); one that can be read but not sent
+        (data that is not UTF-8) stops either, with the error the Go sidecar's request fails with."""
         if ref is None:
             return {}
         try:
@@ -587,7 +590,10 @@ class Provisioner(InformerController):
                 log.warning("deleting without the provisioner secret", error=message)
                 return {}
             raise ProvisionError(message) from exc
-        return {k: base64.b64decode(v).decode() for k, v in (secret.get("data") or {}).items()}
+        try:
+            return csi_secrets(secret)
+        except SecretNotSendable as exc:
+            raise ProvisionError(str(exc)) from exc
 
     async def _create_volume(self, spec: VolumeSpec, secrets: dict[str, str]) -> CreatedVolume:
         try:

@@ -277,12 +277,17 @@ def node_segment(node: Obj, keys: Iterable[str]) -> Segment | None:
 def allowed_segments(allowed_topologies: list[Obj]) -> list[Segment]:
     """A class's allowedTopologies as segments: each term is the product of its expressions' values."""
     out: list[Segment] = []
+    # Deduplicated through a set: a membership test on the list made a class with a few hundred
+    # values quadratic, and it runs on the event loop for every claim of the class.
+    seen: set[frozenset[tuple[str, str]]] = set()
     for term in allowed_topologies:
         exprs = term.get("matchLabelExpressions") or []
         keys = [e["key"] for e in exprs]
         for values in itertools.product(*[e.get("values") or [] for e in exprs]):
             segment = dict(zip(keys, values, strict=True))
-            if segment and segment not in out:
+            identity = frozenset(segment.items())
+            if segment and identity not in seen:
+                seen.add(identity)
                 out.append(segment)
     return out
 
@@ -293,6 +298,18 @@ def _covers(segment: Segment, other: Segment) -> bool:
 
 def _ordered(segments: list[Segment]) -> list[Segment]:
     return sorted(segments, key=lambda s: sorted(s.items()))
+
+
+def _go_term(segment: Segment) -> str:
+    """A segment as the Go sidecar prints its topologyTerm with %v: `[{key value} ...]`."""
+    return "[" + " ".join(f"{{{k} {v}}}" for k, v in sorted(segment.items())) + "]"
+
+
+def _go_map(labels: Mapping[str, str]) -> str:
+    return "map[" + " ".join(f"{k}:{v}" for k, v in sorted(labels.items())) + "]"
+
+
+_ACCESSIBILITY = "error generating accessibility requirements: "
 
 
 @dataclass
@@ -309,39 +326,47 @@ def accessibility(
     csinodes: Iterable[Obj],
     nodes: Mapping[str, Obj],
 ) -> Topology | None:
-    """CreateVolume's accessibility requirements. With a selected node (WaitForFirstConsumer) its
-    segment comes first among the preferred ones, so a driver that honours preference places the
-    volume where the pod goes; without one, preference is rotated by the volume's name so volumes
-    spread over the segments. Requisite: the class's allowedTopologies, else every segment a node
-    of this driver reports."""
+    """CreateVolume's accessibility requirements, as the Go sidecar builds them without
+    --strict-topology. Requisite: the class's allowedTopologies, else every segment a node of this
+    driver reports. With a selected node (WaitForFirstConsumer, or an annotation the claim's author
+    wrote) the preferred segments are the requisite ones rotated to start at the first that the
+    node's segment falls in, so a driver that honours preference places the volume where the pod
+    goes; a node outside every allowed segment is an error, never a reason to ask for its segment
+    (the annotation is the user's to write, allowedTopologies the admin's). Without one, preference
+    is rotated by the volume's name so volumes spread over the segments. Raises ProvisionError with
+    the sidecar's messages; a missing CSINode asks the scheduler for another node, as upstream."""
     selected: Segment | None = None
+    node_name = ""
     if selected_node is not None:
         node_name = selected_node["metadata"]["name"]
-        keys = next(
-            (
-                driver_topology_keys(c, driver)
-                for c in csinodes
-                if c["metadata"]["name"] == node_name and driver_topology_keys(c, driver) is not None
-            ),
-            None,
-        )
-        if keys is None:
-            raise ProvisionError(f"the CSINode of selected node {node_name!r} does not list driver {driver}")
+        csinode = next((c for c in csinodes if c["metadata"]["name"] == node_name), None)
+        if csinode is None:
+            raise ProvisionError(
+                f'failed to get selected CSINode {node_name}: csinode.storage.k8s.io "{node_name}" not found',
+                reschedule=True,
+            )
+        keys = driver_topology_keys(csinode, driver)
+        if not keys:
+            raise ProvisionError(f"{_ACCESSIBILITY}no topology key found for node {node_name}")
         selected = node_segment(selected_node, keys)
         if selected is None:
-            raise ProvisionError(f"selected node {node_name!r} lacks the topology labels {', '.join(keys)}")
+            labels = selected_node.get("metadata", {}).get("labels") or {}
+            raise ProvisionError(
+                f"{_ACCESSIBILITY}topology labels from selected node {_go_map(labels)} does not match "
+                f"topology keys from CSINode [{' '.join(keys)}]"
+            )
     allowed = storage_class.get("allowedTopologies") or []
     if allowed:
         requisite = allowed_segments(allowed)
-        if selected is not None:
-            requisite = [s for s in requisite if _covers(s, selected)] or [selected]
     else:
         seen: list[Segment] = []
+        known: set[frozenset[tuple[str, str]]] = set()  # a list membership test was quadratic in nodes
         for c in csinodes:
             keys = driver_topology_keys(c, driver)
             node = nodes.get(c["metadata"]["name"])
             segment = node_segment(node, keys) if node is not None and keys else None
-            if segment is not None and segment not in seen:
+            if segment is not None and frozenset(segment.items()) not in known:
+                known.add(frozenset(segment.items()))
                 seen.append(segment)
         if selected is not None:
             # Only segments over the same keys are comparable with the selected one.
@@ -353,8 +378,13 @@ def accessibility(
         return None
     requisite = _ordered(requisite)
     if selected is not None:
-        first = [s for s in requisite if _covers(s, selected)][:1] or [selected]
-        preferred = first + [s for s in requisite if s not in first]
+        at = next((i for i, s in enumerate(requisite) if _covers(s, selected)), None)
+        if at is None:
+            raise ProvisionError(
+                f"{_ACCESSIBILITY}topology {_go_term(selected)} from selected node {go_quote(node_name)} "
+                f"is not in requisite: [{' '.join(_go_term(s) for s in requisite)}]"
+            )
+        preferred = requisite[at:] + requisite[:at]
     else:
         shift = zlib.crc32(pv_name.encode()) % len(requisite)
         preferred = requisite[shift:] + requisite[:shift]
