@@ -111,21 +111,21 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
         # and the CO's retry by name makes it anew. Listing it instead would show a volume no
         # claim can own; finishing it would spend the pool on a name that may never be retried.
         half_made: list[VolumeRecord | SnapshotRecord] = [
-            *(v for v in self.state.volumes.values() if not v.ready),
-            *(s for s in self.state.snapshots.values() if not s.ready),
+            *(v for v in self.state.list_volumes() if not v.ready),
+            *(s for s in self.state.list_snapshots() if not s.ready),
         ]
         for record in half_made:
             await self._roll_back(record)
         volume_files, snapshot_files = await asyncio.to_thread(scan)
-        for vid, vol in self.state.volumes.items():
-            if vol.ready and vid not in volume_files:
-                log.error("backing file of a volume is missing", volume=vid, name=vol.name)
-        for sid, snap in self.state.snapshots.items():
-            if snap.ready and sid not in snapshot_files:
-                log.error("backing file of a snapshot is missing", snapshot=sid, name=snap.name)
-        for orphan in sorted(volume_files - self.state.volumes.keys()):
+        for vol in self.state.list_volumes():
+            if vol.volume_id not in volume_files:
+                log.error("backing file of a volume is missing", volume=vol.volume_id, name=vol.name)
+        for snap in self.state.list_snapshots():
+            if snap.snapshot_id not in snapshot_files:
+                log.error("backing file of a snapshot is missing", snapshot=snap.snapshot_id, name=snap.name)
+        for orphan in sorted(volume_files - self.state.volume_ids()):
             log.warning("backing file without a volume record; leaving it for an operator", volume=orphan)
-        for orphan in sorted(snapshot_files - self.state.snapshots.keys()):
+        for orphan in sorted(snapshot_files - self.state.snapshot_ids()):
             log.warning("backing file without a snapshot record; leaving it for an operator", snapshot=orphan)
 
     # --- helpers --------------------------------------------------------------------------------
@@ -147,15 +147,13 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
 
     def _volume(self, volume_id: str) -> VolumeRecord:
         check_id(volume_id, "volume_id")
-        vol = self.state.volumes.get(volume_id)
+        vol = self.state.volume(volume_id)
         if vol is None or not vol.ready:
             raise not_found(f"volume {volume_id} does not exist")
         return vol
 
     def _allocated(self) -> int:
-        return sum(v.capacity for v in self.state.volumes.values()) + sum(
-            s.size for s in self.state.snapshots.values()
-        )
+        return self.state.allocated_bytes()
 
     async def _available(self) -> int:
         if self.config.capacity:
@@ -284,13 +282,13 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
             src = req.volume_content_source
             if src.HasField("snapshot"):
                 source_kind, source_id = "snapshot", check_id(src.snapshot.snapshot_id, "source snapshot_id")
-                snap = self.state.snapshots.get(source_id)
+                snap = self.state.snapshot(source_id)
                 if snap is None or not snap.ready:
                     raise not_found(f"source snapshot {source_id} does not exist")
                 source_path, source_size = self.state.snapshot_file(source_id), snap.size
             elif src.HasField("volume"):
                 source_kind, source_id = "volume", check_id(src.volume.volume_id, "source volume_id")
-                source_vol = self.state.volumes.get(source_id)
+                source_vol = self.state.volume(source_id)
                 if source_vol is None or not source_vol.ready:
                     raise not_found(f"source volume {source_id} does not exist")
                 source_path, source_size = self.state.volume_file(source_id), source_vol.capacity
@@ -359,7 +357,6 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
                     # A failed fill (a full pool, an unreadable source) gives the room back at
                     # once. A call cancelled by the driver stopping is not: its copy may still be
                     # running in a thread, and the next start rolls the record back.
-                    vol.ready = False
                     await self._roll_back(vol)
                     raise
         log.info(
@@ -377,7 +374,7 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
     ) -> csi_pb2.DeleteVolumeResponse:
         volume_id = check_id(req.volume_id, "volume_id")
         async with self.state.locks.hold(volume_id):
-            vol = self.state.volumes.get(volume_id)
+            vol = self.state.volume(volume_id)
             if vol is None:
                 return csi_pb2.DeleteVolumeResponse()
             if vol.published:
@@ -428,7 +425,7 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
                         f"to node {others[0]}"
                     )
                 limit = node.max_volumes_per_node if node is not None else 0
-                if limit and sum(node_id in v.published for v in self.state.volumes.values()) >= limit:
+                if limit and self.state.published_count(node_id) >= limit:
                     raise exhausted(f"node {node_id} already has its maximum of {limit} volumes published")
                 vol.published[node_id] = readonly
                 await self.state.put_volume(vol)
@@ -446,7 +443,7 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
     ) -> csi_pb2.ControllerUnpublishVolumeResponse:
         volume_id = check_id(req.volume_id, "volume_id")
         async with self.state.locks.hold(volume_id):
-            vol = self.state.volumes.get(volume_id)
+            vol = self.state.volume(volume_id)
             if vol is not None:
                 # An empty node_id means "from every node" (CSI spec).
                 nodes = [req.node_id] if req.node_id else list(vol.published)
@@ -487,8 +484,8 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
     async def ListVolumes(
         self, req: csi_pb2.ListVolumesRequest, _: grpc.aio.ServicerContext
     ) -> csi_pb2.ListVolumesResponse:
-        vols = sorted((v.seq, v) for v in self.state.volumes.values() if v.ready)
-        page = paginate([(seq, v) for seq, v in vols], req.starting_token, req.max_entries)
+        vols = [(v.seq, v) for v in self.state.list_volumes() if v.ready]
+        page = paginate(vols, req.starting_token, req.max_entries)
         return csi_pb2.ListVolumesResponse(
             entries=[
                 csi_pb2.ListVolumesResponse.Entry(
@@ -625,8 +622,7 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
                     snap.ready = True
                     await self.state.put_snapshot(snap)
                 except Exception:
-                    snap.ready = False  # as a failed CreateVolume: the room goes back at once
-                    await self._roll_back(snap)
+                    await self._roll_back(snap)  # as a failed CreateVolume: the room goes back at once
                     raise
         log.info("created snapshot", snapshot=snap.snapshot_id, name=name, volume=source_id)
         return csi_pb2.CreateSnapshotResponse(snapshot=self._csi_snapshot(snap))
@@ -636,7 +632,7 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
     ) -> csi_pb2.DeleteSnapshotResponse:
         snapshot_id = check_id(req.snapshot_id, "snapshot_id")
         async with self.state.locks.hold(snapshot_id):
-            if snapshot_id in self.state.snapshots:
+            if self.state.snapshot(snapshot_id) is not None:
                 await asyncio.to_thread(files.remove, self.state.snapshot_file(snapshot_id))
                 await self.state.delete_snapshot(snapshot_id)
                 log.info("deleted snapshot", snapshot=snapshot_id)
@@ -645,7 +641,7 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
     async def ListSnapshots(
         self, req: csi_pb2.ListSnapshotsRequest, _: grpc.aio.ServicerContext
     ) -> csi_pb2.ListSnapshotsResponse:
-        snaps = sorted((s.seq, s) for s in self.state.snapshots.values() if s.ready)
+        snaps = [(s.seq, s) for s in self.state.list_snapshots() if s.ready]
         if req.snapshot_id:
             snaps = [(q, s) for q, s in snaps if s.snapshot_id == req.snapshot_id]
         if req.source_volume_id:
@@ -662,7 +658,7 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
         self, req: csi_pb2.GetSnapshotRequest, _: grpc.aio.ServicerContext
     ) -> csi_pb2.GetSnapshotResponse:
         snapshot_id = check_id(req.snapshot_id, "snapshot_id")
-        snap = self.state.snapshots.get(snapshot_id)
+        snap = self.state.snapshot(snapshot_id)
         if snap is None or not snap.ready:
             raise not_found(f"snapshot {snapshot_id} does not exist")
         return csi_pb2.GetSnapshotResponse(snapshot=self._csi_snapshot(snap))

@@ -102,7 +102,8 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
         targets that are no longer mounted (/proc/self/mountinfo) are forgotten."""
         devices = await loop.list_devices()
         table = read_mounts()
-        claimed = {d for r in self.state.stagings.values() for d in (r.device, r.ro_device) if d}
+        records = self.state.list_stagings()
+        claimed = {d for r in records for d in (r.device, r.ro_device) if d}
 
         def adopt(recorded: str, attached: list[loop.LoopDevice], read_only: bool) -> str:
             """The recorded device if still attached, else one of the right kind that no other
@@ -114,7 +115,7 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
             claimed.add(found)
             return found
 
-        for rec in list(self.state.stagings.values()):
+        for rec in records:
             backing = self.state.volume_file(rec.volume_id)
             attached = [d for d in devices if d.backed_by(backing)]
             device = adopt(rec.device, attached, _read_only_device(rec))
@@ -180,9 +181,11 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
         if await loop.is_attached(rec.device, backing):
             return rec.device
         dev = await loop.attach(backing, direct_io=self.config.direct_io, read_only=_read_only_device(rec))
-        # Saved with the next write of the record, not on its own: a plugin killed before then
-        # finds the device by its backing file at start (reconcile) and adopts it.
+        # Recorded at once: a step after this may fail (a foreign filesystem, a mount error), and
+        # NodeUnstage detaches only what the record names. A plugin killed before the write finds
+        # the device by its backing file at start (reconcile) and adopts it.
         rec.device = dev.name
+        await self.state.put_staging(rec)
         return dev.name
 
     async def _ensure_read_only_device(self, rec: StagingRecord, backing: str) -> str:
@@ -190,7 +193,8 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
         if await loop.is_attached(rec.ro_device, backing):
             return rec.ro_device
         dev = await loop.attach(backing, direct_io=self.config.direct_io, read_only=True)
-        rec.ro_device = dev.name  # saved with the target's record; reconcile adopts it otherwise
+        rec.ro_device = dev.name  # recorded at once, as _ensure_device does
+        await self.state.put_staging(rec)
         return dev.name
 
     async def _ensure_filesystem(self, volume_id: str, device: str, requested: str) -> str:
@@ -226,7 +230,7 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
         rec.growing = False  # saved with the staging that follows
 
     def _staged(self, volume_id: str) -> StagingRecord:
-        rec = self.state.stagings.get(volume_id)
+        rec = self.state.staging(volume_id)
         if rec is None:
             raise not_found(f"volume {volume_id} is not staged on node {self.config.node_id}")
         return rec
@@ -274,15 +278,16 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
         requested = cap.fs_type or from_volume or from_publish
         async with self.state.locks.hold(volume_id):
             backing = self._backing_file(volume_id, context)
-            rec = self.state.stagings.get(volume_id)
+            rec = self.state.staging(volume_id)
             if rec is not None and (rec.staging_path != staging or rec.access_type != cap.access_type):
                 raise already_exists(
                     f"volume {volume_id} is already staged as {rec.access_type} at {rec.staging_path}"
                 )
             if rec is None:
-                if len(self.state.stagings) >= self.config.max_volumes_per_node > 0:
+                staged = self.state.staging_count()
+                if staged >= self.config.max_volumes_per_node > 0:
                     raise failed_precondition(
-                        f"node {self.config.node_id} already has {len(self.state.stagings)} volumes staged, "
+                        f"node {self.config.node_id} already has {staged} volumes staged, "
                         "its --max-volumes-per-node"
                     )
                 # Intent first: after a crash the record tells reconcile and NodeUnstage what to undo.
@@ -321,7 +326,7 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
         volume_id = check_id(req.volume_id, "volume_id")
         staging = self.kubelet.check(req.staging_target_path, "staging_target_path")
         async with self.state.locks.hold(volume_id):
-            rec = self.state.stagings.get(volume_id)
+            rec = self.state.staging(volume_id)
             if rec is None:
                 return csi_pb2.NodeUnstageVolumeResponse()
             if rec.staging_path != staging:
@@ -357,7 +362,7 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
         cap: Capability = require_capability(req)
         read_only = req.readonly or req.publish_context.get(CTX_READONLY) == "true" or cap.read_only
         async with self.state.locks.hold(volume_id):
-            rec = self.state.stagings.get(volume_id)
+            rec = self.state.staging(volume_id)
             if rec is None or rec.staging_path != staging:
                 raise failed_precondition(
                     f"volume {volume_id} is not staged at {staging}; call NodeStageVolume first"
@@ -431,7 +436,7 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
         volume_id = check_id(req.volume_id, "volume_id")
         target = await asyncio.to_thread(self.kubelet.validate, req.target_path, "target_path")
         async with self.state.locks.hold(volume_id):
-            rec = self.state.stagings.get(volume_id)
+            rec = self.state.staging(volume_id)
             # Only a target this driver published is unmounted: a request naming any other mounted
             # path must not become a way to unmount things on the host.
             if rec is not None and target in rec.targets:

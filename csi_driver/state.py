@@ -1,6 +1,11 @@
 """The driver's one durable state object: what the controller created (volumes, snapshots,
 publications) and what this node staged, plus the pool layout and per-volume locks.
 
+Records are reached only through methods that hand out copies, and a record changes in one place:
+`put_*` writes it durably, and only then does the state hold (a copy of) the new version. A caller
+edits its own copy under the volume's lock; if the write fails, memory still says what the disk
+says, so the CO's retry does the work again instead of finding it "already done" in memory only.
+
 State directory (--state-dir):
     volumes/<volume-id>.json      a VolumeRecord (controller)
     snapshots/<snapshot-id>.json  a SnapshotRecord (controller)
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import json
 import os
 import tempfile
@@ -128,12 +134,12 @@ class DriverState:
         self.snapshot_store = RecordStore(self.state_dir / "snapshots", SnapshotRecord)
         # A staging record describes loop devices and mounts, which a power loss undoes too; it
         # must outlive the process (a kill -9, which the page cache survives), not the machine,
-        # and a stage writes it two or three times: no fsync (reconcile squares it at start), but
+        # and a stage writes it three or four times: no fsync (reconcile squares it at start), but
         # for the mark of a grow in progress, the one thing only the record knows.
         self.staging_store = RecordStore(self.state_dir / "staging", StagingRecord, durable=False)
-        self.volumes: dict[str, VolumeRecord] = {}
-        self.snapshots: dict[str, SnapshotRecord] = {}
-        self.stagings: dict[str, StagingRecord] = {}
+        self._volumes: dict[str, VolumeRecord] = {}
+        self._snapshots: dict[str, SnapshotRecord] = {}
+        self._stagings: dict[str, StagingRecord] = {}
         self.locks = KeyedLocks()
         self._seq = 0
         self.ready = False
@@ -166,10 +172,10 @@ class DriverState:
         for d in (self.volumes_dir, self.snapshots_dir, self.nodes_dir, self.state_dir):
             d.mkdir(parents=True, exist_ok=True)
         os.chmod(self.state_dir, 0o700)
-        self.volumes = self.volume_store.load()
-        self.snapshots = self.snapshot_store.load()
-        self.stagings = self.staging_store.load()
-        seqs = [v.seq for v in self.volumes.values()] + [s.seq for s in self.snapshots.values()]
+        self._volumes = self.volume_store.load()
+        self._snapshots = self.snapshot_store.load()
+        self._stagings = self.staging_store.load()
+        seqs = [v.seq for v in self._volumes.values()] + [s.seq for s in self._snapshots.values()]
         self._seq = max(seqs, default=0)
         # The pool must be writable before Probe says ready. An unnamed file (O_TMPFILE where the
         # filesystem has it, else a unique name unlinked at once) leaves nothing another process
@@ -192,9 +198,9 @@ class DriverState:
             raise
         log.info(
             "loaded driver state",
-            volumes=len(self.volumes),
-            snapshots=len(self.snapshots),
-            stagings=len(self.stagings),
+            volumes=len(self._volumes),
+            snapshots=len(self._snapshots),
+            stagings=len(self._stagings),
             pool=str(self.pool_dir),
             state=str(self.state_dir),
         )
@@ -217,37 +223,75 @@ class DriverState:
         return self._seq
 
     # --- volumes --------------------------------------------------------------------------------
+    def volume(self, volume_id: str) -> VolumeRecord | None:
+        """A copy of the volume's record, ready or not; None when there is none."""
+        return copy.deepcopy(self._volumes.get(volume_id))
+
     def volume_by_name(self, name: str) -> VolumeRecord | None:
-        return next((v for v in self.volumes.values() if v.name == name), None)
+        return copy.deepcopy(next((v for v in self._volumes.values() if v.name == name), None))
+
+    def list_volumes(self) -> list[VolumeRecord]:
+        """Copies of every volume record, in creation order."""
+        return [copy.deepcopy(v) for v in sorted(self._volumes.values(), key=lambda v: v.seq)]
+
+    def volume_ids(self) -> set[str]:
+        return set(self._volumes)
+
+    def published_count(self, node_id: str) -> int:
+        """How many volumes are published to the node."""
+        return sum(node_id in v.published for v in self._volumes.values())
+
+    def allocated_bytes(self) -> int:
+        """What every volume and snapshot record holds of the pool, ready or still being made."""
+        return sum(v.capacity for v in self._volumes.values()) + sum(s.size for s in self._snapshots.values())
 
     async def put_volume(self, record: VolumeRecord) -> None:
         await self.volume_store.put(record.volume_id, record)
-        self.volumes[record.volume_id] = record
+        self._volumes[record.volume_id] = copy.deepcopy(record)
 
     async def delete_volume(self, volume_id: str) -> None:
         await self.volume_store.delete(volume_id)
-        self.volumes.pop(volume_id, None)
+        self._volumes.pop(volume_id, None)
 
     # --- snapshots ------------------------------------------------------------------------------
+    def snapshot(self, snapshot_id: str) -> SnapshotRecord | None:
+        return copy.deepcopy(self._snapshots.get(snapshot_id))
+
     def snapshot_by_name(self, name: str) -> SnapshotRecord | None:
-        return next((s for s in self.snapshots.values() if s.name == name), None)
+        return copy.deepcopy(next((s for s in self._snapshots.values() if s.name == name), None))
+
+    def list_snapshots(self) -> list[SnapshotRecord]:
+        """Copies of every snapshot record, in creation order."""
+        return [copy.deepcopy(s) for s in sorted(self._snapshots.values(), key=lambda s: s.seq)]
+
+    def snapshot_ids(self) -> set[str]:
+        return set(self._snapshots)
 
     async def put_snapshot(self, record: SnapshotRecord) -> None:
         await self.snapshot_store.put(record.snapshot_id, record)
-        self.snapshots[record.snapshot_id] = record
+        self._snapshots[record.snapshot_id] = copy.deepcopy(record)
 
     async def delete_snapshot(self, snapshot_id: str) -> None:
         await self.snapshot_store.delete(snapshot_id)
-        self.snapshots.pop(snapshot_id, None)
+        self._snapshots.pop(snapshot_id, None)
 
     # --- stagings (node) ------------------------------------------------------------------------
+    def staging(self, volume_id: str) -> StagingRecord | None:
+        return copy.deepcopy(self._stagings.get(volume_id))
+
+    def list_stagings(self) -> list[StagingRecord]:
+        return [copy.deepcopy(r) for r in self._stagings.values()]
+
+    def staging_count(self) -> int:
+        return len(self._stagings)
+
     async def put_staging(self, record: StagingRecord, *, durable: bool = False) -> None:
         await self.staging_store.put(record.volume_id, record, durable=durable)
-        self.stagings[record.volume_id] = record
+        self._stagings[record.volume_id] = copy.deepcopy(record)
 
     async def delete_staging(self, volume_id: str) -> None:
         await self.staging_store.delete(volume_id)
-        self.stagings.pop(volume_id, None)
+        self._stagings.pop(volume_id, None)
 
     # --- nodes ----------------------------------------------------------------------------------
     async def announce_node(self, info: NodeInfo) -> None:
