@@ -154,9 +154,44 @@ def capability(
 
 
 def volume_capability(vol: CSIVolume, single_node_multi_writer: bool = False) -> csi_pb2.VolumeCapability:
-    """The CSI VolumeCapability for a PV, as the external-attacher and kubelet build it: the
-    widest access mode the PV lists, block or mount (fsType, mount options)."""
+    """The CSI VolumeCapability the node agent sends for a PV: the widest access mode the PV
+    lists, block or mount (fsType, mount options). The controller sidecars use pv_capability."""
     widest = next((m for m in (RWX, ROX, RWO, RWOP) if m in vol.access_modes), RWO)
     mode = csi_access_mode(widest, single_node_multi_writer)
     assert mode is not None
     return capability(mode, vol.block, vol.fs_type, vol.mount_options)
+
+
+def pv_access_mode(modes: Iterable[str], single_node_multi_writer: bool) -> int:
+    """The one CSI access mode for a PV's whole list of modes, as csi-lib-utils' ToCSIAccessMode
+    gives it to the external-attacher and -resizer: ReadWriteMany wins over everything, and the
+    lists CSI has no mode for are refused with its messages (ValueError) rather than mapped to
+    something near: ReadOnlyMany with ReadWriteOnce would be published read-only to a writer."""
+    Mode = csi_pb2.VolumeCapability.AccessMode.Mode
+    listed = list(modes)
+    present = set(listed)
+    if RWOP in present:
+        if len(present) > 1:
+            raise ValueError(
+                "Kubernetes does not support use of ReadWriteOncePod with other access modes on the same "
+                "PersistentVolume"
+            )
+        return int(Mode.SINGLE_NODE_SINGLE_WRITER if single_node_multi_writer else Mode.SINGLE_NODE_WRITER)
+    if RWX in present:
+        return int(Mode.MULTI_NODE_MULTI_WRITER)
+    if ROX in present and RWO in present:
+        raise ValueError("CSI does not support ReadOnlyMany and ReadWriteOnce on the same PersistentVolume")
+    if ROX in present:
+        return int(Mode.MULTI_NODE_READER_ONLY)
+    if RWO in present:
+        return int(Mode.SINGLE_NODE_MULTI_WRITER if single_node_multi_writer else Mode.SINGLE_NODE_WRITER)
+    raise ValueError(f"unsupported AccessMode combination: [{' '.join(listed)}]")
+
+
+def pv_capability(vol: CSIVolume, single_node_multi_writer: bool) -> csi_pb2.VolumeCapability:
+    """The VolumeCapability the external-attacher and -resizer send for a PV (their
+    GetVolumeCapabilities): pv_access_mode of its modes, block or mount with its fsType and
+    mount options. Raises ValueError for a list of modes CSI cannot express."""
+    return capability(
+        pv_access_mode(vol.access_modes, single_node_multi_writer), vol.block, vol.fs_type, vol.mount_options
+    )

@@ -35,12 +35,14 @@ from controller_runtime.resources import (
     PERSISTENT_VOLUME_CLAIMS,
     PERSISTENT_VOLUMES,
     PODS,
+    SECRETS,
     Obj,
     key_of,
     typed,
 )
+from controller_runtime.secrets import SecretNotSendable, csi_secrets
 from controller_runtime.storage import claim_request, storage_of
-from controller_runtime.volumes import csi_volume, pod_claims, volume_capability
+from controller_runtime.volumes import csi_volume, pod_claims, pv_capability
 from controller_runtime.workqueue import ItemExponentialRateLimiter, WorkQueue
 from kubeloop_grpc.csi import csi_pb2
 
@@ -104,6 +106,9 @@ class Resizer(SidecarController):
         # A driver without controller expansion but with node expansion gets the "trivial"
         # resizer: no RPC, the PV takes the requested size and the node does the work.
         self.trivial = not csi.has_controller_capability(ControllerRPC.EXPAND_VOLUME)
+        # The access mode ControllerExpandVolume names: RWO is SINGLE_NODE_MULTI_WRITER for a
+        # driver that has it, as the volume was created and published with.
+        self.single_node_multi_writer = csi.has_controller_capability(ControllerRPC.SINGLE_NODE_MULTI_WRITER)
         self.queue: WorkQueue[str] = WorkQueue(
             f"{self.driver}-pvc", ItemExponentialRateLimiter(self.options.retry_start, self.options.retry_max)
         )
@@ -153,12 +158,14 @@ class Resizer(SidecarController):
 
     # -- the sync ---------------------------------------------------------------------------------
 
-    def _ours(self, claim: Obj, pv: Obj) -> bool:
+    def _ours(self, pv: Obj) -> bool:
+        """A claim is ours by its PV's driver only. Upstream also honours the claim's
+        storage-resizer annotation, but only for a driver that in-tree volumes migrate to, which
+        no kubeloop driver is; and the annotation is the claim author's to write: naming this
+        driver on a claim of another driver's volume, or of a non-CSI one, made this resizer
+        expand it (or, without EXPAND_VOLUME, write the PV's capacity without expanding anything)."""
         vol = csi_volume(pv)
-        if vol is not None and vol.driver == self.driver:
-            return True
-        annotations = claim["metadata"].get("annotations") or {}
-        return bool(annotations.get(rs.RESIZER_ANNOTATION) == self.driver)
+        return vol is not None and vol.driver == self.driver
 
     async def sync(self, key: str) -> float | None:
         claim = self.claims.store.get(key)
@@ -185,11 +192,7 @@ class Resizer(SidecarController):
             return None
         ref = (pv.get("spec") or {}).get("claimRef") or {}
         md = claim["metadata"]
-        if (
-            not self._ours(claim, pv)
-            or ref.get("namespace") != md["namespace"]
-            or ref.get("uid") != md["uid"]
-        ):
+        if not self._ours(pv) or ref.get("namespace") != md["namespace"] or ref.get("uid") != md["uid"]:
             return None
         if s.resize_status == rs.CONTROLLER_INFEASIBLE:
             self.infeasible_since.setdefault(key, time.monotonic())
@@ -282,15 +285,26 @@ class Resizer(SidecarController):
         vol = csi_volume(pv)
         assert vol is not None  # _ours checked it
         self.in_use.discard(key)
-        req = csi_pb2.ControllerExpandVolumeRequest(
-            volume_id=vol.handle,
-            capacity_range=csi_pb2.CapacityRange(required_bytes=size),
-            volume_capability=volume_capability(vol),
-        )
         try:
+            # Upstream's order: the controller-expand Secret, the capability, the call; a failure
+            # of either of the first two is not final (nothing was asked of the driver).
+            secrets = await self._secrets(pv)
+            try:
+                capability = pv_capability(vol, self.single_node_multi_writer)
+            except ValueError as exc:
+                name = pv["metadata"]["name"]
+                raise RuntimeError(f"failed to get capabilities of volume {name} with {exc}") from exc
+            req = csi_pb2.ControllerExpandVolumeRequest(
+                volume_id=vol.handle,
+                capacity_range=csi_pb2.CapacityRange(required_bytes=size),
+                secrets=secrets,
+                volume_capability=capability,
+            )
             rsp = await self.csi.controller.ControllerExpandVolume(req, timeout=self.options.timeout)
         except Exception as exc:
             code = exc.code() if isinstance(exc, grpc.aio.AioRpcError) else None
+            if isinstance(exc, SecretNotSendable):
+                code = grpc.StatusCode.INTERNAL  # the Go sidecar's request fails to marshal: final
             text = error_text(exc)
             if code == grpc.StatusCode.FAILED_PRECONDITION:
                 self.in_use.add(key)
@@ -317,6 +331,20 @@ class Resizer(SidecarController):
         self.final_errors.discard(key)
         self.infeasible_since.pop(key, None)
         return int(rsp.capacity_bytes) or size, bool(rsp.node_expansion_required)
+
+    async def _secrets(self, pv: Obj) -> dict[str, str]:
+        """The PV's controllerExpandSecretRef, read for ControllerExpandVolume as upstream reads it
+        (a Secret that cannot be read fails the attempt: the driver may need it)."""
+        ref = ((pv.get("spec") or {}).get("csi") or {}).get("controllerExpandSecretRef")
+        if not ref:
+            return {}
+        name, namespace = str(ref.get("name") or ""), str(ref.get("namespace") or "")
+        try:
+            secret = await self.client.get(SECRETS, name, namespace)
+        except ApiError as exc:
+            message = f"error getting secret {name} in namespace {namespace}: {exc.message}"
+            raise RuntimeError(message) from exc
+        return csi_secrets(secret)
 
     async def _patch_pv(self, pv: Obj, patch: Obj) -> None:
         """Patches the PV and puts the answer into the cache, as upstream does: the next sync must

@@ -96,6 +96,7 @@ def volume(size: int, annotations: dict[str, str] | None = None) -> Obj:
         "metadata": {"name": "pv", "annotations": annotations or {}},
         "spec": {
             "capacity": {"storage": str(size)},
+            "accessModes": ["ReadWriteOnce"],  # the apiserver requires one; CSI needs it
             "csi": {"driver": DRIVER, "volumeHandle": "h"},
             "claimRef": {"namespace": "ns", "name": "c", "uid": "cu"},
         },
