@@ -136,7 +136,10 @@ REGISTRY: tuple[Component, ...] = (
         http_port=18110,
         per_node=True,
     ),
-    # kubelet's part for each node: registers the Node, mounts the volumes of its pods.
+    # kubelet's part for each node: registers the Node, mounts the volumes of its pods. The node
+    # stops with its agent, and a stop of the stack stops the agent before its node plugin: the
+    # agent unmounts its volumes on the way out, so nothing stays mounted or attached after the
+    # stack (its next start mounts them again for the pods still there).
     Component(
         name="node-agent",
         argv=lambda c: python_module(
@@ -145,6 +148,7 @@ REGISTRY: tuple[Component, ...] = (
             f"--root-dir={node_dir(c) / 'kubelet'}",
             f"--kubeconfig={c.kubeconfig}",
             f"--http-endpoint={c.http_endpoint}",
+            "--unmount-volumes-on-exit",
         ),
         identity=service_account_identity("kubeloop-node-agent"),
         http_port=18120,

@@ -49,6 +49,10 @@ NODES = tuple(node_names(2))
 SERVER = f"https://127.0.0.1:{PORTS.apiserver}"
 ETCD = f"http://127.0.0.1:{PORTS.etcd_client}"
 
+# How long `docker-compose stop`/`down` lets a node agent unmount its volumes before SIGKILL
+# (docker's default is 10s; `make up` gives every process 15s, its --stop-timeout).
+NODE_AGENT_STOP_GRACE = "15s"
+
 KUBELOOP_IMAGE = "kubeloop/kubeloop:0.1.0"
 DEFAULT_BASE_IMAGE = "debian:bookworm-slim"
 
@@ -331,6 +335,9 @@ def _component_service(inst: Instance) -> tuple[dict[str, Any], list[str]]:
         volumes.append(f"./.kubeloop/compose/nodes/{inst.node}:{HOME / 'nodes' / inst.node}:rshared")
         if comp.name == "node-agent":
             depends[f"csi-driver-node-{inst.node}"] = {"condition": "service_healthy"}
+            # Compose stops a service before those it depends on, so the agent unmounts its node's
+            # volumes through a plugin that still runs; it gets the time `make up` gives a process.
+            service["stop_grace_period"] = NODE_AGENT_STOP_GRACE
     if comp.name == "csi-driver-node":
         service["privileged"] = True
         volumes.append("/dev:/dev")

@@ -31,6 +31,7 @@ from .components import (
     node_names,
 )
 from .controlplane import ControlPlane, Ports, StackLockedError, default_home
+from .leftovers import find_leftovers
 from .proc import (
     ManagedProcess,
     PortInUseError,
@@ -202,6 +203,25 @@ def _died(proc: ManagedProcess, code: int) -> None:
     )
 
 
+def _report_leftovers(home: Path) -> None:
+    """Says what the node agents could not unmount (a plugin that had died, an agent killed at its
+    stop timeout): the README promises nothing is left, so anything that is must be seen."""
+    left = find_leftovers(home)
+    if not left:
+        return
+    devices = [f"{dev} ({back})" for dev, back in left.loop_devices]
+    log.error("LEFT BEHIND after the stop", mounts=",".join(left.mounts), loop_devices=",".join(devices))
+    print(
+        f"\n!!! left behind under {home}:\n"
+        + "".join(f"!!!   mount {m}\n" for m in left.mounts)
+        + "".join(f"!!!   loop device {d}\n" for d in devices)
+        + "!!! The node agents' logs say why. The next start takes them over and its stop unmounts\n"
+        '!!! them (docs/local-stack.md, "Stopping").\n',
+        file=sys.stderr,
+        flush=True,
+    )
+
+
 def preflight(args: argparse.Namespace) -> str | None:
     """The checks that need no event loop; returns a message for the user, or None when all pass."""
     if os.geteuid() != 0:
@@ -291,8 +311,10 @@ async def _up(args: argparse.Namespace, ctx: process.Context) -> None:
         print(f"kubeloop-stack: {e}", file=sys.stderr, flush=True)
     finally:
         _say("kubeloop: stopping the stack")
+        # The node agents stop before their node plugins and unmount their volumes on the way.
         await components.stop()
         await cp.stop()
+        _report_leftovers(home)
         _say("kubeloop: stopped")
 
 

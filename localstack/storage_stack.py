@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import os
 import shutil
 import signal
@@ -28,7 +27,6 @@ import grpc
 
 from controller_runtime.client import ApiClient, ApiError
 from controller_runtime.csi_client import CSIConnection
-from controller_runtime.mounts import read_mounts
 from controller_runtime.resources import (
     CSI_DRIVERS,
     CSI_NODES,
@@ -45,6 +43,7 @@ from csi_driver import DRIVER_NAME
 from kubeloop_grpc.csi import csi_pb2
 from localstack.components import REGISTRY, Component, ComponentContext, Components, Instance
 from localstack.controlplane import ControlPlane
+from localstack.leftovers import force_cleanup, loop_backing_files, mounts_under
 from localstack.proc import ManagedProcess, RestartPolicy, free_ports
 
 NODES = ("node-a", "node-b")
@@ -383,30 +382,4 @@ async def wait_for(
         await asyncio.sleep(interval)
 
 
-def mounts_under(root: Path) -> list[str]:
-    points = [m.mountpoint for m in read_mounts()]
-    return [p for p in points if p.startswith(str(root) + "/")]
-
-
-def force_cleanup(root: Path) -> None:
-    """Whatever a failed test left: unmount under root, detach loop devices of its pool."""
-    for point in sorted(mounts_under(root), key=len, reverse=True):
-        subprocess.run(["umount", "-l", point], check=False)
-    for dev, back in loop_backing_files():
-        if back.startswith(str(root)):
-            subprocess.run(["losetup", "-d", dev], check=False)
-
-
-def loop_backing_files() -> list[tuple[str, str]]:
-    """(device, backing file) of every loop device on the machine."""
-    out = subprocess.run(
-        ["losetup", "--list", "--json", "--output", "NAME,BACK-FILE"],
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout
-    devices = json.loads(out)["loopdevices"] if out.strip() else []
-    return [(str(d["name"]), str(d.get("back-file") or "")) for d in devices]
-
-
-__all__ = ["NODES", "StorageStack", "grpc", "wait_for"]
+__all__ = ["NODES", "StorageStack", "grpc", "loop_backing_files", "mounts_under", "wait_for"]

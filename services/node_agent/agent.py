@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,6 +51,11 @@ class Options:
     # pods finish first instead of every operation sharing the CPU with every other one and all of
     # them finishing together at the end.
     max_concurrent_operations: int = 8
+    # On a requested stop (SIGTERM/SIGINT), unpublish and unstage every volume before exiting: for
+    # a node whose agent stops with it (the local stack, docker-compose), where a volume left
+    # mounted would outlive the stack. Off by default, as kubelet: a restarted kubelet finds its
+    # running pods' volumes mounted and leaves them so.
+    unmount_on_exit: bool = False
     capacity: tuple[tuple[str, str], ...] = (("cpu", "4"), ("memory", "8Gi"), ("pods", "110"))
 
 
@@ -98,6 +104,25 @@ class NodeAgent:
             self.pod_status.sync(complete)
 
     async def run(self) -> None:
+        """Runs until cancelled, which is how a stop is asked for (process.main cancels the main
+        task on SIGTERM/SIGINT); any other end is a crash, and a crash unmounts nothing."""
+        stop_requested = False
+        try:
+            await self._serve()
+        except asyncio.CancelledError:
+            stop_requested = True
+            raise
+        finally:
+            for t in self._tasks:
+                t.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            await self.pod_status.stop()
+            await self.volumes.stop()
+            if stop_requested and self.options.unmount_on_exit:
+                await self._unmount_all()
+            await self.plugins.close()
+
+    async def _serve(self) -> None:
         await self.node_status.register()
         self._tasks.append(asyncio.create_task(self.node_status.heartbeat(), name="heartbeat"))
         while not self.plugins.plugins:
@@ -114,18 +139,25 @@ class NodeAgent:
         # Passes no closer together than a tenth of the loop period: a burst of events (eight
         # unstages finishing) makes one volumesInUse write, not eight.
         pacer = PassPacer(self.volumes.wake, self.options.loop_period, self.options.loop_period / 10)
-        try:
-            while True:
-                try:
-                    await self.reconcile()
-                except Exception:
-                    log.exception("reconcile pass failed")
-                pacer.pass_ended(self.volumes.deciding.take())
-                await pacer.next_pass()
-        finally:
-            for t in self._tasks:
-                t.cancel()
-            await asyncio.gather(*self._tasks, return_exceptions=True)
-            await self.pod_status.stop()
-            await self.volumes.stop()
-            await self.plugins.close()
+        while True:
+            try:
+                await self.reconcile()
+            except Exception:
+                log.exception("reconcile pass failed")
+            pacer.pass_ended(self.volumes.deciding.take())
+            await pacer.next_pass()
+
+    async def _unmount_all(self) -> None:
+        """The node shuts down with its agent: its volumes go with it (the plugin still runs, since
+        the stack and compose stop a node agent before its node plugin)."""
+        self.ready = False
+        started = time.monotonic()
+        done, left = await self.volumes.unmount_all()
+        log_at = log.warning if left else log.info
+        log_at(
+            "volumes unmounted for shutdown",
+            node=self.node_name,
+            volumes=done,
+            left_mounted=left,
+            took=f"{time.monotonic() - started:.2f}s",
+        )

@@ -58,6 +58,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="volume operations (mount, unmount, unstage) run at once, each on a different volume, "
         "started in the order queued; 0 = no limit (default: 8)",
     )
+    parser.add_argument(
+        "--unmount-volumes-on-exit",
+        action="store_true",
+        help="on SIGTERM/SIGINT, unpublish and unstage every volume of this node before exiting, for "
+        "a node that stops with its agent (the local stack, docker-compose); the pods keep their "
+        "volumes and are mounted again when the agent starts. Off by default, as kubelet, whose "
+        "restart leaves the volumes of running pods mounted",
+    )
     process.add_kube_flags(parser, qps=50.0, burst=100)
     process.add_http_flags(parser)
     process.add_logging_flags(parser)
@@ -83,6 +91,7 @@ async def run(args: argparse.Namespace, ctx: process.Context) -> None:
             csi_timeout=args.csi_timeout,
             backoff_max=args.max_retry_interval,
             max_concurrent_operations=args.max_concurrent_volume_operations,
+            unmount_on_exit=args.unmount_volumes_on_exit,
         ),
     )
     if ctx.health is not None:

@@ -137,6 +137,45 @@ class VolumeManager:
         for inf in self.informers:
             await inf.stop()
 
+    # -- node shutdown ------------------------------------------------------------------------------
+
+    async def unmount_all(self) -> tuple[int, int]:
+        """Unpublishes and unstages every volume the agent began to publish or stage, for a node
+        that shuts down; returns (volumes done, volumes left). Called after `stop`, so no pass
+        mounts anything again meanwhile.
+
+        The records on disk say what to undo, not the in-memory state: vol_data.json is written
+        before each CSI call, so it names everything the driver may hold, even when a stop came
+        before `restore_from_disk` ran or cancelled an operation half-way. The API is not touched:
+        the pods keep their volumes, volumesInUse and the attachments stay, and the agent's next
+        start stages and publishes again for the pods still there, as kubelet does after a reboot.
+        A volume whose unpublish fails keeps its staging (never unstage under a publish)."""
+        staged = self.layout.staged()
+        by_volume: dict[VolumeKey, list[Mounted]] = {key: [] for key in staged}
+        for (uid, pv_name), data in sorted(self.layout.published().items()):
+            m = Mounted(uid, pv_name, data.driverName, data.volumeHandle, data.block)
+            by_volume.setdefault(m.stage_key, []).append(m)
+        done = await asyncio.gather(
+            *(self._unmount_volume(key, pubs, key in staged) for key, pubs in sorted(by_volume.items()))
+        )
+        return sum(done), len(done) - sum(done)
+
+    async def _unmount_volume(self, key: VolumeKey, publishes: list[Mounted], staged: bool) -> bool:
+        # The operation limit holds here too, unstages first as in a pass: a node with hundreds of
+        # volumes does not hand its plugin all of them at once while the stop timeout runs.
+        async with self.operations.slots.hold(UNSTAGE):
+            try:
+                for m in publishes:
+                    await self._unpublish(m)
+                if staged:
+                    await self._unstage(key)
+            except Exception as exc:
+                log.warning(
+                    "volume left mounted at shutdown", driver=key[0], volume=key[1], error=error_text(exc)
+                )
+                return False
+        return True
+
     def restore_from_disk(self) -> None:
         """Rebuilds the actual state from vol_data.json files and the mount table. A publish whose
         target is still mounted is confirmed as is (never mounted over again); everything else is
