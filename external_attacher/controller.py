@@ -4,9 +4,11 @@ handler: status.attached and nothing else, no finalizers at all).
 
 Attach: the PV's finalizer first, then the VA's finalizer and node-id annotation (so neither
 object can vanish while the driver may have published the volume, and a detach still knows the
-node id once the CSINode is gone), then ControllerPublishVolume, then status.attached with the
-publish context. Detach (VA being deleted): ControllerUnpublishVolume, whatever error it returns
-being retried, then the VA finalizer goes and the status says detached; the PV finalizer goes
+node id once the CSINode is gone), then ControllerPublishVolume (with the Secret the PV's
+controllerPublishSecretRef names, and the one access mode csi-lib-utils maps the PV's list to),
+then status.attached with the publish context. Detach (VA being deleted):
+ControllerUnpublishVolume, whatever error it returns being retried, then the VA finalizer goes
+and the status says detached; the PV finalizer goes
 only when the PV itself is being deleted and no VolumeAttachment names it. Failures are written
 to attachError / detachError and retried with per-key exponential backoff. A periodic pass
 compares ListVolumes' published nodes with every VA of the driver and re-syncs each one whose
@@ -29,8 +31,16 @@ from controller_runtime.controller import ControllerContext, run_workers
 from controller_runtime.csi_client import CSIConnection, SidecarController, SidecarOptions, error_text
 from controller_runtime.informer import EventHandler
 from controller_runtime.logs import get_logger
-from controller_runtime.resources import CSI_NODES, PERSISTENT_VOLUMES, VOLUME_ATTACHMENTS, Obj, newer
-from controller_runtime.volumes import CSIVolume, attacher_finalizer, csi_volume, volume_capability
+from controller_runtime.resources import (
+    CSI_NODES,
+    PERSISTENT_VOLUMES,
+    SECRETS,
+    VOLUME_ATTACHMENTS,
+    Obj,
+    newer,
+)
+from controller_runtime.secrets import SecretNotSendable, csi_secrets
+from controller_runtime.volumes import CSIVolume, attacher_finalizer, csi_volume, pv_capability
 from controller_runtime.workqueue import (
     BucketRateLimiter,
     ItemExponentialRateLimiter,
@@ -242,7 +252,13 @@ class Attacher(SidecarController):
             raise AttachError(f'PersistentVolume "{pv["metadata"]["name"]}" is marked for deletion')
         node = va["spec"]["nodeName"]
         try:
+            # csi-attacher's order: the source, the capability, the Secret, the node id.
             vol = self._csi_source(pv)
+            try:
+                capability = pv_capability(vol, self.single_node_multi_writer)
+            except ValueError as exc:
+                raise AttachError(str(exc)) from exc
+            secret = await self._publish_secret(pv)
             node_id = self._node_id_from_csinode(node)
         except AttachError:
             # csi-attacher has added the PV finalizer before it finds out, but not the VA's.
@@ -260,8 +276,9 @@ class Attacher(SidecarController):
         req = csi_pb2.ControllerPublishVolumeRequest(
             volume_id=vol.handle,
             node_id=node_id,
-            volume_capability=volume_capability(vol, self.single_node_multi_writer),
+            volume_capability=capability,
             readonly=vol.read_only and self.can_publish_readonly,
+            secrets=self._sendable(secret),
             volume_context=vol.attributes,
         )
         try:
@@ -278,10 +295,37 @@ class Attacher(SidecarController):
             name, await self.client.patch(VOLUME_ATTACHMENTS, name, {"status": status}, subresource="status")
         )
 
+    async def _publish_secret(self, pv: Obj) -> Obj | None:
+        """The Secret the PV's controllerPublishSecretRef names, None without one. As csi-attacher,
+        one that cannot be read fails the attach or detach (the driver may need it to act); the
+        attacher's RBAC, like upstream's default, does not let it read Secrets, so a PV naming
+        one is attached only where an admin granted `get`."""
+        ref = ((pv.get("spec") or {}).get("csi") or {}).get("controllerPublishSecretRef")
+        if not ref:
+            return None
+        name, namespace = str(ref.get("name") or ""), str(ref.get("namespace") or "")
+        try:
+            return await self.client.get(SECRETS, name, namespace)
+        except ApiError as exc:
+            raise AttachError(f'failed to load secret "{namespace}/{name}": {exc.message}') from exc
+
+    @staticmethod
+    def _sendable(secret: Obj | None) -> dict[str, str]:
+        """The Secret's data for the request. Data that is not UTF-8 fails where the Go sidecar's
+        request fails to marshal: after the finalizers, with grpc-go's words."""
+        try:
+            return csi_secrets(secret) if secret is not None else {}
+        except SecretNotSendable as exc:
+            raise AttachError(str(exc)) from exc
+
     async def _detach(self, va: Obj) -> None:
         name = va["metadata"]["name"]
-        vol = self._csi_source(self._pv_of(va))
-        req = csi_pb2.ControllerUnpublishVolumeRequest(volume_id=vol.handle, node_id=self._node_id(va))
+        pv = self._pv_of(va)
+        vol = self._csi_source(pv)
+        secrets = self._sendable(await self._publish_secret(pv))
+        req = csi_pb2.ControllerUnpublishVolumeRequest(
+            volume_id=vol.handle, node_id=self._node_id(va), secrets=secrets
+        )
         try:
             await self.csi.controller.ControllerUnpublishVolume(req, timeout=self.options.timeout)
         except grpc.aio.AioRpcError as exc:

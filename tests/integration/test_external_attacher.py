@@ -22,7 +22,14 @@ from controller_runtime.controller import ControllerContext
 from controller_runtime.csi_client import CSIConnection
 from controller_runtime.events import EventRecorder
 from controller_runtime.informer import SharedInformerFactory
-from controller_runtime.resources import CSI_NODES, NODES, PERSISTENT_VOLUMES, VOLUME_ATTACHMENTS, Obj
+from controller_runtime.resources import (
+    CSI_NODES,
+    NODES,
+    PERSISTENT_VOLUMES,
+    SECRETS,
+    VOLUME_ATTACHMENTS,
+    Obj,
+)
 from controller_runtime.volumes import attacher_finalizer, va_name
 from csi_driver import DRIVER_NAME
 from external_attacher.controller import ANN_VA_NODE_ID, Attacher, Options
@@ -205,3 +212,94 @@ async def test_attach_detach_and_list_volumes_as_csi_attacher(setup: Setup) -> N
 
 async def _gone_from_cache(attacher: Attacher, node: str) -> bool:
     return attacher.csinodes.store.get(node) is None
+
+
+async def test_publish_carries_the_pv_secret_and_refuses_modes_csi_cannot_express(
+    setup: Setup, namespace: str
+) -> None:
+    """What ControllerPublishVolume is built from (issue 29), as csi-attacher builds it: the PV's
+    controllerPublishSecretRef is read for attach and detach (one that cannot be read fails them,
+    recorded in attachError / detachError), and a PV listing ReadOnlyMany with ReadWriteOnce is
+    refused (csi-lib-utils has no CSI mode for the pair). kubeloop published without the Secret,
+    detached without it, and published the pair as ReadOnlyMany."""
+    s, api = setup, setup.api
+    _, csi = await s.start_attacher()
+    handle = await s.objects(csi)
+    pvs: list[str] = []
+
+    async def attachment(pv: str, csi_extra: Obj, modes: list[str]) -> str:
+        await api.create(
+            PERSISTENT_VOLUMES,
+            {
+                "metadata": {"name": pv},
+                "spec": {
+                    "capacity": {"storage": "16Mi"},
+                    "accessModes": modes,
+                    "persistentVolumeReclaimPolicy": "Retain",
+                    "csi": {"driver": DRIVER_NAME, "volumeHandle": handle, "fsType": "ext4", **csi_extra},
+                },
+            },
+        )
+        pvs.append(pv)
+        name = f"va-{pv}"  # not csi-<hash>: the two PVs share the handle and the node
+        spec = {"attacher": DRIVER_NAME, "nodeName": s.node, "source": {"persistentVolumeName": pv}}
+        await api.create(VOLUME_ATTACHMENTS, {"metadata": {"name": name}, "spec": spec})
+        return name
+
+    def status_says(name: str, field: str, message: str) -> Callable[[], Awaitable[bool]]:
+        async def check() -> bool:
+            va = await get(api, VOLUME_ATTACHMENTS, name)
+            return bool(va and ((va.get("status") or {}).get(field) or {}).get("message") == message)
+
+        return check
+
+    try:
+        both = await attachment(f"{s.pv}-both", {}, ["ReadWriteOnce", "ReadOnlyMany"])
+        message = "CSI does not support ReadOnlyMany and ReadWriteOnce on the same PersistentVolume"
+        await wait_for(
+            status_says(both, "attachError", message), 20, "attachError for ReadOnlyMany+ReadWriteOnce"
+        )
+        va = await api.get(VOLUME_ATTACHMENTS, both)
+        assert not (va.get("status") or {}).get("attached") and not va["metadata"].get("finalizers")
+        assert await s.published(csi, handle) == []
+        await api.delete(VOLUME_ATTACHMENTS, both)
+
+        ref = {"name": "publish", "namespace": namespace}
+        secret = await attachment(f"{s.pv}-sec", {"controllerPublishSecretRef": ref}, ["ReadWriteOnce"])
+        missing = f'failed to load secret "{namespace}/publish": secrets "publish" not found'
+        await wait_for(status_says(secret, "attachError", missing), 20, "attachError for the missing Secret")
+        assert await s.published(csi, handle) == []
+        await api.create(SECRETS, {"metadata": {"name": "publish"}, "data": {"k": "dg=="}}, namespace)
+
+        async def attached() -> bool:
+            va = await get(api, VOLUME_ATTACHMENTS, secret)
+            return bool(va and (va.get("status") or {}).get("attached"))
+
+        await wait_for(attached, 20, "attached once the Secret exists")
+        assert await s.published(csi, handle) == [s.node]
+
+        # The Secret goes before the detach: the detach waits for it, as csi-attacher's does.
+        await api.delete(SECRETS, "publish", namespace)
+        await api.delete(VOLUME_ATTACHMENTS, secret)
+        await wait_for(status_says(secret, "detachError", missing), 20, "detachError for the missing Secret")
+        assert await s.published(csi, handle) == [s.node]
+        await api.create(SECRETS, {"metadata": {"name": "publish"}, "data": {"k": "dg=="}}, namespace)
+
+        async def detached() -> bool:
+            return await get(api, VOLUME_ATTACHMENTS, secret) is None
+
+        await wait_for(detached, 20, "detached once the Secret is back")
+        assert await s.published(csi, handle) == []
+    finally:
+        for pv in pvs:
+            with contextlib.suppress(ApiError):
+                await api.patch(PERSISTENT_VOLUMES, pv, {"metadata": {"finalizers": None}})
+            with contextlib.suppress(ApiError):
+                await api.delete(PERSISTENT_VOLUMES, pv)
+        for va in (await api.list_page(VOLUME_ATTACHMENTS))["items"]:
+            if va["spec"]["source"].get("persistentVolumeName") in pvs:
+                clear = {"metadata": {"finalizers": None}}
+                with contextlib.suppress(ApiError):
+                    await api.patch(VOLUME_ATTACHMENTS, va["metadata"]["name"], clear)
+                with contextlib.suppress(ApiError):
+                    await api.delete(VOLUME_ATTACHMENTS, va["metadata"]["name"])
