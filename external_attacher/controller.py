@@ -8,9 +8,9 @@ node id once the CSINode is gone), then ControllerPublishVolume (with the Secret
 controllerPublishSecretRef names, and the one access mode csi-lib-utils maps the PV's list to),
 then status.attached with the publish context. Detach (VA being deleted):
 ControllerUnpublishVolume, whatever error it returns being retried, then the VA finalizer goes
-and the status says detached; the PV finalizer goes
-only when the PV itself is being deleted and no VolumeAttachment names it. Failures are written
-to attachError / detachError and retried with per-key exponential backoff. A periodic pass
+and the status says detached; the PV finalizer goes only when the PV itself is being deleted and
+no VolumeAttachment names it. Failures are written to attachError / detachError and retried with
+per-key exponential backoff. A periodic pass
 compares ListVolumes' published nodes with every VA of the driver and re-syncs each one whose
 status.attached disagrees, either way, even if its status says nothing is left to do.
 """
