@@ -212,10 +212,18 @@ class CSIConnection:
         )
         self.plugin_capabilities = {c.service.type for c in caps.capabilities if c.HasField("service")}
         if csi_pb2.PluginCapability.Service.CONTROLLER_SERVICE in self.plugin_capabilities:
-            ccaps = await self.controller.ControllerGetCapabilities(
-                csi_pb2.ControllerGetCapabilitiesRequest(), timeout=self.timeout
-            )
-            self.controller_capabilities = {c.rpc.type for c in ccaps.capabilities if c.HasField("rpc")}
+            try:
+                ccaps = await self.controller.ControllerGetCapabilities(
+                    csi_pb2.ControllerGetCapabilitiesRequest(), timeout=self.timeout
+                )
+            except grpc.aio.AioRpcError as e:
+                # CONTROLLER_SERVICE is the plugin's as a whole: a node-only instance reports it
+                # and serves no Controller RPC. Its controller capabilities are none.
+                if e.code() != grpc.StatusCode.UNIMPLEMENTED:
+                    raise
+                self.controller_capabilities = set()
+            else:
+                self.controller_capabilities = {c.rpc.type for c in ccaps.capabilities if c.HasField("rpc")}
 
     async def close(self) -> None:
         await self.channel.close()

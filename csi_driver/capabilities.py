@@ -64,14 +64,23 @@ class Capability:
         return self.mode in READ_ONLY_MODES
 
 
-def unsupported_reason(cap: csi_pb2.VolumeCapability) -> str | None:
-    """None when the driver supports `cap`, else a sentence saying why not."""
-    which = cap.WhichOneof("access_type")
-    if which is None:
+def malformed_reason(cap: csi_pb2.VolumeCapability) -> str | None:
+    """None when `cap` sets what every capability must (an access type and an access mode), else
+    a sentence saying what it lacks: a request carrying it is INVALID_ARGUMENT wherever it comes."""
+    if cap.WhichOneof("access_type") is None:
         return "volume_capability must set access_type to mount or block"
     mode = cap.access_mode.mode
     if mode == Mode.UNKNOWN or mode not in Mode.values():
         return "volume_capability.access_mode.mode must be set"
+    return None
+
+
+def unsupported_reason(cap: csi_pb2.VolumeCapability) -> str | None:
+    """None when the driver supports `cap`, else a sentence saying why not."""
+    if (reason := malformed_reason(cap)) is not None:
+        return reason
+    which = cap.WhichOneof("access_type")
+    mode = cap.access_mode.mode
     if which == "mount":
         fs_type = cap.mount.fs_type
         if fs_type and fs_type not in SUPPORTED:

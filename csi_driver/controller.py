@@ -22,10 +22,20 @@ from kubeloop_grpc.csi import csi_pb2, csi_pb2_grpc
 from . import TOPOLOGY_KEY
 from .backend import files
 from .backend.fs import DEFAULT_FS, SUPPORTED
-from .capabilities import Capability, parse_capability, unsupported_reason
+from .capabilities import Capability, malformed_reason, parse_capability, unsupported_reason
 from .errors import CsiError, already_exists, exhausted, failed_precondition, invalid, not_found, out_of_range
 from .state import DriverState, SnapshotRecord, VolumeRecord
-from .validation import MIN_UNIT, check_id, check_name, choose_size, fits, format_size, paginate
+from .validation import (
+    MIN_UNIT,
+    SIZE_UNIT,
+    check_id,
+    check_name,
+    choose_size,
+    fits,
+    format_size,
+    paginate,
+    round_down,
+)
 
 log = get_logger("csi.controller")
 
@@ -55,6 +65,7 @@ PROVISIONER_PREFIX = "csi.storage.k8s.io/"
 CTX_BACKING_FILE = "loop.csi.kubeloop.dev/backing-file"
 CTX_READONLY = "loop.csi.kubeloop.dev/readonly"
 CTX_FS_TYPE = "fsType"
+CTX_ACCESS_TYPE = "loop.csi.kubeloop.dev/access-type"
 
 
 @dataclass(frozen=True)
@@ -68,6 +79,19 @@ def _timestamp(seconds: float) -> Timestamp:
     ts = Timestamp()
     ts.FromNanoseconds(int(seconds * 1e9))
     return ts
+
+
+def _incompatible_source(content: tuple[str, str], access_type: str, fs_type: str) -> str | None:
+    """Why a volume of `access_type`/`fs_type` cannot be made from a source holding `content`
+    (its access type and filesystem), else None. A filesystem may become a block volume (its
+    image, read as a device); raw block data never becomes a filesystem volume, whose stage
+    would format over it or refuse it."""
+    source_access, source_fs = content
+    if source_access == "block" and access_type == "mount":
+        return "holds raw block data, not a filesystem; restore it as a block volume"
+    if source_access == "mount" and access_type == "mount" and source_fs and source_fs != fs_type:
+        return f"holds a {source_fs} filesystem, not {fs_type}; a copy keeps its filesystem"
+    return None
 
 
 def _access_type(caps: Iterable[Capability]) -> str:
@@ -179,6 +203,7 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
             )
 
     def _fs_type(self, params: dict[str, str], caps: list[Capability]) -> str:
+        """The filesystem a request names (parameters or capabilities); "" when it names none."""
         unknown = sorted(
             k for k in params if k not in FSTYPE_PARAMETERS and not k.startswith(PROVISIONER_PREFIX)
         )
@@ -194,7 +219,7 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
             requested.add(from_params)
         if len(requested) > 1:
             raise invalid(f"conflicting filesystem types requested: {', '.join(sorted(requested))}")
-        return requested.pop() if requested else DEFAULT_FS
+        return requested.pop() if requested else ""
 
     def _topology(self, req: csi_pb2.CreateVolumeRequest) -> list[dict[str, str]]:
         """Every node plugin that shares this pool can attach a volume's backing file, so a volume
@@ -203,6 +228,12 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
         if not req.HasField("accessibility_requirements"):
             return []
         reqs = req.accessibility_requirements
+        if not reqs.requisite and not reqs.preferred:
+            raise invalid(
+                "accessibility_requirements must name requisite or preferred topologies, or be unset"
+            )
+        if reqs.requisite and any(p not in reqs.requisite for p in reqs.preferred):
+            raise invalid("accessibility_requirements: every preferred topology must also be requisite")
         named: list[str] = []
         for segment in [*reqs.preferred, *reqs.requisite]:
             node = segment.segments.get(TOPOLOGY_KEY)
@@ -273,11 +304,14 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
             raise invalid("volume_capabilities are required")
         caps = [parse_capability(c, "volume_capabilities") for c in req.volume_capabilities]
         access_type = _access_type(caps)
-        fs_type = self._fs_type(dict(req.parameters), caps) if access_type == "mount" else ""
+        requested_fs = self._fs_type(dict(req.parameters), caps) if access_type == "mount" else ""
         required, limit = req.capacity_range.required_bytes, req.capacity_range.limit_bytes
+        if req.HasField("capacity_range") and not required and not limit:
+            raise invalid("capacity_range must set required_bytes or limit_bytes, or be unset")
         topology = self._topology(req)
 
         source_kind, source_id, source_path, source_size = "", "", None, 0
+        source_content = ("", "")  # the source's access type and filesystem; unknown for old snapshots
         if req.HasField("volume_content_source"):
             src = req.volume_content_source
             if src.HasField("snapshot"):
@@ -286,14 +320,25 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
                 if snap is None or not snap.ready:
                     raise not_found(f"source snapshot {source_id} does not exist")
                 source_path, source_size = self.state.snapshot_file(source_id), snap.size
+                source_content = (snap.access_type, snap.fs_type)
             elif src.HasField("volume"):
                 source_kind, source_id = "volume", check_id(src.volume.volume_id, "source volume_id")
                 source_vol = self.state.volume(source_id)
                 if source_vol is None or not source_vol.ready:
                     raise not_found(f"source volume {source_id} does not exist")
                 source_path, source_size = self.state.volume_file(source_id), source_vol.capacity
+                source_content = (source_vol.access_type, source_vol.fs_type)
             else:
                 raise invalid("volume_content_source must name a snapshot or a volume")
+        # A copy of a filesystem keeps its filesystem unless the request names another, which the
+        # copy cannot be: the node would refuse to stage it, so the create refuses it now.
+        fs_type = (
+            requested_fs
+            or (source_content[1] if access_type == "mount" else "")
+            or (DEFAULT_FS if access_type == "mount" else "")
+        )
+        if (reason := _incompatible_source(source_content, access_type, fs_type)) is not None:
+            raise invalid(f"the {source_kind} {source_id} {reason}")
 
         if source_size and not required and not limit:
             size = source_size
@@ -317,6 +362,8 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
                     mismatch.append(f"it is a {vol.access_type} volume")
                 if vol.fs_type != fs_type:
                     mismatch.append(f"its filesystem is {vol.fs_type or 'none'}")
+                if topology and vol.topology and not any(t in vol.topology for t in topology):
+                    mismatch.append("it is not accessible from the requested topology")
                 if mismatch:
                     raise already_exists(
                         f"a volume named {name!r} already exists ({vol.volume_id}) and is incompatible: "
@@ -416,6 +463,11 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
                 raise already_exists(
                     f"volume {volume_id} is already published to node {node_id} with readonly={existing}"
                 )
+            if existing is not None and cap.access_type != vol.access_type:
+                raise already_exists(
+                    f"volume {volume_id} is already published to node {node_id} as a {vol.access_type} "
+                    f"volume, not {cap.access_type}"
+                )
             if existing is None:
                 others = sorted(n for n in vol.published if n != node_id)
                 if cap.single_node and others:
@@ -434,6 +486,7 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
             publish_context={
                 CTX_BACKING_FILE: f"volumes/{volume_id}.img",
                 CTX_READONLY: "true" if readonly else "false",
+                CTX_ACCESS_TYPE: vol.access_type,
                 **({CTX_FS_TYPE: vol.fs_type} if vol.fs_type else {}),
             }
         )
@@ -460,9 +513,14 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
         volume_id = check_id(req.volume_id, "volume_id")
         if not req.volume_capabilities:
             raise invalid("volume_capabilities are required")
+        for cap in req.volume_capabilities:
+            if (malformed := malformed_reason(cap)) is not None:
+                raise invalid(f"volume_capabilities: {malformed}")
         vol = self._volume(volume_id)
         for cap in req.volume_capabilities:
             reason = unsupported_reason(cap)
+            if reason is None and vol.access_type == "block" and cap.HasField("mount"):
+                reason = f"volume {volume_id} is a block volume, not a filesystem"
             if (
                 reason is None
                 and cap.HasField("mount")
@@ -503,12 +561,23 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
         self, req: csi_pb2.GetCapacityRequest, _: grpc.aio.ServicerContext
     ) -> csi_pb2.GetCapacityResponse:
         for cap in req.volume_capabilities:
-            if unsupported_reason(cap) is not None:
-                return csi_pb2.GetCapacityResponse(available_capacity=0)
+            if (malformed := malformed_reason(cap)) is not None:
+                raise invalid(f"volume_capabilities: {malformed}")
+        try:
+            caps = [parse_capability(c, "volume_capabilities") for c in req.volume_capabilities]
+            access_type = _access_type(caps) if caps else "mount"
+            if access_type == "mount":
+                self._fs_type(dict(req.parameters), caps)
+        except CsiError:
+            # Capabilities or parameters no volume could be created with: no room for them.
+            return csi_pb2.GetCapacityResponse(available_capacity=0)
         available = await self._available()
+        # CreateVolume rounds a size up to whole MiB where it may: the largest size a create can
+        # be asked for and succeed is the available room rounded down to that unit.
+        largest = round_down(min(available, self.config.max_volume_size), SIZE_UNIT)
         return csi_pb2.GetCapacityResponse(
             available_capacity=available,
-            maximum_volume_size={"value": min(available, self.config.max_volume_size)},
+            maximum_volume_size={"value": largest},
             minimum_volume_size={"value": MIN_UNIT},
         )
 
@@ -611,6 +680,8 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
                             source_volume_id=source_id,
                             size=vol.capacity,
                             seq=self.state.next_seq(),
+                            access_type=vol.access_type,
+                            fs_type=vol.fs_type,
                         )
                         await self.state.put_snapshot(snap)
                 try:

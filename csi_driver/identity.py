@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import grpc
 from google.protobuf.wrappers_pb2 import BoolValue
 
 from kubeloop_grpc.csi import csi_pb2, csi_pb2_grpc
 
 from . import DRIVER_NAME, driver_version
+from .errors import failed_precondition
 from .state import DriverState
 
 Service = csi_pb2.PluginCapability.Service
@@ -27,9 +30,12 @@ class IdentityServer(csi_pb2_grpc.IdentityServicer):  # type: ignore[misc]
     async def GetPluginCapabilities(
         self, req: csi_pb2.GetPluginCapabilitiesRequest, _: grpc.aio.ServicerContext
     ) -> csi_pb2.GetPluginCapabilitiesResponse:
-        caps = [csi_pb2.PluginCapability(service=Service(type=Service.VOLUME_ACCESSIBILITY_CONSTRAINTS))]
-        if self.controller:
-            caps.append(csi_pb2.PluginCapability(service=Service(type=Service.CONTROLLER_SERVICE)))
+        # The spec: every instance answers the same set, whichever services it serves itself (a
+        # node-only instance is one part of a plugin that has a controller).
+        caps = [
+            csi_pb2.PluginCapability(service=Service(type=Service.VOLUME_ACCESSIBILITY_CONSTRAINTS)),
+            csi_pb2.PluginCapability(service=Service(type=Service.CONTROLLER_SERVICE)),
+        ]
         caps += [
             csi_pb2.PluginCapability(volume_expansion=Expansion(type=Expansion.ONLINE)),
             csi_pb2.PluginCapability(volume_expansion=Expansion(type=Expansion.OFFLINE)),
@@ -37,4 +43,7 @@ class IdentityServer(csi_pb2_grpc.IdentityServicer):  # type: ignore[misc]
         return csi_pb2.GetPluginCapabilitiesResponse(capabilities=caps)
 
     async def Probe(self, req: csi_pb2.ProbeRequest, _: grpc.aio.ServicerContext) -> csi_pb2.ProbeResponse:
+        if self.state.ready and (problem := await asyncio.to_thread(self.state.pool_problem)):
+            # The spec's "plugin is unhealthy": livenessprobe turns it into a failing /healthz.
+            raise failed_precondition(problem)
         return csi_pb2.ProbeResponse(ready=BoolValue(value=self.state.ready))

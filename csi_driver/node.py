@@ -15,17 +15,23 @@ from controller_runtime.mounts import is_mounted, read_mounts
 from kubeloop_grpc.csi import csi_pb2, csi_pb2_grpc
 
 from . import TOPOLOGY_KEY
-from .backend import fs, loop, mounts
-from .capabilities import Capability, Mode, require_capability
-from .controller import CTX_BACKING_FILE, CTX_FS_TYPE, CTX_READONLY
-from .errors import CsiError, already_exists, failed_precondition, invalid, not_found
+from .backend import files, fs, loop, mounts
+from .capabilities import Capability, Mode, parse_capability, require_capability
+from .controller import CTX_ACCESS_TYPE, CTX_BACKING_FILE, CTX_FS_TYPE, CTX_READONLY
+from .errors import CsiError, already_exists, failed_precondition, invalid, not_found, out_of_range
 from .paths import KubeletDir, fd_path
 from .state import DriverState, StagingRecord
-from .validation import check_id
+from .validation import check_id, fits
 
 log = get_logger("csi.node")
 
 NodeRPC = csi_pb2.NodeServiceCapability.RPC
+# Single-node modes that allow one target on the node: the spec's table makes a second publish
+# FAILED_PRECONDITION. Kubernetes sends SINGLE_NODE_MULTI_WRITER for ReadWriteOnce to a driver
+# with that capability (this one), so two pods of one node sharing a claim still work.
+ONE_TARGET_MODES = frozenset(
+    {Mode.SINGLE_NODE_SINGLE_WRITER, Mode.SINGLE_NODE_WRITER, Mode.SINGLE_NODE_READER_ONLY}
+)
 CAPABILITIES = (
     NodeRPC.STAGE_UNSTAGE_VOLUME,
     NodeRPC.GET_VOLUME_STATS,
@@ -41,6 +47,17 @@ class NodeConfig:
     max_volumes_per_node: int
     kubelet_dir: str
     direct_io: bool = True
+
+
+def _restage_mismatch(rec: StagingRecord, cap: Capability) -> str | None:
+    """How a repeated NodeStageVolume differs from the staging it repeats, else None."""
+    if cap.fs_type and rec.fs_type and cap.fs_type != rec.fs_type:
+        return f"with filesystem {rec.fs_type}, not {cap.fs_type}"
+    if list(cap.mount_flags) != rec.mount_flags:
+        return f"with mount flags {rec.mount_flags}, not {list(cap.mount_flags)}"
+    if rec.access_mode and cap.mode != rec.access_mode:
+        return f"with access mode {Mode.Name(rec.access_mode)}, not {Mode.Name(cap.mode)}"
+    return None
 
 
 def _read_only_device(rec: StagingRecord) -> bool:
@@ -197,7 +214,8 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
         await self.state.put_staging(rec)
         return dev.name
 
-    async def _ensure_filesystem(self, volume_id: str, device: str, requested: str) -> str:
+    async def _ensure_filesystem(self, rec: StagingRecord, device: str, backing: str, requested: str) -> str:
+        volume_id = rec.volume_id
         sig = await fs.probe(device)
         if sig.fs_type and sig.fs_type not in fs.SUPPORTED:
             # Whoever wrote the data chose this type (a block volume cloned into a filesystem
@@ -218,8 +236,18 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
                 f"volume {volume_id} has a {sig.pt_type} partition table and no filesystem; "
                 "refusing to format it"
             )
+        # blkid knows no signature, which raw data from a block volume has none of either: data in
+        # the backing file is kept unless this staging's own mkfs was killed half way.
+        if not rec.formatting and await asyncio.to_thread(files.holds_data, backing) is True:
+            raise failed_precondition(
+                f"volume {volume_id} holds data but no filesystem (a block volume staged as a "
+                "filesystem?); refusing to format it"
+            )
         fs_type = requested or fs.DEFAULT_FS
+        rec.formatting = True
+        await self.state.put_staging(rec)
         await fs.mkfs(device, fs_type)
+        rec.formatting = False  # saved with the staging that follows
         return fs_type
 
     async def _grow_offline(self, rec: StagingRecord, device: str) -> None:
@@ -276,6 +304,11 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
         from_volume = _checked_fs_type(req.volume_context.get(CTX_FS_TYPE, ""), "volume_context")
         from_publish = _checked_fs_type(context.get(CTX_FS_TYPE, ""), "publish_context")
         requested = cap.fs_type or from_volume or from_publish
+        if context.get(CTX_ACCESS_TYPE) == "block" and cap.access_type == "mount":
+            # The controller made it a block volume: its data is the workload's, not a filesystem.
+            raise failed_precondition(
+                f"volume {volume_id} is a block volume; it cannot be staged as a filesystem"
+            )
         async with self.state.locks.hold(volume_id):
             backing = self._backing_file(volume_id, context)
             rec = self.state.staging(volume_id)
@@ -283,6 +316,8 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
                 raise already_exists(
                     f"volume {volume_id} is already staged as {rec.access_type} at {rec.staging_path}"
                 )
+            if rec is not None and (reason := _restage_mismatch(rec, cap)) is not None:
+                raise already_exists(f"volume {volume_id} is already staged at {staging} {reason}")
             if rec is None:
                 staged = self.state.staging_count()
                 if staged >= self.config.max_volumes_per_node > 0:
@@ -302,7 +337,7 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
                 await self.state.put_staging(rec)
             device = await self._ensure_device(rec, backing)
             if cap.access_type == "mount" and not is_mounted(staging):
-                fs_type = await self._ensure_filesystem(volume_id, device, requested)
+                fs_type = await self._ensure_filesystem(rec, device, backing, requested)
                 # A volume expanded while it was not staged (offline expansion) is grown here,
                 # before anyone uses it: ext offline, xfs (which only grows mounted) after mounting.
                 size = await asyncio.to_thread(loop.device_size, device)
@@ -330,7 +365,11 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
             if rec is None:
                 return csi_pb2.NodeUnstageVolumeResponse()
             if rec.staging_path != staging:
-                raise not_found(f"volume {volume_id} is staged at {rec.staging_path}, not at {staging}")
+                # The spec: a volume not staged at this path is already unstaged from it.
+                log.info(
+                    "volume is not staged there", volume=volume_id, asked=staging, staged=rec.staging_path
+                )
+                return csi_pb2.NodeUnstageVolumeResponse()
             busy = [t for t in rec.targets if is_mounted(t)]
             if busy:
                 raise failed_precondition(f"volume {volume_id} is still published at {', '.join(busy)}")
@@ -353,16 +392,21 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
         self, req: csi_pb2.NodePublishVolumeRequest, _: grpc.aio.ServicerContext
     ) -> csi_pb2.NodePublishVolumeResponse:
         volume_id = check_id(req.volume_id, "volume_id")
+        target = await asyncio.to_thread(self.kubelet.validate, req.target_path, "target_path")
+        cap: Capability = require_capability(req)
         if not req.staging_target_path:
-            raise invalid(
+            # The spec's "stage not called": this driver stages every volume.
+            raise failed_precondition(
                 "staging_target_path is required: this driver stages volumes (STAGE_UNSTAGE_VOLUME)"
             )
         staging = self.kubelet.check(req.staging_target_path, "staging_target_path")
-        target = await asyncio.to_thread(self.kubelet.validate, req.target_path, "target_path")
-        cap: Capability = require_capability(req)
         read_only = req.readonly or req.publish_context.get(CTX_READONLY) == "true" or cap.read_only
         async with self.state.locks.hold(volume_id):
             rec = self.state.staging(volume_id)
+            if rec is None and not await asyncio.to_thread(
+                os.path.lexists, self.state.volume_file(volume_id)
+            ):
+                raise not_found(f"volume {volume_id} does not exist")
             if rec is None or rec.staging_path != staging:
                 raise failed_precondition(
                     f"volume {volume_id} is not staged at {staging}; call NodeStageVolume first"
@@ -377,12 +421,17 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
                         f"volume {volume_id} is already published at {target} "
                         f"with readonly={rec.targets[target]}"
                     )
+                if rec.access_mode and cap.mode != rec.access_mode:
+                    raise already_exists(
+                        f"volume {volume_id} is already published at {target} with access mode "
+                        f"{Mode.Name(rec.access_mode)}"
+                    )
                 return csi_pb2.NodePublishVolumeResponse()
-            if cap.mode == Mode.SINGLE_NODE_SINGLE_WRITER:
+            if cap.mode in ONE_TARGET_MODES:
                 others = [t for t in rec.targets if t != target and is_mounted(t)]
                 if others:
                     raise failed_precondition(
-                        f"volume {volume_id} has access mode SINGLE_NODE_SINGLE_WRITER and is already "
+                        f"volume {volume_id} has access mode {Mode.Name(cap.mode)} and is already "
                         f"published at {others[0]}"
                     )
             block = cap.access_type == "block"
@@ -490,6 +539,11 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
         volume_id = check_id(req.volume_id, "volume_id")
         if not req.volume_path:
             raise invalid("volume_path is required")
+        required, limit = req.capacity_range.required_bytes, req.capacity_range.limit_bytes
+        if required < 0 or limit < 0 or (limit and required > limit):
+            raise invalid(f"capacity_range is not a range (required_bytes={required}, limit_bytes={limit})")
+        if req.HasField("volume_capability"):
+            parse_capability(req.volume_capability)
         async with self.state.locks.hold(volume_id):
             rec = self._staged(volume_id)
             self._volume_path(rec, req.volume_path)
@@ -505,6 +559,12 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
             if rec.ro_device:
                 await loop.refresh_capacity(rec.ro_device)
             size = await asyncio.to_thread(loop.device_size, rec.device)
+            if not fits(size, required, limit):
+                # The node grows what the backing file holds; the file grows by ControllerExpandVolume.
+                raise out_of_range(
+                    f"volume {volume_id} is {size} bytes on this node, outside the requested range "
+                    f"(required_bytes={required}, limit_bytes={limit}); expand it with the controller first"
+                )
             if rec.access_type == "mount" and (
                 not rec.fs_type.startswith("ext") or await fs.ext_needs_grow(rec.device, size)
             ):

@@ -50,6 +50,18 @@ _QUIET = {
 Behaviour = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]
 
 
+# A status message travels in a header, and gRPC refuses headers over 16 KiB (the client then sees
+# RESOURCE_EXHAUSTED instead of the answer). Messages quote values from requests, which may be
+# that long: they are cut here, once for every RPC, whatever built them.
+MAX_MESSAGE = 2048
+
+
+def _bounded(message: str) -> str:
+    if len(message) <= MAX_MESSAGE:
+        return message
+    return f"{message[:MAX_MESSAGE]}... ({len(message) - MAX_MESSAGE} more characters)"
+
+
 @dataclass(frozen=True)
 class _Undecodable:
     error: str
@@ -114,7 +126,7 @@ class CsiInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                     log.debug("rpc", **fields)
                 else:
                     log.info("rpc", **fields)
-            await context.abort(code, message)
+            await context.abort(code, _bounded(message))
 
         return grpc.unary_unary_rpc_method_handler(
             wrapped,

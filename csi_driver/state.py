@@ -29,6 +29,7 @@ import contextlib
 import copy
 import json
 import os
+import stat
 import tempfile
 import time
 from collections.abc import AsyncIterator
@@ -72,6 +73,9 @@ class SnapshotRecord:
     seq: int
     ready: bool = False
     created_at: float = field(default_factory=time.time)
+    # What the source volume held when the copy was taken ("" in records older than these fields).
+    access_type: str = ""
+    fs_type: str = ""
 
 
 @dataclass
@@ -93,6 +97,9 @@ class StagingRecord:
     # Set while resize2fs grows the filesystem offline: a stage that finds it set knows the
     # filesystem may carry the damage of a killed resize2fs, and only that damage.
     growing: bool = False
+    # Set while mkfs runs: data on a device without a filesystem is refused, except the half a
+    # killed mkfs of this very staging wrote.
+    formatting: bool = False
 
 
 @dataclass(frozen=True)
@@ -213,6 +220,17 @@ class DriverState:
     def close(self) -> None:
         self._controller_lock.release()
         self._state_lock.release()
+
+    def pool_problem(self) -> str:
+        """What keeps the pool from being used (its directories gone or replaced), or "" when it
+        is usable. A stat each: cheap enough for every Probe."""
+        for directory in (self.volumes_dir, self.snapshots_dir):
+            try:
+                if not stat.S_ISDIR(os.lstat(directory).st_mode):
+                    return f"pool directory {directory} is not a directory"
+            except OSError as e:
+                return f"pool directory {directory} is unusable: {e.strerror}"
+        return ""
 
     def mark_ready(self) -> None:
         self.ready = True

@@ -85,6 +85,10 @@ def round_up(value: int, unit: int) -> int:
     return -(-value // unit) * unit
 
 
+def round_down(value: int, unit: int) -> int:
+    return value // unit * unit
+
+
 def choose_size(required: int, limit: int, maximum: int, default: int = DEFAULT_VOLUME_SIZE) -> int:
     """The size of a new or expanded volume for a CSI capacity_range.
 
@@ -100,6 +104,10 @@ def choose_size(required: int, limit: int, maximum: int, default: int = DEFAULT_
     if limit and size > limit:
         size = round_up(wanted, MIN_UNIT)
         if size > limit:
+            # Only when `wanted` is the limit itself (no required_bytes): the largest whole unit
+            # under it, so a limit that is no multiple of 4 KiB still gets a volume.
+            size = round_down(limit, MIN_UNIT)
+        if size < max(required, 1):
             raise out_of_range(
                 f"no size that is a multiple of {MIN_UNIT} bytes lies between required_bytes {required} "
                 f"and limit_bytes {limit}"

@@ -45,6 +45,26 @@ def open_regular(path: str, flags: int) -> int:
         os.close(pin)
 
 
+def holds_data(path: str) -> bool | None:
+    """Whether a backing file has any allocated data: False for one that is all hole (a new
+    volume, or a copy of one), True when data sits beside holes, None when the filesystem cannot
+    tell (it reports no holes) or every byte is allocated."""
+    fd = open_regular(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        try:
+            first_data = os.lseek(fd, 0, os.SEEK_DATA)
+        except OSError as e:
+            if e.errno == errno.ENXIO:  # no data anywhere
+                return False
+            return None
+        if first_data == 0 and os.lseek(fd, 0, os.SEEK_HOLE) >= size:
+            return None
+        return True
+    finally:
+        os.close(fd)
+
+
 def create_sparse(path: str, size: int) -> None:
     """Creates `path` as a sparse file of `size` bytes, atomically (temp file + rename)."""
     tmp = temp_name(path)

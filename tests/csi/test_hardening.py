@@ -19,7 +19,7 @@ from kubeloop_grpc.pluginregistration import api_pb2, api_pb2_grpc
 from ..source_tree import offenders
 from .canary import mounted_under, snapshot_tree
 from .conftest import Client, Driver, force_cleanup
-from .test_driver import block_cap, code_of, create, mount_cap
+from .test_driver import Mode, block_cap, code_of, create, mount_cap
 
 pytestmark = pytest.mark.root
 
@@ -115,14 +115,16 @@ def test_paths_outside_the_kubelet_dir_or_through_symlinks_are_refused(
 def test_block_unpublish_never_deletes_a_file_it_did_not_create(driver: Driver, client: Client) -> None:
     vol = create(client, "raw-keep", cap=block_cap()).volume_id
     staging = str(driver.kubelet / "staging")
-    stage(client, vol, staging, block_cap())
+    # Two targets on one node: SINGLE_NODE_MULTI_WRITER, as kubelet asks for ReadWriteOnce.
+    multi = block_cap(Mode.SINGLE_NODE_MULTI_WRITER)
+    stage(client, vol, staging, multi)
     existing = driver.kubelet / "pods" / "existing"
     existing.parent.mkdir(parents=True)
     existing.write_bytes(b"someone else's file\n")
     made = str(driver.kubelet / "pods" / "made-by-driver")
     try:
-        publish(client, vol, staging, str(existing), block_cap())
-        publish(client, vol, staging, made, block_cap())
+        publish(client, vol, staging, str(existing), multi)
+        publish(client, vol, staging, made, multi)
         assert stat.S_ISBLK(os.stat(existing).st_mode) and stat.S_ISBLK(os.stat(made).st_mode)
         # What the driver created is in its durable state: a restart does not forget it.
         driver.kill9()

@@ -21,7 +21,7 @@ import pytest
 from kubeloop_grpc.csi import csi_pb2
 
 from .conftest import Client, Driver, loop_devices_under
-from .test_driver import Attached, block_cap, code_of, create, mount_cap
+from .test_driver import Attached, Mode, block_cap, code_of, create, mount_cap
 
 pytestmark = pytest.mark.root
 
@@ -76,7 +76,8 @@ def test_read_only_block_publish_cannot_write_through_the_device(driver: Driver,
     same staging still writes; a kill -9 in between leaks no loop device."""
     vol = create(client, "ro-block", size=16 * MiB, cap=block_cap())
     backing = driver.pool / "volumes" / f"{vol.volume_id}.img"
-    att = Attached(client, driver, vol.volume_id, block_cap(), name="rw")
+    # Two targets on one node: SINGLE_NODE_MULTI_WRITER, as kubelet asks for ReadWriteOnce.
+    att = Attached(client, driver, vol.volume_id, block_cap(Mode.SINGLE_NODE_MULTI_WRITER), name="rw")
     assert _can_write(att.target) == 0, "the read-write target must take writes"
     before = _head(backing)
 
@@ -202,31 +203,25 @@ def test_stage_runs_no_tool_for_an_fs_type_from_a_context_map(csi_root: Path) ->
 
 
 def test_stage_refuses_to_mount_a_filesystem_the_driver_does_not_make(driver: Driver, client: Client) -> None:
-    """A block volume written with a minix filesystem, cloned into a filesystem volume: staging
-    the clone is FAILED_PRECONDITION, naming the type; the kernel never parses it."""
-    source = create(client, "minix-src", size=16 * MiB, cap=block_cap())
-    att = Attached(client, driver, source.volume_id, block_cap(), name="minix")
-    subprocess.run(["mkfs.minix", att.target], check=True, capture_output=True)
-    att.close()
-    clone = create(
-        client,
-        "minix-clone",
-        size=16 * MiB,
-        volume_content_source=csi_pb2.VolumeContentSource(
-            volume=csi_pb2.VolumeContentSource.VolumeSource(volume_id=source.volume_id)
-        ),
+    """A filesystem volume whose backing file holds a minix filesystem (written by whoever can
+    write the pool): staging it is FAILED_PRECONDITION, naming the type; the kernel never parses it.
+    (A block volume's data can no longer become a filesystem volume through a clone: see
+    test_spec_errors.py, incompatible sources.)"""
+    vol = create(client, "minix", size=16 * MiB)
+    subprocess.run(
+        ["mkfs.minix", str(driver.pool / "volumes" / f"{vol.volume_id}.img")], check=True, capture_output=True
     )
     staging = str(driver.kubelet / "staging-minix")
     with pytest.raises(grpc.RpcError) as info:
         client.node.NodeStageVolume(
             csi_pb2.NodeStageVolumeRequest(
-                volume_id=clone.volume_id, staging_target_path=staging, volume_capability=mount_cap()
+                volume_id=vol.volume_id, staging_target_path=staging, volume_capability=mount_cap()
             )
         )
     assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "minix" in (info.value.details() or "")
     client.node.NodeUnstageVolume(
-        csi_pb2.NodeUnstageVolumeRequest(volume_id=clone.volume_id, staging_target_path=staging)
+        csi_pb2.NodeUnstageVolumeRequest(volume_id=vol.volume_id, staging_target_path=staging)
     )
     assert not loop_devices_under(driver.pool)
 
