@@ -15,6 +15,8 @@ up: deps binaries
 # tests/compose (docker-compose end to end) needs docker, docker-compose and debootstrap; tests/kind
 # also kind, containerd, kubelet, kubeadm and external-snapshotter (kind-deps), and e2e.test (e2e-deps).
 test: deps binaries docker-deps kind-deps e2e-deps
+	@# Lint first (ruff, ruff format, mypy strict): a minute, and a type error fails here, not in a test.
+	@$(MAKE) --no-print-directory lint
 	@# The conformance subset (tests/conformance) compares kubeloop with the Go sidecars.
 	@bash tools/build-binaries.sh external-provisioner external-attacher external-resizer
 	$(PY) -m pytest $(PYTEST_ARGS)
