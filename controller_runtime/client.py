@@ -154,6 +154,34 @@ class ApiError(Exception):
         return self.status == 403
 
 
+class InvalidNameError(ApiError):
+    """A request for a name or namespace no object can have, refused before it is sent, as
+    client-go refuses it (`invalid resource name "a/b": [may not contain '/']`). Such names come
+    from fields nobody validates (a claim's selected-node annotation, its dataSource name, a
+    volumeName); sent, `a/status` reached the object's status subresource. No object has such a
+    name, so it answers as NotFound does: a caller asking whether it exists learns that it does not."""
+
+    def __init__(self, what: str, value: str, problems: list[str], method: str) -> None:
+        message = f"invalid {what} {json.dumps(value, ensure_ascii=False)}: [{' '.join(problems)}]"
+        super().__init__(
+            404, {"kind": "Status", "status": "Failure", "reason": "NotFound", "message": message}, method
+        )
+
+
+def path_segment_problems(value: str) -> list[str]:
+    """apimachinery's IsValidPathSegmentName: what makes a name unusable in a request path."""
+    if value in (".", ".."):
+        return [f"may not be '{value}'"]
+    return [f"may not contain '{c}'" for c in ("/", "%") if c in value]
+
+
+def _check_names(method: str, name: str | None, namespace: str | None) -> None:
+    if namespace and (problems := path_segment_problems(namespace)):
+        raise InvalidNameError("namespace", namespace, problems, method)
+    if name and (problems := path_segment_problems(name)):
+        raise InvalidNameError("resource name", name, problems, method)
+
+
 class WatchExpiredError(Exception):
     """The watch's resourceVersion is older than what etcd still has (410 Gone): re-list."""
 
@@ -345,6 +373,7 @@ class ApiClient:
     # -- typed verbs -------------------------------------------------------------------------
 
     async def get(self, res: Resource, name: str, namespace: str | None = None) -> Obj:
+        _check_names("GET", name, namespace)
         return await self.request("GET", res.path(namespace, name), target=Target(res, name))
 
     async def list_page(self, res: Resource, namespace: str | None = None, **params: Any) -> Obj:
@@ -372,6 +401,7 @@ class ApiClient:
 
     async def update(self, res: Resource, obj: Obj) -> Obj:
         """PUT with the object's resourceVersion: a stale one fails with 409 (ApiError.conflict)."""
+        _check_names("PUT", name_of(obj), namespace_of(obj))
         return await self.request(
             "PUT",
             res.path(namespace_of(obj) or None, name_of(obj)),
@@ -380,6 +410,7 @@ class ApiClient:
         )
 
     async def update_status(self, res: Resource, obj: Obj) -> Obj:
+        _check_names("PUT", name_of(obj), namespace_of(obj))
         return await self.request(
             "PUT",
             res.path(namespace_of(obj) or None, name_of(obj), "status"),
@@ -396,6 +427,7 @@ class ApiClient:
         patch_type: str = "merge",
         subresource: str | None = None,
     ) -> Obj:
+        _check_names("PATCH", name, namespace)
         return await self.request(
             "PATCH",
             res.path(namespace, name, subresource),
@@ -414,6 +446,7 @@ class ApiClient:
         resource_version: str | None = None,
         propagation: str | None = None,
     ) -> Obj:
+        _check_names("DELETE", name, namespace)
         body: Obj = {"kind": "DeleteOptions", "apiVersion": "v1"}
         pre = {k: v for k, v in (("uid", uid), ("resourceVersion", resource_version)) if v}
         if pre:

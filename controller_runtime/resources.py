@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 Obj = dict[str, Any]
 """An API object as decoded JSON. Caches hold these, never generated model classes."""
@@ -24,15 +26,27 @@ class Resource:
     def path(
         self, namespace: str | None = None, name: str | None = None, subresource: str | None = None
     ) -> str:
+        """The request path. A name or namespace is percent-encoded unless it is made of what a
+        validated one can hold: some reach here from fields nobody validates (a claim's
+        selected-node annotation, its dataSource name, a volumeName), and `x?y` sent raw read the
+        object `x`, as `x#y` did. Encoded, such a name means itself: an object that does not exist."""
         base = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
         if self.namespaced and namespace:
-            base += f"/namespaces/{namespace}"
+            base += f"/namespaces/{_segment(namespace)}"
         base += f"/{self.plural}"
         if name:
-            base += f"/{name}"
+            base += f"/{_segment(name)}"
             if subresource:
                 base += f"/{subresource}"
         return base
+
+
+# What a validated name is made of (and quote() would keep anyway): sent as it is, no encoding work.
+_PLAIN_SEGMENT = re.compile(r"[A-Za-z0-9._~-]+")
+
+
+def _segment(text: str) -> str:
+    return text if _PLAIN_SEGMENT.fullmatch(text) else quote(text, safe="")
 
 
 NAMESPACES = Resource("", "v1", "namespaces", "Namespace", False)

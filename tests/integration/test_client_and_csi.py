@@ -139,3 +139,33 @@ async def test_csi_connection_waits_for_probe_and_reads_capabilities(controller_
 async def test_csi_connection_gives_up_after_its_wait(tmp_path: Path) -> None:
     with pytest.raises(TimeoutError, match="not ready"):
         await CSIConnection.connect(f"unix://{tmp_path / 'absent.sock'}", timeout=1, wait=1)
+
+
+async def test_a_name_nobody_validated_means_itself(api: ApiClient, namespace: str) -> None:
+    """Names from fields the apiserver does not validate (a claim's selected-node annotation, its
+    dataSource name, a volumeName) reach request paths. Sent raw, `x?y` and `x#y` read the object
+    `x` (issue 29); encoded, they name objects that cannot exist, as client-go's requests do."""
+    name = f"{namespace}-pv"
+    await api.create(
+        PERSISTENT_VOLUMES,
+        {
+            "metadata": {"name": name},
+            "spec": {
+                "capacity": {"storage": "1Mi"},
+                "accessModes": ["ReadWriteOnce"],
+                "hostPath": {"path": "/tmp/kubeloop-nowhere"},
+            },
+        },
+    )
+    try:
+        assert (await api.get(PERSISTENT_VOLUMES, name))["metadata"]["name"] == name
+        for odd in (f"{name}?dryRun=All", f"{name}#x", f"{name}/status", f"{name} "):
+            with pytest.raises(ApiError) as err:
+                await api.get(PERSISTENT_VOLUMES, odd)
+            assert err.value.not_found, (odd, err.value)
+            with pytest.raises(ApiError) as err:
+                await api.patch(PERSISTENT_VOLUMES, odd, {"metadata": {"labels": {"touched": "yes"}}})
+            assert err.value.not_found, (odd, err.value)
+        assert "labels" not in (await api.get(PERSISTENT_VOLUMES, name))["metadata"]
+    finally:
+        await api.delete(PERSISTENT_VOLUMES, name)

@@ -113,3 +113,31 @@ async def test_a_secret_that_is_not_utf8_fails_with_an_event(
 
         assert not await wait_for(deleted, 20), h.log_tail()
         await h.assert_files_equal_pvs()
+
+
+async def test_a_selected_node_name_with_url_syntax_names_no_node(
+    control_plane: ControlPlane, api: ApiClient, namespace: str
+) -> None:
+    """The selected node is looked up by name in a request path. `node?dryRun=All` went there raw
+    and read `node`: the claim was provisioned on a node its annotation did not name. Now it
+    names a node that does not exist, and the claim goes back to the scheduler, as for any such."""
+    node = f"url-{uuid.uuid4().hex[:6]}"
+    await create_topology_node(api, node)
+    try:
+        async with harness(control_plane, api, namespace) as h:
+            cls = await h.create_class("url")
+            odd = f"{node}?dryRun=All"
+            await h.create_pvc("odd", "8Mi", cls, annotations={storage.ANN_SELECTED_NODE: odd})
+            await h.wait_event("odd", storage.PROVISIONING_FAILED, f'nodes "{odd}" not found')
+
+            async def unselected() -> list[str]:
+                claim = await h.pvc("odd")
+                ann = (claim or {}).get("metadata", {}).get("annotations") or {}
+                return [f"still selected: {ann}"] if storage.ANN_SELECTED_NODE in ann else []
+
+            assert not await wait_for(unselected, 20), h.log_tail()
+            await h.assert_files_equal_pvs()
+    finally:
+        for res in (CSI_NODES, NODES):
+            with contextlib.suppress(ApiError):
+                await api.delete(res, node)

@@ -12,7 +12,7 @@ import pytest
 from aiohttp import web
 from kubernetes_asyncio.client import Configuration
 
-from controller_runtime.client import ApiClient, ApiError, Target, unstructured_status
+from controller_runtime.client import ApiClient, ApiError, InvalidNameError, Target, unstructured_status
 from controller_runtime.resources import PERSISTENT_VOLUME_CLAIMS, PERSISTENT_VOLUMES, VOLUME_SNAPSHOTS
 
 EVENTS = [
@@ -234,3 +234,35 @@ async def test_warm_never_fails_a_start() -> None:
     app = web.Application()  # no /version: every warm-up request gets a 404
     async with serve(app) as client:
         await client.warm()
+
+
+async def test_names_are_sent_as_themselves_or_refused_as_client_go_refuses_them() -> None:
+    """Issue 29: names from fields nobody validates went into paths raw (`x?y` read `x`)."""
+    seen: list[str] = []
+
+    async def anything(request: web.Request) -> web.Response:
+        seen.append(request.raw_path)
+        return web.json_response({"kind": "Status", "reason": "NotFound", "message": "nope"}, status=404)
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", anything)
+    async with serve(app) as client:
+        for odd in ("x?dryRun=All", "x#frag", "x y"):
+            with pytest.raises(ApiError):
+                await client.get(PERSISTENT_VOLUMES, odd)
+        assert seen == [
+            "/api/v1/persistentvolumes/x%3FdryRun%3DAll",
+            "/api/v1/persistentvolumes/x%23frag",
+            "/api/v1/persistentvolumes/x%20y",
+        ]
+        seen.clear()
+        for name, namespace, message in (
+            ("a/status", "ns", """invalid resource name "a/status": [may not contain '/']"""),
+            ("..", "ns", "invalid resource name \"..\": [may not be '..']"),
+            ("c", "n%2Fs", """invalid namespace "n%2Fs": [may not contain '%']"""),
+        ):
+            with pytest.raises(InvalidNameError) as err:
+                await client.patch(PERSISTENT_VOLUME_CLAIMS, name, {}, namespace)
+            # No object can have such a name: asked for, it does not exist.
+            assert err.value.not_found and err.value.message == message
+        assert seen == []
