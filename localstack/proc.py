@@ -20,7 +20,7 @@ from pathlib import Path
 
 import aiohttp
 
-from controller_runtime.clock import SYSTEM_CLOCK, MonotonicClock
+from controller_runtime.clock import SYSTEM_CLOCK, Clock
 from controller_runtime.logs import get_logger
 
 log = get_logger("stack")
@@ -126,7 +126,7 @@ class ManagedProcess:
     on_unexpected_exit: ExitCallback | None = None
     restart: RestartPolicy | None = None
     on_restart: RestartCallback | None = None
-    clock: MonotonicClock = field(default=SYSTEM_CLOCK, repr=False)
+    clock: Clock = field(default=SYSTEM_CLOCK, repr=False)
     last_exit_code: int | None = None
     _proc: asyncio.subprocess.Process | None = field(default=None, repr=False)
     _watcher: asyncio.Task[None] | None = field(default=None, repr=False)

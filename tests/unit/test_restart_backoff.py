@@ -1,34 +1,37 @@
-"""The stack's restart supervision (localstack.proc.RestartPolicy): the backoff series on a fake
-clock, and ManagedProcess restarting a real crashing child with the fake clock's instant sleeps."""
+"""The stack's restart supervision (localstack.proc.RestartPolicy): the backoff series, and
+ManagedProcess restarting a real crashing child, its backoff waits stepped on a fake clock."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 
+from controller_runtime.clock_testing import FakeClock
 from localstack.proc import ManagedProcess, RestartBackoff, RestartEvent, RestartPolicy
 
 
-class FakeClock:
-    """Monotonic time that only moves when told to, or by the length of each sleep."""
+@contextlib.asynccontextmanager
+async def waits_stepped(clock: FakeClock) -> AsyncIterator[list[float]]:
+    """Ends each wait on `clock` as soon as it begins, recording its length: the restart backoff
+    passes at once (the children themselves still run and crash in real time)."""
+    waits: list[float] = []
 
-    def __init__(self) -> None:
-        self.now = 500.0
-        self.sleeps: list[float] = []
-        self.gate: asyncio.Event | None = None  # when set up, sleeps block until it is set
-        self.slept = asyncio.Event()
+    async def step() -> None:
+        while True:
+            await clock.until_waiting()
+            (delay,) = clock.waiting()
+            waits.append(delay)
+            clock.step(delay)
 
-    def monotonic(self) -> float:
-        return self.now
-
-    async def sleep(self, seconds: float) -> None:
-        self.sleeps.append(seconds)
-        self.slept.set()
-        if self.gate is not None:
-            await self.gate.wait()
-        self.now += seconds
-        await asyncio.sleep(0)
+    stepper = asyncio.create_task(step())
+    try:
+        yield waits
+    finally:
+        stepper.cancel()
+        await asyncio.gather(stepper, return_exceptions=True)
 
 
 def test_delays_double_up_to_the_cap() -> None:
@@ -83,9 +86,10 @@ async def test_a_crashing_process_is_restarted_with_backoff(tmp_path: Path) -> N
         on_unexpected_exit=lambda _p, code: reported.append(code),
         clock=clock,
     )
-    await proc.start()
-    await asyncio.wait_for(enough.wait(), 30)
-    await proc.stop(5)
+    async with waits_stepped(clock) as waited:
+        await proc.start()
+        await asyncio.wait_for(enough.wait(), 30)
+        await proc.stop(5)
     assert not reported, "a supervised crash is restarted, not only reported"
     waits = [e for e in events if not e.restarted]
     done = [e for e in events if e.restarted]
@@ -94,13 +98,12 @@ async def test_a_crashing_process_is_restarted_with_backoff(tmp_path: Path) -> N
     assert [e.backoff for e in done[:4]] == [2, 4, 8, 8], "the wait the next crash would get"
     assert all(e.exit_code == 3 for e in events)
     assert all(e.pid is not None for e in done)
-    assert clock.sleeps[:5] == [1, 2, 4, 8, 8], "nothing really slept"
+    assert waited[:5] == [1, 2, 4, 8, 8], "the backoff waited on the clock, not in real time"
     assert tmp_path.joinpath("crasher.log").read_text().count("kubeloop starts") == proc.restarts + 1
 
 
 async def test_stop_during_the_backoff_calls_the_restart_off(tmp_path: Path) -> None:
-    clock = FakeClock()
-    clock.gate = asyncio.Event()  # the backoff wait never ends by itself
+    clock = FakeClock()  # the backoff wait ends only when the clock is stepped
     proc = ManagedProcess(
         name="crasher",
         argv=_crasher(),
@@ -109,10 +112,10 @@ async def test_stop_during_the_backoff_calls_the_restart_off(tmp_path: Path) -> 
         clock=clock,
     )
     await proc.start()
-    await asyncio.wait_for(clock.slept.wait(), 20)
+    await asyncio.wait_for(clock.until_waiting(), 20)
     assert await proc.stop(5) == 3
-    clock.gate.set()
-    await asyncio.sleep(0.1)
+    assert not clock.has_waiters(), "the backoff wait is called off"
+    await clock.advance(3600)
     assert not proc.running and proc.restarts == 1
     assert tmp_path.joinpath("crasher.log").read_text().count("kubeloop starts") == 1, "not started again"
 
@@ -121,13 +124,14 @@ async def test_stop_is_not_a_crash(tmp_path: Path) -> None:
     events: list[RestartEvent] = []
     proc = ManagedProcess(
         name="sleeper",
-        argv=[sys.executable, "-c", "import time; time.sleep(60)"],
+        argv=[sys.executable, "-c", "import signal; signal.pause()"],
         log_path=tmp_path / "sleeper.log",
         restart=RestartPolicy(),
         on_restart=lambda _p, e: events.append(e),
-        clock=FakeClock(),
+        clock=(clock := FakeClock()),
     )
     await proc.start()
     assert await proc.stop(5) == -15  # SIGTERM
-    await asyncio.sleep(0.1)
+    assert not clock.has_waiters(), "no restart backoff"
+    await clock.advance(3600)
     assert not events and proc.restarts == 0 and not proc.running
