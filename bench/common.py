@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from controller_runtime.clock import now_rfc3339
+from controller_runtime.clock import SYSTEM_CLOCK, Clock, now_rfc3339
 from controller_runtime.toolchain import REPO_ROOT, Toolchain
 from localstack.controlplane import ControlPlane
 from localstack.testing import start_test_control_plane
@@ -51,10 +51,16 @@ class PeakRss:
     background while the context is open; `pids` is asked again at every sample, so processes
     started or restarted meanwhile are followed."""
 
-    def __init__(self, pids: Callable[[], Mapping[str, int | None]], interval: float = 0.25) -> None:
+    def __init__(
+        self,
+        pids: Callable[[], Mapping[str, int | None]],
+        interval: float = 0.25,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
         self.peaks: dict[str, float] = {}
         self._pids = pids
         self._interval = interval
+        self._clock = clock
         self._task: asyncio.Task[None] | None = None
 
     def sample(self) -> None:
@@ -67,7 +73,7 @@ class PeakRss:
     async def _run(self) -> None:
         while True:
             self.sample()
-            await asyncio.sleep(self._interval)
+            await self._clock.sleep(self._interval)
 
     async def __aenter__(self) -> PeakRss:
         self._task = asyncio.create_task(self._run())

@@ -5,8 +5,9 @@ A sync may also return a delay to be called again later for that key (a poll, su
 a VolumeAttachment to disappear) without counting as a failure.
 
 `ControllerContext` is what a controller is built from (the API client, the informer factory its
-caches come from, the event recorder); `InformerController` is the part every controller shares:
-those three as attributes, `synced` for /readyz, and `start_informers`.
+caches come from, the event recorder, the clock its queues and backoffs run on);
+`InformerController` is the part every controller shares: those four as attributes, `synced` for
+/readyz, and `start_informers`.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import TypeVar
 from prometheus_client import Counter
 
 from .client import ApiClient
+from .clock import SYSTEM_CLOCK, Clock
 from .events import EventRecorder
 from .informer import SharedInformerFactory
 from .logs import get_logger
@@ -86,16 +88,20 @@ class ControllerContext:
     client: ApiClient
     factory: SharedInformerFactory
     recorder: EventRecorder
+    # What the controller's workqueues, rate limiters and backoffs read time from and wait on; a
+    # test passes a FakeClock (controller_runtime.clock_testing).
+    clock: Clock = SYSTEM_CLOCK
 
 
 class InformerController:
-    """The base of every informer-fed controller: its client, informer factory and recorder as
-    attributes, `synced` while every cache is filled, and `start_informers`."""
+    """The base of every informer-fed controller: its client, informer factory, recorder and clock
+    as attributes, `synced` while every cache is filled, and `start_informers`."""
 
     def __init__(self, context: ControllerContext) -> None:
         self.client = context.client
         self.factory = context.factory
         self.recorder = context.recorder
+        self.clock = context.clock
 
     @property
     def synced(self) -> bool:

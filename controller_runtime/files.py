@@ -16,6 +16,8 @@ import secrets
 from collections.abc import Callable
 from pathlib import Path
 
+from .clock import SYSTEM_CLOCK, Clock
+
 _TEMP_SUFFIX = ".tmp"
 
 
@@ -85,8 +87,9 @@ class FileLock:
     lock two different inodes); it holds the holder's pid, for the message of whoever waits.
     """
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, clock: Clock = SYSTEM_CLOCK) -> None:
         self.path = Path(path)
+        self.clock = clock  # what `acquire` waits on between tries
         self._fd: int | None = None
 
     def try_acquire(self) -> bool:
@@ -113,7 +116,7 @@ class FileLock:
             if not told:
                 on_wait(f"{self.path} is held by another process{self._holder()}")
                 told = True
-            await asyncio.sleep(poll)
+            await self.clock.sleep(poll)
 
     def release(self) -> None:
         if self._fd is not None:

@@ -5,6 +5,7 @@ A candidate acquires the Lease when nobody holds it or the holder's record has n
 leader renews every `retry_period`; if it cannot renew within `renew_deadline` it stops leading
 (the component exits, as upstream does, so it can never act on a lease it lost). On a graceful
 stop the leader releases the Lease so a standby takes over at once instead of after expiry.
+Every wait, deadline and timestamp is on the injected clock (client-go's LeaderElectionConfig.Clock).
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
-import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +21,7 @@ import aiohttp
 from prometheus_client import Gauge
 
 from .client import ApiClient, ApiError
-from .clock import micro_time
+from .clock import SYSTEM_CLOCK, Clock, micro_time
 from .logs import get_logger
 from .resources import LEASES, Obj, object_key
 
@@ -45,9 +45,10 @@ class LeaderElectionConfig:
 
 
 class LeaderElector:
-    def __init__(self, client: ApiClient, config: LeaderElectionConfig) -> None:
+    def __init__(self, client: ApiClient, config: LeaderElectionConfig, clock: Clock = SYSTEM_CLOCK) -> None:
         self.client = client
         self.config = config
+        self.clock = clock
         self._observed_record: Obj | None = None
         self._observed_at = 0.0
         self._lease: Obj | None = None
@@ -66,10 +67,10 @@ class LeaderElector:
         spec = lease.get("spec", {})
         if spec != self._observed_record:
             self._observed_record = copy.deepcopy(spec)
-            self._observed_at = time.monotonic()
+            self._observed_at = self.clock.monotonic()
 
     def _spec(self, transitions: int, acquire_time: str) -> Obj:
-        now = micro_time()
+        now = micro_time(self.clock.now())
         return {
             "holderIdentity": self.config.identity,
             "leaseDurationSeconds": int(self.config.lease_duration),
@@ -99,7 +100,7 @@ class LeaderElector:
         holder = self._holder(lease)
         spec = lease.get("spec", {})
         duration = float(spec.get("leaseDurationSeconds") or cfg.lease_duration)
-        expired = time.monotonic() > self._observed_at + duration
+        expired = self.clock.monotonic() > self._observed_at + duration
         if holder and holder != cfg.identity and not expired:
             self._lease = lease
             return False
@@ -138,39 +139,40 @@ class LeaderElector:
                     logged = True
             except Exception as exc:
                 log.warning("error acquiring lease", error=str(exc))
-            await asyncio.sleep(self.config.retry_period)
+            await self.clock.sleep(self.config.retry_period)
 
     async def _renew_loop(self) -> None:
         cfg = self.config
         while True:
-            await asyncio.sleep(cfg.retry_period)
-            deadline = time.monotonic() + cfg.renew_deadline
+            await self.clock.sleep(cfg.retry_period)
+            deadline = self.clock.monotonic() + cfg.renew_deadline
             while True:
                 try:
-                    remaining = deadline - time.monotonic()
-                    if remaining > 0 and await asyncio.wait_for(self.try_acquire_or_renew(), remaining):
+                    remaining = deadline - self.clock.monotonic()
+                    if remaining > 0 and await self.clock.wait_for(self.try_acquire_or_renew(), remaining):
                         break
                 except Exception as exc:
                     log.warning("error renewing lease", error=str(exc))
-                if time.monotonic() >= deadline:
+                if self.clock.monotonic() >= deadline:
                     self._gauge.set(0)
                     # Lost: the record is no longer ours to write (another replica may hold the
                     # Lease by now), so there is nothing to release, as in client-go.
                     self._lease = None
                     raise LeadershipLost(f"could not renew lease {self._key} within {cfg.renew_deadline}s")
-                await asyncio.sleep(min(1.0, cfg.retry_period))
+                await self.clock.sleep(min(1.0, cfg.retry_period))
 
     async def release(self) -> None:
         if not self.is_leader or self._lease is None:
             return
         lease = copy.deepcopy(self._lease)
         spec = lease.setdefault("spec", {})
+        now = self.clock.now()
         spec.update(
             {
                 "holderIdentity": None,
                 "leaseDurationSeconds": 1,
-                "renewTime": micro_time(),
-                "acquireTime": micro_time(),
+                "renewTime": micro_time(now),
+                "acquireTime": micro_time(now),
             }
         )
         try:

@@ -18,7 +18,8 @@ unstage...) and hands each decision to the executor under the volume's key:
 - Optionally at most `max_concurrent` operations run at once (0 = no limit, Kubernetes'
   behaviour); waiting ones start by `priority` (lower first), then in the order they were run.
 - `pending_operations{name}` counts the operations in flight.
-- Time comes from the injected `clock`, so backoff is testable without sleeping.
+- Time comes from the injected clock (`controller_runtime.clock`), so backoff is testable
+  without sleeping.
 """
 
 from __future__ import annotations
@@ -27,13 +28,13 @@ import asyncio
 import contextlib
 import heapq
 import itertools
-import time
 from collections.abc import AsyncIterator, Callable, Collection, Coroutine, Hashable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from prometheus_client import Gauge
 
+from .clock import SYSTEM_CLOCK, PassiveClock
 from .logs import Logger, get_logger
 
 K = TypeVar("K", bound=Hashable)
@@ -114,7 +115,7 @@ class OperationExecutor(Generic[K]):
         *,
         backoff: Backoff | None = None,
         max_concurrent: int = 0,
-        clock: Callable[[], float] = time.monotonic,
+        clock: PassiveClock = SYSTEM_CLOCK,
         on_done: Callable[[], None] | None = None,
         describe_error: Callable[[BaseException], str] = str,
         logger: Logger | None = None,
@@ -144,7 +145,7 @@ class OperationExecutor(Generic[K]):
         if key in self._running:
             return True
         retry = self._retry.get((key, operation))
-        return retry is not None and self.clock() < retry[0]
+        return retry is not None and self.clock.monotonic() < retry[0]
 
     def retry_delay(self, key: K, operation: Hashable = None) -> float:
         """The delay the last failure of this operation got (0 when it has not failed)."""
@@ -184,11 +185,11 @@ class OperationExecutor(Generic[K]):
                 await coro
         except RetryLater as exc:
             self._log.debug("waiting", key=str(key), reason=str(exc))
-            self._retry[retry_key] = (self.clock() + self.backoff.initial, 0.0)
+            self._retry[retry_key] = (self.clock.monotonic() + self.backoff.initial, 0.0)
         except Exception as exc:
             _, last = self._retry.get(retry_key, (0.0, 0.0))
             delay = self.backoff.next(last)
-            self._retry[retry_key] = (self.clock() + delay, delay)
+            self._retry[retry_key] = (self.clock.monotonic() + delay, delay)
             self._log.warning(
                 "operation failed, backing off",
                 key=str(key),

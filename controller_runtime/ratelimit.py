@@ -1,28 +1,27 @@
 """Token buckets: the client-side API limiter (--kube-api-qps/--kube-api-burst) and the overall
-bucket of a workqueue's rate limiter. Both reserve a token and report how long to wait for it."""
+bucket of a workqueue's rate limiter. Both reserve a token and report how long to wait for it, on
+the injected clock."""
 
 from __future__ import annotations
 
-import asyncio
-import time
-from collections.abc import Callable
+from .clock import SYSTEM_CLOCK, Clock
 
 
 class TokenBucket:
     """Holds up to `burst` tokens refilled at `qps` per second; qps <= 0 means unlimited."""
 
-    def __init__(self, qps: float, burst: int, clock: Callable[[], float] | None = None) -> None:
+    def __init__(self, qps: float, burst: int, clock: Clock = SYSTEM_CLOCK) -> None:
         self.qps = qps
         self.burst = max(1, burst)
+        self.clock = clock
         self._tokens = float(self.burst)
-        self._now = clock or time.monotonic
-        self._last = self._now()
+        self._last = clock.monotonic()
 
     def reserve(self) -> float:
         """Takes one token (possibly going into debt) and returns the seconds to wait before using it."""
         if self.qps <= 0:
             return 0.0
-        now = self._now()
+        now = self.clock.monotonic()
         self._tokens = min(float(self.burst), self._tokens + (now - self._last) * self.qps)
         self._last = now
         self._tokens -= 1.0
@@ -33,9 +32,9 @@ class TokenBucket:
         none. Unlimited buckets always report `burst`."""
         if self.qps <= 0:
             return float(self.burst)
-        return min(float(self.burst), self._tokens + (self._now() - self._last) * self.qps)
+        return min(float(self.burst), self._tokens + (self.clock.monotonic() - self._last) * self.qps)
 
     async def acquire(self) -> None:
         delay = self.reserve()
         if delay > 0:
-            await asyncio.sleep(delay)
+            await self.clock.sleep(delay)

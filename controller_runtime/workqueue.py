@@ -8,18 +8,22 @@ Guarantees, as in client-go:
   (per-key exponential backoff combined with an overall token bucket); `forget` resets the key's
   backoff after a successful sync;
 - `shutdown` wakes every waiting worker; `get` raises ShutDown once the queue is drained.
+
+Time comes from the injected `Clock` (client-go's delaying queue and rate limiters take one too):
+delayed adds are timers on it and the latency metrics are read from it, so a test drives the
+queue with a fake clock instead of sleeping.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import deque
 from collections.abc import Hashable
 from typing import Generic, Protocol, TypeVar
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from .clock import SYSTEM_CLOCK, Clock, Timer
 from .ratelimit import TokenBucket
 
 K = TypeVar("K", bound=Hashable)
@@ -74,8 +78,8 @@ class ItemExponentialRateLimiter(Generic[K]):
 class BucketRateLimiter(Generic[K]):
     """An overall token bucket shared by all keys: bounds the retry rate of the whole queue."""
 
-    def __init__(self, qps: float, burst: int) -> None:
-        self._bucket = TokenBucket(qps, burst)
+    def __init__(self, qps: float, burst: int, clock: Clock = SYSTEM_CLOCK) -> None:
+        self._bucket = TokenBucket(qps, burst, clock)
 
     def when(self, key: K) -> float:
         return self._bucket.reserve()
@@ -102,21 +106,28 @@ class MaxOfRateLimiter(Generic[K]):
         return max(limiter.num_requeues(key) for limiter in self.limiters)
 
 
-def default_rate_limiter(base: float = 0.005, maximum: float = 1000.0) -> MaxOfRateLimiter[K]:
+def default_rate_limiter(
+    base: float = 0.005, maximum: float = 1000.0, clock: Clock = SYSTEM_CLOCK
+) -> MaxOfRateLimiter[K]:
     """client-go's DefaultControllerRateLimiter: 5ms doubling to 1000s per key, 10 qps / 100 burst overall."""
-    return MaxOfRateLimiter(ItemExponentialRateLimiter(base, maximum), BucketRateLimiter(10.0, 100))
+    return MaxOfRateLimiter(ItemExponentialRateLimiter(base, maximum), BucketRateLimiter(10.0, 100, clock))
 
 
 class WorkQueue(Generic[K]):
-    def __init__(self, name: str, rate_limiter: RateLimiter[K] | None = None) -> None:
+    def __init__(
+        self, name: str, rate_limiter: RateLimiter[K] | None = None, *, clock: Clock = SYSTEM_CLOCK
+    ) -> None:
+        """`clock` times the delayed adds and the metrics; the default rate limiter (when none is
+        given) reads the same clock."""
         self.name = name
-        self.rate_limiter: RateLimiter[K] = rate_limiter or default_rate_limiter()
+        self.clock = clock
+        self.rate_limiter: RateLimiter[K] = rate_limiter or default_rate_limiter(clock=clock)
         self._queue: deque[K] = deque()
         self._dirty: set[K] = set()
         self._processing: set[K] = set()
         self._added_at: dict[K, float] = {}
         self._started_at: dict[K, float] = {}
-        self._waiting: dict[K, tuple[float, asyncio.TimerHandle]] = {}
+        self._waiting: dict[K, tuple[float, Timer]] = {}
         self._getters: deque[asyncio.Future[None]] = deque()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -134,7 +145,7 @@ class WorkQueue(Generic[K]):
             return
         self._adds.inc()
         self._dirty.add(key)
-        self._added_at.setdefault(key, time.perf_counter())
+        self._added_at.setdefault(key, self.clock.monotonic())
         if key in self._processing:
             return  # queued again by done()
         self._push(key)
@@ -157,15 +168,14 @@ class WorkQueue(Generic[K]):
         if delay <= 0:
             self.add(key)
             return
-        loop = asyncio.get_running_loop()
-        ready = loop.time() + delay
+        ready = self.clock.monotonic() + delay
         current = self._waiting.get(key)
         if current is not None:
             if current[0] <= ready:
                 return
             current[1].cancel()
         self._idle.clear()
-        self._waiting[key] = (ready, loop.call_at(ready, self._fire, key))
+        self._waiting[key] = (ready, self.clock.call_later(delay, self._fire, key))
 
     def _fire(self, key: K) -> None:
         self._waiting.pop(key, None)
@@ -201,7 +211,7 @@ class WorkQueue(Generic[K]):
         self._depth.set(len(self._queue))
         self._dirty.discard(key)
         self._processing.add(key)
-        now = time.perf_counter()
+        now = self.clock.monotonic()
         added = self._added_at.pop(key, None)
         if added is not None:
             self._queue_latency.observe(now - added)
@@ -219,7 +229,7 @@ class WorkQueue(Generic[K]):
         self._processing.discard(key)
         started = self._started_at.pop(key, None)
         if started is not None:
-            self._work_duration.observe(time.perf_counter() - started)
+            self._work_duration.observe(self.clock.monotonic() - started)
         if key in self._dirty:
             self._push(key)
         self._check_idle()

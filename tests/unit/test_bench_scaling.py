@@ -11,6 +11,7 @@ import pytest
 
 from bench import attach, binding, memory, provisioning, scaling
 from bench.common import PeakRss
+from controller_runtime.clock_testing import FakeClock
 
 
 def test_points_parse_in_order() -> None:
@@ -79,8 +80,10 @@ def test_settled_needs_the_whole_window_and_a_steady_rss() -> None:
 
 def test_peak_rss_follows_named_processes_and_skips_gone_ones() -> None:
     async def sample() -> dict[str, float]:
-        async with PeakRss(lambda: {"self": os.getpid(), "none": None, "gone": 2**22 + 1}, 0.01) as rss:
-            await asyncio.sleep(0.05)
+        clock = FakeClock()
+        pids = {"self": os.getpid(), "none": None, "gone": 2**22 + 1}
+        async with PeakRss(lambda: pids, 0.01, clock) as rss:
+            await clock.advance(0.05)  # a sample every 0.01 s of the clock
         return rss.peaks
 
     peaks = asyncio.run(sample())

@@ -7,15 +7,8 @@ import asyncio
 
 from prometheus_client import REGISTRY
 
+from controller_runtime.clock_testing import FakeClock
 from controller_runtime.operations import Backoff, OperationExecutor, RetryLater
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def gauge(name: str) -> float | None:
@@ -48,7 +41,7 @@ async def test_one_operation_per_key_and_other_keys_in_parallel() -> None:
 
 
 async def test_failures_back_off_exponentially_up_to_the_max_and_success_resets() -> None:
-    clock = Clock()
+    clock = FakeClock()
     done: list[int] = []
     ops = OperationExecutor[str](
         "test-backoff", backoff=Backoff(0.5, 2.0), clock=clock, on_done=lambda: done.append(1)
@@ -67,9 +60,9 @@ async def test_failures_back_off_exponentially_up_to_the_max_and_success_resets(
         delays.append(ops.retry_delay("v1"))
         assert ops.is_pending("v1"), "backing off"
         assert not ops.run("v1", succeed()), "refused while backing off"
-        clock.now += delays[-1] - 0.01
+        clock.step(delays[-1] - 0.01)
         assert ops.is_pending("v1")
-        clock.now += 0.01
+        clock.step(0.01)
         assert not ops.is_pending("v1"), "the backoff expired"
     assert delays == [0.5, 1.0, 2.0, 2.0, 2.0]
     assert len(done) == 5, "on_done after every operation"
@@ -92,7 +85,7 @@ async def test_default_backoff_is_kubernetes_500ms_doubling_to_2m2s() -> None:
 
 
 async def test_operations_on_one_key_back_off_separately() -> None:
-    clock = Clock()
+    clock = FakeClock()
     ops = OperationExecutor[str]("test-per-operation", clock=clock)
 
     async def fail() -> None:
@@ -111,7 +104,7 @@ async def test_operations_on_one_key_back_off_separately() -> None:
 
 
 async def test_retry_later_waits_the_initial_delay_without_growing_the_backoff() -> None:
-    clock = Clock()
+    clock = FakeClock()
     ops = OperationExecutor[str]("test-retry-later", clock=clock)
 
     async def fail() -> None:
@@ -123,12 +116,12 @@ async def test_retry_later_waits_the_initial_delay_without_growing_the_backoff()
     for _ in range(3):
         ops.run("v1", fail())
         await ops.wait()
-        clock.now += 100
+        clock.step(100)
     assert ops.retry_delay("v1") == 2.0
     ops.run("v1", not_yet())
     await ops.wait()
     assert ops.is_pending("v1")
-    clock.now += 0.5
+    clock.step(0.5)
     assert not ops.is_pending("v1")
     assert ops.retry_delay("v1") == 0.0, "a wait resets the backoff"
     ops.run("v1", fail())
@@ -137,7 +130,7 @@ async def test_retry_later_waits_the_initial_delay_without_growing_the_backoff()
 
 
 async def test_forget_drops_the_backoff_of_keys_that_are_gone() -> None:
-    clock = Clock()
+    clock = FakeClock()
     ops = OperationExecutor[str]("test-forget", clock=clock)
 
     async def fail() -> None:

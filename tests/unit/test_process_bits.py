@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import logging
 
 import pytest
 
+from controller_runtime.clock_testing import FakeClock
 from controller_runtime.health import parse_endpoint
 from controller_runtime.logs import JsonFormatter, TextFormatter
 from controller_runtime.process import add_http_flags, duration, parse_args
@@ -52,25 +54,36 @@ def test_text_logs_escape_control_characters(raw: str) -> None:
 
 
 def test_token_bucket() -> None:
-    now = [0.0]
-    bucket = TokenBucket(qps=2, burst=2, clock=lambda: now[0])
+    clock = FakeClock()
+    bucket = TokenBucket(qps=2, burst=2, clock=clock)
     assert [bucket.reserve(), bucket.reserve()] == [0, 0]
     assert bucket.reserve() == pytest.approx(0.5)
-    now[0] = 10
+    clock.step(10)
     assert bucket.reserve() == 0
     assert TokenBucket(qps=0, burst=1).reserve() == 0, "qps 0 means unlimited"
 
 
 def test_token_bucket_available_peeks_without_taking() -> None:
-    now = [0.0]
-    bucket = TokenBucket(qps=2, burst=2, clock=lambda: now[0])
+    clock = FakeClock()
+    bucket = TokenBucket(qps=2, burst=2, clock=clock)
     assert bucket.available() == 2.0
     assert bucket.reserve() == 0 and bucket.reserve() == 0
     assert bucket.available() == 0.0
     assert bucket.reserve() == 0.5 and bucket.available() == -1.0, "in debt"
-    now[0] = 1.0
+    clock.step(1.0)
     assert bucket.available() == 1.0 and bucket.available() == 1.0
     assert TokenBucket(qps=0, burst=3).available() == 3.0
+
+
+async def test_token_bucket_acquire_waits_on_its_clock() -> None:
+    clock = FakeClock()
+    bucket = TokenBucket(qps=4, burst=1, clock=clock)
+    await bucket.acquire()
+    second = asyncio.create_task(bucket.acquire())
+    await clock.until_waiting()
+    assert clock.waiting() == [0.25]
+    await clock.advance(0.25)
+    assert second.done()
 
 
 def test_endpoint() -> None:

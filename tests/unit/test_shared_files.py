@@ -7,12 +7,12 @@ import asyncio
 import json
 import multiprocessing
 import os
-import time
 from multiprocessing.synchronize import Barrier
 from pathlib import Path
 
 import pytest
 
+from controller_runtime.clock_testing import FakeClock
 from controller_runtime.files import FileLock, is_temp_name, remove_stale_temps, temp_name, write_atomic
 from csi_driver.state import DriverState
 
@@ -87,15 +87,19 @@ def test_write_atomic_keeps_the_old_content_when_the_write_fails(tmp_path: Path)
 
 
 async def test_a_held_lock_makes_the_next_holder_wait_and_says_who_holds_it(tmp_path: Path) -> None:
-    first, second = FileLock(tmp_path / ".lock"), FileLock(tmp_path / ".lock")
+    clock = FakeClock()
+    first, second = FileLock(tmp_path / ".lock"), FileLock(tmp_path / ".lock", clock)
     assert first.try_acquire()
     heard: list[str] = []
     waiter = asyncio.create_task(second.acquire(heard.append, poll=0.01))
-    await asyncio.sleep(0.1)
+    await asyncio.wait_for(clock.until_waiting(), 5)  # tried, heard who holds it, waits to poll
     expected = f"{tmp_path / '.lock'} is held by another process (pid {os.getpid()})"
-    assert not waiter.done() and heard == [expected]
-    started = time.monotonic()
+    assert not waiter.done() and heard == [expected] and clock.waiting() == [0.01]
+    await clock.advance(0.01)
+    await asyncio.wait_for(clock.until_waiting(), 5)  # polled again, still held: told only once
+    assert not waiter.done() and len(heard) == 1
     first.release()
-    await asyncio.wait_for(waiter, 5)
-    assert time.monotonic() - started < 5 and len(heard) == 1
+    clock.step(0.01)
+    await asyncio.wait_for(waiter, 5)  # the next poll takes it
+    assert len(heard) == 1
     second.release()

@@ -1,11 +1,13 @@
-"""client-go workqueue semantics, on the asyncio queue."""
+"""client-go workqueue semantics, on the asyncio queue, with delays on a fake clock."""
 
 from __future__ import annotations
 
 import asyncio
 
 import pytest
+from prometheus_client import REGISTRY
 
+from controller_runtime.clock_testing import FakeClock
 from controller_runtime.workqueue import (
     BucketRateLimiter,
     ItemExponentialRateLimiter,
@@ -16,8 +18,8 @@ from controller_runtime.workqueue import (
 )
 
 
-def fast_queue(name: str) -> WorkQueue[str]:
-    return WorkQueue(name, ItemExponentialRateLimiter[str](0.01, 0.08))
+def fast_queue(name: str, clock: FakeClock | None = None) -> WorkQueue[str]:
+    return WorkQueue(name, ItemExponentialRateLimiter[str](0.01, 0.08), clock=clock or FakeClock())
 
 
 async def test_key_added_twice_is_processed_once() -> None:
@@ -38,7 +40,7 @@ async def test_key_in_processing_is_not_handed_out_again_until_done() -> None:
     q.add("a")  # re-added while a worker holds it
     assert len(q) == 0, "must not be queued while processing"
     second = asyncio.create_task(q.get())
-    await asyncio.sleep(0.01)
+    await FakeClock().settle()  # the second worker runs until it waits
     assert not second.done(), "a second worker must not get a key that is being processed"
     q.done(key)
     assert await asyncio.wait_for(second, 1) == "a", "re-added key is processed again after done"
@@ -83,21 +85,29 @@ def test_huge_failure_count_does_not_overflow() -> None:
 
 
 def test_overall_bucket_limits_many_keys() -> None:
-    limiter = MaxOfRateLimiter[str](ItemExponentialRateLimiter(0.001, 1), BucketRateLimiter(10, 5))
+    clock = FakeClock()
+    limiter = MaxOfRateLimiter[str](ItemExponentialRateLimiter(0.001, 1), BucketRateLimiter(10, 5, clock))
     delays = [limiter.when(f"k{i}") for i in range(8)]
     assert delays[:5] == [0.001] * 5, "the burst passes at the per-key delay"
-    assert delays[5] == pytest.approx(0.1, abs=0.02), "then keys wait for the shared bucket"
+    assert delays[5] == pytest.approx(0.1), "then keys wait for the shared bucket"
     assert delays[7] > delays[6] > delays[5]
+    clock.step(1.0)  # the bucket refills on its clock, 10 tokens a second, up to its burst
+    assert [limiter.when(f"k{i}") for i in range(8, 13)] == [0.001] * 5
+    assert limiter.when("k13") == pytest.approx(0.1)
 
 
 async def test_add_rate_limited_delays_and_forget_resets() -> None:
-    q = fast_queue("ratelimited")
-    loop = asyncio.get_running_loop()
+    clock = FakeClock()
+    q = fast_queue("ratelimited", clock)
     q.add_rate_limited("a")
     q.add_rate_limited("a")  # a second request for a waiting key keeps the earlier time
-    start = loop.time()
-    assert await asyncio.wait_for(q.get(), 1) == "a"
-    assert loop.time() - start >= 0.009
+    assert clock.waiting() == [0.01]
+    getter = asyncio.create_task(q.get())
+    await clock.advance(0.009)
+    assert not getter.done(), "not before the backoff's delay"
+    await clock.advance(0.001)
+    assert getter.done() and getter.result() == "a"
+    assert not clock.has_waiters()
     q.done("a")
     assert q.num_requeues("a") == 2
     q.forget("a")
@@ -105,10 +115,26 @@ async def test_add_rate_limited_delays_and_forget_resets() -> None:
 
 
 async def test_add_after_keeps_earliest_time() -> None:
-    q = fast_queue("after")
+    clock = FakeClock()
+    q = fast_queue("after", clock)
     q.add_after("a", 5)
     q.add_after("a", 0.01)
-    assert await asyncio.wait_for(q.get(), 1) == "a"
+    q.add_after("a", 1)
+    assert clock.waiting() == [0.01], "the later timer is cancelled, a later request ignored"
+    clock.step(0.01)
+    assert await q.get() == "a"
+    assert not clock.has_waiters()
+
+
+async def test_delayed_adds_fire_in_the_order_of_their_deadlines() -> None:
+    clock = FakeClock()
+    q = fast_queue("order", clock)
+    for key, delay in (("c", 3), ("a", 1), ("b", 2), ("d", 3)):
+        q.add_after(key, delay)
+    clock.step(2.5)
+    assert len(q) == 2 and [await q.get(), await q.get()] == ["a", "b"]
+    clock.step(0.5)
+    assert [await q.get(), await q.get()] == ["c", "d"], "equal deadlines in the order added"
 
 
 async def test_shutdown_wakes_waiters_and_drains() -> None:
@@ -134,14 +160,34 @@ async def test_shutdown_lets_queued_keys_drain_first() -> None:
 
 
 async def test_wait_idle() -> None:
-    q = fast_queue("idle")
+    clock = FakeClock()
+    q = fast_queue("idle", clock)
     q.add_after("a", 0.01)
     idle = asyncio.create_task(q.wait_idle())
-    key = await q.get()
-    await asyncio.sleep(0)
+    getter = asyncio.create_task(q.get())
+    await clock.settle()
+    assert not idle.done(), "a key waiting for its delay keeps the queue busy"
+    await clock.advance(0.01)
+    key = await getter
+    await clock.settle()
     assert not idle.done()
     q.done(key)
     await asyncio.wait_for(idle, 1)
+
+
+async def test_latency_metrics_are_read_from_the_queue_clock() -> None:
+    clock = FakeClock()
+    q = fast_queue("metrics", clock)
+
+    def seconds(metric: str) -> float | None:
+        return REGISTRY.get_sample_value(f"workqueue_{metric}_duration_seconds_sum", {"name": "metrics"})
+
+    q.add("a")
+    clock.step(2.5)
+    key = await q.get()
+    clock.step(0.25)
+    q.done(key)
+    assert (seconds("queue"), seconds("work")) == (2.5, 0.25)
 
 
 def test_default_rate_limiter_is_client_go_default() -> None:
