@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import time
 from collections.abc import Awaitable
 from dataclasses import dataclass
 
@@ -98,15 +97,16 @@ class Attacher(SidecarController):
         self._written: dict[str, Obj] = {}
         limiter: MaxOfRateLimiter[str] = MaxOfRateLimiter(
             ItemExponentialRateLimiter(self.options.retry_start, self.options.retry_max),
-            BucketRateLimiter(100.0, 1000),
+            BucketRateLimiter(100.0, 1000, self.clock),
         )
-        self.va_queue: WorkQueue[str] = WorkQueue("volumeattachments", limiter)
+        self.va_queue: WorkQueue[str] = WorkQueue("volumeattachments", limiter, clock=self.clock)
         self.pv_queue: WorkQueue[str] = WorkQueue(
             "persistentvolumes",
             MaxOfRateLimiter(
                 ItemExponentialRateLimiter(self.options.retry_start, self.options.retry_max),
-                BucketRateLimiter(100.0, 1000),
+                BucketRateLimiter(100.0, 1000, self.clock),
             ),
+            clock=self.clock,
         )
         self.vas = self.factory.informer(VOLUME_ATTACHMENTS)
         self.pvs = self.factory.informer(PERSISTENT_VOLUMES)
@@ -414,7 +414,7 @@ class Attacher(SidecarController):
             return None
         if self.finalizer not in (pv["metadata"].get("finalizers") or []):
             return None
-        checked = time.monotonic()
+        checked = self.clock.monotonic()
         if self.vas.store.by_index(VA_BY_PV, name):
             return None
         # The cache may lag behind a VA just created for this PV: ask the API before letting go.
@@ -441,7 +441,7 @@ class Attacher(SidecarController):
                 items, _ = await self.client.list_all(VOLUME_ATTACHMENTS)
                 return items
 
-            current = (time.monotonic(), asyncio.create_task(list_vas()))
+            current = (self.clock.monotonic(), asyncio.create_task(list_vas()))
             self._va_list = current
         return await asyncio.shield(current[1])
 
@@ -449,7 +449,7 @@ class Attacher(SidecarController):
 
     async def _reconcile_loop(self) -> None:
         while True:
-            await asyncio.sleep(self.options.reconcile_sync)
+            await self.clock.sleep(self.options.reconcile_sync)
             try:
                 await self.reconcile_published()
             except Exception as exc:
@@ -459,7 +459,7 @@ class Attacher(SidecarController):
         """Compares every VA of the driver (being deleted or not) with the nodes ListVolumes says
         each volume is published on; a VA whose status.attached disagrees is queued for a forced
         sync (attach again, or detach again), never written to directly. Returns how many."""
-        started = time.monotonic()
+        started = self.clock.monotonic()
         published: dict[str, set[str]] = {}
         token = ""
         while True:
@@ -498,6 +498,6 @@ class Attacher(SidecarController):
             "ListVolumes reconciled",
             volumes=len(published),
             queued=queued,
-            took=f"{time.monotonic() - started:.3f}s",
+            took=f"{self.clock.monotonic() - started:.3f}s",
         )
         return queued

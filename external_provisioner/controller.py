@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -117,15 +116,17 @@ class Provisioner(InformerController):
             csi_pb2.PluginCapability.Service.VOLUME_ACCESSIBILITY_CONSTRAINTS
         )
         self.claim_queue: WorkQueue[str] = WorkQueue(
-            "claims", ItemExponentialRateLimiter(options.retry_start, options.retry_max)
+            "claims", ItemExponentialRateLimiter(options.retry_start, options.retry_max), clock=self.clock
         )
         self.volume_queue: WorkQueue[str] = WorkQueue(
-            "volumes", ItemExponentialRateLimiter(options.retry_start, options.retry_max)
+            "volumes", ItemExponentialRateLimiter(options.retry_start, options.retry_max), clock=self.clock
         )
         # Clone sources being deleted, keyed namespace/name: their protection goes once no clone
         # of them is Pending.
         self.source_queue: WorkQueue[str] = WorkQueue(
-            "clone-sources", ItemExponentialRateLimiter(options.retry_start, options.retry_max)
+            "clone-sources",
+            ItemExponentialRateLimiter(options.retry_start, options.retry_max),
+            clock=self.clock,
         )
         self.claims = self.factory.informer(PERSISTENT_VOLUME_CLAIMS)
         self.volumes = self.factory.informer(PERSISTENT_VOLUMES)
@@ -278,7 +279,8 @@ class Provisioner(InformerController):
             # No event, as upstream: the class may still be created; retried with backoff.
             raise RuntimeError(f'storageclass.storage.k8s.io "{class_name}" not found')
         md = claim["metadata"]
-        if self.infeasible.remaining(md["uid"], storage_class["metadata"].get("uid", ""), time.monotonic()):
+        class_uid = storage_class["metadata"].get("uid", "")
+        if self.infeasible.remaining(md["uid"], class_uid, self.clock.monotonic()):
             # No event: the one that marked the claim said retries would be delayed.
             raise RuntimeError(
                 f"skipping volume provisioning for pvc {md['uid']}, because provisioning previously "
@@ -538,7 +540,7 @@ class Provisioner(InformerController):
                 await self._sweep_snapshots()
             except Exception as exc:  # a failed round must not stop provisioning; the next one retries
                 log.warning("snapshot source sweep failed", error=str(exc) or type(exc).__name__)
-            await asyncio.sleep(interval)
+            await self.clock.sleep(interval)
 
     async def _sweep_snapshots(self) -> None:
         snapshots, _ = await self.client.list_all(VOLUME_SNAPSHOTS)
@@ -645,7 +647,8 @@ class Provisioner(InformerController):
                 await self.journal.remove(entry.uid)  # a final error: nothing was created
             if code == grpc.StatusCode.INVALID_ARGUMENT:
                 # The same request cannot succeed: slow retries, as upstream.
-                self.infeasible.mark(md["uid"], storage_class["metadata"].get("uid", ""), time.monotonic())
+                class_uid = storage_class["metadata"].get("uid", "")
+                self.infeasible.mark(md["uid"], class_uid, self.clock.monotonic())
                 raise ProvisionError(
                     f"Volume provisioning failed with infeasible error. Retries will be delayed. {exc}"
                 ) from exc
@@ -685,7 +688,7 @@ class Provisioner(InformerController):
                 # Retries take a while: a crash meanwhile finds the volume id in the journal.
                 await self.journal.put(entry, durable=False)
             if attempt:
-                await asyncio.sleep(self.options.pv_save_interval)
+                await self.clock.sleep(self.options.pv_save_interval)
             try:
                 saved = await self.client.create(PERSISTENT_VOLUMES, pv)
             except ApiError as exc:

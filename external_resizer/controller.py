@@ -18,7 +18,6 @@ also ControllerResizeInfeasible) so the user can lower the request, and retried 
 from __future__ import annotations
 
 import re
-import time
 from dataclasses import dataclass
 
 import grpc
@@ -110,7 +109,9 @@ class Resizer(SidecarController):
         # driver that has it, as the volume was created and published with.
         self.single_node_multi_writer = csi.has_controller_capability(ControllerRPC.SINGLE_NODE_MULTI_WRITER)
         self.queue: WorkQueue[str] = WorkQueue(
-            f"{self.driver}-pvc", ItemExponentialRateLimiter(self.options.retry_start, self.options.retry_max)
+            f"{self.driver}-pvc",
+            ItemExponentialRateLimiter(self.options.retry_start, self.options.retry_max),
+            clock=self.clock,
         )
         self.claims = self.factory.informer(PERSISTENT_VOLUME_CLAIMS)
         self.volumes = self.factory.informer(PERSISTENT_VOLUMES)
@@ -195,13 +196,13 @@ class Resizer(SidecarController):
         if not self._ours(pv) or ref.get("namespace") != md["namespace"] or ref.get("uid") != md["uid"]:
             return None
         if s.resize_status == rs.CONTROLLER_INFEASIBLE:
-            self.infeasible_since.setdefault(key, time.monotonic())
+            self.infeasible_since.setdefault(key, self.clock.monotonic())
         attempt = target(s, key in self.final_errors, self.trivial)
         if attempt is None:
             return None
         if not attempt.update_status and key in self.infeasible_since:
             # The same infeasible size is tried again only once per --retry-interval-max.
-            remaining = self.infeasible_since[key] + self.options.retry_max - time.monotonic()
+            remaining = self.infeasible_since[key] + self.options.retry_max - self.clock.monotonic()
             if remaining > 0:
                 log.debug(
                     f"skipping volume expansion for pvc {key}, because expansion previously failed "

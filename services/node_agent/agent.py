@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from controller_runtime.client import ApiClient
+from controller_runtime.clock import SYSTEM_CLOCK, Clock
 from controller_runtime.events import EventRecorder
 from controller_runtime.logs import get_logger
 from controller_runtime.operations import Backoff
@@ -67,8 +67,11 @@ class NodeAgent:
         node_name: str,
         root_dir: Path,
         options: Options | None = None,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.node_name = node_name
+        self.clock = clock  # the passes' pacing, the operations' backoff (a test's FakeClock)
         self.layout = Layout(Path(os.path.abspath(root_dir)))
         self.options = opts = options or Options()
         self.node_status = NodeStatus(
@@ -91,6 +94,7 @@ class NodeAgent:
             csi_timeout=opts.csi_timeout,
             backoff=Backoff(opts.backoff_start, opts.backoff_max),
             max_concurrent_operations=opts.max_concurrent_operations,
+            clock=clock,
         )
         self.pod_status = PodStatus(client, self.volumes.pods, self.layout.root / "pods", self.volumes)
         self._tasks: list[asyncio.Task[None]] = []
@@ -128,7 +132,7 @@ class NodeAgent:
         while not self.plugins.plugins:
             await self.plugins.discover()
             if not self.plugins.plugins:
-                await asyncio.sleep(0.5)
+                await self.clock.sleep(0.5)
         self._tasks.append(asyncio.create_task(self.plugins.watch(), name="plugin-watch"))
         self.volumes.start()
         await self.volumes.wait_for_sync()
@@ -138,7 +142,9 @@ class NodeAgent:
         log.info("node agent ready", node=self.node_name, plugins=",".join(self.plugins.plugins))
         # Passes no closer together than a tenth of the loop period: a burst of events (eight
         # unstages finishing) makes one volumesInUse write, not eight.
-        pacer = PassPacer(self.volumes.wake, self.options.loop_period, self.options.loop_period / 10)
+        pacer = PassPacer(
+            self.volumes.wake, self.options.loop_period, self.options.loop_period / 10, self.clock
+        )
         while True:
             try:
                 await self.reconcile()
@@ -151,7 +157,7 @@ class NodeAgent:
         """The node shuts down with its agent: its volumes go with it (the plugin still runs, since
         the stack and compose stop a node agent before its node plugin)."""
         self.ready = False
-        started = time.monotonic()
+        started = self.clock.monotonic()
         done, left = await self.volumes.unmount_all()
         log_at = log.warning if left else log.info
         log_at(
@@ -159,5 +165,5 @@ class NodeAgent:
             node=self.node_name,
             volumes=done,
             left_mounted=left,
-            took=f"{time.monotonic() - started:.2f}s",
+            took=f"{self.clock.monotonic() - started:.2f}s",
         )

@@ -11,11 +11,11 @@ volume at a time, each operation on it backing off on its own after a failure.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Mapping
 
 from controller_runtime import mounts
 from controller_runtime.client import ApiClient
+from controller_runtime.clock import SYSTEM_CLOCK, Clock
 from controller_runtime.csi_client import error_text
 from controller_runtime.events import EventRecorder
 from controller_runtime.informer import EventHandler, SharedInformer
@@ -82,8 +82,10 @@ class VolumeManager:
         csi_timeout: float,
         backoff: Backoff,
         max_concurrent_operations: int,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.client = client
+        self.clock = clock
         self.recorder = recorder
         self.node_name = node_name
         self.layout = layout
@@ -111,6 +113,7 @@ class VolumeManager:
             "node-volumes",
             backoff=backoff,
             max_concurrent=max_concurrent_operations,
+            clock=clock,
             on_done=self.wake.set,
             describe_error=error_text,
             logger=log,
@@ -312,11 +315,11 @@ class VolumeManager:
         if current == names:
             return False
         last = self._in_use_written
-        if last is not None and last[0] == names and time.monotonic() - last[1] < 2.0:
+        if last is not None and last[0] == names and self.clock.monotonic() - last[1] < 2.0:
             return False  # written already; the cache has not caught up
         patch = {"status": {"volumesInUse": list(names) or None}}
         await self.client.patch(NODES, self.node_name, patch, subresource="status")
-        self._in_use_written = (names, time.monotonic())
+        self._in_use_written = (names, self.clock.monotonic())
         return True
 
     # -- volume operations --------------------------------------------------------------------------

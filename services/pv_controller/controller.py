@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -131,13 +130,17 @@ class PVController(InformerController):
         super().__init__(context)
         self.options = options or Options()
         self.view = LocalView()
-        self.timer = OperationTimer()
+        self.timer = OperationTimer(self.clock)
         self.delete_backoff = OperationBackoff()
         self.volume_queue: WorkQueue[str] = WorkQueue(
-            "volumes", default_rate_limiter(self.options.retry_base, self.options.retry_max)
+            "volumes",
+            default_rate_limiter(self.options.retry_base, self.options.retry_max, self.clock),
+            clock=self.clock,
         )
         self.claim_queue: WorkQueue[str] = WorkQueue(
-            "claims", default_rate_limiter(self.options.retry_base, self.options.retry_max)
+            "claims",
+            default_rate_limiter(self.options.retry_base, self.options.retry_max, self.clock),
+            clock=self.clock,
         )
         self.volumes = self.factory.informer(PERSISTENT_VOLUMES)
         self.claims = self.factory.informer(PERSISTENT_VOLUME_CLAIMS)
@@ -228,7 +231,7 @@ class PVController(InformerController):
                 # Volumes first: a fresh volume is Pending until its first sync, and claims synced
                 # before that would find nothing and wait for a resync.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.volume_queue.wait_idle(), self.options.resync_period)
+                    await self.clock.wait_for(self.volume_queue.wait_idle(), self.options.resync_period)
                 log.info("first pass over volumes done, starting claim workers")
                 await run_workers(self.claim_queue, self.sync_claim_key, self.options.workers)
             finally:
@@ -422,7 +425,7 @@ class PVController(InformerController):
             # kcm starts the timer for every Delete reclaim; with no deleter its plugin is "N/A",
             # and each failed attempt counts an error.
             self.timer.start(name, "delete", NOT_AVAILABLE)
-            now = time.monotonic()
+            now = self.clock.monotonic()
             if not volume_released(volume, claim) or not self.delete_backoff.ready(name, now):
                 return
             self.delete_backoff.failed(name, now)

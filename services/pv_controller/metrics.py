@@ -15,7 +15,6 @@ does not have, and bucket bounds print as "1.0" where Go prints "1".
 from __future__ import annotations
 
 import bisect
-import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -30,6 +29,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from controller_runtime import storage
+from controller_runtime.clock import SYSTEM_CLOCK, PassiveClock
 from controller_runtime.resources import Obj
 from controller_runtime.storage import volume_class
 
@@ -232,16 +232,17 @@ class OperationTimer:
     bind; an external delete ends when the volume disappears), keyed by claim or volume, as kcm's
     operation timestamp cache: a failure counts an error and keeps the start time."""
 
+    clock: PassiveClock = SYSTEM_CLOCK
     started: dict[tuple[str, str], tuple[str, float]] = field(default_factory=dict)
 
     def start(self, key: str, operation: str, plugin: str) -> None:
-        self.started.setdefault((key, operation), (plugin, time.monotonic()))
+        self.started.setdefault((key, operation), (plugin, self.clock.monotonic()))
 
     def finish(self, key: str, operation: str) -> None:
         entry = self.started.pop((key, operation), None)
         if entry is not None:
             plugin, t0 = entry
-            METRICS.observe_operation(plugin, operation, time.monotonic() - t0)
+            METRICS.observe_operation(plugin, operation, self.clock.monotonic() - t0)
 
     def failed(self, key: str, operation: str) -> None:
         entry = self.started.get((key, operation))

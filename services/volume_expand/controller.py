@@ -47,7 +47,9 @@ class ExpandController(InformerController):
     def __init__(self, context: ControllerContext, options: Options | None = None) -> None:
         super().__init__(context)
         self.options = options or Options()
-        self.queue: WorkQueue[str] = WorkQueue(COMPONENT, default_rate_limiter())
+        self.queue: WorkQueue[str] = WorkQueue(
+            COMPONENT, default_rate_limiter(clock=self.clock), clock=self.clock
+        )
         self.claims = self.factory.informer(PERSISTENT_VOLUME_CLAIMS)
         self.claims.add_handler(EventHandler(self._enqueue, self._updated, self._enqueue))
 

@@ -4,10 +4,10 @@ their cache check, so the list still holds any VA created before it."""
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any, cast
 
 from controller_runtime.client import ApiClient
+from controller_runtime.clock_testing import FakeClock
 from external_attacher.controller import Attacher
 
 
@@ -29,12 +29,14 @@ def test_checks_share_a_list_begun_after_them_and_never_an_older_one() -> None:
         lists = _Lists()
         a.client = cast(ApiClient, lists)
         a._va_list = None
-        t1 = time.monotonic()
+        a.clock = clock = FakeClock()
+        t1 = clock.monotonic()
         first = asyncio.create_task(a._vas_listed_after(t1))
         await asyncio.sleep(0)
         second = asyncio.create_task(a._vas_listed_after(t1))  # checked before the list began
         await asyncio.sleep(0)
-        late = asyncio.create_task(a._vas_listed_after(time.monotonic() + 1e-6))  # checked after
+        clock.step(0.001)
+        late = asyncio.create_task(a._vas_listed_after(clock.monotonic()))  # checked after
         await asyncio.sleep(0)
         lists.release.set()
         r1, r2, r3 = await asyncio.gather(first, second, late)

@@ -12,6 +12,7 @@ from typing import Any, cast
 
 from controller_runtime import resize_status as rs
 from controller_runtime.client import ApiClient
+from controller_runtime.clock_testing import FakeClock
 from controller_runtime.controller import ControllerContext
 from controller_runtime.csi_client import CSIConnection
 from controller_runtime.events import EventRecorder
@@ -105,18 +106,21 @@ def volume(size: int, annotations: dict[str, str] | None = None) -> Obj:
 
 class World:
     def __init__(self, pv: Obj, pvc: Obj, node_expansion: bool = True) -> None:
+        self.clock = FakeClock()
         self.api = Api({("persistentvolumes", "pv"): pv, ("persistentvolumeclaims", "c"): pvc})
         conn = Connection(address="unix:///x", timeout=1.0, channel=cast(Any, None), driver_name=DRIVER)
         conn.controller_capabilities = {ControllerRPC.EXPAND_VOLUME}
         conn.fake = Driver(node_expansion)
         client = cast(ApiClient, self.api)
-        context = ControllerContext(client, SharedInformerFactory(client), cast(EventRecorder, Events()))
+        context = ControllerContext(
+            client, SharedInformerFactory(client), cast(EventRecorder, Events()), self.clock
+        )
         self.r = Resizer(context, conn, Options(handle_volume_in_use_error=False))
         self.r.volumes.store.upsert(pv)
         self.r.claims.store.upsert(pvc)
 
-    def sync(self) -> None:
-        asyncio.run(self.r.sync("ns/c"))
+    def sync(self) -> float | None:
+        return asyncio.run(self.r.sync("ns/c"))
 
     @property
     def pv(self) -> Obj:
@@ -163,3 +167,21 @@ def test_annotation_stays_while_the_node_is_behind() -> None:
     )
     w.sync()
     assert w.api.of("persistentvolumes") == []
+
+
+def test_an_infeasible_size_is_tried_again_only_after_the_retry_interval_max() -> None:
+    pvc = claim(2 * GI, GI)
+    pvc["status"]["allocatedResources"] = {"storage": "2Gi"}
+    pvc["status"]["allocatedResourceStatuses"] = {"storage": rs.CONTROLLER_INFEASIBLE}
+    w = World(volume(GI), pvc)
+    assert w.sync() == 300.0, "polled again after --retry-interval-max, on the controller's clock"
+    w.clock.step(299.5)
+    assert w.sync() == 0.5 and w.api.patches == [], "not tried again before"
+    w.clock.step(0.5)
+    assert w.sync() is None
+    assert w.api.of("persistentvolumes") == [
+        {
+            "spec": {"capacity": {"storage": "2Gi"}},
+            "metadata": {"annotations": {rs.PRE_RESIZE_CAPACITY: "1Gi"}},
+        }
+    ], "tried again once the interval passed"
