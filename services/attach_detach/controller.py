@@ -2,21 +2,19 @@
 with the pods scheduled on nodes that let the controller manage their attachments.
 
 Pods go through a workqueue whose sync recomputes that pod's contribution to the desired state
-(PVC → bound PV → spec.csi); a populator pass every minute drops pods the events missed and every
-three minutes re-queues them all, as kcm's. The actual state is the VolumeAttachment cache itself,
-plus the creates still in flight and, from the start, what the nodes' status.volumesAttached
-listed without a VA, so a restart at any point starts from the truth: VA names are deterministic,
-so nothing is ever attached twice. The "mounted by node" set of each node is what it last reported
-in volumesInUse (kept after the node is deleted), plus attachments new to the actual state, which
-count as mounted until the node reports again, as in kcm. A reconcile pass every `loop_period`
-turns both into a plan (state.decide) and runs its writes, one operation per VolumeAttachment at a
-time.
+(`state.DesiredState`: PVC → bound PV → spec.csi); a populator pass every minute drops pods the
+events missed and every three minutes re-queues them all, as kcm's. The actual state
+(`actual_state.ActualState`) is the VolumeAttachment cache itself, read on every pass, plus what
+the cache cannot say: creates still in flight, what the nodes' status.volumesAttached listed
+without a VA at start, operations under way and each node's "mounted by node" set. So a restart at
+any point starts from the truth: VA names are deterministic, so nothing is ever attached twice. A
+reconcile pass every `loop_period` turns both into a plan (`state.decide`, pure) and carries out
+its writes, one operation per VolumeAttachment at a time, telling both states what it did.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -50,11 +48,11 @@ from controller_runtime.volumes import (
 )
 from controller_runtime.workqueue import WorkQueue, default_rate_limiter
 
+from .actual_state import ActualState
 from .metrics import METRICS
 from .state import (
     ATTACH_FAILED_MESSAGE,
     ATTACH_SUCCEEDED_MESSAGE,
-    ATTACH_TIMEOUT_ERROR,
     TAINT_OUT_OF_SERVICE,
     Attachment,
     DesiredEntry,
@@ -62,6 +60,7 @@ from .state import (
     DesiredVolume,
     Detach,
     NodeInfo,
+    Plan,
     PodRef,
     decide,
     multi_attach_allowed,
@@ -131,7 +130,9 @@ class AttachDetachController(InformerController):
     def __init__(self, context: ControllerContext, options: Options | None = None) -> None:
         super().__init__(context)
         self.options = options or Options()
+        # The two worlds; the controller changes them only through their methods.
         self.desired = DesiredState()
+        self.actual = ActualState(self.options.attach_timeout)
         self.pod_queue: WorkQueue[str] = WorkQueue("attachdetach-pods", default_rate_limiter())
         self.pods = self.factory.informer(PODS)
         self.nodes = self.factory.informer(NODES)
@@ -166,31 +167,9 @@ class AttachDetachController(InformerController):
             on_done=self._wake.set,
             logger=log,
         )
-        # Creates count as attachments until the cache has them.
-        self._creating: dict[str, Attachment] = {}
-        # VA name -> ((VA, PV resourceVersion), its Attachment without pending).
+        # VA name -> ((VA, PV resourceVersion), its Attachment without pending): reading a VA is
+        # done again only when it or its PV changed.
         self._attachment_cache: dict[str, tuple[tuple[Any, Any], Attachment]] = {}
-        self._detaching: set[str] = set()
-        self._unmount_wait_since: dict[str, float] = {}
-        self._created_here: set[str] = set()
-        # When this run started each attach it is still waiting for (VA name -> clock).
-        self._attach_started: dict[str, float] = {}
-        # The pods that wanted each attach when it started (VA name -> pods): kcm's attach
-        # operation reports its outcome to those, not to pods that joined while it ran.
-        self._attach_pods: dict[str, tuple[PodRef, ...]] = {}
-        # (node, unique volume name) already given their Multi-Attach event, as long as wanted.
-        self._multi_attach_reported: set[tuple[str, str]] = set()
-        self._attach_errors_reported: dict[str, str] = {}
-        self._status_written: dict[str, tuple[tuple[str, ...], float]] = {}
-        # Nodes whose pods count (annotated once; kept after deletion while pods still want volumes).
-        self._managed_nodes: set[str] = set()
-        # Node -> its "mounted by node" set; deleted nodes keep their last one.
-        self._mounted: dict[str, set[str]] = {}
-        self._deleted_nodes: set[str] = set()
-        # Attachments listed in a node's status at start that have no VolumeAttachment.
-        self._seeded: dict[str, Attachment] = {}
-        # Names in the actual state at the last pass (a newcomer counts as mounted, see above).
-        self._known: set[str] = set()
         self._populated = False
         self._counts = (0, 0)
         start = self.options.clock()
@@ -221,31 +200,25 @@ class AttachDetachController(InformerController):
 
     def _node_seen(self, node: Obj) -> None:
         name = node["metadata"]["name"]
-        # Every report replaces the set, which also ends the assumed mounts of new attachments.
-        self._mounted[name] = _in_use(node)
-        self._deleted_nodes.discard(name)
+        self.actual.set_volumes_mounted_by_node(name, _in_use(node))
         if _is_managed(node):
-            self._managed_nodes.add(name)  # kcm never takes a node out again while it exists
+            self.desired.add_node(name)
 
     def _node_added(self, node: Obj) -> None:
         self._node_seen(node)
         self._node_changed(node)
 
     def _node_updated(self, old: Obj, new: Obj) -> None:
-        was_managed = old["metadata"]["name"] in self._managed_nodes
+        was_managed = self.desired.node_exists(old["metadata"]["name"])
         self._node_seen(new)
-        if not was_managed and new["metadata"]["name"] in self._managed_nodes:
+        if not was_managed and self.desired.node_exists(new["metadata"]["name"]):
             self._node_changed(new)
         self._wake.set()  # volumesInUse may have changed: a detach may be possible now
 
     def _node_deleted(self, node: Obj) -> None:
         name = node["metadata"]["name"]
-        self._mounted[name] = _in_use(node)
-        self._deleted_nodes.add(name)
-        # Its pods' volumes stay wanted (and so attached) until the pods go; only a node nobody
-        # wants anything on leaves the managed set.
-        if not self.desired.has_node(name):
-            self._managed_nodes.discard(name)
+        self.actual.set_volumes_mounted_by_node(name, _in_use(node), deleted=True)
+        self.desired.delete_node(name)
         self._wake.set()
 
     # -- desired state ------------------------------------------------------------------------------
@@ -272,7 +245,7 @@ class AttachDetachController(InformerController):
             self.desired.remove_pod(key)
         else:
             node = pod.get("spec", {}).get("nodeName")
-            if not node or node not in self._managed_nodes:
+            if not node or not self.desired.node_exists(node):
                 self.desired.remove_pod(key)
             else:
                 self.desired.set_pod(_pod_ref(pod), node, self.pod_volumes(pod))
@@ -317,43 +290,12 @@ class AttachDetachController(InformerController):
         return att
 
     def attachments(self, now: float) -> list[Attachment]:
-        out: dict[str, Attachment] = {}
-        for va in self.vas.store.values():
-            att = self._attachment(va)
-            started = self._attach_started.get(att.name)
-            # kcm's attach operation ends at success, a reported error, the VA's deletion or its
-            # timeout; until then the VA is neither attached nor uncertain.
-            if (
-                started is not None
-                and not (att.attached or att.deleting or att.attach_error)
-                and now - started <= self.options.attach_timeout
-            ):
-                att = dataclasses.replace(att, pending=True)
-            out[att.name] = att
-            self._seeded.pop(att.name, None)  # the VA is the truth from now on
-        if len(self._attachment_cache) > len(out):
-            self._attachment_cache = {n: c for n, c in self._attachment_cache.items() if n in out}
-        for name, att in list(self._creating.items()):
-            if name in out:
-                del self._creating[name]
-            else:
-                out[name] = att
-        for name, att in self._seeded.items():
-            out.setdefault(name, att)
-        return list(out.values())
-
-    def _track_mounts(self, attachments: list[Attachment]) -> None:
-        """kcm adds a volume newly taken into its actual state to the node's mounted set ("assume
-        mounted until proven otherwise"); the node's next report replaces the set."""
-        members = {a.name for a in attachments if not a.pending}
-        for att in attachments:
-            if att.name in members and att.name not in self._known and att.unique_name:
-                self._mounted.setdefault(att.node, set()).add(att.unique_name)
-        self._known = members
-        # A deleted node is forgotten once nothing of it is left in the actual state.
-        for name in self._deleted_nodes - {a.node for a in attachments}:
-            self._deleted_nodes.discard(name)
-            self._mounted.pop(name, None)
+        """The actual state as of `now`: the VolumeAttachments the cache holds, and what the
+        actual state adds to them (see ActualState.get_attached_volumes)."""
+        atts = self.actual.get_attached_volumes((self._attachment(va) for va in self.vas.store.values()), now)
+        if len(self._attachment_cache) > len(self.vas.store):
+            self._attachment_cache = {n: c for n, c in self._attachment_cache.items() if n in self.vas.store}
+        return atts
 
     def node_infos(self) -> dict[str, NodeInfo]:
         infos = {}
@@ -362,14 +304,14 @@ class AttachDetachController(InformerController):
             status = node.get("status") or {}
             infos[name] = NodeInfo(
                 name=name,
-                managed=name in self._managed_nodes,
+                managed=self.desired.node_exists(name),
                 ready=node_ready(node),
-                in_use=frozenset(self._mounted.get(name, ())),
+                in_use=self.actual.get_volumes_mounted_by_node(name),
                 attached=tuple(v.get("name", "") for v in status.get("volumesAttached") or ()),
                 out_of_service=_out_of_service(node),
             )
-        for name in self._deleted_nodes - set(infos):
-            mounted = frozenset(self._mounted.get(name, ()))
+        for name in self.actual.deleted_nodes() - set(infos):
+            mounted = self.actual.get_volumes_mounted_by_node(name)
             infos[name] = NodeInfo(name, False, False, mounted, (), exists=False)
         return infos
 
@@ -384,7 +326,7 @@ class AttachDetachController(InformerController):
         VolumeAttachment exists or not; a VA that no node lists is uncertain, counts as mounted
         until its node reports again (it is new to the actual state) and, if a pod wants it, gets
         the SuccessfulAttachVolume event once attached (kcm attaches it again)."""
-        listed: set[str] = set()
+        listed: list[Attachment] = []
         for node in self.nodes.store.values():
             node_name = node["metadata"]["name"]
             for entry in (node.get("status") or {}).get("volumesAttached") or ():
@@ -394,14 +336,10 @@ class AttachDetachController(InformerController):
                     continue  # not a CSI volume: nothing kubeloop attaches
                 driver, handle = parsed
                 name = va_name(handle, driver, node_name)
-                listed.add(name)
-                if name not in self.vas.store:
-                    self._seeded[name] = Attachment(
-                        name, node_name, "", driver, handle, unique, attached=True, deleting=False
-                    )
-        self._known = listed
-        # kcm runs an attach for each of those that a pod wants, which reports its success.
-        self._created_here |= set(self.vas.store.keys()) - listed
+                listed.append(
+                    Attachment(name, node_name, "", driver, handle, unique, attached=True, deleting=False)
+                )
+        self.actual.populate(listed, set(self.vas.store.keys()))
 
     # -- desired-state populator ----------------------------------------------------------------------
 
@@ -409,11 +347,11 @@ class AttachDetachController(InformerController):
         """kcm's populator pass: forget pods the informer no longer has (or has as a new pod of the
         same name, or terminated) and volumes whose driver stopped needing an attach; every
         `list_pods_period`, run every pod through the queue again."""
-        for key, (ref, _node, _vols) in list(self.desired.pods.items()):
-            pod = self.pods.store.get(key)
+        for ref in self.desired.get_pods():
+            pod = self.pods.store.get(ref.key)
             if pod is None or pod_terminated(pod) or pod["metadata"].get("uid", "") != ref.uid:
-                log.info("removing a pod that no longer exists from the desired state", pod=key)
-                self.desired.remove_pod(key)
+                log.info("removing a pod that no longer exists from the desired state", pod=ref.key)
+                self.desired.remove_pod(ref.key)
         self.desired.drop_volumes(lambda vol: not self.attach_required(vol.driver))
         if now - self._last_list_pods >= self.options.list_pods_period:
             self._last_list_pods = now
@@ -442,7 +380,7 @@ class AttachDetachController(InformerController):
                 "caches synced, desired state populated",
                 pods=len(self.desired.pods),
                 attachments=len(self.vas.store),
-                listed_without_attachment=len(self._seeded),
+                listed_without_attachment=self.actual.listed_without_attachment(),
             )
             # Never spin faster than a tenth of the loop period, however many events arrive.
             pacer = PassPacer(self._wake, self.options.loop_period, self.options.loop_period / 10)
@@ -472,133 +410,93 @@ class AttachDetachController(InformerController):
     async def reconcile(self) -> None:
         now = self.options.clock()
         with self.deciding:
-            if now - self._last_sync_states >= self.options.sync_states_period:
-                # kcm's periodic check of its attached volumes: one listed by a node but without a
-                # VolumeAttachment is not attached after all (a wanted one is then attached anew).
-                self._last_sync_states = now
-                self._seeded = {n: a for n, a in self._seeded.items() if n in self._detaching}
-            desired = self.desired.entries()
-            attachments = self.attachments(now)
-            self._track_mounts(attachments)
-            nodes = self.node_infos()
-            live = {a.name for a in attachments}
-            self._detaching &= {a.name for a in attachments if not a.deleting}
-            self._attach_started = {
-                n: t for n, t in self._attach_started.items() if n in live and n not in self._detaching
-            }
-            self._counts = (len(desired), len(attachments))
-            plan = decide(
-                desired,
-                attachments,
-                nodes,
-                attach_required=self.attach_required,
-                unmount_wait_since=self._unmount_wait_since,
-                now=now,
-                max_wait_for_unmount=self.options.max_wait_for_unmount,
-                detaching=frozenset(self._detaching),
+            desired, attachments, plan = self._decide(now)
+        self.actual.set_detach_requests(plan.detach_requested, now)
+        # 1. Detach, 2. attach or say why not, 3. node status for the nodes the detaches did not
+        # already write.
+        detach_nodes = await self._start_detaches(plan)
+        self._start_attaches(plan, now)
+        self._report_multi_attach(plan)
+        self._report_attach_outcomes(desired, attachments)
+        rest = {n: v for n, v in plan.node_status.items() if n not in detach_nodes}
+        if rest:
+            await asyncio.gather(
+                *(self._write_node_status(n, v) for n, v in rest.items()), return_exceptions=True
             )
-        self._unmount_wait_since = {
-            name: self._unmount_wait_since.get(name, now) for name in plan.detach_requested
-        }
+        live = {a.name for a in attachments}
+        self.actual.forget_attach_records(live)
+        self.operations.forget(live | {e.va_name for e in plan.attaches})
 
-        # 1. Detach: the node's status must stop listing the volume before its VA goes.
+    def _decide(self, now: float) -> tuple[list[DesiredEntry], list[Attachment], Plan]:
+        """Brings the actual state up to `now` and asks `decide` for the pass's plan."""
+        if now - self._last_sync_states >= self.options.sync_states_period:
+            self._last_sync_states = now
+            self.actual.verify_volumes_are_attached()
+        desired = self.desired.entries()
+        attachments = self.attachments(now)
+        self.actual.mark_new_volumes_mounted(attachments)
+        nodes = self.node_infos()
+        self.actual.end_finished_operations(attachments)
+        self._counts = (len(desired), len(attachments))
+        plan = decide(
+            desired,
+            attachments,
+            nodes,
+            attach_required=self.attach_required,
+            unmount_wait_since=self.actual.detach_request_times(),
+            now=now,
+            max_wait_for_unmount=self.options.max_wait_for_unmount,
+            detaching=self.actual.detaching(),
+        )
+        return desired, attachments, plan
+
+    async def _start_detaches(self, plan: Plan) -> set[str]:
+        """Starts the plan's detaches: the node's status must stop listing a volume before its VA
+        goes, so a detach starts only once its node's status was written. Returns the nodes of
+        the detaches: their status is written here, not with the other nodes'."""
         detaches = [d for d in plan.detaches if not self.operations.is_pending(d.attachment.name)]
         detach_nodes = {d.attachment.node for d in detaches}
-        if detaches:
-            results = await asyncio.gather(
-                *(
-                    self._write_node_status(n, plan.node_status[n])
-                    for n in detach_nodes
-                    if n in plan.node_status
-                ),
-                return_exceptions=True,
-            )
-            failed = {
-                n
-                for n, r in zip([n for n in detach_nodes if n in plan.node_status], results, strict=True)
-                if isinstance(r, BaseException)
-            }
-            for d in detaches:
-                if d.attachment.node not in failed:
-                    self._detaching.add(d.attachment.name)
-                    self.operations.run(d.attachment.name, self._detach(d))
+        if not detaches:
+            return detach_nodes
+        writes = [n for n in detach_nodes if n in plan.node_status]
+        results = await asyncio.gather(
+            *(self._write_node_status(n, plan.node_status[n]) for n in writes), return_exceptions=True
+        )
+        failed = {n for n, r in zip(writes, results, strict=True) if isinstance(r, BaseException)}
+        for d in detaches:
+            if d.attachment.node not in failed:
+                self.actual.remove_volume_from_report_as_attached(d.attachment.name)
+                self.operations.run(d.attachment.name, self._detach(d))
+        return detach_nodes
 
-        # 2. Attach, or say why not.
+    def _start_attaches(self, plan: Plan, now: float) -> None:
         for entry in plan.attaches:
             if not self.operations.is_pending(entry.va_name):
-                self._creating[entry.va_name] = Attachment(
-                    entry.va_name,
-                    entry.node,
-                    entry.volume.pv_name,
-                    entry.volume.driver,
-                    entry.volume.handle,
-                    entry.volume.unique_name,
-                    attached=False,
-                    deleting=False,
-                    pending=True,
-                )
-                self._attach_started[entry.va_name] = now
-                self._attach_pods[entry.va_name] = entry.pods
+                self.actual.mark_attach_started(entry, now)
                 self.operations.run(entry.va_name, self._attach(entry))
-        self._multi_attach_reported &= {(e.node, e.volume.unique_name) for e in desired}
+
+    def _report_multi_attach(self, plan: Plan) -> None:
         for refusal in plan.multi_attach:
             # Once per volume and node while it stays wanted there, as kcm's desired state marks it.
-            mark = (refusal.entry.node, refusal.entry.volume.unique_name)
-            if mark in self._multi_attach_reported:
+            if self.desired.multi_attach_error_reported(refusal.entry):
                 continue
-            self._multi_attach_reported.add(mark)
+            self.desired.set_multi_attach_error(refusal.entry)
             for pod in refusal.entry.pods:
                 self.recorder.warning(
                     _pod_object(pod),
                     "FailedAttachVolume",
                     multi_attach_message(refusal.entry.volume.pv_name, pod, refusal.other_pods),
                 )
-        self._report_attach_results(desired, attachments)
 
-        # 3. Node status for the nodes the detaches did not already write.
-        rest = {n: v for n, v in plan.node_status.items() if n not in detach_nodes}
-        if rest:
-            await asyncio.gather(
-                *(self._write_node_status(n, v) for n, v in rest.items()), return_exceptions=True
-            )
-        # Forget bookkeeping of attachments that are gone.
-        kept = live | set(self._creating)
-        self._created_here &= kept
-        self._attach_pods = {n: p for n, p in self._attach_pods.items() if n in kept}
-        self.operations.forget(live | {e.va_name for e in plan.attaches})
-
-    def _report_attach_results(self, desired: list[DesiredEntry], attachments: list[Attachment]) -> None:
-        by_name = {a.name: a for a in attachments}
-        for entry in desired:
-            att = by_name.get(entry.va_name)
-            if att is None:
-                continue
-            error = att.attach_error
-            settled = error or att.attached or att.pending or att.deleting
-            if not settled and att.name in self._attach_started:  # timed out waiting for the attacher
-                error = ATTACH_TIMEOUT_ERROR.format(driver=att.driver, handle=att.handle)
-            # Without a record (an attach found at start), the pods that want it now.
-            pods = self._attach_pods.get(att.name, entry.pods)
-            if att.attached and entry.va_name in self._created_here:
-                self._created_here.discard(entry.va_name)
-                self._attach_errors_reported.pop(entry.va_name, None)
-                self._attach_pods.pop(entry.va_name, None)
-                for pod in pods:
-                    self.recorder.normal(
-                        _pod_object(pod),
-                        "SuccessfulAttachVolume",
-                        ATTACH_SUCCEEDED_MESSAGE.format(pv=entry.volume.pv_name),
-                    )
-            elif error and self._attach_errors_reported.get(att.name) != error:
-                self._attach_errors_reported[att.name] = error
-                # kcm retries a failed attach as a new operation, for the pods wanting it by then.
-                self._attach_pods[att.name] = entry.pods
-                for pod in pods:
-                    self.recorder.warning(
-                        _pod_object(pod),
-                        "FailedAttachVolume",
-                        ATTACH_FAILED_MESSAGE.format(pv=entry.volume.pv_name, error=error),
-                    )
+    def _report_attach_outcomes(self, desired: list[DesiredEntry], attachments: list[Attachment]) -> None:
+        for outcome in self.actual.take_attach_outcomes(desired, attachments):
+            for pod in outcome.pods:
+                if outcome.error:
+                    message = ATTACH_FAILED_MESSAGE.format(pv=outcome.pv_name, error=outcome.error)
+                    self.recorder.warning(_pod_object(pod), "FailedAttachVolume", message)
+                else:
+                    message = ATTACH_SUCCEEDED_MESSAGE.format(pv=outcome.pv_name)
+                    self.recorder.normal(_pod_object(pod), "SuccessfulAttachVolume", message)
 
     # -- operations ---------------------------------------------------------------------------------
 
@@ -613,11 +511,11 @@ class AttachDetachController(InformerController):
         }
         try:
             await self.client.create(VOLUME_ATTACHMENTS, body)
-            self._created_here.add(entry.va_name)
+            self.actual.mark_attach_created(entry.va_name)
             log.info("attaching", va=entry.va_name, pv=entry.volume.pv_name, node=entry.node)
         except ApiError as exc:
             if not exc.already_exists:
-                self._creating.pop(entry.va_name, None)
+                self.actual.mark_attach_failed(entry.va_name)
                 raise
             # Created by an earlier run of this controller: the cache will show it.
 
@@ -637,15 +535,13 @@ class AttachDetachController(InformerController):
             await self.client.delete(VOLUME_ATTACHMENTS, att.name)
         except ApiError as exc:
             if not exc.not_found:
-                self._detaching.discard(att.name)
+                self.actual.add_volume_to_report_as_attached(att.name)
                 raise
-        self._seeded.pop(att.name, None)
+        self.actual.mark_volume_as_detached(att.name)
         log.info("detaching", va=att.name, pv=att.pv_name, node=att.node, forced=d.forced)
 
     async def _write_node_status(self, node: str, names: tuple[str, ...]) -> None:
-        # The cache can lag behind our own write: do not send the same list again at once.
-        last = self._status_written.get(node)
-        if last is not None and last[0] == names and self.options.clock() - last[1] < 2.0:
+        if not self.actual.node_status_update_needed(node, names, self.options.clock()):
             return
         patch = {"status": {"volumesAttached": [{"name": n, "devicePath": ""} for n in names]}}
         try:
@@ -654,4 +550,4 @@ class AttachDetachController(InformerController):
             if exc.not_found:
                 return
             raise
-        self._status_written[node] = (names, self.options.clock())
+        self.actual.mark_node_status_updated(node, names, self.options.clock())

@@ -1,16 +1,16 @@
-"""The attach-detach controller's worlds and its decision, as pure data and functions.
+"""The attach-detach controller's values, its desired state of the world and its decision.
 
-Desired state: which volume each pod on a managed node needs (kept per pod, so a pod's update
-replaces exactly its own contribution). Actual state: what VolumeAttachments exist, read afresh
-from the cache on every pass (plus what nodes listed as attached at start without a VA), with the
-"mounted by node" set the controller keeps per node. `decide` turns both into one plan: detaches
-first, then attaches (or Multi-Attach refusals), then the node status lists.
+Desired state (`DesiredState`, kcm's DesiredStateOfWorld): the managed nodes and which volume each
+pod on them needs (kept per pod, so a pod's update replaces exactly its own contribution). The
+actual state (`actual_state.ActualState`) hands out `Attachment` and the node's mounted set;
+`decide`, a pure function, turns both into one plan: detaches first, then attaches (or
+Multi-Attach refusals), then the node status lists. The controller carries the plan out.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from controller_runtime.volumes import CSI_PLUGIN_NAME, va_name
@@ -85,12 +85,42 @@ class DesiredEntry:
 
 @dataclass
 class DesiredState:
-    # pod key -> (pod, node, volumes): one pod's whole contribution, replaced as a unit. Changed
-    # only through set_pod and remove_pod, which drop the entries computed from it.
+    """The attach-detach controller's desired state of the world (kcm's DesiredStateOfWorld): the
+    nodes whose attachments it manages, the volumes the pods on them want, and which of those
+    wishes were told of a Multi-Attach error.
+
+    kcm keeps volumes per node with their pods; kubeloop keeps each pod's whole contribution,
+    replaced as a unit (a pod's update replaces exactly its own), and groups them into entries
+    per (node, volume) only when asked after a change."""
+
+    # pod key -> (pod, node, volumes). Changed only through set_pod, remove_pod and
+    # drop_volumes, which drop the entries computed from it.
     pods: dict[str, tuple[PodRef, str, tuple[DesiredVolume, ...]]] = field(default_factory=dict)
     _entries: list[DesiredEntry] | None = field(default=None, repr=False, compare=False)
+    # Nodes whose pods count: added once annotated, kept after deletion while pods want volumes.
+    _nodes: set[str] = field(default_factory=set, init=False, repr=False)
+    # (node, unique volume name) whose pods were given their Multi-Attach event.
+    _multi_attach_reported: set[tuple[str, str]] = field(default_factory=set, init=False, repr=False)
+
+    def add_node(self, node: str) -> None:
+        """kcm's AddNode: the node lets the controller manage its attachments, so its pods count.
+        kcm never takes a node out again while it exists."""
+        self._nodes.add(node)
+
+    def delete_node(self, node: str) -> None:
+        """kcm's DeleteNode, for a deleted node: forgotten unless pods still want volumes on it
+        (kcm refuses to delete a node with volumes to attach), so a deleted node's volumes stay
+        wanted, and attached, until its pods go."""
+        if all(n != node for _, n, _ in self.pods.values()):
+            self._nodes.discard(node)
+
+    def node_exists(self, node: str) -> bool:
+        """kcm's NodeExists: whether the controller manages the node's attachments."""
+        return node in self._nodes
 
     def set_pod(self, pod: PodRef, node: str, volumes: Iterable[DesiredVolume]) -> None:
+        """kcm's AddPod for each of the pod's volumes, at once: `volumes` replace whatever the
+        pod wanted before (none at all removes the pod)."""
         vols = tuple(volumes)
         if vols:
             if self.pods.get(pod.key) != (pod, node, vols):
@@ -100,8 +130,14 @@ class DesiredState:
             self.remove_pod(pod.key)
 
     def remove_pod(self, key: str) -> None:
+        """kcm's DeletePod for every volume of the pod with this namespace/name key."""
         if self.pods.pop(key, None) is not None:
             self._entries = None
+
+    def get_pods(self) -> list[PodRef]:
+        """Every pod that wants a volume (kcm's GetPodToAdd), for the populator's check that each
+        still exists."""
+        return [pod for pod, _, _ in self.pods.values()]
 
     def drop_volumes(self, unwanted: Callable[[DesiredVolume], bool]) -> None:
         """Removes the volumes `unwanted` picks from every pod's contribution."""
@@ -110,16 +146,27 @@ class DesiredState:
             if kept != vols:
                 self.set_pod(pod, node, kept)
 
-    def has_node(self, node: str) -> bool:
-        return any(n == node for _, n, _ in self.pods.values())
-
     def entries(self) -> list[DesiredEntry]:
-        """Entries in a stable order (node, then volume), so concurrent wishes for one exclusive
-        volume are resolved the same way on every pass. Computed again only after a change: a
-        pass runs on every event, and most events (a VA's status, a node's) change no pod."""
+        """The volumes to attach (kcm's GetVolumesToAttach), one entry per node and volume with
+        the pods that want it there, in a stable order (node, then volume), so concurrent wishes
+        for one exclusive volume are resolved the same way on every pass. Computed again only
+        after a change: a pass runs on every event, and most events (a VA's status, a node's)
+        change no pod."""
         if self._entries is None:
             self._entries = self._group()
+            # kcm keeps the mark on the volume to attach, so it goes with the entry: a volume
+            # wanted on the node again is reported again.
+            self._multi_attach_reported &= {(e.node, e.volume.unique_name) for e in self._entries}
         return list(self._entries)
+
+    def multi_attach_error_reported(self, entry: DesiredEntry) -> bool:
+        """Whether the pods of `entry` were told that its volume is attached elsewhere (kcm's
+        MultiAttachErrorReported): once per node and volume while it stays wanted there."""
+        return (entry.node, entry.volume.unique_name) in self._multi_attach_reported
+
+    def set_multi_attach_error(self, entry: DesiredEntry) -> None:
+        """kcm's SetMultiAttachError: the pods of `entry` were told."""
+        self._multi_attach_reported.add((entry.node, entry.volume.unique_name))
 
     def _group(self) -> list[DesiredEntry]:
         grouped: dict[tuple[str, str], tuple[DesiredVolume, list[PodRef]]] = {}
@@ -227,7 +274,7 @@ def decide(
     nodes: dict[str, NodeInfo],
     *,
     attach_required: Callable[[str], bool],
-    unmount_wait_since: dict[str, float],
+    unmount_wait_since: Mapping[str, float],
     now: float,
     max_wait_for_unmount: float,
     detaching: frozenset[str] = frozenset(),
