@@ -25,6 +25,27 @@ def _peer(request: web.Request) -> object:
     return request.transport.get_extra_info("peername") if request.transport else None
 
 
+class Together:
+    """Holds each request a handler is answering until `count` are in flight at once, then lets
+    them all through (and every later one at once): the client had `count` connections busy
+    together, which a server's delay only made likely. Bounded in real time only for a client
+    that never gets there (the handler then fails with TimeoutError)."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self.in_flight = 0
+        self.reached = asyncio.Event()
+
+    async def hold(self) -> None:
+        self.in_flight += 1
+        try:
+            if self.in_flight >= self.count:
+                self.reached.set()
+            await asyncio.wait_for(self.reached.wait(), 10)
+        finally:
+            self.in_flight -= 1
+
+
 @contextlib.asynccontextmanager
 async def serve(app: web.Application) -> AsyncIterator[ApiClient]:
     """`app` on a free loopback port, and a client of it."""
@@ -167,6 +188,7 @@ async def test_requests_share_a_few_connections_and_watches_are_not_capped() -> 
     peers: set[object] = set()
     hold = asyncio.Event()
     watching = asyncio.Event()
+    busy = Together(client_module.REQUEST_CONNECTIONS)  # every connection the client may open
 
     async def handler(request: web.Request) -> web.StreamResponse:
         peers.add(_peer(request))
@@ -178,7 +200,7 @@ async def test_requests_share_a_few_connections_and_watches_are_not_capped() -> 
             await hold.wait()
             await resp.write_eof()
             return resp
-        await asyncio.sleep(0.01)
+        await busy.hold()
         return web.json_response({"metadata": {"name": "pv"}})
 
     app = web.Application()
@@ -209,15 +231,17 @@ async def test_warm_opens_the_request_connections_that_a_burst_then_reuses() -> 
 
     warmed: set[object] = set()
     burst: set[object] = set()
+    warming = Together(client_module.REQUEST_CONNECTIONS)  # all at once: each on its own connection
+    bursting = Together(client_module.REQUEST_CONNECTIONS)
 
     async def version(request: web.Request) -> web.Response:
         warmed.add(_peer(request))
-        await asyncio.sleep(0.05)  # all of them at once: each needs its own connection
+        await warming.hold()
         return web.json_response({"major": "1"})
 
     async def get(request: web.Request) -> web.Response:
         burst.add(_peer(request))
-        await asyncio.sleep(0.01)
+        await bursting.hold()
         return web.json_response({"metadata": {"name": "pv"}})
 
     app = web.Application()
