@@ -30,13 +30,13 @@ from controller_runtime.controller import ControllerContext, run_workers
 from controller_runtime.csi_client import CSIConnection, SidecarController, SidecarOptions, error_text
 from controller_runtime.informer import EventHandler
 from controller_runtime.logs import get_logger
+from controller_runtime.mutation_cache import MutationCache
 from controller_runtime.resources import (
     CSI_NODES,
     PERSISTENT_VOLUMES,
     SECRETS,
     VOLUME_ATTACHMENTS,
     Obj,
-    newer,
 )
 from controller_runtime.secrets import SecretNotSendable, csi_secrets
 from controller_runtime.volumes import CSIVolume, attacher_finalizer, csi_volume, pv_capability
@@ -89,12 +89,13 @@ class Attacher(SidecarController):
         self.can_publish_readonly = csi.has_controller_capability(ControllerRPC.PUBLISH_READONLY)
         # VAs the ListVolumes pass found out of step: their next sync runs even if nothing seems due.
         self._force_sync: set[str] = set()
+        self.vas = self.factory.informer(VOLUME_ATTACHMENTS)
         # VAs as our own last write returned them, until the cache holds that version or a newer
         # one. The finalizer write's event queues the VA again while its attach is still running;
         # synced from a cache that has not seen the status write yet, the VA looked unattached and
         # was attached a second time (ControllerPublishVolume and the status patch again: most
         # VAs of a 20-pod burst, measured).
-        self._written: dict[str, Obj] = {}
+        self.va_view = MutationCache(self.vas.store, clock=self.clock)
         limiter: MaxOfRateLimiter[str] = MaxOfRateLimiter(
             ItemExponentialRateLimiter(self.options.retry_start, self.options.retry_max),
             BucketRateLimiter(100.0, 1000, self.clock),
@@ -108,7 +109,6 @@ class Attacher(SidecarController):
             ),
             clock=self.clock,
         )
-        self.vas = self.factory.informer(VOLUME_ATTACHMENTS)
         self.pvs = self.factory.informer(PERSISTENT_VOLUMES)
         self.csinodes = self.factory.informer(CSI_NODES)
         self.vas.add_index(VA_BY_PV, lambda va: [n] if (n := va_pv_name(va)) else [])
@@ -127,7 +127,7 @@ class Attacher(SidecarController):
             self.va_queue.add(va["metadata"]["name"])
 
     def _va_gone(self, va: Obj) -> None:
-        self._written.pop(va["metadata"]["name"], None)
+        self.va_view.deleted(va)
         if pv := va_pv_name(va):
             self.pv_queue.add(pv)
 
@@ -155,31 +155,8 @@ class Attacher(SidecarController):
 
     # -- VolumeAttachment sync --------------------------------------------------------------------
 
-    def _freshest(self, name: str) -> Obj | None:
-        """The VA from the cache, or from our own last write when the cache has not caught up. A
-        cached deletion, or another object of that name, wins whatever the versions say (should
-        they ever go backwards, an etcd restore, a deleted VA must still be detached)."""
-        cached = self.vas.store.get(name)
-        mine = self._written.get(name)
-        if (
-            cached is None
-            or mine is None
-            or newer(cached, mine)
-            or cached["metadata"].get("deletionTimestamp")
-            or cached["metadata"].get("uid") != mine.get("metadata", {}).get("uid")
-        ):
-            self._written.pop(name, None)
-            return cached
-        return mine
-
-    def _remember(self, name: str, written: Obj) -> None:
-        """Keeps what a write returned, for a VA the cache still holds (one whose deletion the
-        cache has seen meanwhile is gone, and must not come back through here)."""
-        if name in self.vas.store:
-            self._written[name] = written
-
     async def sync_va(self, name: str) -> float | None:
-        va = self._freshest(name)
+        va = self.va_view.get(name)
         if va is None or not self._ours(va):
             return None
         if not self.can_publish:
@@ -291,8 +268,8 @@ class Attacher(SidecarController):
     async def _mark_attached(self, va: Obj, context: dict[str, str]) -> None:
         status = {"attached": True, "attachmentMetadata": context or None, "attachError": None}
         name = va["metadata"]["name"]
-        self._remember(
-            name, await self.client.patch(VOLUME_ATTACHMENTS, name, {"status": status}, subresource="status")
+        self.va_view.mutated(
+            await self.client.patch(VOLUME_ATTACHMENTS, name, {"status": status}, subresource="status")
         )
 
     async def _publish_secret(self, pv: Obj) -> Obj | None:
@@ -368,7 +345,7 @@ class Attacher(SidecarController):
             saved = await self.client.update(VOLUME_ATTACHMENTS, fresh)  # 409 → requeue
         except ApiError as exc:
             raise AttachError(f"could not save VolumeAttachment: {exc.message}") from exc
-        self._remember(va["metadata"]["name"], saved)
+        self.va_view.mutated(saved)
         return saved
 
     async def _ensure_pv_finalizer(self, pv: Obj) -> None:
@@ -474,7 +451,7 @@ class Attacher(SidecarController):
                 break
         queued = 0
         for name in list(self.vas.store.keys()):
-            va = self._freshest(name)
+            va = self.va_view.get(name)
             if va is None or not self._ours(va):
                 continue
             try:

@@ -88,7 +88,9 @@ class Writes:
 
     async def patch(self, res: Resource, name: str, body: Obj, **_: Any) -> Obj:
         self.calls.append(("patch", res.plural, body))
-        return body
+        # The API answers with the object, which names itself (no resourceVersion here: any
+        # cached copy counts as newer).
+        return {**body, "metadata": {"name": name, **body.get("metadata", {})}}
 
     async def list_all(self, _res: Resource) -> tuple[list[Obj], str]:
         return self.listed, "1"
