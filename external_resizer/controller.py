@@ -29,6 +29,7 @@ from controller_runtime.controller import ControllerContext, run_workers
 from controller_runtime.csi_client import CSIConnection, SidecarController, SidecarOptions, error_text
 from controller_runtime.informer import EventHandler
 from controller_runtime.logs import get_logger
+from controller_runtime.mutation_cache import MutationCache
 from controller_runtime.quantity import format_quantity, parse_quantity
 from controller_runtime.resources import (
     PERSISTENT_VOLUME_CLAIMS,
@@ -115,9 +116,14 @@ class Resizer(SidecarController):
         )
         self.claims = self.factory.informer(PERSISTENT_VOLUME_CLAIMS)
         self.volumes = self.factory.informer(PERSISTENT_VOLUMES)
+        # The caches as this resizer's own patches left them: the next step of an attempt reads
+        # what the last one wrote, before the watch delivers it.
+        self.claim_view = MutationCache(self.claims.store, clock=self.clock)
+        self.volume_view = MutationCache(self.volumes.store, clock=self.clock)
         self.claims.add_handler(
             EventHandler(lambda c: self.queue.add(key_of(c)), self._claim_updated, self._claim_deleted)
         )
+        self.volumes.add_handler(EventHandler(None, None, self.volume_view.deleted))
         self.pods = None
         if self.options.handle_volume_in_use_error:
             self.pods = self.factory.informer(PODS)
@@ -145,6 +151,7 @@ class Resizer(SidecarController):
             self.queue.add(key_of(new))
 
     def _claim_deleted(self, claim: Obj) -> None:
+        self.claim_view.deleted(claim)
         self.queue.forget(key_of(claim))
 
     async def run(self) -> None:
@@ -169,13 +176,13 @@ class Resizer(SidecarController):
         return vol is not None and vol.driver == self.driver
 
     async def sync(self, key: str) -> float | None:
-        claim = self.claims.store.get(key)
+        claim = self.claim_view.get(key)
         if claim is None:
             return None
         pv_name = (claim.get("spec") or {}).get("volumeName")
         if not pv_name:
             return None
-        pv = self.volumes.store.get(pv_name)
+        pv = self.volume_view.get(pv_name)
         if pv is None:
             raise ResizeError(f'PV "{pv_name}" bound to pvc "{key}" not found')
         s = sizes(claim, pv)
@@ -348,10 +355,11 @@ class Resizer(SidecarController):
         return csi_secrets(secret)
 
     async def _patch_pv(self, pv: Obj, patch: Obj) -> None:
-        """Patches the PV and puts the answer into the cache, as upstream does: the next sync must
-        see the annotation this one wrote, even before the watch delivers it."""
+        """Patches the PV; the next sync must see the annotation this one wrote, even before the
+        watch delivers it (upstream writes the answer into its informer's cache; kubeloop keeps
+        that cache read-only and overlays the answer)."""
         updated = await self.client.patch(PERSISTENT_VOLUMES, pv["metadata"]["name"], patch)
-        self.volumes.store.upsert(updated)
+        self.volume_view.mutated(updated)
 
     def _in_use(self, claim: Obj) -> bool:
         """True when the driver said this volume cannot grow while in use and a running pod uses it."""
@@ -389,5 +397,5 @@ class Resizer(SidecarController):
             namespace=claim["metadata"]["namespace"],
             subresource="status",
         )
-        self.claims.store.upsert(updated)  # the next step of this attempt reads what it wrote
+        self.claim_view.mutated(updated)  # the next step of this attempt reads what it wrote
         return updated

@@ -44,6 +44,7 @@ class Api:
 
     objects: dict[tuple[str, str], Obj] = field(default_factory=dict)
     patches: list[tuple[str, str, Obj]] = field(default_factory=list)
+    revision: int = 100
 
     async def patch(self, res: Resource, name: str, body: Obj, *_: Any, **__: Any) -> Obj:
         self.patches.append((res.plural, name, body))
@@ -51,6 +52,9 @@ class Api:
             "metadata": {k: v for k, v in (body.get("metadata") or {}).items() if k != "resourceVersion"}
         }
         obj = merge(self.objects[(res.plural, name)], body)
+        # Every write gets a newer resourceVersion, as the apiserver gives it.
+        self.revision += 1
+        obj["metadata"] = {**obj.get("metadata", {}), "resourceVersion": str(self.revision)}
         self.objects[(res.plural, name)] = obj
         return obj
 
@@ -135,7 +139,9 @@ def test_annotation_records_the_claims_capacity_with_the_grown_pv() -> None:
         "spec": {"capacity": {"storage": "2Gi"}},
         "metadata": {"annotations": {rs.PRE_RESIZE_CAPACITY: "1Gi"}},
     }, "one patch, capacity and annotation together"
-    assert w.r.volumes.store.get("pv") == w.pv, "the cache holds what was written"
+    assert w.r.volume_view.get("pv") == w.pv, (
+        "the cache, read through the own-writes overlay, holds what was written"
+    )
 
 
 def test_no_annotation_when_the_node_has_nothing_to_do() -> None:
