@@ -113,6 +113,14 @@ def _out_of_service(node: Obj) -> bool:
     return any(t.get("key") == TAINT_OUT_OF_SERVICE for t in node.get("spec", {}).get("taints") or [])
 
 
+def _claimed_by(pv: Obj, pvc: Obj | None) -> bool:
+    """The PV's claimRef names the claim's UID, as kcm requires before it attaches a claim's volume
+    (getPVSpecFromCache): a PV whose claimRef an admin cleared, or one reserved for the claim's name
+    only (no UID), is not that claim's volume, whatever the claim's volumeName says."""
+    uid = ((pvc or {}).get("metadata") or {}).get("uid")
+    return bool(uid) and ((pv.get("spec") or {}).get("claimRef") or {}).get("uid") == uid
+
+
 def _pod_ref(pod: Obj) -> PodRef:
     md = pod["metadata"]
     return PodRef(md.get("namespace", ""), md["name"], md.get("uid", ""))
@@ -230,7 +238,7 @@ class AttachDetachController(InformerController):
             pvc = self.pvcs.store.get(f"{ns}/{claim}")
             pv_name = bound_volume_name(pvc)
             pv = self.pvs.store.get(pv_name) if pv_name else None
-            if pv is None or not bound_volume_name(pvc, pv):
+            if pv is None or not _claimed_by(pv, pvc):
                 continue  # not bound yet: the claim's or the volume's update brings the pod back
             vol = csi_volume(pv)
             if vol is None or not self.attach_required(vol.driver):

@@ -342,3 +342,28 @@ async def test_out_of_service_taint_detaches_a_mounted_volume_at_once(cluster: C
 
     await wait_for(detached, 20, "the out-of-service detach")
     assert await c.node_attached(node) == []
+
+
+async def test_a_volume_whose_claim_ref_lacks_the_claim_uid_is_not_attached(cluster: Cluster) -> None:
+    """kcm attaches a claim's volume only when the PV's claimRef carries the claim's UID (issue 29):
+    a PV an admin unbound, or reserved for the claim's name only, is not the claim's volume even
+    while the claim still says Bound and names it. kubeloop accepted a claimRef without a UID, or
+    none at all, and attached it."""
+    c = cluster
+    pv = await c.volume("r")
+    claim_ref = (await c.api.get(PERSISTENT_VOLUMES, pv))["spec"]["claimRef"]
+    by_name = {k: v for k, v in claim_ref.items() if k in ("kind", "apiVersion", "namespace", "name")}
+    await c.api.patch(PERSISTENT_VOLUMES, pv, {"spec": {"claimRef": None}})
+    await c.api.patch(PERSISTENT_VOLUMES, pv, {"spec": {"claimRef": by_name}})
+    node = await c.node("node")
+    await c.pod("user", node, "r")
+    await c.start()
+    await asyncio.sleep(1.0)  # many passes at loop_period 0.05
+    assert not await exists(c.api, VOLUME_ATTACHMENTS, c.va("r", node))
+
+    await c.api.patch(PERSISTENT_VOLUMES, pv, {"spec": {"claimRef": {"uid": claim_ref["uid"]}}})
+
+    async def attaching() -> bool:
+        return await exists(c.api, VOLUME_ATTACHMENTS, c.va("r", node))
+
+    await wait_for(attaching, 20, "a VolumeAttachment once the claimRef names the claim's UID")
