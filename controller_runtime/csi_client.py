@@ -23,6 +23,7 @@ from prometheus_client import Histogram
 from kubeloop_grpc.csi import csi_pb2, csi_pb2_grpc
 
 from .controller import ControllerContext, InformerController
+from .csi_errors import IN_PROGRESS_CODES
 from .logs import get_logger
 from .unix_grpc import socket_path
 
@@ -33,17 +34,6 @@ OPERATIONS = Histogram(
     "CSI operation latency by method and gRPC code",
     ["driver_name", "method_name", "grpc_status_code"],
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
-)
-
-# Codes after which an operation may still be running in the driver: retry the same call (or clean
-# up with the inverse call), never treat the volume as not created.
-IN_PROGRESS_CODES = frozenset(
-    {
-        grpc.StatusCode.DEADLINE_EXCEEDED,
-        grpc.StatusCode.CANCELLED,
-        grpc.StatusCode.UNAVAILABLE,
-        grpc.StatusCode.ABORTED,
-    }
 )
 
 

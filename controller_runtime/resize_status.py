@@ -8,6 +8,7 @@ import copy
 
 import grpc
 
+from .csi_errors import EXPAND_VOLUME, OperationState, classify
 from .resources import Obj
 
 # status.conditions[].type values the resize path owns; any other condition is always kept.
@@ -34,30 +35,15 @@ NODE_EXPANSION_NOT_REQUIRED = "volume.kubernetes.io/node-expansion-not-required"
 PRE_RESIZE_CAPACITY = "volume.alpha.kubernetes.io/pre-resize-capacity"
 
 
-# Codes after which the expansion may still be running in the driver: retry the same size.
-_NOT_FINAL = frozenset(
-    {
-        grpc.StatusCode.CANCELLED,
-        grpc.StatusCode.DEADLINE_EXCEEDED,
-        grpc.StatusCode.UNAVAILABLE,
-        grpc.StatusCode.RESOURCE_EXHAUSTED,
-        grpc.StatusCode.ABORTED,
-    }
-)
-# Final codes that say this size can never be had: the user must ask for another.
-_INFEASIBLE = frozenset(
-    {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE, grpc.StatusCode.NOT_FOUND}
-)
-
-
 def is_final(code: grpc.StatusCode | None) -> bool:
-    """Whether an expansion that failed with `code` has certainly stopped; None stands for an
-    error that is not a gRPC status, never final."""
-    return code is not None and code not in _NOT_FINAL
+    """Whether an expansion (ControllerExpandVolume, NodeExpandVolume) that failed with `code` has
+    certainly stopped; None stands for an error that is not a gRPC status, never final."""
+    return classify(EXPAND_VOLUME, code).final
 
 
 def is_infeasible(code: grpc.StatusCode | None) -> bool:
-    return code in _INFEASIBLE
+    """Whether the size can never be had: the user must ask for another."""
+    return classify(EXPAND_VOLUME, code) is OperationState.INFEASIBLE
 
 
 def resize_status(claim: Obj) -> str:
