@@ -63,6 +63,10 @@ class Stack:
         """Loop devices of the compose pool attached now (and not before the stack started)."""
         return _leftovers(self.loops_before)[1]
 
+    def leftovers(self) -> tuple[list[str], list[str]]:
+        """The stack's mounts (in the daemon's mount namespace and here) and its pool's loop devices."""
+        return _leftovers(self.loops_before)
+
     def compose(
         self, *args: str, timeout: float = 300, check: bool = True
     ) -> subprocess.CompletedProcess[str]:

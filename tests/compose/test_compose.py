@@ -1,5 +1,6 @@
 """`docker-compose up` end to end: a claim and a pod on node-a, the data moved to node-b, expansion,
-deletion down to the backing file, and restarts or kill -9 of single services converging."""
+deletion down to the backing file, restarts or kill -9 of single services converging, and the whole
+stack stopped and started again while a pod uses a volume."""
 
 from __future__ import annotations
 
@@ -190,3 +191,66 @@ def test_restart_and_kill_converge(stack: Stack) -> None:
     eventually(lambda: s.kubectl("get", "pv", "-o", "name") == "", "every PV deleted")
     eventually(lambda: backing_files(s) == [], "every backing file deleted")
     assert s.pool_loop_devices() == [], "a loop device outlived its volume"
+
+
+def _pod_with_data(s: Stack, name: str) -> str:
+    """A claim and a pod on node-a, a file written into the volume; returns the pod's mount path."""
+    s.kubectl("apply", "-n", NS, "-f", "-", input=claim_and_pod(name, name, "node-a"))
+    eventually(
+        lambda: s.kubectl("get", "pvc", name, "-o", "jsonpath={.status.phase}") == "Bound", f"{name} Bound"
+    )
+    path = wait_running_and_mounted(s, name, "node-a")
+    s.exec("csi-driver-node-node-a", f"echo {name} > {path}/kept && sync")
+    assert s.pool_loop_devices(), "the volume's loop device is attached"
+    return path
+
+
+def _up_again(s: Stack, name: str) -> str:
+    up = s.compose("up", "-d", timeout=600, check=False)
+    assert up.returncode == 0, up.stderr[-3000:]
+    s.wait_healthy()
+    path = wait_running_and_mounted(s, name, "node-a")
+    assert s.exec("csi-driver-node-node-a", f"cat {path}/kept").strip() == name
+    return path
+
+
+def _delete_pod_and_claim(s: Stack, name: str) -> None:
+    s.kubectl("delete", "pod", name, "-n", NS, "--wait=true", "--timeout=90s")
+    s.kubectl("delete", "pvc", name, "-n", NS, "--wait=true", "--timeout=90s")
+    eventually(lambda: s.kubectl("get", "pv", "-o", "name") == "", "every PV deleted")
+    eventually(lambda: backing_files(s) == [], "every backing file deleted")
+    assert s.pool_loop_devices() == [], "a loop device outlived its volume"
+
+
+def test_stop_with_a_mounted_volume_leaves_nothing_and_up_mounts_again(stack: Stack) -> None:
+    """Issue 29, hole 8: `docker-compose stop` (what `down` does first) while a pod uses a volume.
+    Compose stops each node agent before its node plugin, and the agent unmounts its node's volumes
+    on SIGTERM: no mount and no loop device may stay. The pod is kept in etcd (the `etcd-data`
+    volume) and its data in the `pool` volume: `up` again mounts it again."""
+    s = stack
+    _pod_with_data(s, "stays")
+    s.compose("stop", timeout=300)
+    mounts, loops = s.leftovers()
+    assert not mounts and not loops, f"left behind by the stop: mounts {mounts} loop devices {loops}"
+    _up_again(s, "stays")
+    _delete_pod_and_claim(s, "stays")
+
+
+def test_kill_leaves_the_volume_mounted_until_up_takes_it_over(stack: Stack) -> None:
+    """`docker-compose kill` gives no node agent a chance to unmount: the mounts and the loop device
+    stay (docs/compose.md, "Stopping"); the next `up` takes them over as they are (one mount, the
+    same loop device) and its stop leaves nothing."""
+    s = stack
+    path = _pod_with_data(s, "killed")
+    s.compose("kill", timeout=300)
+    mounts, loops = s.leftovers()
+    assert len(loops) == 1 and any(m.endswith(path.rpartition("/nodes/")[2]) for m in mounts), (mounts, loops)
+    path = _up_again(s, "killed")
+    table = s.exec("csi-driver-node-node-a", "findmnt -rn -o TARGET").split()
+    assert table.count(path) == 1, "taken over, not mounted a second time"
+    assert s.pool_loop_devices() == loops, "the same loop device, no second one"
+    s.compose("stop", timeout=300)
+    mounts, loops = s.leftovers()
+    assert not mounts and not loops, f"left behind by the stop: mounts {mounts} loop devices {loops}"
+    _up_again(s, "killed")
+    _delete_pod_and_claim(s, "killed")
