@@ -129,7 +129,6 @@ class PVController(InformerController):
     def __init__(self, context: ControllerContext, options: Options | None = None) -> None:
         super().__init__(context)
         self.options = options or Options()
-        self.view = LocalView()
         self.timer = OperationTimer(self.clock)
         self.delete_backoff = OperationBackoff()
         self.volume_queue: WorkQueue[str] = WorkQueue(
@@ -144,6 +143,7 @@ class PVController(InformerController):
         )
         self.volumes = self.factory.informer(PERSISTENT_VOLUMES)
         self.claims = self.factory.informer(PERSISTENT_VOLUME_CLAIMS)
+        self.view = LocalView(self.volumes.store, self.claims.store, self.clock)
         self.classes = self.factory.informer(STORAGE_CLASSES)
         self.pods = self.factory.informer(PODS)
         # Upstream takes a Node informer too; kubeloop waits for it so its start-up matches, and it
@@ -166,7 +166,7 @@ class PVController(InformerController):
             self.claim_queue.add(key)
 
     def _volume_updated(self, _old: Obj, volume: Obj) -> None:
-        self.view.store_volume(volume)
+        self.view.volume_observed(volume["metadata"]["name"])
         self.volume_queue.add(volume["metadata"]["name"])
 
     def _volume_deleted(self, volume: Obj) -> None:
@@ -180,7 +180,7 @@ class PVController(InformerController):
             self.claim_queue.add(key)
 
     def _claim_changed(self, claim: Obj) -> None:
-        self.view.store_claim(claim)
+        self.view.claim_observed(key_of(claim))
         self.claim_queue.add(key_of(claim))
 
     def _claim_updated(self, _old: Obj, claim: Obj) -> None:
@@ -220,8 +220,8 @@ class PVController(InformerController):
             gc.freeze()
             log.info(
                 "caches synced, starting workers",
-                volumes=len(self.view.volumes.items),
-                claims=len(self.view.claims.items),
+                volumes=len(self.view.volumes),
+                claims=len(self.view.claims),
                 workers=self.options.workers,
             )
             volumes = asyncio.create_task(
@@ -249,22 +249,22 @@ class PVController(InformerController):
 
     async def _update_volume(self, volume: Obj) -> Obj:
         new = _cacheable(await self.client.update(PERSISTENT_VOLUMES, volume))
-        self.view.store_volume(new)
+        self.view.volume_written(new)
         return new
 
     async def _update_volume_status(self, volume: Obj) -> Obj:
         new = _cacheable(await self.client.update_status(PERSISTENT_VOLUMES, volume))
-        self.view.store_volume(new)
+        self.view.volume_written(new)
         return new
 
     async def _update_claim(self, claim: Obj) -> Obj:
         new = _cacheable(await self.client.update(PERSISTENT_VOLUME_CLAIMS, claim))
-        self.view.store_claim(new)
+        self.view.claim_written(new)
         return new
 
     async def _update_claim_status(self, claim: Obj) -> Obj:
         new = _cacheable(await self.client.update_status(PERSISTENT_VOLUME_CLAIMS, claim))
-        self.view.store_claim(new)
+        self.view.claim_written(new)
         return new
 
     async def _set_volume_phase(
@@ -331,7 +331,7 @@ class PVController(InformerController):
             if exc.not_found:
                 return None
             raise
-        if self.view.store_claim(claim):
+        if self.view.claim_written(claim):
             self.claim_queue.add(key_of(claim))
         return claim
 
@@ -457,7 +457,7 @@ class PVController(InformerController):
             # Lost is final: make sure the volume is really gone, not just late in the watch.
             try:
                 volume = await self.client.get(PERSISTENT_VOLUMES, volume_name)
-                self.view.store_volume(volume)
+                self.view.volume_written(volume)
             except ApiError as exc:
                 if not exc.not_found:
                     raise

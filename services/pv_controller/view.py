@@ -1,66 +1,39 @@
 """The binder's own view of volumes and claims.
 
-It is fed by the informers and by the answers to our own writes, and never goes back in time: an
-object older (by resourceVersion) than the one held is ignored, so a worker that just bound a
-volume does not see it free again because the watch is a little behind. Reservations make "find a
-free volume and claim it" atomic across concurrent workers: the search skips volumes another claim
-reserved, and the search plus the reservation run without an await in between.
+It reads the informers' caches through a MutationCache (controller_runtime.mutation_cache, with
+`include_adds`) that overlays the answers to our own writes and reads: the view never goes back
+in time, so a worker that just bound a volume does not see it free again because the watch is a
+little behind, and a claim fetched from the API before the watch delivered it is seen at once
+(kcm's pv-controller keeps its own volume and claim caches for the same reasons). Reservations make
+"find a free volume and claim it" atomic across concurrent workers: the search skips volumes
+another claim reserved, and the search plus the reservation run without an await in between.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
-from controller_runtime.resources import Obj, key_of, newer, revision_of
+from controller_runtime.clock import SYSTEM_CLOCK, PassiveClock
+from controller_runtime.mutation_cache import MutationCache
+from controller_runtime.resources import Obj, key_of, revision_of
+from controller_runtime.store import Store
 
 from .match import VolumeIndex
 
 
-@dataclass
-class VersionedStore:
-    """Objects by key; keeps a deleted object's resourceVersion for a while so a late write answer
-    cannot resurrect it."""
-
-    tombstone_capacity: int = 10_000
-    items: dict[str, Obj] = field(default_factory=dict)
-    _tombstones: OrderedDict[str, int] = field(default_factory=OrderedDict)
-
-    def get(self, key: str) -> Obj | None:
-        return self.items.get(key)
-
-    def update(self, key: str, obj: Obj) -> Obj | None:
-        """Stores obj unless it is older than what is held (or than its deletion); returns obj when
-        stored, None when ignored."""
-        held = self.items.get(key)
-        dead = self._tombstones.get(key)
-        if dead is not None and revision_of(obj) <= dead:
-            return None
-        if not newer(obj, held):
-            return None
-        self._tombstones.pop(key, None)
-        self.items[key] = obj
-        return obj
-
-    def delete(self, key: str, obj: Obj | None) -> Obj | None:
-        held = self.items.pop(key, None)
-        rv = revision_of(obj) if obj is not None else 0
-        if held is not None:
-            rv = max(rv, revision_of(held))
-        self._tombstones[key] = rv
-        self._tombstones.move_to_end(key)
-        while len(self._tombstones) > self.tombstone_capacity:
-            self._tombstones.popitem(last=False)
-        return held
-
-
 class LocalView:
-    def __init__(self) -> None:
-        self.volumes = VersionedStore()
-        self.claims = VersionedStore()
+    def __init__(
+        self, volumes: Store | None = None, claims: Store | None = None, clock: PassiveClock = SYSTEM_CLOCK
+    ) -> None:
+        """`volumes` and `claims` are the informers' stores (read only here); without them the
+        view stands alone (tests of the deciding code)."""
+        # `is None`, not `or`: an informer's store is empty (falsy) until its cache fills.
+        self.volumes = MutationCache(Store() if volumes is None else volumes, include_adds=True, clock=clock)
+        self.claims = MutationCache(Store() if claims is None else claims, include_adds=True, clock=clock)
         self.index = VolumeIndex()
+        self._indexed: dict[str, Obj] = {}  # volume name -> the version the index holds
         self._claims_by_volume: dict[str, set[str]] = {}
+        self._claim_volume: dict[str, str] = {}  # claim key -> the volumeName indexed for it
         self._reserved: dict[str, str] = {}  # volume name -> claim key
         # Claims that found no volume, oldest first: a volume that becomes Available wakes one
         # that it fits instead of leaving it to the next resync.
@@ -71,19 +44,29 @@ class LocalView:
     def volume(self, name: str) -> Obj | None:
         return self.volumes.get(name)
 
-    def store_volume(self, volume: Obj) -> bool:
-        """True when the view took it (it was not older than what we hold)."""
+    def volume_observed(self, name: str) -> None:
+        """The informer's cache changed the volume: the index follows the freshest version."""
+        volume = self.volumes.get(name)
+        if volume is None:
+            self._indexed.pop(name, None)
+            self.index.remove(name)
+        elif self._indexed.get(name) is not volume:  # a resync hands back the same object
+            self._indexed[name] = volume
+            self.index.upsert(volume)
+
+    def volume_written(self, volume: Obj) -> bool:
+        """An answer from the API (our write, or a read): True when the view now holds that version
+        (it was not older than what the view holds, nor than its deletion)."""
         name = volume["metadata"]["name"]
-        if self.volumes.items.get(name) is volume:
-            return True  # a resync hands back the object we hold: nothing to re-index
-        if self.volumes.update(name, volume) is None:
-            return False
-        self.index.upsert(volume)
-        return True
+        self.volumes.mutated(volume)
+        self.volume_observed(name)
+        held = self.volumes.get(name)
+        return held is not None and revision_of(held) == revision_of(volume)
 
     def delete_volume(self, volume: Obj) -> None:
         name = volume["metadata"]["name"]
-        self.volumes.delete(name, volume)
+        self.volumes.deleted(volume)
+        self._indexed.pop(name, None)
         self.index.remove(name)
         self._reserved.pop(name, None)
 
@@ -92,26 +75,33 @@ class LocalView:
     def claim(self, key: str) -> Obj | None:
         return self.claims.get(key)
 
-    def store_claim(self, claim: Obj) -> bool:
-        key = key_of(claim)
-        old = self.claims.get(key)
-        if old is claim:
-            return True  # a resync hands back the object we hold: nothing to re-index
-        if self.claims.update(key, claim) is None:
-            return False
-        self._unindex_claim(key, old)
-        volume_name = claim.get("spec", {}).get("volumeName")
+    def claim_observed(self, key: str) -> None:
+        """The informer's cache changed the claim: the by-volume index follows the freshest version."""
+        claim = self.claims.get(key)
+        volume_name = (claim or {}).get("spec", {}).get("volumeName") or ""
+        if self._claim_volume.get(key, "") == volume_name:
+            return
+        self._unindex_claim(key)
         if volume_name:
+            self._claim_volume[key] = volume_name
             self._claims_by_volume.setdefault(volume_name, set()).add(key)
-        return True
+
+    def claim_written(self, claim: Obj) -> bool:
+        """As volume_written, for a claim."""
+        key = key_of(claim)
+        self.claims.mutated(claim)
+        self.claim_observed(key)
+        held = self.claims.get(key)
+        return held is not None and revision_of(held) == revision_of(claim)
 
     def delete_claim(self, claim: Obj) -> None:
         key = key_of(claim)
         self.waiting.pop(key, None)
-        self._unindex_claim(key, self.claims.delete(key, claim))
+        self.claims.deleted(claim)
+        self._unindex_claim(key)
 
-    def _unindex_claim(self, key: str, old: Obj | None) -> None:
-        old_volume = (old or {}).get("spec", {}).get("volumeName")
+    def _unindex_claim(self, key: str) -> None:
+        old_volume = self._claim_volume.pop(key, "")
         if old_volume:
             keys = self._claims_by_volume.get(old_volume)
             if keys is not None:
@@ -124,10 +114,10 @@ class LocalView:
         return sorted(self._claims_by_volume.get(volume_name, ()))
 
     def all_claims(self) -> list[Obj]:
-        return list(self.claims.items.values())
+        return list(self.claims.values())
 
     def all_volumes(self) -> list[Obj]:
-        return list(self.volumes.items.values())
+        return list(self.volumes.values())
 
     def wake_one(self, fits: Callable[[Obj], bool], limit: int = 64) -> str | None:
         """Takes the oldest waiting claim that `fits` (looking at no more than `limit` of them, so

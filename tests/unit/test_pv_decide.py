@@ -8,6 +8,7 @@ import pytest
 
 from controller_runtime import storage
 from controller_runtime.resources import Obj
+from controller_runtime.store import Store
 from services.pv_controller import names
 from services.pv_controller.decide import (
     BindingModeUnset,
@@ -306,13 +307,32 @@ def test_view_ignores_older_objects_and_deleted_ones() -> None:
     view = LocalView()
     v5 = {**volume(), "metadata": {"name": "pv1", "resourceVersion": "5"}}
     v4 = {**volume(ref_uid="u1"), "metadata": {"name": "pv1", "resourceVersion": "4"}}
-    assert view.store_volume(v5)
-    assert not view.store_volume(v4), "an older copy never replaces a newer one"
+    assert view.volume_written(v5)
+    assert not view.volume_written(v4), "an older copy never replaces a newer one"
     assert view.volume("pv1") is v5
     view.delete_volume({**v5, "metadata": {"name": "pv1", "resourceVersion": "6"}})
-    assert not view.store_volume(v5), "a late answer cannot resurrect a deleted volume"
+    assert not view.volume_written(v5), "a late answer cannot resurrect a deleted volume"
+    assert view.volume("pv1") is None
     recreated = {**volume(), "metadata": {"name": "pv1", "resourceVersion": "9"}}
-    assert view.store_volume(recreated)
+    assert view.volume_written(recreated)
+
+
+def test_view_reads_the_informer_cache_through_its_own_writes() -> None:
+    """The informer's store is only read: the view serves our newer write over it until the store
+    holds that version, and indexes whichever is freshest."""
+    store = Store()
+    view = LocalView(volumes=store)
+    cached = {**volume(), "metadata": {"name": "pv1", "resourceVersion": "5"}}
+    store.upsert(cached)
+    view.volume_observed("pv1")
+    bound = {**volume(ref_uid="u1"), "metadata": {"name": "pv1", "resourceVersion": "7"}}
+    assert view.volume_written(bound)
+    assert view.volume("pv1") is bound and store.get("pv1") is cached
+    assert view.index.bound_to("ns/data") == ["pv1"], "the index follows our write"
+    caught_up = {**bound, "metadata": {"name": "pv1", "resourceVersion": "7"}}
+    store.upsert(caught_up)
+    view.volume_observed("pv1")
+    assert view.volume("pv1") is caught_up
 
 
 def test_view_reservations_are_exclusive() -> None:
@@ -329,7 +349,9 @@ def test_view_reservations_are_exclusive() -> None:
 def test_view_wakes_the_oldest_waiting_claim_that_fits() -> None:
     view = LocalView()
     for name in ("a", "b", "c"):
-        view.store_claim({"metadata": {"name": name, "namespace": "ns", "resourceVersion": "1"}, "spec": {}})
+        view.claim_written(
+            {"metadata": {"name": name, "namespace": "ns", "resourceVersion": "1"}, "spec": {}}
+        )
         view.waiting[f"ns/{name}"] = None
     assert view.wake_one(lambda c: c["metadata"]["name"] != "a") == "ns/b"
     assert list(view.waiting) == ["ns/a", "ns/c"]
