@@ -37,13 +37,6 @@ OPERATIONS = Histogram(
 )
 
 
-def is_final_error(exc: BaseException) -> bool:
-    """False for errors that mean "maybe still in progress" (see IN_PROGRESS_CODES)."""
-    if isinstance(exc, grpc.aio.AioRpcError):
-        return exc.code() not in IN_PROGRESS_CODES
-    return not isinstance(exc, asyncio.TimeoutError | ConnectionError)
-
-
 def error_text(exc: BaseException) -> str:
     """An error worded as a Go client prints it (`rpc error: code = NotFound desc = ...`), which
     is what users search for; anything other than a gRPC error as its own text."""

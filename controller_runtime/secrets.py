@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import base64
 
-from .resources import Obj
+from .client import ApiClient, ApiError
+from .resources import SECRETS, Obj
 
 # grpc-go's error for a request that proto.Marshal refuses, as a Go client prints it.
 NOT_UTF8 = (
@@ -17,6 +18,11 @@ NOT_UTF8 = (
 
 class SecretNotSendable(Exception):
     """The Secret's data cannot travel in a CSI request."""
+
+
+class SecretUnavailable(Exception):
+    """The Secret a CSI request names cannot be read (missing, or not ours to read): the request
+    is not sent, and a later attempt may find it."""
 
 
 def csi_secrets(secret: Obj) -> dict[str, str]:
@@ -29,3 +35,16 @@ def csi_secrets(secret: Obj) -> dict[str, str]:
         except UnicodeDecodeError as exc:
             raise SecretNotSendable(NOT_UTF8) from exc
     return out
+
+
+async def read_csi_secrets(client: ApiClient, name: str, namespace: str) -> dict[str, str]:
+    """The named Secret's data for a CSI request, as external-provisioner and external-resizer read
+    it: SecretUnavailable, in their words, when it cannot be read; SecretNotSendable when it can
+    but cannot be sent."""
+    try:
+        secret = await client.get(SECRETS, name, namespace)
+    except ApiError as exc:
+        raise SecretUnavailable(
+            f"error getting secret {name} in namespace {namespace}: {exc.message}"
+        ) from exc
+    return csi_secrets(secret)

@@ -15,16 +15,21 @@ from pathlib import Path
 
 from controller_runtime import process
 from controller_runtime.client import ApiClient
-from controller_runtime.component import api_client, run_elected
+from controller_runtime.component import Controller, api_client, run_elected
 from controller_runtime.controller import ControllerContext
 from controller_runtime.csi_client import CSIConnection
 from controller_runtime.events import EventRecorder
 from controller_runtime.informer import SharedInformerFactory
 from controller_runtime.logs import get_logger
+from controller_runtime.resources import CSI_NODES, NODES, STORAGE_CLASSES
 
 from .capacity import CapacityOptions, CapacityPublisher
-from .controller import Options, Provisioner
+from .clone_protection import CloneProtectionController
+from .deletion import DeletionController
 from .journal import Journal
+from .options import Options
+from .provisioning import ProvisioningController
+from .snapshot_protection import SnapshotProtectionController
 
 log = get_logger("external-provisioner")
 
@@ -119,8 +124,61 @@ def lease_name(driver: str) -> str:
     return re.sub(r"[^a-zA-Z0-9-]", "-", driver)
 
 
+def controller_options(args: argparse.Namespace, driver: str) -> Options:
+    return Options(
+        identity=provisioner_identity(driver),
+        prefix=args.volume_name_prefix,
+        default_fs=args.default_fstype,
+        extra_metadata=args.extra_create_metadata,
+        workers=max(1, args.worker_threads),
+        retry_start=args.retry_interval_start,
+        retry_max=args.retry_interval_max,
+        snapshot_sweep_interval=args.snapshot_orphan_sweep_interval,
+    )
+
+
+def capacity_publisher(
+    args: argparse.Namespace, client: ApiClient, conn: CSIConnection, factory: SharedInformerFactory
+) -> CapacityPublisher:
+    """The publisher of CSIStorageCapacity objects, on the controllers' caches (its handlers are
+    added before they start) and its own client."""
+    return CapacityPublisher(
+        client,
+        conn,
+        factory.informer(STORAGE_CLASSES),
+        factory.informer(CSI_NODES),
+        factory.informer(NODES),
+        CapacityOptions(
+            namespace=args.capacity_namespace,
+            interval=args.capacity_poll_interval,
+            immediate_binding=args.capacity_for_immediate_binding,
+        ),
+    )
+
+
+async def run_controllers(
+    journal: Journal,
+    provisioning: ProvisioningController,
+    others: Sequence[Controller],
+) -> None:
+    """Every controller, on one informer factory, once this process owns the intent journal (a
+    second one on the same state directory, such as a restart whose predecessor still exits,
+    waits rather than act beside it). The journal is read before the informers start: the claim
+    events of the first list must see its entries."""
+    await journal.lock.acquire(lambda holder: log.warning("waiting for the journal", holder=holder))
+    try:
+        await provisioning.load_journal()
+        try:
+            await provisioning.start_informers()
+            await asyncio.gather(provisioning.run(), *(c.run() for c in others))
+        finally:
+            await provisioning.factory.stop()
+    finally:
+        journal.lock.release()
+
+
 async def run(args: argparse.Namespace, ctx: process.Context) -> None:
-    state: dict[str, Provisioner | CSIConnection] = {}
+    state: dict[str, ProvisioningController | CSIConnection] = {}
 
     def ready() -> str | None:
         if "conn" not in state:
@@ -128,7 +186,7 @@ async def run(args: argparse.Namespace, ctx: process.Context) -> None:
         prov = state.get("provisioner")
         if args.leader_election and prov is None:
             return None  # a standby is ready: it serves nothing until it leads
-        if not isinstance(prov, Provisioner) or not prov.synced:
+        if not isinstance(prov, ProvisioningController) or not prov.synced:
             return "caches not synced"
         return None
 
@@ -155,38 +213,21 @@ async def run(args: argparse.Namespace, ctx: process.Context) -> None:
 
     async def lead() -> None:
         factory = SharedInformerFactory(client, resync_period=args.resync_period)
-        prov = Provisioner(
-            ControllerContext(client, factory, recorder),
-            conn,
-            Journal(Path(args.state_dir) / "provisioning"),
-            Options(
-                driver=conn.driver_name,
-                identity=provisioner_identity(conn.driver_name),
-                prefix=args.volume_name_prefix,
-                default_fs=args.default_fstype,
-                extra_metadata=args.extra_create_metadata,
-                workers=max(1, args.worker_threads),
-                retry_start=args.retry_interval_start,
-                retry_max=args.retry_interval_max,
-                resync_period=args.resync_period,
-                snapshot_sweep_interval=args.snapshot_orphan_sweep_interval,
-            ),
-        )
-        state["provisioner"] = prov
-        tasks = [asyncio.create_task(prov.run(), name="provisioner")]
-        if capacity_client is not None:
-            publisher = CapacityPublisher(
-                capacity_client,
-                conn,
-                prov.classes,
-                prov.csinodes,
-                prov.nodes,
-                CapacityOptions(
-                    namespace=args.capacity_namespace,
-                    interval=args.capacity_poll_interval,
-                    immediate_binding=args.capacity_for_immediate_binding,
-                ),
+        context = ControllerContext(client, factory, recorder)
+        options = controller_options(args, conn.driver_name)  # a new identity each term, as before
+        journal = Journal(Path(args.state_dir) / "provisioning")
+        clones = CloneProtectionController(context, conn, options)
+        snapshots = SnapshotProtectionController(context, conn, options)
+        provisioning = ProvisioningController(context, conn, journal, options, clones, snapshots)
+        deletion = DeletionController(context, conn, options)
+        state["provisioner"] = provisioning
+        tasks = [
+            asyncio.create_task(
+                run_controllers(journal, provisioning, [deletion, clones, snapshots]), name="provisioner"
             )
+        ]
+        if capacity_client is not None:
+            publisher = capacity_publisher(args, capacity_client, conn, factory)
 
             async def publish() -> None:
                 await factory.wait_for_sync()

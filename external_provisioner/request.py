@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from controller_runtime import storage, volumes
+from controller_runtime.csi_errors import OperationState
 from controller_runtime.quantity import format_quantity
 from controller_runtime.resources import Obj
 from controller_runtime.storage import claim_class, claim_reference, claim_request
@@ -76,14 +77,24 @@ _DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-
 
 
 class ProvisionError(Exception):
-    """A provisioning attempt that failed. `final` is False when the driver may still be creating
-    the volume (the same CreateVolume must be repeated); `reschedule` asks the scheduler to pick
-    another node (the selected-node annotation is removed)."""
+    """A provisioning or deletion attempt that failed: its text is the event's, its `state` what
+    the attempt left behind, decided where it failed. A failed CSI call classifies its code there
+    (controller_runtime.csi_errors); a failure before the driver was asked is FINISHED, or
+    RESCHEDULE when the selected node cannot be used."""
 
-    def __init__(self, message: str, *, final: bool = True, reschedule: bool = False) -> None:
+    def __init__(self, message: str, state: OperationState = OperationState.FINISHED) -> None:
         super().__init__(message)
-        self.final = final
-        self.reschedule = reschedule
+        self.state = state
+
+    @property
+    def final(self) -> bool:
+        """The driver is certainly not still creating a volume for this attempt."""
+        return self.state.final
+
+    @property
+    def reschedule(self) -> bool:
+        """The scheduler is to pick another node: the selected-node annotation goes."""
+        return self.state is OperationState.RESCHEDULE
 
 
 def pv_name_for(prefix: str, claim: Obj) -> str:
@@ -343,7 +354,7 @@ def accessibility(
         if csinode is None:
             raise ProvisionError(
                 f'failed to get selected CSINode {node_name}: csinode.storage.k8s.io "{node_name}" not found',
-                reschedule=True,
+                OperationState.RESCHEDULE,
             )
         keys = driver_topology_keys(csinode, driver)
         if not keys:

@@ -14,7 +14,8 @@ import pytest_asyncio
 import yaml
 
 from controller_runtime.client import ApiClient, ApiError
-from controller_runtime.csi_client import CSIConnection, is_final_error
+from controller_runtime.csi_client import CSIConnection
+from controller_runtime.csi_errors import DELETE_VOLUME, OperationState, classify
 from controller_runtime.resources import PERSISTENT_VOLUMES, Resource
 from kubeloop_grpc.csi import csi_pb2
 from localstack.controlplane import ControlPlane
@@ -131,7 +132,7 @@ async def test_csi_connection_waits_for_probe_and_reads_capabilities(controller_
                 csi_pb2.DeleteVolumeRequest(volume_id=""), timeout=conn.timeout
             )
         assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT
-        assert is_final_error(caught.value)
+        assert classify(DELETE_VOLUME, caught.value.code()) is OperationState.FINISHED
     finally:
         await conn.close()
 

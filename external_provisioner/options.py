@@ -1,0 +1,21 @@
+"""What tunes the external-provisioner's controllers, from its flags."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Options:
+    identity: str  # storage.kubernetes.io/csiProvisionerIdentity of this instance
+    prefix: str = "pvc"
+    default_fs: str = ""
+    extra_metadata: bool = False
+    workers: int = 100
+    retry_start: float = 1.0
+    retry_max: float = 300.0
+    # How often snapshots no claim restores from any more lose their source protection (0: never).
+    snapshot_sweep_interval: float = 300.0
+    # Saving a PV is retried this often before the volume is deleted again (upstream: 5 x 10 s).
+    pv_save_attempts: int = 5
+    pv_save_interval: float = 10.0

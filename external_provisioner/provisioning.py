@@ -1,0 +1,465 @@
+"""The provisioning controller (the claim half of sig-storage-lib-external-provisioner's provision
+controller, with external-provisioner's Provision): claims in, CreateVolume and a pre-bound PV out.
+
+One queue of claims keyed by UID (an intent outlives its claim, and a re-created claim of the same
+name is a different claim), per-key exponential backoff (--retry-interval-start →
+--retry-interval-max). Every sync is level-triggered: it reads the caches and the intent journal,
+decides, and writes. See docs/external-provisioner.md for the crash analysis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Mapping
+
+from controller_runtime import storage
+from controller_runtime.client import ApiError
+from controller_runtime.controller import ControllerContext, run_workers
+from controller_runtime.csi_client import CSIConnection, SidecarController
+from controller_runtime.csi_errors import OperationState
+from controller_runtime.informer import EventHandler
+from controller_runtime.logs import get_logger
+from controller_runtime.resources import (
+    CSI_NODES,
+    NODES,
+    PERSISTENT_VOLUME_CLAIMS,
+    PERSISTENT_VOLUMES,
+    STORAGE_CLASSES,
+    Obj,
+    key_of,
+    object_key,
+    typed,
+)
+from controller_runtime.storage import claim_class, is_deleting
+from controller_runtime.workqueue import ItemExponentialRateLimiter, WorkQueue
+from kubeloop_grpc.csi import csi_pb2
+
+from . import decide, failpoints, names
+from .clone_protection import CloneProtectionController
+from .content_source import Content, ContentSources
+from .decide import DataSource
+from .journal import Entry, Journal
+from .options import Options
+from .request import (
+    CreatedVolume,
+    ProvisionError,
+    VolumeSpec,
+    accessibility,
+    build_pv,
+    pv_name_for,
+    split_parameters,
+    volume_spec,
+)
+from .snapshot_protection import SnapshotProtectionController
+from .volume_calls import VolumeCalls
+
+log = get_logger("external-provisioner")
+
+UID_INDEX = "uid"
+RPC = csi_pb2.ControllerServiceCapability.RPC
+
+
+class StorageClassNotFound(Exception):
+    """The claim's class is not in the cache: retried with backoff and no event, as upstream (the
+    class may still be created)."""
+
+
+class DelayRetryError(Exception):
+    """The claim's last CreateVolume was refused as infeasible less than --retry-interval-max ago:
+    not tried, and no event (the one that marked the claim said retries would be delayed)."""
+
+
+def _annotation(obj: Obj, key: str) -> str:
+    return str((obj.get("metadata", {}).get("annotations") or {}).get(key) or "")
+
+
+class ProvisioningController(SidecarController):
+    def __init__(
+        self,
+        context: ControllerContext,
+        csi: CSIConnection,
+        journal: Journal,
+        options: Options,
+        clones: CloneProtectionController,
+        snapshots: SnapshotProtectionController,
+    ) -> None:
+        super().__init__(context, csi)
+        self.journal = journal
+        self.options = options
+        self.clones = clones
+        self.snapshots = snapshots
+        self.calls = VolumeCalls(self.client, csi)
+        self.multi_writer = csi.has_controller_capability(RPC.SINGLE_NODE_MULTI_WRITER)
+        self.topology = csi.has_plugin_capability(
+            csi_pb2.PluginCapability.Service.VOLUME_ACCESSIBILITY_CONSTRAINTS
+        )
+        self.infeasible = decide.SlowRetries(options.retry_max)
+        self.queue: WorkQueue[str] = WorkQueue(
+            "claims", ItemExponentialRateLimiter(options.retry_start, options.retry_max), clock=self.clock
+        )
+        self.claims = self.factory.informer(PERSISTENT_VOLUME_CLAIMS)
+        self.volumes = self.factory.informer(PERSISTENT_VOLUMES)
+        self.classes = self.factory.informer(STORAGE_CLASSES)
+        self.nodes = self.factory.informer(NODES)
+        self.csinodes = self.factory.informer(CSI_NODES)
+        self.claims.add_index(UID_INDEX, lambda c: [c["metadata"]["uid"]])
+        self.claims.add_handler(
+            EventHandler(self._claim_changed, lambda _o, c: self._claim_changed(c), self._claim_deleted)
+        )
+        self.sources = ContentSources(self.client, self.claims.store)
+
+    # -- handlers: decide only whether a key is worth a sync ------------------------------------------
+
+    def _ours(self, claim: Obj) -> bool:
+        ann = claim.get("metadata", {}).get("annotations") or {}
+        return self.driver in (
+            ann.get(storage.ANN_STORAGE_PROVISIONER),
+            ann.get(storage.ANN_BETA_STORAGE_PROVISIONER),
+        )
+
+    def _claim_changed(self, claim: Obj) -> None:
+        uid = claim["metadata"]["uid"]
+        if uid in self.journal.entries or (self._ours(claim) and not claim["spec"].get("volumeName")):
+            self.queue.add(uid)
+
+    def _claim_deleted(self, claim: Obj) -> None:
+        uid = claim.get("metadata", {}).get("uid", "")
+        self.infeasible.forget(uid)
+        if uid in self.journal.entries:
+            self.queue.add(uid)
+
+    # -- lifecycle -------------------------------------------------------------------------------------
+
+    async def load_journal(self) -> None:
+        """Reads the entries an earlier process left. Before the informers start: the claim events
+        of the first list must already see them. The caller holds the journal's lock."""
+        for entry in await asyncio.to_thread(self.journal.load):
+            log.info(
+                "found an unfinished provisioning",
+                claim=object_key(entry.namespace, entry.claim),
+                uid=entry.uid,
+            )
+
+    async def run(self) -> None:
+        """The workers, on caches the caller has synced; every journalled claim is synced first
+        (its claim may be gone, so no event would queue it)."""
+        for uid in list(self.journal.entries):
+            self.queue.add(uid)
+        log.info(
+            "caches synced, starting workers",
+            driver=self.driver,
+            claims=len(self.claims.store),
+            volumes=len(self.volumes.store),
+            unfinished=len(self.journal.entries),
+            workers=self.options.workers,
+        )
+        await run_workers(self.queue, self.sync, self.options.workers)
+
+    # -- the sync --------------------------------------------------------------------------------------
+
+    def _claim_by_uid(self, uid: str) -> Obj | None:
+        found = self.claims.store.by_index(UID_INDEX, uid)
+        return found[0] if found else None
+
+    async def _pv_exists(self, name: str) -> bool:
+        """Asks the API when the cache says no: only a confirmed absence may lead to deleting a
+        volume, and a PV we just created may not be in the cache yet."""
+        if self.volumes.store.get(name) is not None:
+            return True
+        try:
+            await self.client.get(PERSISTENT_VOLUMES, name)
+        except ApiError as exc:
+            if exc.not_found:
+                return False
+            raise
+        return True
+
+    async def sync(self, uid: str) -> float | None:
+        claim = self._claim_by_uid(uid)
+        entry = self.journal.get(uid)
+        if (
+            claim is not None
+            and not is_deleting(claim)
+            and self._ours(claim)
+            and not claim["spec"].get("volumeName")
+        ):
+            await self._sync_pending_claim(claim, entry)
+            return None
+        if entry is None:
+            return None
+        if claim is None:
+            # The cache may simply not have seen it yet: never clean up on the cache's word.
+            try:
+                live = await self.client.get(PERSISTENT_VOLUME_CLAIMS, entry.claim, entry.namespace)
+            except ApiError as exc:
+                if not exc.not_found:
+                    raise
+            else:
+                if live["metadata"]["uid"] == uid and not is_deleting(live):
+                    return 1.0
+        await self._abandon(entry)
+        return None
+
+    async def _sync_pending_claim(self, claim: Obj, entry: Entry | None) -> None:
+        pv_name = pv_name_for(self.options.prefix, claim)
+        if self.volumes.store.get(pv_name) is not None:
+            if entry is not None:
+                await self.journal.remove(entry.uid)
+            return  # provisioned; the binder completes the bind
+        class_name = claim_class(claim)
+        storage_class = self.classes.store.get(class_name) if class_name else None
+        if storage_class is None:
+            raise StorageClassNotFound(f'storageclass.storage.k8s.io "{class_name}" not found')
+        uid = claim["metadata"]["uid"]
+        if self.infeasible.remaining(uid, storage_class["metadata"].get("uid", ""), self.clock.monotonic()):
+            raise DelayRetryError(
+                f"skipping volume provisioning for pvc {uid}, because provisioning previously "
+                "failed with infeasible error"
+            )
+        selected = _annotation(claim, storage.ANN_SELECTED_NODE)
+        if storage_class.get("volumeBindingMode") == "WaitForFirstConsumer" and not selected:
+            return  # the scheduler picks a node first
+        if storage_class.get("provisioner") != self.driver:
+            return  # the class moved to another provisioner; not ours to act on
+        await self._attempt(claim, storage_class, pv_name, entry, selected)
+
+    async def _attempt(
+        self, claim: Obj, storage_class: Obj, pv_name: str, entry: Entry | None, selected: str
+    ) -> None:
+        """One attempt, between its Provisioning event and, should it fail, its ProvisioningFailed
+        event (and the selected node given back when its state says so)."""
+        md = claim["metadata"]
+        obj = typed(claim, PERSISTENT_VOLUME_CLAIMS)
+        self.recorder.normal(obj, names.PROVISIONING, names.msg_provisioning(md["namespace"], md["name"]))
+        try:
+            source = decide.data_source(claim)
+            if source is not None and source.populated:
+                self.recorder.normal(obj, names.PROVISIONING, names.MSG_POPULATOR)
+                return  # a volume populator's claim
+            problem = decide.capability_error(
+                self.csi.plugin_capabilities,
+                self.csi.controller_capabilities,
+                source=source,
+                modify=bool(claim["spec"].get("volumeAttributesClassName")),
+            )
+            if problem is not None:
+                raise ProvisionError(problem)
+            if claim["spec"].get("selector") is not None:
+                raise ProvisionError("claim Selector is not supported")
+            await self._provision(claim, storage_class, pv_name, entry, selected, source)
+        except ProvisionError as exc:
+            self.recorder.warning(obj, storage.PROVISIONING_FAILED, str(exc))
+            if exc.reschedule:
+                await self._reschedule(claim)
+            raise
+
+    async def _selected_node(self, name: str) -> Obj:
+        node = self.nodes.store.get(name)
+        if node is not None:
+            return node
+        try:
+            node = await self.client.get(NODES, name)
+        except ApiError as exc:
+            if exc.not_found:
+                raise ProvisionError(exc.message, OperationState.RESCHEDULE) from exc
+            raise
+        return node
+
+    async def _reschedule(self, claim: Obj) -> None:
+        """Removes selected-node so the scheduler picks again (a full pool, a vanished node)."""
+        md = claim["metadata"]
+        log.info("asking the scheduler for another node", claim=key_of(claim))
+        patch = {
+            "metadata": {
+                "resourceVersion": md["resourceVersion"],
+                "annotations": {storage.ANN_SELECTED_NODE: None},
+            }
+        }
+        with contextlib.suppress(ApiError):  # a conflict: the next sync sees the newer claim
+            await self.client.patch(PERSISTENT_VOLUME_CLAIMS, md["name"], patch, md["namespace"])
+
+    def _new_spec(
+        self, claim: Obj, storage_class: Obj, pv_name: str, node: Obj | None, content: Content
+    ) -> VolumeSpec:
+        topology = None
+        if self.topology:
+            topology = accessibility(
+                self.driver,
+                storage_class,
+                pv_name,
+                node,
+                self.csinodes.store.values(),
+                {n["metadata"]["name"]: n for n in self.nodes.store.values()},
+            )
+        params = split_parameters(
+            storage_class.get("parameters") or {}, claim, pv_name, self.options.default_fs
+        )
+        return volume_spec(
+            claim,
+            storage_class,
+            params,
+            pv_name,
+            extra_metadata=self.options.extra_metadata,
+            multi_writer=self.multi_writer,
+            topology=topology,
+            source_volume=content.volume,
+            source_snapshot=content.snapshot,
+        )
+
+    async def _record_intent(
+        self, claim: Obj, storage_class: Obj, pv_name: str, selected: str, source: DataSource | None
+    ) -> tuple[Entry, dict[str, str]]:
+        """A first attempt's request, and the secrets it is sent with, journalled before it is
+        sent. In the sidecar's order: the source, its protection, the node's topology, then the
+        parameters and secrets; the first failure is the event."""
+        content = Content()
+        if source is not None:
+            content = await self.sources.content(claim, storage_class, source)
+            if source.clone:
+                await self.clones.protect(source)
+            else:
+                await self.snapshots.protect(source)
+        node = await self._selected_node(selected) if selected else None
+        spec = self._new_spec(claim, storage_class, pv_name, node, content)
+        secrets = await self.calls.secrets(spec.secret)
+        md = claim["metadata"]
+        entry = Entry(md["uid"], md["namespace"], md["name"], claim_class(claim), spec)
+        await self.journal.put(entry)
+        return entry, secrets
+
+    async def _provision(
+        self,
+        claim: Obj,
+        storage_class: Obj,
+        pv_name: str,
+        entry: Entry | None,
+        selected: str,
+        source: DataSource | None,
+    ) -> None:
+        md = claim["metadata"]
+        secrets: dict[str, str] | None = None
+        if entry is None:
+            entry, secrets = await self._record_intent(claim, storage_class, pv_name, selected, source)
+        # A repeat sends the journalled request unchanged: CreateVolume is idempotent only for an
+        # identical request, and the first one may still be running in the driver.
+        params = split_parameters(
+            storage_class.get("parameters") or {}, claim, pv_name, self.options.default_fs
+        )
+        if secrets is None:
+            secrets = await self.calls.secrets(entry.spec.secret)
+        failpoints.reach(failpoints.BEFORE_CREATE_VOLUME)
+        # Another node may have room only where the request named the selected node's topology.
+        created = await self._create_volume(
+            claim, storage_class, entry, secrets, may_reschedule=bool(selected) and self.topology
+        )
+        # Kept in memory for now: written to the entry only if saving the PV has to be retried
+        # (see _save_pv). Losing it costs a crash's clean-up one repeated CreateVolume, while
+        # writing it for every claim put a file write on every provisioning's path.
+        entry.volume_id = created.volume_id
+        failpoints.reach(failpoints.AFTER_CREATE_VOLUME)
+        pv = build_pv(
+            driver=self.driver,
+            identity=self.options.identity,
+            claim=claim,
+            storage_class=storage_class,
+            spec=entry.spec,
+            params=params,
+            created=created,
+        )
+        await self._save_pv(pv, claim, entry, secrets)
+        failpoints.reach(failpoints.AFTER_PV_SAVED)
+        await self.journal.remove(entry.uid)
+        log.info("provisioned", claim=key_of(claim), volume=pv_name, handle=created.volume_id)
+        restored = claim["spec"].get("dataSource") or {}
+        if restored.get("kind") == decide.SNAPSHOT_KIND:
+            await self.snapshots.release(md["namespace"], restored.get("name", ""))
+        self.recorder.normal(
+            typed(claim, PERSISTENT_VOLUME_CLAIMS), names.PROVISIONING_SUCCEEDED, names.msg_succeeded(pv_name)
+        )
+
+    async def _create_volume(
+        self,
+        claim: Obj,
+        storage_class: Obj,
+        entry: Entry,
+        secrets: Mapping[str, str],
+        *,
+        may_reschedule: bool,
+    ) -> CreatedVolume:
+        """CreateVolume with the journalled request. What a failure left behind (its state, decided
+        where the call returned) says whether the intent stays and whether retries slow down."""
+        try:
+            return await self.calls.create_volume(entry.spec, secrets, may_reschedule=may_reschedule)
+        except ProvisionError as exc:
+            if exc.final:
+                await self.journal.remove(entry.uid)  # nothing is being created for this request
+            if exc.state is OperationState.INFEASIBLE:
+                # The same request cannot succeed: slow retries, as upstream.
+                class_uid = storage_class["metadata"].get("uid", "")
+                self.infeasible.mark(claim["metadata"]["uid"], class_uid, self.clock.monotonic())
+                raise ProvisionError(
+                    f"Volume provisioning failed with infeasible error. Retries will be delayed. {exc}",
+                    exc.state,
+                ) from exc
+            raise
+
+    async def _save_pv(self, pv: Obj, claim: Obj, entry: Entry, secrets: Mapping[str, str]) -> None:
+        name = pv["metadata"]["name"]
+        error = ""
+        for attempt in range(self.options.pv_save_attempts):
+            if attempt == 1:
+                # Retries take a while: a crash meanwhile finds the volume id in the journal.
+                await self.journal.put(entry, durable=False)
+            if attempt:
+                await self.clock.sleep(self.options.pv_save_interval)
+            try:
+                saved = await self.client.create(PERSISTENT_VOLUMES, pv)
+            except ApiError as exc:
+                if exc.already_exists:
+                    existing = await self.client.get(PERSISTENT_VOLUMES, name)
+                    ref = existing["spec"].get("claimRef") or {}
+                    if ref.get("uid") == claim["metadata"]["uid"]:
+                        return  # saved by an earlier attempt whose answer was lost
+                    error = f"a PersistentVolume {name} of another claim exists"
+                    break
+                error = exc.message
+                log.warning("saving the PV failed, retrying", volume=name, attempt=attempt + 1, error=error)
+                continue
+            self.volumes.store.upsert(saved)  # the next sync must not provision twice
+            return
+        # The PV cannot be saved: give the volume back rather than leave it behind.
+        log.error("could not save the PV, deleting the volume", volume=name, error=error)
+        try:
+            await self.calls.delete_volume(entry.volume_id, secrets)
+        except ProvisionError as exc:
+            self.recorder.warning(
+                typed(claim, PERSISTENT_VOLUME_CLAIMS),
+                names.PROVISIONING_CLEANUP_FAILED,
+                f"Failed to clean up volume {name} after failing to save its PersistentVolume: {exc}",
+            )
+            raise ProvisionError(f"failed to save PersistentVolume {name}: {error}") from exc
+        await self.journal.remove(entry.uid)
+        raise ProvisionError(f"failed to save PersistentVolume {name}: {error}; the volume was deleted")
+
+    async def _abandon(self, entry: Entry) -> None:
+        """The claim is gone while a volume may exist for it: finish the CreateVolume (the same
+        request) to learn the volume's id, then delete the volume. A saved PV takes over instead."""
+        where = object_key(entry.namespace, entry.claim)
+        if await self._pv_exists(entry.spec.name):
+            await self.journal.remove(entry.uid)
+            return
+        volume_id = entry.volume_id
+        secrets = await self.calls.secrets(entry.spec.secret, required=False)
+        if not volume_id:
+            try:
+                volume_id = (await self.calls.create_volume(entry.spec, secrets)).volume_id
+            except ProvisionError as exc:
+                if exc.final:
+                    log.info("claim gone and no volume was created for it", claim=where, error=str(exc))
+                    await self.journal.remove(entry.uid)
+                    return
+                raise
+        await self.calls.delete_volume(volume_id, secrets)
+        log.info("claim deleted while provisioning; deleted its volume", claim=where, handle=volume_id)
+        await self.journal.remove(entry.uid)
