@@ -27,6 +27,7 @@ from controller_runtime.client import ApiError
 from controller_runtime.clock import now_rfc3339
 from controller_runtime.controller import ControllerContext, run_workers
 from controller_runtime.csi_client import CSIConnection, SidecarController, SidecarOptions, error_text
+from controller_runtime.csi_errors import EXPAND_VOLUME, OperationState, classify, status_code
 from controller_runtime.informer import EventHandler
 from controller_runtime.logs import get_logger
 from controller_runtime.mutation_cache import MutationCache
@@ -35,12 +36,11 @@ from controller_runtime.resources import (
     PERSISTENT_VOLUME_CLAIMS,
     PERSISTENT_VOLUMES,
     PODS,
-    SECRETS,
     Obj,
     key_of,
     typed,
 )
-from controller_runtime.secrets import SecretNotSendable, csi_secrets
+from controller_runtime.secrets import read_csi_secrets
 from controller_runtime.storage import claim_request, storage_of
 from controller_runtime.volumes import csi_volume, pod_claims, pv_capability
 from controller_runtime.workqueue import ItemExponentialRateLimiter, WorkQueue
@@ -72,6 +72,15 @@ class Options(SidecarOptions):
 
 class ResizeError(Exception):
     """An attempt that failed; its text is the VolumeResizeFailed event's message."""
+
+
+class WriteFailed(Exception):
+    """A write to the claim or the PV that failed outside an expansion's steps that report: retried
+    with backoff, without an event (upstream returns it without one)."""
+
+
+class VolumeCapabilityError(Exception):
+    """The PV's access modes have no CSI capability to send (controller_runtime.volumes)."""
 
 
 def lease_name(driver: str) -> str:
@@ -192,7 +201,7 @@ class Resizer(SidecarController):
             try:
                 await self._patch_pv(pv, {"metadata": {"annotations": {rs.PRE_RESIZE_CAPACITY: None}}})
             except ApiError as e:
-                raise RuntimeError(
+                raise WriteFailed(
                     f'failed removing annotation {rs.PRE_RESIZE_CAPACITY} from pv "{pv_name}": '
                     f"update capacity of PV {pv_name} failed: {e}"
                 ) from e
@@ -236,7 +245,7 @@ class Resizer(SidecarController):
                 annotations={rs.NODE_EXPANSION_NOT_REQUIRED: None},
             )
         except ApiError as e:
-            raise RuntimeError(f'marking pvc "{key}" as resizing failed: {e}') from e
+            raise WriteFailed(f'marking pvc "{key}" as resizing failed: {e}') from e
         pv_name = pv["metadata"]["name"]
         if self._in_use(claim):
             raise ResizeError(
@@ -294,14 +303,16 @@ class Resizer(SidecarController):
         assert vol is not None  # _ours checked it
         self.in_use.discard(key)
         try:
-            # Upstream's order: the controller-expand Secret, the capability, the call; a failure
-            # of either of the first two is not final (nothing was asked of the driver).
+            # Upstream's order: the controller-expand Secret, the capability, the call. A failure of
+            # either of the first two is no gRPC status: not final (nothing was asked of the driver).
             secrets = await self._secrets(pv)
             try:
                 capability = pv_capability(vol, self.single_node_multi_writer)
             except ValueError as exc:
                 name = pv["metadata"]["name"]
-                raise RuntimeError(f"failed to get capabilities of volume {name} with {exc}") from exc
+                raise VolumeCapabilityError(
+                    f"failed to get capabilities of volume {name} with {exc}"
+                ) from exc
             req = csi_pb2.ControllerExpandVolumeRequest(
                 volume_id=vol.handle,
                 capacity_range=csi_pb2.CapacityRange(required_bytes=size),
@@ -310,35 +321,41 @@ class Resizer(SidecarController):
             )
             rsp = await self.csi.controller.ControllerExpandVolume(req, timeout=self.options.timeout)
         except Exception as exc:
-            code = exc.code() if isinstance(exc, grpc.aio.AioRpcError) else None
-            if isinstance(exc, SecretNotSendable):
-                code = grpc.StatusCode.INTERNAL  # the Go sidecar's request fails to marshal: final
-            text = error_text(exc)
+            code = status_code(exc)
             if code == grpc.StatusCode.FAILED_PRECONDITION:
-                self.in_use.add(key)
-            if rs.is_final(code):
-                self.final_errors.add(key)
-                if not rs.is_infeasible(code):
-                    self.infeasible_since.pop(key, None)
-                status = claim.get("status") or {}
-                marked = rs.controller_failed(
-                    status, f"failed to expand pvc with {text}", rs.is_infeasible(code), now_rfc3339()
-                )
-                try:
-                    await self._patch_claim(claim, marked, resource_version=False)
-                except ApiError as e:
-                    raise ResizeError(
-                        f"resizing failed in controller with {text} but failed to update PVC {key} with: {e}"
-                    ) from e
-            else:
-                self.final_errors.discard(key)
-                self.infeasible_since.pop(key, None)
-            raise ResizeError(
-                f'resize volume "{pv["metadata"]["name"]}" by resizer "{self.driver}" failed: {text}'
-            ) from exc
+                self.in_use.add(key)  # in use: not tried again while a running pod uses it
+            state = classify(EXPAND_VOLUME, code)
+            raise await self._expansion_failed(key, claim, pv, error_text(exc), state) from exc
         self.final_errors.discard(key)
         self.infeasible_since.pop(key, None)
         return int(rsp.capacity_bytes) or size, bool(rsp.node_expansion_required)
+
+    async def _expansion_failed(
+        self, key: str, claim: Obj, pv: Obj, text: str, state: OperationState
+    ) -> ResizeError:
+        """What a failed expansion leaves: a final one is written to the claim (and an infeasible
+        size keeps its slow retries); after one that may still be running the next attempt repeats
+        the same size. Returns the error the attempt fails with."""
+        name = pv["metadata"]["name"]
+        failed = ResizeError(f'resize volume "{name}" by resizer "{self.driver}" failed: {text}')
+        if not state.final:
+            self.final_errors.discard(key)
+            self.infeasible_since.pop(key, None)
+            return failed
+        self.final_errors.add(key)
+        infeasible = state is OperationState.INFEASIBLE
+        if not infeasible:
+            self.infeasible_since.pop(key, None)
+        marked = rs.controller_failed(
+            claim.get("status") or {}, f"failed to expand pvc with {text}", infeasible, now_rfc3339()
+        )
+        try:
+            await self._patch_claim(claim, marked, resource_version=False)
+        except ApiError as e:
+            return ResizeError(
+                f"resizing failed in controller with {text} but failed to update PVC {key} with: {e}"
+            )
+        return failed
 
     async def _secrets(self, pv: Obj) -> dict[str, str]:
         """The PV's controllerExpandSecretRef, read for ControllerExpandVolume as upstream reads it
@@ -346,13 +363,9 @@ class Resizer(SidecarController):
         ref = ((pv.get("spec") or {}).get("csi") or {}).get("controllerExpandSecretRef")
         if not ref:
             return {}
-        name, namespace = str(ref.get("name") or ""), str(ref.get("namespace") or "")
-        try:
-            secret = await self.client.get(SECRETS, name, namespace)
-        except ApiError as exc:
-            message = f"error getting secret {name} in namespace {namespace}: {exc.message}"
-            raise RuntimeError(message) from exc
-        return csi_secrets(secret)
+        return await read_csi_secrets(
+            self.client, str(ref.get("name") or ""), str(ref.get("namespace") or "")
+        )
 
     async def _patch_pv(self, pv: Obj, patch: Obj) -> None:
         """Patches the PV; the next sync must see the annotation this one wrote, even before the
