@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from . import mutation_detector
 from .client import ApiClient
 from .logs import get_logger
 from .reflector import Handler, Reflector
@@ -82,6 +83,9 @@ class SharedInformer(Handler):
         self._handlers: list[EventHandler] = []
         self._synced = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        self._detector = (
+            mutation_detector.MutationDetector(resource.plural) if mutation_detector.enabled() else None
+        )
         self.reflector = Reflector(
             client,
             resource,
@@ -124,6 +128,12 @@ class SharedInformer(Handler):
             self._tasks.append(
                 asyncio.create_task(self._resync_loop(), name=f"resync-{self.resource.plural}")
             )
+        if self._detector is not None:
+            self._tasks.append(
+                asyncio.create_task(
+                    self._detect_mutations(self._detector), name=f"detector-{self.resource.plural}"
+                )
+            )
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -132,6 +142,11 @@ class SharedInformer(Handler):
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks.clear()
+
+    async def _detect_mutations(self, detector: mutation_detector.MutationDetector) -> None:
+        while True:
+            await asyncio.sleep(mutation_detector.CHECK_PERIOD)
+            detector.check()
 
     async def _resync_loop(self) -> None:
         await self._synced.wait()
@@ -148,12 +163,19 @@ class SharedInformer(Handler):
 
     def on_replace(self, items: list[Obj], resource_version: str) -> None:
         added, updated, deleted = self.store.replace(items)
+        if self._detector is not None:
+            for obj in deleted:
+                self._detector.forget(obj)
+            for obj in items:
+                self._detector.stored(obj)
         for obj in deleted:
             self._dispatch_delete(obj)
         for obj in added:
             self._dispatch_add(obj)
         for old, new in updated:
             self._dispatch_update(old, new)
+        if self._detector is not None:
+            self._detector.check(items)
         if not self._synced.is_set():
             log.info(
                 "cache synced",
@@ -167,12 +189,21 @@ class SharedInformer(Handler):
         if kind == "DELETED":
             old = self.store.delete(self.store.key(obj))
             self._dispatch_delete(old if old is not None else obj)
+            if self._detector is not None and old is not None:
+                self._detector.check([old])
+                self._detector.forget(old)
             return
         old = self.store.upsert(obj)
+        if self._detector is not None:
+            self._detector.stored(obj)
         if old is None:
             self._dispatch_add(obj)
         else:
             self._dispatch_update(old, obj)
+        if self._detector is not None:
+            self._detector.check([obj] if old is None else [old, obj])
+            if old is not None:
+                self._detector.forget(old)
 
     def _dispatch_add(self, obj: Obj) -> None:
         for h in self._handlers:
