@@ -23,7 +23,7 @@ from controller_runtime.resources import PODS, Obj
 from controller_runtime.volumes import pod_terminated
 
 from .disk import remove_pod_dir
-from .plan import PodVolume
+from .decide import PodVolume
 from .volume_manager import VolumeManager
 
 log = get_logger("node-agent")

@@ -50,7 +50,7 @@ from .expansion import (
     Target,
     pending_size,
 )
-from .plan import Mounted, PodVolume, plan_volumes
+from .decide import Mounted, PodVolume, plan_volumes
 from .plugins import Plugin
 
 log = get_logger("node-agent")

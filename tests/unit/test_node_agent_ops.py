@@ -13,7 +13,7 @@ from controller_runtime.client import ApiClient
 from controller_runtime.events import EventRecorder
 from controller_runtime.volumes import CSIVolume
 from services.node_agent.agent import NodeAgent, Options
-from services.node_agent.plan import PodVolume
+from services.node_agent.decide import PodVolume
 from services.node_agent.plugins import Plugin
 
 DRIVER = "loop.csi.kubeloop.dev"

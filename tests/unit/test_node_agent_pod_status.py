@@ -14,7 +14,7 @@ import aiohttp
 from controller_runtime.client import ApiClient
 from controller_runtime.informer import SharedInformer
 from controller_runtime.resources import Obj
-from services.node_agent.plan import PodVolume
+from services.node_agent.decide import PodVolume
 from services.node_agent.pod_status import PodStatus
 from services.node_agent.volume_manager import VolumeManager
 
