@@ -28,6 +28,7 @@ from controller_runtime.client import ApiError
 from controller_runtime.clock import now_rfc3339
 from controller_runtime.controller import ControllerContext, run_workers
 from controller_runtime.csi_client import CSIConnection, SidecarController, SidecarOptions, error_text
+from controller_runtime.csi_errors import PUBLISH_VOLUME, classify
 from controller_runtime.informer import EventHandler
 from controller_runtime.logs import get_logger
 from controller_runtime.mutation_cache import MutationCache
@@ -66,7 +67,18 @@ class Options(SidecarOptions):
 
 
 class AttachError(Exception):
-    pass
+    """An attach or detach that failed; its text goes to the VA's attachError or detachError."""
+
+
+def call_failed(method: str, va: str, exc: grpc.aio.AioRpcError) -> AttachError:
+    """A failed ControllerPublishVolume or ControllerUnpublishVolume, classified where it returned
+    (csi_errors; external-attacher's isFinalError). Both are retried alike whatever it says, as
+    csi-attacher retries them (it ignores the verdict too: a VA that goes is detached whatever its
+    attach left behind), so the state is for the operator: a call that may still be running in
+    the driver is no refusal."""
+    state = classify(PUBLISH_VOLUME, exc.code())
+    log.info(f"{method} failed", va=va, state=state.value, error=error_text(exc))
+    return AttachError(error_text(exc))
 
 
 def va_pv_name(va: Obj) -> str:
@@ -261,7 +273,7 @@ class Attacher(SidecarController):
         try:
             resp = await self.csi.controller.ControllerPublishVolume(req, timeout=self.options.timeout)
         except grpc.aio.AioRpcError as exc:
-            raise AttachError(error_text(exc)) from exc
+            raise call_failed("ControllerPublishVolume", name, exc) from exc
         await self._mark_attached(va_result, dict(resp.publish_context))
         log.info("attached", va=name, pv=pv["metadata"]["name"], node=node)
 
@@ -308,7 +320,7 @@ class Attacher(SidecarController):
         except grpc.aio.AioRpcError as exc:
             # Every error, NotFound included, leaves the VA for another try: csi-attacher trusts
             # only an OK answer (a driver that found nothing to unpublish must say OK).
-            raise AttachError(error_text(exc)) from exc
+            raise call_failed("ControllerUnpublishVolume", name, exc) from exc
         # The finalizer first: a deleted VA without it counts as detached whatever its status says.
         finalizers = va["metadata"].get("finalizers") or []
         remaining = [f for f in finalizers if f != self.finalizer]

@@ -16,7 +16,7 @@ import pytest
 
 from controller_runtime.client import ApiClient, ApiError
 from controller_runtime.controller import ControllerContext
-from controller_runtime.csi_client import CSIConnection
+from controller_runtime.csi_client import CSIConnection, error_text
 from controller_runtime.events import EventRecorder
 from controller_runtime.informer import SharedInformerFactory
 from controller_runtime.resources import Obj, Resource
@@ -167,6 +167,36 @@ def test_not_found_from_unpublish_is_an_error_to_retry() -> None:
         # Its last finalizer gone, the deleted VA is gone too: no status write after it
         # (csi-attacher sends one and ignores its 404).
         assert len(writes.of("patch", "volumeattachments")) == patches
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize(
+    ("code", "state"),
+    [
+        (grpc.StatusCode.DEADLINE_EXCEEDED, "Background"),
+        (grpc.StatusCode.RESOURCE_EXHAUSTED, "Background"),  # isFinalError: a busy driver
+        (grpc.StatusCode.INVALID_ARGUMENT, "Finished"),
+    ],
+)
+def test_a_failed_publish_is_retried_whatever_it_left_and_logs_its_state(
+    code: grpc.StatusCode, state: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def main() -> None:
+        a, driver, writes = make()
+        a.pvs.store.upsert(pv())
+        a.csinodes.store.upsert(csinode())
+        a.vas.store.upsert(va())
+        driver.fail = failure = rpc_error(code, "no")
+        with caplog.at_level("INFO", logger="external-attacher"), pytest.raises(AttachError):
+            await a.sync_va("va-1")
+        [record] = [r for r in caplog.records if r.getMessage() == "ControllerPublishVolume failed"]
+        assert vars(record)["kubeloop_fields"]["state"] == state
+        assert errors(writes, "attachError") == [error_text(failure)]
+
+        driver.fail = None
+        await a.sync_va("va-1")
+        assert writes.of("patch", "volumeattachments")[-1]["status"]["attached"] is True
 
     asyncio.run(main())
 
