@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import errno
 import os
 import stat
@@ -81,17 +82,48 @@ def _timestamp(seconds: float) -> Timestamp:
     return ts
 
 
-def _incompatible_source(content: tuple[str, str], access_type: str, fs_type: str) -> str | None:
-    """Why a volume of `access_type`/`fs_type` cannot be made from a source holding `content`
-    (its access type and filesystem), else None. A filesystem may become a block volume (its
-    image, read as a device); raw block data never becomes a filesystem volume, whose stage
-    would format over it or refuse it."""
-    source_access, source_fs = content
-    if source_access == "block" and access_type == "mount":
+@dataclass(frozen=True)
+class _Source:
+    """What a CreateVolume copies: none (kind ""), a snapshot or a volume."""
+
+    kind: str = ""
+    id: str = ""
+    path: str = ""
+    size: int = 0
+    access_type: str = ""  # what the source holds; "" for snapshots older than these fields
+    fs_type: str = ""
+
+
+def _incompatible_source(source: _Source, access_type: str, fs_type: str) -> str | None:
+    """Why a volume of `access_type`/`fs_type` cannot be made from `source`, else None. A
+    filesystem may become a block volume (its image, read as a device); raw block data never
+    becomes a filesystem volume, whose stage would format over it or refuse it."""
+    if source.access_type == "block" and access_type == "mount":
         return "holds raw block data, not a filesystem; restore it as a block volume"
-    if source_access == "mount" and access_type == "mount" and source_fs and source_fs != fs_type:
-        return f"holds a {source_fs} filesystem, not {fs_type}; a copy keeps its filesystem"
+    if (
+        source.access_type == "mount"
+        and access_type == "mount"
+        and source.fs_type
+        and source.fs_type != fs_type
+    ):
+        return f"holds a {source.fs_type} filesystem, not {fs_type}; a copy keeps its filesystem"
     return None
+
+
+def _mismatch(vol: VolumeRecord, wanted: VolumeRecord, required: int, limit: int) -> list[str]:
+    """How an existing volume of a CreateVolume's name differs from what the repeat asks for."""
+    mismatch = []
+    if not fits(vol.capacity, required, limit):
+        mismatch.append(f"capacity {vol.capacity} is outside the requested range")
+    if (vol.source_kind, vol.source_id) != (wanted.source_kind, wanted.source_id):
+        mismatch.append("content source differs")
+    if vol.access_type != wanted.access_type:
+        mismatch.append(f"it is a {vol.access_type} volume")
+    if vol.fs_type != wanted.fs_type:
+        mismatch.append(f"its filesystem is {vol.fs_type or 'none'}")
+    if wanted.topology and vol.topology and not any(t in vol.topology for t in wanted.topology):
+        mismatch.append("it is not accessible from the requested topology")
+    return mismatch
 
 
 def _access_type(caps: Iterable[Capability]) -> str:
@@ -296,6 +328,59 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
             raise
 
     # --- volumes --------------------------------------------------------------------------------
+    def _source(self, req: csi_pb2.CreateVolumeRequest) -> _Source:
+        """The snapshot or volume a CreateVolume copies, checked to exist and be complete."""
+        if not req.HasField("volume_content_source"):
+            return _Source()
+        src = req.volume_content_source
+        if src.HasField("snapshot"):
+            source_id = check_id(src.snapshot.snapshot_id, "source snapshot_id")
+            snap = self.state.snapshot(source_id)
+            if snap is None or not snap.ready:
+                raise not_found(f"source snapshot {source_id} does not exist")
+            return _Source(
+                "snapshot",
+                source_id,
+                self.state.snapshot_file(source_id),
+                snap.size,
+                snap.access_type,
+                snap.fs_type,
+            )
+        if src.HasField("volume"):
+            source_id = check_id(src.volume.volume_id, "source volume_id")
+            vol = self.state.volume(source_id)
+            if vol is None or not vol.ready:
+                raise not_found(f"source volume {source_id} does not exist")
+            return _Source(
+                "volume",
+                source_id,
+                self.state.volume_file(source_id),
+                vol.capacity,
+                vol.access_type,
+                vol.fs_type,
+            )
+        raise invalid("volume_content_source must name a snapshot or a volume")
+
+    async def _make(self, vol: VolumeRecord, source: _Source) -> VolumeRecord:
+        """Fills the backing file of a recorded volume and marks it ready; a failure rolls it back."""
+        async with self.state.locks.hold(vol.volume_id):
+            try:
+                if source.path:
+                    # Holding the source's lock keeps it from being deleted or grown mid-copy.
+                    async with self.state.locks.hold(source.id):
+                        await self._fill(self.state.volume_file(vol.volume_id), vol.capacity, source.path)
+                else:
+                    await self._fill(self.state.volume_file(vol.volume_id), vol.capacity, None)
+                vol.ready = True
+                await self.state.put_volume(vol)
+            except Exception:
+                # A failed fill (a full pool, an unreadable source) gives the room back at once.
+                # A call cancelled by the driver stopping is not: its copy may still be running in
+                # a thread, and the next start rolls the record back.
+                await self._roll_back(vol)
+                raise
+        return vol
+
     async def CreateVolume(
         self, req: csi_pb2.CreateVolumeRequest, _: grpc.aio.ServicerContext
     ) -> csi_pb2.CreateVolumeResponse:
@@ -309,62 +394,38 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
         if req.HasField("capacity_range") and not required and not limit:
             raise invalid("capacity_range must set required_bytes or limit_bytes, or be unset")
         topology = self._topology(req)
-
-        source_kind, source_id, source_path, source_size = "", "", None, 0
-        source_content = ("", "")  # the source's access type and filesystem; unknown for old snapshots
-        if req.HasField("volume_content_source"):
-            src = req.volume_content_source
-            if src.HasField("snapshot"):
-                source_kind, source_id = "snapshot", check_id(src.snapshot.snapshot_id, "source snapshot_id")
-                snap = self.state.snapshot(source_id)
-                if snap is None or not snap.ready:
-                    raise not_found(f"source snapshot {source_id} does not exist")
-                source_path, source_size = self.state.snapshot_file(source_id), snap.size
-                source_content = (snap.access_type, snap.fs_type)
-            elif src.HasField("volume"):
-                source_kind, source_id = "volume", check_id(src.volume.volume_id, "source volume_id")
-                source_vol = self.state.volume(source_id)
-                if source_vol is None or not source_vol.ready:
-                    raise not_found(f"source volume {source_id} does not exist")
-                source_path, source_size = self.state.volume_file(source_id), source_vol.capacity
-                source_content = (source_vol.access_type, source_vol.fs_type)
-            else:
-                raise invalid("volume_content_source must name a snapshot or a volume")
+        source = self._source(req)
         # A copy of a filesystem keeps its filesystem unless the request names another, which the
         # copy cannot be: the node would refuse to stage it, so the create refuses it now.
-        fs_type = (
-            requested_fs
-            or (source_content[1] if access_type == "mount" else "")
-            or (DEFAULT_FS if access_type == "mount" else "")
-        )
-        if (reason := _incompatible_source(source_content, access_type, fs_type)) is not None:
-            raise invalid(f"the {source_kind} {source_id} {reason}")
-
-        if source_size and not required and not limit:
-            size = source_size
+        mount = access_type == "mount"
+        fs_type = requested_fs or (source.fs_type if mount else "") or (DEFAULT_FS if mount else "")
+        if (reason := _incompatible_source(source, access_type, fs_type)) is not None:
+            raise invalid(f"the {source.kind} {source.id} {reason}")
+        if source.size and not required and not limit:
+            size = source.size
         else:
             size = choose_size(required, limit, self.config.max_volume_size)
-        if size < source_size:
+        if size < source.size:
             raise out_of_range(
-                f"the {source_kind} {source_id} holds {format_size(source_size)}, more than the requested "
+                f"the {source.kind} {source.id} holds {format_size(source.size)}, more than the requested "
                 f"capacity of at most {format_size(size)}"
             )
-
+        wanted = VolumeRecord(
+            volume_id=f"vol-{uuid.uuid4().hex}",
+            name=name,
+            capacity=size,
+            seq=0,
+            access_type=access_type,
+            fs_type=fs_type,
+            parameters=dict(req.parameters),
+            source_kind=source.kind,
+            source_id=source.id,
+            topology=topology,
+        )
         async with self.state.locks.hold(f"name/{name}"):
             vol = self.state.volume_by_name(name)
             if vol is not None:
-                mismatch = []
-                if not fits(vol.capacity, required, limit):
-                    mismatch.append(f"capacity {vol.capacity} is outside the requested range")
-                if (vol.source_kind, vol.source_id) != (source_kind, source_id):
-                    mismatch.append("content source differs")
-                if vol.access_type != access_type:
-                    mismatch.append(f"it is a {vol.access_type} volume")
-                if vol.fs_type != fs_type:
-                    mismatch.append(f"its filesystem is {vol.fs_type or 'none'}")
-                if topology and vol.topology and not any(t in vol.topology for t in topology):
-                    mismatch.append("it is not accessible from the requested topology")
-                if mismatch:
+                if mismatch := _mismatch(vol, wanted, required, limit):
                     raise already_exists(
                         f"a volume named {name!r} already exists ({vol.volume_id}) and is incompatible: "
                         + "; ".join(mismatch)
@@ -377,42 +438,16 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
                     # The record goes first (not ready): it holds the room, and after a crash
                     # before the file is complete it tells the restarted controller what to roll
                     # back (no CO can know a volume whose CreateVolume never answered).
-                    vol = VolumeRecord(
-                        volume_id=f"vol-{uuid.uuid4().hex}",
-                        name=name,
-                        capacity=size,
-                        seq=self.state.next_seq(),
-                        access_type=access_type,
-                        fs_type=fs_type,
-                        parameters=dict(req.parameters),
-                        source_kind=source_kind,
-                        source_id=source_id,
-                        topology=topology,
-                    )
+                    vol = dataclasses.replace(wanted, seq=self.state.next_seq())
                     await self.state.put_volume(vol)
-            async with self.state.locks.hold(vol.volume_id):
-                try:
-                    if source_path is not None:
-                        # Holding the source's lock keeps it from being deleted or grown mid-copy.
-                        async with self.state.locks.hold(source_id):
-                            await self._fill(self.state.volume_file(vol.volume_id), vol.capacity, source_path)
-                    else:
-                        await self._fill(self.state.volume_file(vol.volume_id), vol.capacity, None)
-                    vol.ready = True
-                    await self.state.put_volume(vol)
-                except Exception:
-                    # A failed fill (a full pool, an unreadable source) gives the room back at
-                    # once. A call cancelled by the driver stopping is not: its copy may still be
-                    # running in a thread, and the next start rolls the record back.
-                    await self._roll_back(vol)
-                    raise
+            vol = await self._make(vol, source)
         log.info(
             "created volume",
             volume=vol.volume_id,
             name=name,
             size=vol.capacity,
             access_type=access_type,
-            source=f"{source_kind}:{source_id}" if source_kind else "",
+            source=f"{source.kind}:{source.id}" if source.kind else "",
         )
         return csi_pb2.CreateVolumeResponse(volume=self._csi_volume(vol))
 

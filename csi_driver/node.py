@@ -60,6 +60,20 @@ def _restage_mismatch(rec: StagingRecord, cap: Capability) -> str | None:
     return None
 
 
+def _check_republish(rec: StagingRecord, target: str, read_only: bool, cap: Capability) -> None:
+    """A repeated NodePublishVolume of a mounted target: OK if it asks for the same, else the
+    spec's ALREADY_EXISTS."""
+    if rec.targets[target] != read_only:
+        raise already_exists(
+            f"volume {rec.volume_id} is already published at {target} with readonly={rec.targets[target]}"
+        )
+    if rec.access_mode and cap.mode != rec.access_mode:
+        raise already_exists(
+            f"volume {rec.volume_id} is already published at {target} with access mode "
+            f"{Mode.Name(rec.access_mode)}"
+        )
+
+
 def _read_only_device(rec: StagingRecord) -> bool:
     """Whether the staged loop device itself is read-only: a block volume staged read-only (a
     read-only ControllerPublish or a reader-only access mode). A filesystem's read-only staging
@@ -416,16 +430,7 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
                     f"volume {volume_id} was staged as {rec.access_type}, not {cap.access_type}"
                 )
             if target in rec.targets and is_mounted(target):
-                if rec.targets[target] != read_only:
-                    raise already_exists(
-                        f"volume {volume_id} is already published at {target} "
-                        f"with readonly={rec.targets[target]}"
-                    )
-                if rec.access_mode and cap.mode != rec.access_mode:
-                    raise already_exists(
-                        f"volume {volume_id} is already published at {target} with access mode "
-                        f"{Mode.Name(rec.access_mode)}"
-                    )
+                _check_republish(rec, target, read_only, cap)
                 return csi_pb2.NodePublishVolumeResponse()
             if cap.mode in ONE_TARGET_MODES:
                 others = [t for t in rec.targets if t != target and is_mounted(t)]
@@ -435,41 +440,11 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
                         f"published at {others[0]}"
                     )
             block = cap.access_type == "block"
-            device = rec.device
             if block:
-                backing = self.state.volume_file(volume_id)
-                if not await loop.is_attached(rec.device, backing):
-                    raise failed_precondition(
-                        f"volume {volume_id} has no loop device; call NodeStageVolume again"
-                    )
-                if _read_only_device(rec) and not read_only:
-                    raise failed_precondition(
-                        f"volume {volume_id} is staged read-only on node {self.config.node_id}; "
-                        "it cannot be published read-write"
-                    )
-                if read_only and not _read_only_device(rec):
-                    # A read-only bind mount does not stop writes through a device node: the pod
-                    # gets a second loop device of the same file that the kernel keeps read-only.
-                    device = await self._ensure_read_only_device(rec, backing)
+                device = await self._block_device(rec, read_only)
             elif not is_mounted(staging):
                 raise failed_precondition(f"{staging} is not mounted; call NodeStageVolume again")
-            # Recorded before anything is made or mounted, so a crash leaves a record to undo.
-            # Only what the driver makes itself is removed at unpublish: a file or directory that
-            # was already there (someone else's) stays. Whether it will make the target is known
-            # before it does, so one write records both; another write only if someone raced it.
-            rec.targets[target] = read_only
-            ours = target in rec.created_targets
-            if not ours and not await asyncio.to_thread(self.kubelet.exists, target, "target_path"):
-                rec.created_targets.append(target)
-            await self.state.put_staging(rec)
-            make = self.kubelet.make_file if block else self.kubelet.make_dir
-            made = await asyncio.to_thread(make, target, "target_path")
-            if made != (target in rec.created_targets) and not ours:
-                if made:
-                    rec.created_targets.append(target)
-                else:
-                    rec.created_targets.remove(target)
-                await self.state.put_staging(rec)
+            await self._record_target(rec, target, read_only, block)
             if block:
                 await self._bind_on(device, None, target, False, read_only)
             else:
@@ -478,6 +453,45 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
                     await self._bind_on("", src, target, True, read_only)
         log.info("published volume", volume=volume_id, target=target, read_only=read_only)
         return csi_pb2.NodePublishVolumeResponse()
+
+    async def _block_device(self, rec: StagingRecord, read_only: bool) -> str:
+        """The loop device a block target gets: the staged one, or for a read-only target of a
+        read-write staging a second one the kernel keeps read-only (a read-only bind mount does
+        not stop writes through a device node)."""
+        backing = self.state.volume_file(rec.volume_id)
+        if not await loop.is_attached(rec.device, backing):
+            raise failed_precondition(
+                f"volume {rec.volume_id} has no loop device; call NodeStageVolume again"
+            )
+        if _read_only_device(rec) and not read_only:
+            raise failed_precondition(
+                f"volume {rec.volume_id} is staged read-only on node {self.config.node_id}; "
+                "it cannot be published read-write"
+            )
+        if read_only and not _read_only_device(rec):
+            return await self._ensure_read_only_device(rec, backing)
+        return rec.device
+
+    async def _record_target(self, rec: StagingRecord, target: str, read_only: bool, block: bool) -> None:
+        """Records the target, then makes it (a file for a device, else a directory).
+
+        Recorded before anything is made or mounted, so a crash leaves a record to undo. Only what
+        the driver makes itself is removed at unpublish: a file or directory that was already there
+        (someone else's) stays. Whether it will make the target is known before it does, so one
+        write records both; another write only if someone raced it."""
+        rec.targets[target] = read_only
+        ours = target in rec.created_targets
+        if not ours and not await asyncio.to_thread(self.kubelet.exists, target, "target_path"):
+            rec.created_targets.append(target)
+        await self.state.put_staging(rec)
+        make = self.kubelet.make_file if block else self.kubelet.make_dir
+        made = await asyncio.to_thread(make, target, "target_path")
+        if made != (target in rec.created_targets) and not ours:
+            if made:
+                rec.created_targets.append(target)
+            else:
+                rec.created_targets.remove(target)
+            await self.state.put_staging(rec)
 
     async def NodeUnpublishVolume(
         self, req: csi_pb2.NodeUnpublishVolumeRequest, _: grpc.aio.ServicerContext
