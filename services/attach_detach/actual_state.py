@@ -17,7 +17,7 @@ import dataclasses
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from .state import ATTACH_TIMEOUT_ERROR, Attachment, DesiredEntry, PodRef
+from .decide import ATTACH_TIMEOUT_ERROR, Attachment, DesiredEntry, PodRef
 
 # A node's status list written this recently is not written again: the cache can lag behind the
 # write, and would show the old list for a pass or two.

@@ -49,14 +49,12 @@ from controller_runtime.volumes import (
 from controller_runtime.workqueue import WorkQueue, default_rate_limiter
 
 from .actual_state import ActualState
-from .metrics import METRICS
-from .state import (
+from .decide import (
     ATTACH_FAILED_MESSAGE,
     ATTACH_SUCCEEDED_MESSAGE,
     TAINT_OUT_OF_SERVICE,
     Attachment,
     DesiredEntry,
-    DesiredState,
     DesiredVolume,
     Detach,
     NodeInfo,
@@ -67,6 +65,8 @@ from .state import (
     multi_attach_message,
     split_unique_name,
 )
+from .desired_state import DesiredState
+from .metrics import METRICS
 
 log = get_logger("attach-detach")
 

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 from controller_runtime.volumes import unique_volume_name, va_name
 from services.attach_detach.actual_state import STATUS_ECHO_SECONDS, ActualState, AttachOutcome
-from services.attach_detach.state import (
+from services.attach_detach.decide import (
     ATTACH_TIMEOUT_ERROR,
     Attachment,
     DesiredEntry,
-    DesiredState,
     DesiredVolume,
     PodRef,
 )
+from services.attach_detach.desired_state import DesiredState
 
 DRIVER = "loop.csi.kubeloop.dev"
 TIMEOUT = 120.0

@@ -17,13 +17,13 @@ from controller_runtime.informer import SharedInformerFactory
 from controller_runtime.resources import Obj, Resource
 from controller_runtime.volumes import ANN_CONTROLLER_MANAGED, unique_volume_name, va_name
 from services.attach_detach.controller import AttachDetachController, Options
-from services.attach_detach.state import (
+from services.attach_detach.decide import (
     ATTACH_FAILED_MESSAGE,
     ATTACH_SUCCEEDED_MESSAGE,
-    DesiredState,
     DesiredVolume,
     PodRef,
 )
+from services.attach_detach.desired_state import DesiredState
 
 DRIVER = "loop.csi.kubeloop.dev"
 

@@ -13,9 +13,8 @@ from controller_runtime.volumes import (
     unique_volume_name,
     va_name,
 )
-from services.attach_detach.state import (
+from services.attach_detach.decide import (
     Attachment,
-    DesiredState,
     DesiredVolume,
     NodeInfo,
     PodRef,
@@ -24,6 +23,7 @@ from services.attach_detach.state import (
     multi_attach_message,
     split_unique_name,
 )
+from services.attach_detach.desired_state import DesiredState
 
 DRIVER = "loop.csi.kubeloop.dev"
 
