@@ -15,8 +15,6 @@ its writes, one operation per VolumeAttachment at a time, telling both states wh
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,8 +89,6 @@ class Options:
     # How long an attach may wait for status.attached before it counts as uncertain (kcm's CSI
     # attacher timeout).
     attach_timeout: float = 120.0
-    # Monotonic seconds; tests pass a fake one so that timeouts need no sleeping.
-    clock: Callable[[], float] = time.monotonic
 
 
 def _pod_node(pod: Obj) -> list[str]:
@@ -141,7 +137,9 @@ class AttachDetachController(InformerController):
         # The two worlds; the controller changes them only through their methods.
         self.desired = DesiredState()
         self.actual = ActualState(self.options.attach_timeout)
-        self.pod_queue: WorkQueue[str] = WorkQueue("attachdetach-pods", default_rate_limiter())
+        self.pod_queue: WorkQueue[str] = WorkQueue(
+            "attachdetach-pods", default_rate_limiter(clock=self.clock), clock=self.clock
+        )
         self.pods = self.factory.informer(PODS)
         self.nodes = self.factory.informer(NODES)
         self.pvs = self.factory.informer(PERSISTENT_VOLUMES)
@@ -174,13 +172,14 @@ class AttachDetachController(InformerController):
             backoff=Backoff(self.options.backoff_start, self.options.backoff_max),
             on_done=self._wake.set,
             logger=log,
+            clock=self.clock,
         )
         # VA name -> ((VA, PV resourceVersion), its Attachment without pending): reading a VA is
         # done again only when it or its PV changed.
         self._attachment_cache: dict[str, tuple[tuple[Any, Any], Attachment]] = {}
         self._populated = False
         self._counts = (0, 0)
-        start = self.options.clock()
+        start = self.clock.monotonic()
         self._last_populate = self._last_list_pods = self._last_sync_states = start
 
     # -- handlers: only enqueue ---------------------------------------------------------------------
@@ -391,10 +390,10 @@ class AttachDetachController(InformerController):
                 listed_without_attachment=self.actual.listed_without_attachment(),
             )
             # Never spin faster than a tenth of the loop period, however many events arrive.
-            pacer = PassPacer(self._wake, self.options.loop_period, self.options.loop_period / 10)
+            pacer = PassPacer(self._wake, self.options.loop_period, self.options.loop_period / 10, self.clock)
             while True:
                 try:
-                    now = self.options.clock()
+                    now = self.clock.monotonic()
                     if now - self._last_populate >= self.options.populator_period:
                         self._last_populate = now
                         with self.deciding:
@@ -416,7 +415,7 @@ class AttachDetachController(InformerController):
     # -- the reconcile pass ---------------------------------------------------------------------------
 
     async def reconcile(self) -> None:
-        now = self.options.clock()
+        now = self.clock.monotonic()
         with self.deciding:
             desired, attachments, plan = self._decide(now)
         self.actual.set_detach_requests(plan.detach_requested, now)
@@ -549,7 +548,7 @@ class AttachDetachController(InformerController):
         log.info("detaching", va=att.name, pv=att.pv_name, node=att.node, forced=d.forced)
 
     async def _write_node_status(self, node: str, names: tuple[str, ...]) -> None:
-        if not self.actual.node_status_update_needed(node, names, self.options.clock()):
+        if not self.actual.node_status_update_needed(node, names, self.clock.monotonic()):
             return
         patch = {"status": {"volumesAttached": [{"name": n, "devicePath": ""} for n in names]}}
         try:
@@ -558,4 +557,4 @@ class AttachDetachController(InformerController):
             if exc.not_found:
                 return
             raise
-        self.actual.mark_node_status_updated(node, names, self.options.clock())
+        self.actual.mark_node_status_updated(node, names, self.clock.monotonic())

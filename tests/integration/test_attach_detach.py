@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import pytest_asyncio
 
 from controller_runtime.client import ApiClient, ApiError
+from controller_runtime.clock_testing import FakeClock
 from controller_runtime.controller import ControllerContext
 from controller_runtime.events import EventRecorder
 from controller_runtime.informer import SharedInformerFactory
@@ -40,12 +41,15 @@ from services.attach_detach.metrics import METRICS
 DRIVER = "attach.test.kubeloop.dev"  # no CSIDriver object: attach required
 
 
-@dataclass
-class Clock:
-    now: float = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+async def follow_real_time(clock: FakeClock) -> None:
+    """Moves the fake clock along with real time, so the controller's pacer, queue and backoffs
+    run as they would; a test's `step` jumps ahead of it (a minute of waiting without the wait)."""
+    last = time.monotonic()
+    while True:
+        await asyncio.sleep(0.005)
+        now = time.monotonic()
+        clock.step(now - last)
+        last = now
 
 
 async def wait_for(check: Callable[[], Awaitable[bool]], timeout: float, what: str) -> None:
@@ -73,10 +77,11 @@ class Cluster:
     cp: ControlPlane
     ns: str
     suffix: str = field(default_factory=lambda: uuid.uuid4().hex[:6])
-    clock: Clock = field(default_factory=Clock)
+    clock: FakeClock = field(default_factory=FakeClock)
     nodes: list[str] = field(default_factory=list)
     pvs: list[str] = field(default_factory=list)
     task: asyncio.Task[None] | None = None
+    ticker: asyncio.Task[None] | None = None
     client: ApiClient | None = None
     recorder: EventRecorder | None = None
 
@@ -202,8 +207,9 @@ class Cluster:
         self.client = await ApiClient.from_kubeconfig(str(self.cp.admin_kubeconfig), qps=0, burst=1)
         self.recorder = EventRecorder(self.client, "attachdetach-controller")
         factory = SharedInformerFactory(self.client)
-        context = ControllerContext(self.client, factory, self.recorder)
-        controller = AttachDetachController(context, Options(loop_period=0.05, clock=self.clock))
+        context = ControllerContext(self.client, factory, self.recorder, self.clock)
+        controller = AttachDetachController(context, Options(loop_period=0.05))
+        self.ticker = asyncio.create_task(follow_real_time(self.clock))
         self.task = asyncio.create_task(controller.run())
         await wait_for(self._synced(controller), 30, "the controller's first pass")
 
@@ -215,10 +221,11 @@ class Cluster:
         return check
 
     async def stop(self) -> None:
-        if self.task is not None:
-            self.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.task
+        for task in (self.task, self.ticker):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         if self.recorder is not None:
             await self.recorder.close()
         if self.client is not None:
@@ -286,7 +293,7 @@ async def test_volumes_a_node_lists_are_the_actual_state_at_start(cluster: Clust
     assert await c.node_attached(node) == [c.unique("y")], "y counts as attached"
     assert not await exists(c.api, VOLUME_ATTACHMENTS, c.va("y", node)), "so no VA is made for it"
 
-    c.clock.now += 61  # the periodic check finds y without a VolumeAttachment
+    c.clock.step(61)  # the periodic check finds y without a VolumeAttachment
 
     async def y_attaching() -> bool:
         return await exists(c.api, VOLUME_ATTACHMENTS, c.va("y", node))
@@ -312,10 +319,10 @@ async def test_deleted_node_keeps_a_mounted_volume_until_the_unmount_timeout(clu
     await c.api.delete(NODES, node)
     await asyncio.sleep(1.0)
     assert await exists(c.api, VOLUME_ATTACHMENTS, va), "the node last reported it mounted"
-    c.clock.now += 300
+    c.clock.step(300)
     await asyncio.sleep(0.5)
     assert await exists(c.api, VOLUME_ATTACHMENTS, va), "6 minutes have not passed"
-    c.clock.now += 61
+    c.clock.step(61)
 
     async def detached() -> bool:
         return not await exists(c.api, VOLUME_ATTACHMENTS, va)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from controller_runtime.client import ApiClient
+from controller_runtime.clock_testing import FakeClock
 from controller_runtime.controller import ControllerContext
 from controller_runtime.events import EventRecorder
 from controller_runtime.informer import SharedInformerFactory
@@ -26,14 +27,6 @@ from services.attach_detach.decide import (
 from services.attach_detach.desired_state import DesiredState
 
 DRIVER = "loop.csi.kubeloop.dev"
-
-
-@dataclass
-class Clock:
-    now: float = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @dataclass
@@ -128,12 +121,14 @@ def va(handle: str, node_name: str, attached: bool = True, error: str = "") -> O
 
 class World:
     def __init__(self) -> None:
-        self.clock = Clock()
+        self.clock = FakeClock()
         self.writes = Writes()
         self.events = Events()
         client = cast(ApiClient, self.writes)
-        context = ControllerContext(client, SharedInformerFactory(client), cast(EventRecorder, self.events))
-        self.c = AttachDetachController(context, Options(clock=self.clock))
+        context = ControllerContext(
+            client, SharedInformerFactory(client), cast(EventRecorder, self.events), self.clock
+        )
+        self.c = AttachDetachController(context, Options())
 
     @classmethod
     def mounted_on_node_a(cls) -> World:
@@ -199,7 +194,7 @@ def test_node_status_is_the_actual_state_at_start() -> None:
         w.c.vas.store.upsert(va("z", "node-a"))
         await w.add_pod(pod("p", "node-a", "y"))
         w.c.seed_actual_state()
-        atts = {a.handle: a for a in w.c.attachments(w.clock())}
+        atts = {a.handle: a for a in w.c.attachments(w.clock.monotonic())}
         assert atts["x"].attached and atts["y"].attached and not atts["x"].pv_name
 
         await w.reconcile()
@@ -216,7 +211,7 @@ def test_node_status_is_the_actual_state_at_start() -> None:
         assert w.written("delete", "volumeattachments") == [va_name("z", DRIVER, "node-a")]
 
         # kcm's periodic check: y has no VolumeAttachment after all, so it is attached anew.
-        w.clock.now += 61
+        w.clock.step(61)
         await w.reconcile()
         assert w.written("create", "volumeattachments") == [va_name("y", DRIVER, "node-a")]
 
@@ -241,7 +236,7 @@ def test_deleted_node_keeps_its_mounts_and_its_pods_volumes() -> None:
         await w.delete_pod("p")
         await w.reconcile()
         assert not w.written("delete", "volumeattachments"), "still mounted as last reported"
-        w.clock.now += 361
+        w.clock.step(361)
         await w.reconcile()
         assert w.written("delete", "volumeattachments") == [va_name("v", DRIVER, "node-a")]
         assert w.written("patch", "nodes") == [], "a deleted node's status is not written"
@@ -259,17 +254,17 @@ def test_populator_drops_vanished_pods_and_requeues_all_every_three_minutes() ->
         # Events lost: p is gone, q was replaced by a new pod of the same name.
         w.c.pods.store.delete("ns/p")
         w.c.pods.store.upsert(pod("q", "node-a", "v", uid="new-uid"))
-        w.c.populate(w.clock.now + 60)
+        w.c.populate(w.clock.monotonic() + 60)
         assert not w.c.desired.pods
         assert len(w.c.pod_queue) == 0, "re-adding waits for the three-minute list"
-        w.c.populate(w.clock.now + 180)
+        w.c.populate(w.clock.monotonic() + 180)
         assert len(w.c.pod_queue) == 1
 
         # A driver that stops needing attachment: its volumes leave the desired state.
         await w.c.sync_pod("ns/q")
         assert w.c.desired.entries()
         w.c.drivers.store.upsert({"metadata": {"name": DRIVER}, "spec": {"attachRequired": False}})
-        w.c.populate(w.clock.now + 240)
+        w.c.populate(w.clock.monotonic() + 240)
         assert not w.c.desired.entries()
 
     asyncio.run(main())
@@ -284,7 +279,7 @@ def test_attach_waits_for_its_timeout_then_is_uncertain() -> None:
         assert not w.written("create", "volumeattachments") and not w.events.items, (
             "node-b waits silently for node-a's attach"
         )
-        w.clock.now += 121
+        w.clock.step(121)
         await w.reconcile()
         assert (
             "p",
@@ -397,16 +392,16 @@ def test_an_attachment_is_read_again_only_when_its_va_or_pv_changed() -> None:
         "metadata": {"name": va_name("v", DRIVER, "node-a"), "resourceVersion": "7"},
     }
     w.c.vas.store.upsert(first)
-    (a,) = w.c.attachments(w.clock())
-    (b,) = w.c.attachments(w.clock())
+    (a,) = w.c.attachments(w.clock.monotonic())
+    (b,) = w.c.attachments(w.clock.monotonic())
     assert a is b and not a.attached
     w.c.vas.store.upsert(
         {**first, "metadata": {**first["metadata"], "resourceVersion": "8"}, "status": {"attached": True}}
     )
-    (c,) = w.c.attachments(w.clock())
+    (c,) = w.c.attachments(w.clock.monotonic())
     assert c.attached and c.unique_name == unique("v")
     w.c.vas.store.delete(first["metadata"]["name"])
-    assert w.c.attachments(w.clock()) == [] and w.c._attachment_cache == {}
+    assert w.c.attachments(w.clock.monotonic()) == [] and w.c._attachment_cache == {}
 
 
 def test_desired_entries_are_grouped_again_only_after_a_change() -> None:
