@@ -81,6 +81,7 @@ class NodeAgent:
             lease_duration=opts.lease_duration,
             heartbeat=opts.heartbeat,
             status_report=opts.status_report,
+            clock=clock,
         )
         self.plugins = PluginManager(
             client, node_name, self.layout.plugins_registry(), csi_timeout=opts.csi_timeout

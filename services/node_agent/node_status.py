@@ -4,14 +4,12 @@ kube-node-lease and re-reports its status now and then."""
 
 from __future__ import annotations
 
-import asyncio
 import os
-import time
 
 import aiohttp
 
 from controller_runtime.client import ApiClient, ApiError
-from controller_runtime.clock import micro_time, now_rfc3339
+from controller_runtime.clock import SYSTEM_CLOCK, Clock, micro_time, now_rfc3339
 from controller_runtime.logs import get_logger
 from controller_runtime.resources import LEASES, NODES, Obj
 from controller_runtime.volumes import ANN_CONTROLLER_MANAGED
@@ -31,8 +29,10 @@ class NodeStatus:
         lease_duration: int,
         heartbeat: float,
         status_report: float,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.client = client
+        self.clock = clock
         self.node_name = node_name
         self.capacity = capacity
         self.lease_duration = lease_duration
@@ -92,7 +92,7 @@ class NodeStatus:
                     error=str(exc),
                     retry_in=f"{wait:g}s",
                 )
-            await asyncio.sleep(wait)
+            await self.clock.sleep(wait)
             wait = min(max_wait, wait * 2)
 
     async def _register(self) -> None:
@@ -152,13 +152,13 @@ class NodeStatus:
 
     async def heartbeat(self) -> None:
         """Renews the Lease every heartbeat period and reports the status every status_report."""
-        last_status = time.monotonic()
+        last_status = self.clock.monotonic()
         while True:
             try:
                 await self._renew_lease()
-                if time.monotonic() - last_status >= self.status_report:
+                if self.clock.monotonic() - last_status >= self.status_report:
                     await self._report_status()
-                    last_status = time.monotonic()
+                    last_status = self.clock.monotonic()
             except Exception as exc:
                 log.warning("node heartbeat failed", error=str(exc))
-            await asyncio.sleep(self.heartbeat_period)
+            await self.clock.sleep(self.heartbeat_period)
