@@ -22,8 +22,8 @@ from controller_runtime.logs import get_logger
 from controller_runtime.resources import PODS, Obj
 from controller_runtime.volumes import pod_terminated
 
-from .disk import remove_pod_dir
 from .decide import PodVolume
+from .disk import remove_pod_dir
 from .volume_manager import VolumeManager
 
 log = get_logger("node-agent")

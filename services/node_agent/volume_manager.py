@@ -41,6 +41,7 @@ from controller_runtime.volumes import (
 )
 from kubeloop_grpc.csi import csi_pb2
 
+from .decide import Mounted, PodVolume, plan_volumes
 from .disk import Layout, VolData, remove_pod_dir, remove_volume_dir, write_vol_data
 from .expansion import (
     FS_RESIZE_FAILED,
@@ -50,7 +51,6 @@ from .expansion import (
     Target,
     pending_size,
 )
-from .decide import Mounted, PodVolume, plan_volumes
 from .plugins import Plugin
 
 log = get_logger("node-agent")
