@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from controller_runtime.volumes import CSIVolume, unique_volume_name
-from services.node_agent.disk import Layout, VolData, read_vol_data, remove_volume_dir, write_vol_data
 from services.node_agent.decide import Mounted, PodVolume, plan_volumes
+from services.node_agent.disk import Layout, VolData, read_vol_data, remove_volume_dir, write_vol_data
 
 DRIVER = "loop.csi.kubeloop.dev"
 
