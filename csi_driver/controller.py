@@ -333,33 +333,19 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
         if not req.HasField("volume_content_source"):
             return _Source()
         src = req.volume_content_source
+        record: VolumeRecord | SnapshotRecord | None
         if src.HasField("snapshot"):
-            source_id = check_id(src.snapshot.snapshot_id, "source snapshot_id")
-            snap = self.state.snapshot(source_id)
-            if snap is None or not snap.ready:
-                raise not_found(f"source snapshot {source_id} does not exist")
-            return _Source(
-                "snapshot",
-                source_id,
-                self.state.snapshot_file(source_id),
-                snap.size,
-                snap.access_type,
-                snap.fs_type,
-            )
-        if src.HasField("volume"):
-            source_id = check_id(src.volume.volume_id, "source volume_id")
-            vol = self.state.volume(source_id)
-            if vol is None or not vol.ready:
-                raise not_found(f"source volume {source_id} does not exist")
-            return _Source(
-                "volume",
-                source_id,
-                self.state.volume_file(source_id),
-                vol.capacity,
-                vol.access_type,
-                vol.fs_type,
-            )
-        raise invalid("volume_content_source must name a snapshot or a volume")
+            kind, source_id = "snapshot", check_id(src.snapshot.snapshot_id, "source snapshot_id")
+            record, path = self.state.snapshot(source_id), self.state.snapshot_file(source_id)
+        elif src.HasField("volume"):
+            kind, source_id = "volume", check_id(src.volume.volume_id, "source volume_id")
+            record, path = self.state.volume(source_id), self.state.volume_file(source_id)
+        else:
+            raise invalid("volume_content_source must name a snapshot or a volume")
+        if record is None or not record.ready:
+            raise not_found(f"source {kind} {source_id} does not exist")
+        size = record.size if isinstance(record, SnapshotRecord) else record.capacity
+        return _Source(kind, source_id, path, size, record.access_type, record.fs_type)
 
     async def _make(self, vol: VolumeRecord, source: _Source) -> VolumeRecord:
         """Fills the backing file of a recorded volume and marks it ready; a failure rolls it back."""

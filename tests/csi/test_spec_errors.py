@@ -347,6 +347,14 @@ def _no_mode_cap() -> csi_pb2.VolumeCapability:
     return csi_pb2.VolumeCapability(mount=csi_pb2.VolumeCapability.MountVolume())
 
 
+def _leave_out(kwargs: dict[str, Any], missing: str) -> None:
+    """Drops the field a test leaves out; "access_mode" keeps the capability but drops its mode."""
+    if missing == "access_mode":
+        kwargs["volume_capability"] = _no_mode_cap()
+    else:
+        del kwargs[missing]
+
+
 def _no_type_cap() -> csi_pb2.VolumeCapability:
     return csi_pb2.VolumeCapability(
         access_mode=csi_pb2.VolumeCapability.AccessMode(mode=Mode.SINGLE_NODE_WRITER)
@@ -918,10 +926,7 @@ def test_controller_publish_missing_required_fields(sc: Client, missing: str) ->
         "node_id": "node-a",
         "volume_capability": mount_cap(),
     }
-    if missing == "access_mode":
-        kwargs["volume_capability"] = _no_mode_cap()
-    else:
-        del kwargs[missing]
+    _leave_out(kwargs, missing)
     fails(
         INVALID,
         lambda: sc.controller.ControllerPublishVolume(csi_pb2.ControllerPublishVolumeRequest(**kwargs)),
@@ -1517,10 +1522,7 @@ def test_node_stage_missing_required_fields(sc: Client, shared: Driver, missing:
         "staging_target_path": str(shared.kubelet / uniq("staging")),
         "volume_capability": mount_cap(),
     }
-    if missing == "access_mode":
-        kwargs["volume_capability"] = _no_mode_cap()
-    else:
-        del kwargs[missing]
+    _leave_out(kwargs, missing)
     fails(INVALID, lambda: sc.node.NodeStageVolume(csi_pb2.NodeStageVolumeRequest(**kwargs)))
 
 
@@ -1795,10 +1797,7 @@ def test_node_publish_missing_required_fields(sc: Client, shared: Driver, missin
         "target_path": target_path(shared),
         "volume_capability": mount_cap(),
     }
-    if missing == "access_mode":
-        kwargs["volume_capability"] = _no_mode_cap()
-    else:
-        del kwargs[missing]
+    _leave_out(kwargs, missing)
     fails(INVALID, lambda: sc.node.NodePublishVolume(csi_pb2.NodePublishVolumeRequest(**kwargs)))
 
 
