@@ -12,6 +12,7 @@ from controller_runtime.controller import ControllerContext, run_workers
 from controller_runtime.csi_client import CSIConnection, SidecarController
 from controller_runtime.informer import EventHandler
 from controller_runtime.logs import get_logger
+from controller_runtime.mutation_cache import MutationCache
 from controller_runtime.resources import PERSISTENT_VOLUME_CLAIMS, Obj, key_of, object_key
 from controller_runtime.storage import is_deleting
 from controller_runtime.workqueue import ItemExponentialRateLimiter, WorkQueue
@@ -42,9 +43,14 @@ class CloneProtectionController(SidecarController):
             clock=self.clock,
         )
         self.claims = self.factory.informer(PERSISTENT_VOLUME_CLAIMS)
+        # The claims as this controller's own finalizer patches left them: a second clone of a
+        # source in one round must not patch it again.
+        self.claim_view = MutationCache(self.claims.store, clock=self.clock)
         if self.enabled:
             self.claims.add_handler(
-                EventHandler(self._claim_changed, lambda _o, c: self._claim_changed(c), None)
+                EventHandler(
+                    self._claim_changed, lambda _o, c: self._claim_changed(c), self.claim_view.deleted
+                )
             )
 
     def _claim_changed(self, claim: Obj) -> None:
@@ -60,7 +66,7 @@ class CloneProtectionController(SidecarController):
         """Puts the finalizer on the source claim before the first CreateVolume that copies it, so
         the source cannot vanish while the driver copies. A merge patch carrying the
         resourceVersion: a stale cache is a conflict, reported and retried."""
-        src = self.claims.store.get(object_key(source.namespace, source.name))
+        src = self.claim_view.get(object_key(source.namespace, source.name))
         if src is None:
             raise ProvisionError(f'persistentvolumeclaim "{source.name}" not found')
         md = src["metadata"]
@@ -73,13 +79,13 @@ class CloneProtectionController(SidecarController):
             saved = await self.client.patch(PERSISTENT_VOLUME_CLAIMS, md["name"], patch, md["namespace"])
         except ApiError as exc:
             raise ProvisionError(exc.message) from exc
-        self.claims.store.upsert(saved)  # a second clone of it in this round must not patch again
+        self.claim_view.mutated(saved)  # a second clone of it in this round must not patch again
 
     async def sync(self, key: str) -> float | None:
         """The finalizer goes once no claim is Pending with the source as its data source.
         Level-triggered from the cache, so a restart anywhere converges: the initial list
         re-queues every deleting source."""
-        src = self.claims.store.get(key)
+        src = self.claim_view.get(key)
         if src is None or names.CLONE_FINALIZER not in (src["metadata"].get("finalizers") or []):
             return None
         pending = decide.pending_clones(src, self.claims.store.values())

@@ -20,6 +20,7 @@ from controller_runtime.csi_client import CSIConnection, SidecarController
 from controller_runtime.csi_errors import OperationState
 from controller_runtime.informer import EventHandler
 from controller_runtime.logs import get_logger
+from controller_runtime.mutation_cache import MutationCache
 from controller_runtime.resources import (
     CSI_NODES,
     NODES,
@@ -103,6 +104,10 @@ class ProvisioningController(SidecarController):
         self.classes = self.factory.informer(STORAGE_CLASSES)
         self.nodes = self.factory.informer(NODES)
         self.csinodes = self.factory.informer(CSI_NODES)
+        # The PVs as this controller's own creates left them: a PV it just saved is seen before
+        # the watch delivers it, so the next sync never provisions the claim a second time.
+        self.volume_view = MutationCache(self.volumes.store, include_adds=True, clock=self.clock)
+        self.volumes.add_handler(EventHandler(None, None, self.volume_view.deleted))
         self.claims.add_index(UID_INDEX, lambda c: [c["metadata"]["uid"]])
         self.claims.add_handler(
             EventHandler(self._claim_changed, lambda _o, c: self._claim_changed(c), self._claim_deleted)
@@ -165,7 +170,7 @@ class ProvisioningController(SidecarController):
     async def _pv_exists(self, name: str) -> bool:
         """Asks the API when the cache says no: only a confirmed absence may lead to deleting a
         volume, and a PV we just created may not be in the cache yet."""
-        if self.volumes.store.get(name) is not None:
+        if self.volume_view.get(name) is not None:
             return True
         try:
             await self.client.get(PERSISTENT_VOLUMES, name)
@@ -203,7 +208,7 @@ class ProvisioningController(SidecarController):
 
     async def _sync_pending_claim(self, claim: Obj, entry: Entry | None) -> None:
         pv_name = pv_name_for(self.options.prefix, claim)
-        if self.volumes.store.get(pv_name) is not None:
+        if self.volume_view.get(pv_name) is not None:
             if entry is not None:
                 await self.journal.remove(entry.uid)
             return  # provisioned; the binder completes the bind
@@ -426,7 +431,7 @@ class ProvisioningController(SidecarController):
                 error = exc.message
                 log.warning("saving the PV failed, retrying", volume=name, attempt=attempt + 1, error=error)
                 continue
-            self.volumes.store.upsert(saved)  # the next sync must not provision twice
+            self.volume_view.mutated(saved)  # the next sync must not provision twice
             return
         # The PV cannot be saved: give the volume back rather than leave it behind.
         log.error("could not save the PV, deleting the volume", volume=name, error=error)
