@@ -352,8 +352,10 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
         async with self.state.locks.hold(vol.volume_id):
             try:
                 if source.path:
-                    # Holding the source's lock keeps it from being deleted or grown mid-copy.
+                    # Holding the source's lock keeps it from being deleted or grown mid-copy; what
+                    # was read of it before the lock is read again under it.
                     async with self.state.locks.hold(source.id):
+                        self._check_source_again(source, vol.capacity)
                         await self._fill(self.state.volume_file(vol.volume_id), vol.capacity, source.path)
                 else:
                     await self._fill(self.state.volume_file(vol.volume_id), vol.capacity, None)
@@ -366,6 +368,19 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
                 await self._roll_back(vol)
                 raise
         return vol
+
+    def _check_source_again(self, source: _Source, capacity: int) -> None:
+        """Under the source's lock: it still exists, and still fits the volume being made (an
+        expansion may have grown it since it was first read)."""
+        record = self.state.snapshot(source.id) if source.kind == "snapshot" else self.state.volume(source.id)
+        if record is None or not record.ready:
+            raise not_found(f"source {source.kind} {source.id} does not exist")
+        size = record.size if isinstance(record, SnapshotRecord) else record.capacity
+        if size > capacity:
+            raise out_of_range(
+                f"the {source.kind} {source.id} holds {format_size(size)}, more than the volume's "
+                f"{format_size(capacity)}"
+            )
 
     async def CreateVolume(
         self, req: csi_pb2.CreateVolumeRequest, _: grpc.aio.ServicerContext
@@ -498,10 +513,15 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
                         f"to node {others[0]}"
                     )
                 limit = node.max_volumes_per_node if node is not None else 0
-                if limit and self.state.published_count(node_id) >= limit:
-                    raise exhausted(f"node {node_id} already has its maximum of {limit} volumes published")
-                vol.published[node_id] = readonly
-                await self.state.put_volume(vol)
+                # The count and the record that raises it under the node's lock (taken after the
+                # volume's, never before): publishes of different volumes to one node run at once.
+                async with self.state.locks.hold(f"node/{node_id}"):
+                    if limit and self.state.published_count(node_id) >= limit:
+                        raise exhausted(
+                            f"node {node_id} already has its maximum of {limit} volumes published"
+                        )
+                    vol.published[node_id] = readonly
+                    await self.state.put_volume(vol)
                 log.info("published volume", volume=volume_id, node=node_id, readonly=readonly)
         return csi_pb2.ControllerPublishVolumeResponse(
             publish_context={

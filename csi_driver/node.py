@@ -4,6 +4,7 @@ only when it has none, mount it at the staging path, and bind-mount it into targ
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import stat
 from dataclasses import dataclass
@@ -137,12 +138,17 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
         claimed = {d for r in records for d in (r.device, r.ro_device) if d}
 
         def adopt(recorded: str, attached: list[loop.LoopDevice], read_only: bool) -> str:
-            """The recorded device if still attached, else one of the right kind that no other
-            staging claims: the record is gone (reboot) or was never written (a crash right
-            after the attach). "" when there is none; the next stage or publish attaches one."""
-            if any(d.name == recorded and d.read_only == read_only for d in attached):
-                return recorded
-            found = next((d.name for d in attached if d.read_only == read_only and d.name not in claimed), "")
+            """The recorded device if still attached and still ours, else one this plugin
+            attached (its owner mark: this node, this kind) that no staging claims: the record
+            was never written (a crash right after the attach). Never another node plugin's
+            device of the same file, which shares this kernel in the local stack. "" when there
+            is none; the next stage or publish attaches one."""
+            owner = self._owner(read_only)
+            for d in attached:
+                # "" : a device attached before devices carried their owner, known by its record.
+                if d.name == recorded and d.read_only == read_only and d.owner in (owner, ""):
+                    return recorded
+            found = next((d.name for d in attached if d.owner == owner and d.name not in claimed), "")
             claimed.add(found)
             return found
 
@@ -208,25 +214,39 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
             )
         return backing
 
+    def _owner(self, read_only: bool) -> str:
+        """The mark this plugin writes into the loop devices it attaches: which node (hashed to
+        fit the kernel's 64 bytes) and which kind, so reconcile adopts only its own."""
+        node = hashlib.sha256(self.config.node_id.encode()).hexdigest()[:16]
+        return f"kubeloop:{node}:{'ro' if read_only else 'rw'}"
+
+    async def _attach(self, rec: StagingRecord, backing: str, read_only: bool, field: str) -> str:
+        """Attaches a loop device of `backing` and records it in `field` of the staging record at
+        once: a later step may fail (a foreign filesystem, a mount error), and NodeUnstage
+        detaches only what the record names. If the record cannot be written the device is
+        detached again, so a retry never leaves a second one behind. A plugin killed between the
+        attach and the write adopts the device at start by its owner mark (reconcile)."""
+        owner = self._owner(read_only)
+        dev = await loop.attach(backing, direct_io=self.config.direct_io, read_only=read_only, owner=owner)
+        setattr(rec, field, dev.name)
+        try:
+            await self.state.put_staging(rec)
+        except BaseException:
+            setattr(rec, field, "")
+            await loop.detach(dev.name)
+            raise
+        return dev.name
+
     async def _ensure_device(self, rec: StagingRecord, backing: str) -> str:
         if await loop.is_attached(rec.device, backing):
             return rec.device
-        dev = await loop.attach(backing, direct_io=self.config.direct_io, read_only=_read_only_device(rec))
-        # Recorded at once: a step after this may fail (a foreign filesystem, a mount error), and
-        # NodeUnstage detaches only what the record names. A plugin killed before the write finds
-        # the device by its backing file at start (reconcile) and adopts it.
-        rec.device = dev.name
-        await self.state.put_staging(rec)
-        return dev.name
+        return await self._attach(rec, backing, _read_only_device(rec), "device")
 
     async def _ensure_read_only_device(self, rec: StagingRecord, backing: str) -> str:
         """The read-only loop device that read-only block targets of a read-write staging get."""
         if await loop.is_attached(rec.ro_device, backing):
             return rec.ro_device
-        dev = await loop.attach(backing, direct_io=self.config.direct_io, read_only=True)
-        rec.ro_device = dev.name  # recorded at once, as _ensure_device does
-        await self.state.put_staging(rec)
-        return dev.name
+        return await self._attach(rec, backing, True, "ro_device")
 
     async def _ensure_filesystem(self, rec: StagingRecord, device: str, backing: str, requested: str) -> str:
         volume_id = rec.volume_id
@@ -252,14 +272,20 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
             )
         # blkid knows no signature, which raw data from a block volume has none of either: data in
         # the backing file is kept unless this staging's own mkfs was killed half way.
-        if not rec.formatting and await asyncio.to_thread(files.holds_data, backing) is True:
+        if not rec.formatting and await asyncio.to_thread(files.holds_data, backing):
             raise failed_precondition(
                 f"volume {volume_id} holds data but no filesystem (a block volume staged as a "
                 "filesystem?); refusing to format it"
             )
+        if rec.read_only:
+            # mount-utils refuses the same: nobody may write the filesystem, so nobody makes it
+            # (two nodes staging a fresh ReadOnlyMany volume would each run mkfs on it).
+            raise failed_precondition(f"volume {volume_id} is unformatted and cannot be mounted read-only")
         fs_type = requested or fs.DEFAULT_FS
         rec.formatting = True
-        await self.state.put_staging(rec)
+        # Durable, like the grow mark: after a power loss mid-mkfs only this mark tells the next
+        # stage that the data on the device is its own half-made filesystem.
+        await self.state.put_staging(rec, durable=True)
         await fs.mkfs(device, fs_type)
         rec.formatting = False  # saved with the staging that follows
         return fs_type
@@ -292,8 +318,14 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
 
     async def _condition(self, rec: StagingRecord, path: str) -> csi_pb2.VolumeCondition:
         backing = self.state.volume_file(rec.volume_id)
-        if not await asyncio.to_thread(os.path.exists, backing):
+        try:
+            mode = (await asyncio.to_thread(os.lstat, backing)).st_mode
+        except OSError:
             return csi_pb2.VolumeCondition(abnormal=True, message=f"backing file {backing} is missing")
+        if not stat.S_ISREG(mode):
+            return csi_pb2.VolumeCondition(
+                abnormal=True, message=f"backing file {backing} is not a regular file"
+            )
         if not await loop.is_attached(rec.device, backing):
             return csi_pb2.VolumeCondition(
                 abnormal=True, message="loop device is not attached; restage the volume"
@@ -333,12 +365,6 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
             if rec is not None and (reason := _restage_mismatch(rec, cap)) is not None:
                 raise already_exists(f"volume {volume_id} is already staged at {staging} {reason}")
             if rec is None:
-                staged = self.state.staging_count()
-                if staged >= self.config.max_volumes_per_node > 0:
-                    raise failed_precondition(
-                        f"node {self.config.node_id} already has {staged} volumes staged, "
-                        "its --max-volumes-per-node"
-                    )
                 # Intent first: after a crash the record tells reconcile and NodeUnstage what to undo.
                 rec = StagingRecord(
                     volume_id=volume_id,
@@ -348,7 +374,16 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
                     read_only=read_only,
                     access_mode=cap.mode,
                 )
-                await self.state.put_staging(rec)
+                # The count and the record that raises it under one lock: stages of different
+                # volumes run at once (kubelet stages a pod's volumes together).
+                async with self.state.locks.hold("node/stagings"):
+                    staged = self.state.staging_count()
+                    if staged >= self.config.max_volumes_per_node > 0:
+                        raise failed_precondition(
+                            f"node {self.config.node_id} already has {staged} volumes staged, "
+                            "its --max-volumes-per-node"
+                        )
+                    await self.state.put_staging(rec)
             device = await self._ensure_device(rec, backing)
             if cap.access_type == "mount" and not is_mounted(staging):
                 fs_type = await self._ensure_filesystem(rec, device, backing, requested)
@@ -569,9 +604,12 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
                 raise failed_precondition(
                     f"volume {volume_id} is not mounted at its staging path; call NodeStageVolume again"
                 )
-            await loop.refresh_capacity(rec.device)
-            if rec.ro_device:
-                await loop.refresh_capacity(rec.ro_device)
+            backing = self.state.volume_file(volume_id)
+            for device in (rec.device, rec.ro_device):
+                # Only devices still attached to this volume: a number reused by another volume
+                # must not be refreshed, nor fail every retry.
+                if await loop.is_attached(device, backing):
+                    await loop.refresh_capacity(device)
             size = await asyncio.to_thread(loop.device_size, rec.device)
             if not fits(size, required, limit):
                 # The node grows what the backing file holds; the file grows by ControllerExpandVolume.

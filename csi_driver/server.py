@@ -50,16 +50,19 @@ _QUIET = {
 Behaviour = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]
 
 
-# A status message travels in a header, and gRPC refuses headers over 16 KiB (the client then sees
-# RESOURCE_EXHAUSTED instead of the answer). Messages quote values from requests, which may be
-# that long: they are cut here, once for every RPC, whatever built them.
-MAX_MESSAGE = 2048
+# A status message travels percent-encoded in a header (up to 3 bytes for each byte of UTF-8), and
+# gRPC refuses headers over 16 KiB: the client then sees RESOURCE_EXHAUSTED instead of the answer.
+# Messages quote values from requests, which may be that long: they are cut here, once for every
+# RPC, whatever built them, at a size whose encoding always fits.
+MAX_MESSAGE_BYTES = 2048
 
 
 def _bounded(message: str) -> str:
-    if len(message) <= MAX_MESSAGE:
+    encoded = message.encode("utf-8", "backslashreplace")
+    if len(encoded) <= MAX_MESSAGE_BYTES:
         return message
-    return f"{message[:MAX_MESSAGE]}... ({len(message) - MAX_MESSAGE} more characters)"
+    kept = encoded[:MAX_MESSAGE_BYTES].decode("utf-8", "ignore")  # never half a character
+    return f"{kept}... ({len(encoded) - MAX_MESSAGE_BYTES} more bytes)"
 
 
 @dataclass(frozen=True)

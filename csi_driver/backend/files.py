@@ -45,21 +45,22 @@ def open_regular(path: str, flags: int) -> int:
         os.close(pin)
 
 
-def holds_data(path: str) -> bool | None:
+def holds_data(path: str) -> bool:
     """Whether a backing file has any allocated data: False for one that is all hole (a new
-    volume, or a copy of one), True when data sits beside holes, None when the filesystem cannot
-    tell (it reports no holes) or every byte is allocated."""
+    volume, or a copy of one). Where the filesystem cannot say where the holes are (no
+    SEEK_DATA, or one that calls the whole file data), a file with no block allocated holds
+    none and any other holds some."""
     fd = open_regular(path, os.O_RDONLY)
     try:
-        size = os.fstat(fd).st_size
+        st = os.fstat(fd)
         try:
             first_data = os.lseek(fd, 0, os.SEEK_DATA)
         except OSError as e:
             if e.errno == errno.ENXIO:  # no data anywhere
                 return False
-            return None
-        if first_data == 0 and os.lseek(fd, 0, os.SEEK_HOLE) >= size:
-            return None
+            return st.st_blocks > 0
+        if first_data == 0 and os.lseek(fd, 0, os.SEEK_HOLE) >= st.st_size:
+            return st.st_blocks > 0
         return True
     finally:
         os.close(fd)

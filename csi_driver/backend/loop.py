@@ -18,7 +18,7 @@ from pathlib import Path
 
 from controller_runtime.logs import get_logger
 
-from .files import open_regular
+from .files import UnsafePoolFile, open_regular
 from .tools import ToolError
 
 log = get_logger("csi.loop")
@@ -99,6 +99,9 @@ class LoopDevice:
     # The backing file's filesystem ("major:minor") and inode, as the kernel recorded them at attach.
     back_dev: str = ""
     back_ino: int = 0
+    # Who attached it and for what, as the attach wrote it into lo_crypt_name (unused without
+    # encryption, and returned by LOOP_GET_STATUS64): "" for devices attached by anyone else.
+    owner: str = ""
 
     def backed_by(self, path: str) -> bool:
         """Whether `path` is this device's backing file. By path first; else by device and inode,
@@ -134,7 +137,7 @@ def _device(name: str, nodes: DeviceNodes) -> LoopDevice | None:
     back_file = _read(loop_dir / "backing_file")
     if not back_file:
         return None
-    back_dev, back_ino = "", 0
+    back_dev, back_ino, owner = "", 0, ""
     try:
         fd = nodes.open(name, make=False)  # listing makes no node; a missing one leaves the path
         try:
@@ -142,6 +145,7 @@ def _device(name: str, nodes: DeviceNodes) -> LoopDevice | None:
         finally:
             os.close(fd)
         back_dev, back_ino = f"{os.major(info[0])}:{os.minor(info[0])}", int(info[1])
+        owner = info[10].rstrip(b"\0").decode("utf-8", "replace")
     except OSError:
         pass  # detached meanwhile, or a node that cannot be made: the path has to do
     return LoopDevice(
@@ -151,6 +155,7 @@ def _device(name: str, nodes: DeviceNodes) -> LoopDevice | None:
         read_only=_read(nodes.sys_block / name / "ro") == "1",
         back_dev=back_dev,
         back_ino=back_ino,
+        owner=owner,
     )
 
 
@@ -184,23 +189,24 @@ async def is_attached(device: str, back_file: str, nodes: DeviceNodes = DeviceNo
     return bool(device) and await asyncio.to_thread(_ask)
 
 
-def _configure(back_file: str, direct_io: bool, read_only: bool, nodes: DeviceNodes) -> str:
+def _configure(back_file: str, direct_io: bool, read_only: bool, owner: str, nodes: DeviceNodes) -> str:
     try:
-        return _configure_once(back_file, direct_io, read_only, nodes)
+        return _configure_once(back_file, direct_io, read_only, owner, nodes)
     except OSError as e:
         if not direct_io or e.errno != errno.EINVAL:
             raise
         # A backing filesystem without direct I/O (tmpfs, some overlays): buffered, as losetup
         # falls back; whether the kernel took direct I/O is read back from sysfs either way.
-        return _configure_once(back_file, False, read_only, nodes)
+        return _configure_once(back_file, False, read_only, owner, nodes)
 
 
-def _configure_once(back_file: str, direct_io: bool, read_only: bool, nodes: DeviceNodes) -> str:
+def _configure_once(back_file: str, direct_io: bool, read_only: bool, owner: str, nodes: DeviceNodes) -> str:
     flags = os.O_RDONLY if read_only else os.O_RDWR
     # Never through a symlink, never anything but a regular file (files.open_regular says why).
     backing = open_regular(back_file, flags | (os.O_DIRECT if direct_io else 0))
     lo_flags = (LO_FLAGS_READ_ONLY if read_only else 0) | (LO_FLAGS_DIRECT_IO if direct_io else 0)
-    info = _INFO64.pack(0, 0, 0, 0, 0, 0, 0, 0, lo_flags, os.fsencode(back_file)[:63], b"", b"", 0, 0)
+    name = os.fsencode(back_file)[:63]
+    info = _INFO64.pack(0, 0, 0, 0, 0, 0, 0, 0, lo_flags, name, owner.encode()[:63], b"", 0, 0)
     try:
         for _ in range(_ATTACH_TRIES):
             index = nodes.free_index()
@@ -219,9 +225,14 @@ def _configure_once(back_file: str, direct_io: bool, read_only: bool, nodes: Dev
 
 
 async def attach(
-    back_file: str, direct_io: bool = True, read_only: bool = False, nodes: DeviceNodes = DeviceNodes()
+    back_file: str,
+    direct_io: bool = True,
+    read_only: bool = False,
+    owner: str = "",
+    nodes: DeviceNodes = DeviceNodes(),
 ) -> LoopDevice:
-    """Attaches a file to a free loop device.
+    """Attaches a file to a free loop device, marked with `owner` (at most 63 bytes) so that
+    whoever attached it can tell it from another user's device of the same file.
 
     Direct I/O skips the page cache of the pool's filesystem, so data is cached once (in the
     filesystem on the loop device) instead of twice. When the backing filesystem cannot do it
@@ -229,12 +240,14 @@ async def attach(
     """
     async with _attach_lock:
         try:
-            name = await asyncio.to_thread(_configure, back_file, direct_io, read_only, nodes)
+            name = await asyncio.to_thread(_configure, back_file, direct_io, read_only, owner, nodes)
+        except UnsafePoolFile:
+            raise  # the caller's answer is FAILED_PRECONDITION, not a tool failure
         except OSError as e:
             raise ToolError(["attach loop device", back_file], e.errno or 1, str(e)) from e
     dio = _direct_io(name)
-    log.info("attached loop device", device=name, file=back_file, direct_io=dio)
-    return LoopDevice(name=name, back_file=back_file, direct_io=dio, read_only=read_only)
+    log.info("attached loop device", device=name, file=back_file, direct_io=dio, owner=owner)
+    return LoopDevice(name=name, back_file=back_file, direct_io=dio, read_only=read_only, owner=owner)
 
 
 def _direct_io(device: str) -> bool:

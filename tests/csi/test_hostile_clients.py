@@ -403,3 +403,83 @@ def test_a_create_killed_after_its_file_appeared_is_rolled_back_at_start(
     assert not _pool_files(driver.pool, "snapshots")
     assert stat.S_ISDIR(os.stat(driver.pool / "volumes").st_mode)
     assert create(client, "done", size=16 * MiB).volume_id != vol.volume_id
+
+
+# --- found in review: two node plugins on one kernel, concurrent publishes, long messages ---------
+def test_a_restarted_node_plugin_never_adopts_another_nodes_device(driver: Driver, client: Client) -> None:
+    """Two node plugins share the kernel and the pool (the local stack): node-a publishes a block
+    volume read-only (its second, read-only device), node-b stages it read-write and is killed.
+    Restarted, node-b adopts only devices it attached (their owner mark), so its unstage leaves
+    node-a's devices attached and node-a's target still reads the volume."""
+    other = Driver(driver.root / "node-b", "node", "node-b")
+    other.pool, other.state = driver.pool, driver.root / "node-b" / "state"
+    other.root.mkdir()
+    other.start()
+    b = Client(other.endpoint)
+    try:
+        multi = block_cap(Mode.MULTI_NODE_MULTI_WRITER)
+        vol = create(client, "two-nodes", size=16 * MiB, cap=multi)
+        att = Attached(client, driver, vol.volume_id, multi, name="a")
+        ro_target = str(driver.kubelet / "target-a-ro" / "dev")
+        os.makedirs(os.path.dirname(ro_target), exist_ok=True)
+        _publish(client, att, ro_target, readonly=True)
+        staging_b = str(other.kubelet / "staging-b")
+        b.node.NodeStageVolume(
+            csi_pb2.NodeStageVolumeRequest(
+                volume_id=vol.volume_id, staging_target_path=staging_b, volume_capability=multi
+            )
+        )
+        mine = set(loop_devices_under(driver.pool))
+        other.kill9()
+        other.start()
+        b.node.NodeUnstageVolume(
+            csi_pb2.NodeUnstageVolumeRequest(volume_id=vol.volume_id, staging_target_path=staging_b)
+        )
+        left = set(loop_devices_under(driver.pool))
+        assert len(left) == len(mine) - 1, f"node-b's unstage detached {mine - left}, not only its own"
+        with open(ro_target, "rb") as f:
+            f.read(512)
+        _unpublish(client, vol.volume_id, ro_target)
+        att.close()
+        assert not loop_devices_under(driver.pool)
+    finally:
+        b.close()
+        other.stop()
+
+
+def test_concurrent_publishes_never_exceed_the_nodes_limit(csi_root: Path) -> None:
+    """--max-volumes-per-node 1 and two ControllerPublishVolume calls of different volumes to the
+    node at once: one is published, the other RESOURCE_EXHAUSTED."""
+    work = csi_root / "node-limit"
+    work.mkdir()
+    d = Driver(work, "all", "node-a", ["--max-volumes-per-node", "1"]).start()
+    client = Client(d.endpoint)
+    try:
+        vols = [create(client, f"limit-{i}", size=16 * MiB) for i in range(2)]
+
+        def publish(vol: csi_pb2.Volume) -> grpc.StatusCode:
+            req = csi_pb2.ControllerPublishVolumeRequest(
+                volume_id=vol.volume_id, node_id=d.node_id, volume_capability=mount_cap()
+            )
+            try:
+                client.controller.ControllerPublishVolume(req)
+                return grpc.StatusCode.OK
+            except grpc.RpcError as e:
+                return e.code()
+
+        with ThreadPoolExecutor(2) as pool:
+            codes = sorted(pool.map(publish, vols), key=str)
+        assert codes == sorted([grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED], key=str), codes
+    finally:
+        client.close()
+        d.stop()
+
+
+@pytest.mark.parametrize("char", ["x", "é", "中", "\U0001f600"])
+def test_long_values_in_errors_keep_their_status_code(driver: Driver, client: Client, char: str) -> None:
+    """A 5,000-character parameter key in 1-, 2-, 3- or 4-byte UTF-8 comes back as INVALID_ARGUMENT:
+    the message quoting it is cut to fit gRPC's 16 KiB header once percent-encoded."""
+    request = csi_pb2.CreateVolumeRequest(
+        name="long-key", volume_capabilities=[mount_cap()], parameters={char * 5000: "v"}
+    )
+    assert code_of(lambda: client.controller.CreateVolume(request)) == grpc.StatusCode.INVALID_ARGUMENT

@@ -1893,6 +1893,10 @@ def test_node_publish_second_target_by_access_mode(sc: Client, shared: Driver, m
     cap = mount_cap(mode=mode)
     readonly = mode in (Mode.SINGLE_NODE_READER_ONLY, Mode.MULTI_NODE_READER_ONLY)
     vol = create(sc, cap=cap)
+    if readonly:
+        # An unformatted volume cannot be staged read-only: a writer formats it first.
+        with staged(sc, shared, vol.volume_id, mount_cap()):
+            pass
     with staged(sc, shared, vol.volume_id, cap) as staging:
         publish(sc, vol.volume_id, staging, target_path(shared), cap, readonly)
         second = target_path(shared)
@@ -1902,6 +1906,17 @@ def test_node_publish_second_target_by_access_mode(sc: Client, shared: Driver, m
         else:
             fails(code, lambda: publish(sc, vol.volume_id, staging, second, cap, readonly))
             assert not os.path.ismount(second)
+
+
+def test_an_unformatted_volume_is_not_staged_read_only(sc: Client, shared: Driver) -> None:
+    """NodeStageVolume with a reader-only mode on a volume that has no filesystem yet:
+    FAILED_PRECONDITION (mount-utils refuses the same), and no mkfs runs (it stays blank)."""
+    cap = mount_cap(mode=Mode.MULTI_NODE_READER_ONLY)
+    vol = create(sc, cap=cap)
+    with staged_or_error(sc, shared, vol.volume_id, cap) as error:
+        assert error is not None and error.code() == PRECONDITION
+    with staged(sc, shared, vol.volume_id, mount_cap()):
+        pass  # a writer can still format it
 
 
 def test_readonly_filesystem_publish_is_not_writable(sc: Client, shared: Driver) -> None:
