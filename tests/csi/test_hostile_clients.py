@@ -5,11 +5,13 @@ file swapped for a symlink, and a CreateVolume killed half way."""
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import json
 import os
 import stat
 import subprocess
+import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -18,6 +20,9 @@ from pathlib import Path
 import grpc
 import pytest
 
+from csi_driver.backend import files
+from csi_driver.node import NodeConfig, NodeServer
+from csi_driver.state import DriverState, StagingRecord
 from kubeloop_grpc.csi import csi_pb2
 
 from .conftest import Client, Driver, loop_devices_under
@@ -483,3 +488,35 @@ def test_long_values_in_errors_keep_their_status_code(driver: Driver, client: Cl
         name="long-key", volume_capabilities=[mount_cap()], parameters={char * 5000: "v"}
     )
     assert code_of(lambda: client.controller.CreateVolume(request)) == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_a_device_whose_record_cannot_be_written_is_detached_again(csi_root: Path) -> None:
+    """The staging record's write right after a loop attach fails (a full state directory): the
+    device is detached again, so the CO's retry cannot leave a second one behind."""
+    work = Path(tempfile.mkdtemp(prefix="w", dir=csi_root))
+    state = DriverState(work / "pool", work / "state")
+    (work / "kubelet").mkdir()
+    node = NodeServer(
+        state, NodeConfig(node_id="node-a", max_volumes_per_node=0, kubelet_dir=str(work / "kubelet"))
+    )
+
+    async def attempt() -> None:
+        await state.load()
+        try:
+            backing = state.volume_file("vol-x")
+            files.create_sparse(backing, 16 * MiB)
+            rec = StagingRecord(
+                volume_id="vol-x", staging_path=str(work / "kubelet" / "s"), access_type="block"
+            )
+
+            async def refuse(record: StagingRecord, *, durable: bool = False) -> None:
+                raise OSError(errno.ENOSPC, "No space left on device")
+
+            state.put_staging = refuse  # type: ignore[method-assign]
+            with pytest.raises(OSError):
+                await node._ensure_device(rec, backing)
+            assert rec.device == "" and not loop_devices_under(work)
+        finally:
+            state.close()
+
+    asyncio.run(attempt())
