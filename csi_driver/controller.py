@@ -23,7 +23,13 @@ from kubeloop_grpc.csi import csi_pb2, csi_pb2_grpc
 from . import TOPOLOGY_KEY
 from .backend import files
 from .backend.fs import DEFAULT_FS, SUPPORTED
-from .capabilities import Capability, malformed_reason, parse_capability, unsupported_reason
+from .capabilities import (
+    SINGLE_NODE_MODES,
+    Capability,
+    malformed_reason,
+    parse_capability,
+    unsupported_reason,
+)
 from .errors import CsiError, already_exists, exhausted, failed_precondition, invalid, not_found, out_of_range
 from .state import DriverState, SnapshotRecord, VolumeRecord
 from .validation import (
@@ -506,11 +512,16 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
                 )
             if existing is None:
                 others = sorted(n for n in vol.published if n != node_id)
-                if cap.single_node and others:
+                # Either side single-node: a second node must not mount what the first holds alone
+                # (a reader's "ro" mount of ext4 or xfs still replays the writer's live journal).
+                exclusive = [n for n in others if vol.published_modes.get(n) in SINGLE_NODE_MODES]
+                if others and (cap.single_node or exclusive):
+                    holder = exclusive[0] if exclusive else others[0]
+                    mode = vol.published_modes.get(holder, cap.mode) if exclusive else cap.mode
                     raise failed_precondition(
                         f"volume {volume_id} has single-node access mode "
-                        f"{csi_pb2.VolumeCapability.AccessMode.Mode.Name(cap.mode)} and is already published "
-                        f"to node {others[0]}"
+                        f"{csi_pb2.VolumeCapability.AccessMode.Mode.Name(mode)} and is already published "
+                        f"to node {holder}"
                     )
                 limit = node.max_volumes_per_node if node is not None else 0
                 # The count and the record that raises it under the node's lock (taken after the
@@ -521,6 +532,7 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
                             f"node {node_id} already has its maximum of {limit} volumes published"
                         )
                     vol.published[node_id] = readonly
+                    vol.published_modes[node_id] = cap.mode
                     await self.state.put_volume(vol)
                 log.info("published volume", volume=volume_id, node=node_id, readonly=readonly)
         return csi_pb2.ControllerPublishVolumeResponse(
@@ -544,6 +556,7 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
                 if any(n in vol.published for n in nodes):
                     for n in nodes:
                         vol.published.pop(n, None)
+                        vol.published_modes.pop(n, None)
                     await self.state.put_volume(vol)
                     log.info("unpublished volume", volume=volume_id, nodes=",".join(nodes))
         return csi_pb2.ControllerUnpublishVolumeResponse()

@@ -60,6 +60,8 @@ class VolumeRecord:
     source_id: str = ""
     topology: list[dict[str, str]] = field(default_factory=list)
     published: dict[str, bool] = field(default_factory=dict)  # node id -> readonly
+    # node id -> the access mode it was published with (absent in records older than the field)
+    published_modes: dict[str, int] = field(default_factory=dict)
     ready: bool = False  # False until the backing file is complete (a crash mid-create is resumed)
     created_at: float = field(default_factory=time.time)
 

@@ -520,3 +520,37 @@ def test_a_device_whose_record_cannot_be_written_is_detached_again(csi_root: Pat
             state.close()
 
     asyncio.run(attempt())
+
+
+def test_a_reader_is_not_published_to_a_second_node_while_a_single_node_writer_holds_it(
+    driver: Driver, client: Client
+) -> None:
+    """ControllerPublishVolume weighs the modes of the nodes already holding the volume too: with
+    node-a holding it SINGLE_NODE_WRITER, a MULTI_NODE_READER_ONLY publish to node-b is
+    FAILED_PRECONDITION (its "ro" mount would replay node-a's live journal)."""
+    other = Driver(driver.root / "node-b", "node", "node-b")
+    other.pool, other.state = driver.pool, driver.root / "node-b" / "state"
+    other.root.mkdir()
+    other.start()
+    try:
+        vol = create(client, "held", size=16 * MiB)
+        client.controller.ControllerPublishVolume(
+            csi_pb2.ControllerPublishVolumeRequest(
+                volume_id=vol.volume_id, node_id="node-a", volume_capability=mount_cap()
+            )
+        )
+        reader = csi_pb2.ControllerPublishVolumeRequest(
+            volume_id=vol.volume_id,
+            node_id="node-b",
+            volume_capability=mount_cap(mode=Mode.MULTI_NODE_READER_ONLY),
+            readonly=True,
+        )
+        assert code_of(lambda: client.controller.ControllerPublishVolume(reader)) == (
+            grpc.StatusCode.FAILED_PRECONDITION
+        )
+        client.controller.ControllerUnpublishVolume(
+            csi_pb2.ControllerUnpublishVolumeRequest(volume_id=vol.volume_id, node_id="node-a")
+        )
+        client.controller.ControllerPublishVolume(reader)  # once the writer is gone it may go
+    finally:
+        other.stop()
