@@ -249,6 +249,17 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
         return await self._attach(rec, backing, True, "ro_device")
 
     async def _ensure_filesystem(self, rec: StagingRecord, device: str, backing: str, requested: str) -> str:
+        """The volume's filesystem, made if the device is blank. Under an exclusive lock on the
+        backing file: node plugins sharing the pool (the local stack's nodes) staging one fresh
+        ReadOnlyMany volume at once would otherwise each run mkfs on it; the second waits, then
+        finds the first one's filesystem."""
+        fd = await asyncio.to_thread(files.lock_exclusive, backing)
+        try:
+            return await self._make_filesystem(rec, device, backing, requested)
+        finally:
+            os.close(fd)  # releases the lock
+
+    async def _make_filesystem(self, rec: StagingRecord, device: str, backing: str, requested: str) -> str:
         volume_id = rec.volume_id
         sig = await fs.probe(device)
         if sig.fs_type and sig.fs_type not in fs.SUPPORTED:
@@ -277,10 +288,6 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
                 f"volume {volume_id} holds data but no filesystem (a block volume staged as a "
                 "filesystem?); refusing to format it"
             )
-        if rec.read_only:
-            # mount-utils refuses the same: nobody may write the filesystem, so nobody makes it
-            # (two nodes staging a fresh ReadOnlyMany volume would each run mkfs on it).
-            raise failed_precondition(f"volume {volume_id} is unformatted and cannot be mounted read-only")
         fs_type = requested or fs.DEFAULT_FS
         rec.formatting = True
         # Durable, like the grow mark: after a power loss mid-mkfs only this mark tells the next

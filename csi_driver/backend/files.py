@@ -45,6 +45,18 @@ def open_regular(path: str, flags: int) -> int:
         os.close(pin)
 
 
+def lock_exclusive(path: str) -> int:
+    """Opens a pool file and takes an exclusive flock on it, waiting for whoever holds it (another
+    process sharing the pool); returns the descriptor, whose close releases the lock."""
+    fd = open_regular(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def holds_data(path: str) -> bool:
     """Whether a backing file has any allocated data: False for one that is all hole (a new
     volume, or a copy of one). Where the filesystem cannot say where the holes are (no

@@ -554,3 +554,40 @@ def test_a_reader_is_not_published_to_a_second_node_while_a_single_node_writer_h
         client.controller.ControllerPublishVolume(reader)  # once the writer is gone it may go
     finally:
         other.stop()
+
+
+def test_two_nodes_staging_a_fresh_reader_volume_at_once_format_it_once(
+    driver: Driver, client: Client
+) -> None:
+    """Two node plugins sharing the pool stage one fresh MULTI_NODE_READER_ONLY volume at the same
+    moment: both succeed, and the volume holds one clean ext4 (the second waited for the first's
+    mkfs under the backing file's lock instead of formatting over it)."""
+    other = Driver(driver.root / "node-b", "node", "node-b")
+    other.pool, other.state = driver.pool, driver.root / "node-b" / "state"
+    other.root.mkdir()
+    other.start()
+    b = Client(other.endpoint)
+    try:
+        cap = mount_cap(mode=Mode.MULTI_NODE_READER_ONLY)
+        vol = create(client, "fresh-rox", size=64 * MiB, cap=cap)
+        stagings = [(client, str(driver.kubelet / "staging-rox")), (b, str(other.kubelet / "staging-rox"))]
+
+        def stage(pair: tuple[Client, str]) -> None:
+            pair[0].node.NodeStageVolume(
+                csi_pb2.NodeStageVolumeRequest(
+                    volume_id=vol.volume_id, staging_target_path=pair[1], volume_capability=cap
+                )
+            )
+
+        with ThreadPoolExecutor(2) as pool:
+            list(pool.map(stage, stagings))
+        for c, path in stagings:
+            c.node.NodeUnstageVolume(
+                csi_pb2.NodeUnstageVolumeRequest(volume_id=vol.volume_id, staging_target_path=path)
+            )
+        backing = driver.pool / "volumes" / f"{vol.volume_id}.img"
+        check = subprocess.run(["e2fsck", "-fn", str(backing)], capture_output=True, text=True)
+        assert check.returncode == 0, check.stdout + check.stderr
+    finally:
+        b.close()
+        other.stop()

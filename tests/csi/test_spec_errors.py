@@ -1908,17 +1908,6 @@ def test_node_publish_second_target_by_access_mode(sc: Client, shared: Driver, m
             assert not os.path.ismount(second)
 
 
-def test_an_unformatted_volume_is_not_staged_read_only(sc: Client, shared: Driver) -> None:
-    """NodeStageVolume with a reader-only mode on a volume that has no filesystem yet:
-    FAILED_PRECONDITION (mount-utils refuses the same), and no mkfs runs (it stays blank)."""
-    cap = mount_cap(mode=Mode.MULTI_NODE_READER_ONLY)
-    vol = create(sc, cap=cap)
-    with staged_or_error(sc, shared, vol.volume_id, cap) as error:
-        assert error is not None and error.code() == PRECONDITION
-    with staged(sc, shared, vol.volume_id, mount_cap()):
-        pass  # a writer can still format it
-
-
 def test_readonly_filesystem_publish_is_not_writable(sc: Client, shared: Driver) -> None:
     """NodePublishVolume readonly: the SP MUST publish the volume read-only."""
     vol = create(sc)
