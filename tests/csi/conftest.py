@@ -18,6 +18,7 @@ import pytest
 
 from controller_runtime.mounts import read_mounts
 from kubeloop_grpc.csi import csi_pb2, csi_pb2_grpc
+from localstack.leftovers import loop_backing_files
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -35,14 +36,7 @@ def require_root() -> None:
 
 
 def loop_devices_under(root: Path) -> list[str]:
-    out = subprocess.run(
-        ["losetup", "--list", "--json", "--output", "NAME,BACK-FILE"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    devices = json.loads(out)["loopdevices"] if out.strip() else []
-    return [d["name"] for d in devices if str(d.get("back-file") or "").startswith(str(root))]
+    return [dev for dev, back in loop_backing_files() if back.startswith(str(root))]
 
 
 def mounts_under(root: Path) -> list[str]:
@@ -220,6 +214,15 @@ def teardown_volumes(client: Client, d: Driver) -> None:
                 volume_id=doc["volume_id"], staging_target_path=doc["staging_path"]
             )
         )
+
+
+def start_second_node(driver: Driver) -> Driver:
+    """Starts a node plugin for node-b on the pool of `driver` (the local stack's layout: one
+    kernel, one pool); the caller stops it."""
+    other = Driver(driver.root / "node-b", "node", "node-b")
+    other.pool, other.state = driver.pool, driver.root / "node-b" / "state"
+    other.root.mkdir()
+    return other.start()
 
 
 @pytest.fixture

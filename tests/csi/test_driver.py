@@ -20,7 +20,7 @@ from csi_driver import DRIVER_NAME, TOPOLOGY_KEY
 from kubeloop_grpc.csi import csi_pb2
 from kubeloop_grpc.pluginregistration import api_pb2, api_pb2_grpc
 
-from .conftest import Client, Driver, force_cleanup, loop_devices_under
+from .conftest import Client, Driver, force_cleanup, loop_devices_under, start_second_node
 
 pytestmark = pytest.mark.root
 
@@ -457,10 +457,7 @@ def test_hostile_paths_rejected(driver: Driver, client: Client, tmp_path: Path) 
 
 
 def test_single_node_volume_refused_on_second_node(driver: Driver, client: Client) -> None:
-    other = Driver(driver.root / "node-b", "node", "node-b")
-    other.pool, other.state = driver.pool, driver.root / "node-b" / "state"
-    other.root.mkdir()
-    other.start()
+    other = start_second_node(driver)
     try:
         vol = create(client, "rwo")
         publish = csi_pb2.ControllerPublishVolumeRequest(
@@ -591,10 +588,7 @@ def test_socket_registration_metrics_and_sigterm(csi_root: Path) -> None:
 def test_volume_is_accessible_from_every_node_sharing_the_pool(driver: Driver, client: Client) -> None:
     """Node plugins on one pool can all attach its files, so a volume may move between them; a node
     the pool never saw is left out of the volume's topology."""
-    other = Driver(driver.root / "node-b", "node", "node-b")
-    other.pool, other.state = driver.pool, driver.root / "node-b" / "state"
-    other.root.mkdir()
-    other.start()
+    other = start_second_node(driver)
     try:
         wanted = [csi_pb2.Topology(segments={TOPOLOGY_KEY: n}) for n in ("node-b", "node-a", "node-x")]
         vol = create(

@@ -25,7 +25,7 @@ from csi_driver.node import NodeConfig, NodeServer
 from csi_driver.state import DriverState, StagingRecord
 from kubeloop_grpc.csi import csi_pb2
 
-from .conftest import Client, Driver, loop_devices_under
+from .conftest import Client, Driver, loop_devices_under, start_second_node
 from .test_driver import Attached, Mode, block_cap, code_of, create, mount_cap
 
 pytestmark = pytest.mark.root
@@ -416,10 +416,7 @@ def test_a_restarted_node_plugin_never_adopts_another_nodes_device(driver: Drive
     volume read-only (its second, read-only device), node-b stages it read-write and is killed.
     Restarted, node-b adopts only devices it attached (their owner mark), so its unstage leaves
     node-a's devices attached and node-a's target still reads the volume."""
-    other = Driver(driver.root / "node-b", "node", "node-b")
-    other.pool, other.state = driver.pool, driver.root / "node-b" / "state"
-    other.root.mkdir()
-    other.start()
+    other = start_second_node(driver)
     b = Client(other.endpoint)
     try:
         multi = block_cap(Mode.MULTI_NODE_MULTI_WRITER)
@@ -528,10 +525,7 @@ def test_a_reader_is_not_published_to_a_second_node_while_a_single_node_writer_h
     """ControllerPublishVolume weighs the modes of the nodes already holding the volume too: with
     node-a holding it SINGLE_NODE_WRITER, a MULTI_NODE_READER_ONLY publish to node-b is
     FAILED_PRECONDITION (its "ro" mount would replay node-a's live journal)."""
-    other = Driver(driver.root / "node-b", "node", "node-b")
-    other.pool, other.state = driver.pool, driver.root / "node-b" / "state"
-    other.root.mkdir()
-    other.start()
+    other = start_second_node(driver)
     try:
         vol = create(client, "held", size=16 * MiB)
         client.controller.ControllerPublishVolume(
@@ -562,10 +556,7 @@ def test_two_nodes_staging_a_fresh_reader_volume_at_once_format_it_once(
     """Two node plugins sharing the pool stage one fresh MULTI_NODE_READER_ONLY volume at the same
     moment: both succeed, and the volume holds one clean ext4 (the second waited for the first's
     mkfs under the backing file's lock instead of formatting over it)."""
-    other = Driver(driver.root / "node-b", "node", "node-b")
-    other.pool, other.state = driver.pool, driver.root / "node-b" / "state"
-    other.root.mkdir()
-    other.start()
+    other = start_second_node(driver)
     b = Client(other.endpoint)
     try:
         cap = mount_cap(mode=Mode.MULTI_NODE_READER_ONLY)
