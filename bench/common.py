@@ -205,10 +205,17 @@ def cpu_seconds(pid: int | None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def start(argv: list[str], log: Path, cwd: Path = REPO_ROOT) -> asyncio.subprocess.Process:
-    """A process in its own session, its output appended to `log`."""
+async def start(
+    argv: list[str], log: Path, cwd: Path = REPO_ROOT, env: Mapping[str, str] | None = None
+) -> asyncio.subprocess.Process:
+    """A process in its own session, its output appended to `log`; `env` replaces the environment."""
     return await asyncio.create_subprocess_exec(
-        *argv, cwd=cwd, stdout=log.open("ab"), stderr=asyncio.subprocess.STDOUT, start_new_session=True
+        *argv,
+        cwd=cwd,
+        env=env,
+        stdout=log.open("ab"),
+        stderr=asyncio.subprocess.STDOUT,
+        start_new_session=True,
     )
 
 
