@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
 .PHONY: up test unit integration sanity stress-start bench bench-scaling profile lint deps binaries system-deps python-deps clean \
-	docker-deps images wheels compose-test conformance kind-deps kind-images kind-up kind-down kind-test e2e-deps \
+	docker-deps images wheels compose-test conformance kind-deps helm-deps kind-images kind-up kind-down kind-test e2e-deps \
 	e2e-storage e2e-storage-disruptive chaos
 
 up: deps binaries
@@ -14,14 +14,14 @@ up: deps binaries
 
 # tests/compose (docker-compose end to end) needs docker, docker-compose and debootstrap; tests/kind
 # also kind, containerd, kubelet, kubeadm and external-snapshotter (kind-deps), and e2e.test (e2e-deps).
-test: deps binaries docker-deps kind-deps e2e-deps
+test: deps binaries docker-deps kind-deps e2e-deps helm-deps
 	@# Lint first (ruff, ruff format, mypy strict): a minute, and a type error fails here, not in a test.
 	@$(MAKE) --no-print-directory lint
 	@# The conformance subset (tests/conformance) compares kubeloop with the Go sidecars.
 	@bash tools/build-binaries.sh external-provisioner external-attacher external-resizer
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-unit: python-deps
+unit: python-deps helm-deps
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
 integration: deps binaries
@@ -126,8 +126,13 @@ compose-test: deps binaries docker-deps
 
 # kind (docs/kind.md): kind, containerd, kubelet, kubeadm and kube-proxy built through the Go module
 # proxy; the offline node image and every image the cluster runs; a cluster with kubeloop deployed.
-kind-deps: docker-deps
+kind-deps: docker-deps helm-deps
 	@bash tools/build-binaries.sh kind snapshotter
+
+# helm, which tests/unit/test_helm_chart.py lints and renders deploy/helm/kubeloop with and
+# `make kind-up KIND_POOLS=separate` installs the chart with.
+helm-deps:
+	@bash tools/build-binaries.sh helm
 
 # Kubernetes' e2e.test and agnhost (docs/e2e-storage.md).
 e2e-deps:

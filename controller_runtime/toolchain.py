@@ -44,6 +44,7 @@ class Toolchain:
             "csi-sanity": f"csi-test-{self.versions['CSI_TEST_VERSION']}",
             "kind": f"kind-{self.versions['KIND_VERSION']}",
             "e2e": f"kubernetes-e2e-{self.versions['KUBERNETES_VERSION']}",
+            "helm": f"helm-{self.versions['HELM_VERSION']}",
         }
         return self.cache / "bin" / dirs[group]
 
@@ -59,6 +60,7 @@ class Toolchain:
             "kind": "kind",
             "e2e.test": "e2e",
             "agnhost": "e2e",
+            "helm": "helm",
         }[name]
         path = self._dir(group) / name
         if not os.access(path, os.X_OK):

@@ -7,7 +7,7 @@
 # where a group is kubernetes, kind (the kind node image's binaries), e2e (the e2e.test suite binary and
 # agnhost, for tools/kind-e2e), etcd, csi-sanity, external-provisioner, external-attacher,
 # external-resizer or snapshotter (external-snapshotter's controller, sidecar and VolumeSnapshot CRDs,
-# for the kind cluster) (default: kubernetes, etcd, csi-sanity).
+# for the kind cluster) or helm (for deploy/helm) (default: kubernetes, etcd, csi-sanity).
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -198,6 +198,20 @@ snapshot_crds() {
   say "external-snapshotter $EXTERNAL_SNAPSHOTTER_VERSION: CRDs in $dest"
 }
 
+# helm's version lives in ldflags (its Makefile's): without them `helm version` says only the minor.
+build_helm() {
+  local dest=$cache/bin/helm-$HELM_VERSION
+  if have_all "$dest" helm; then say "helm $HELM_VERSION: cached in $dest"; return; fi
+  say "helm $HELM_VERSION: building"
+  local gomod="module kubeloop.local/helm-binaries
+
+go 1.26
+
+require helm.sh/helm/v3 $HELM_VERSION"
+  build_in_wrapper "$dest" "$gomod" "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" \
+    helm=helm.sh/helm/v3/cmd/helm
+}
+
 groups=("$@")
 [ ${#groups[@]} -gt 0 ] || groups=(kubernetes etcd csi-sanity)
 for g in "${groups[@]}"; do
@@ -226,7 +240,8 @@ for g in "${groups[@]}"; do
       build_sidecar external-snapshotter github.com/kubernetes-csi/external-snapshotter/v8 \
         "$EXTERNAL_SNAPSHOTTER_VERSION" snapshot-controller csi-snapshotter
       snapshot_crds ;;
-    *) die "unknown group '$g' (expected kubernetes, kind, e2e, etcd, csi-sanity, external-provisioner, external-attacher, external-resizer or snapshotter)" ;;
+    helm) build_helm ;;
+    *) die "unknown group '$g' (expected kubernetes, kind, e2e, etcd, csi-sanity, external-provisioner, external-attacher, external-resizer, snapshotter or helm)" ;;
   esac
 done
 say "binaries ready under $cache/bin"
