@@ -32,6 +32,7 @@ from .capabilities import (
 )
 from .errors import CsiError, already_exists, exhausted, failed_precondition, invalid, not_found, out_of_range
 from .state import DriverState, SnapshotRecord, VolumeRecord
+from .topology import checked_requirements, local_topology, names_node
 from .validation import (
     MIN_UNIT,
     SIZE_UNIT,
@@ -80,6 +81,9 @@ class ControllerConfig:
     max_volume_size: int
     capacity: int  # 0: the pool filesystem's free space is the capacity
     local_node_id: str = ""  # in --mode all, the node served by this same process
+    # --node-local: the pool is local_node_id's alone, so are the volumes made in it (their
+    # topology is that node only) and the sources a clone or restore can copy.
+    node_local: bool = False
 
 
 def _timestamp(seconds: float) -> Timestamp:
@@ -132,6 +136,18 @@ def _mismatch(vol: VolumeRecord, wanted: VolumeRecord, required: int, limit: int
     return mismatch
 
 
+def publish_context(vol: VolumeRecord, readonly: bool) -> dict[str, str]:
+    """What the node service needs of a volume it stages: ControllerPublishVolume hands it to the
+    CO; a node-local node plugin, never published (attachRequired: false), reads it from its own
+    record of the volume instead."""
+    return {
+        CTX_BACKING_FILE: f"volumes/{vol.volume_id}.img",
+        CTX_READONLY: "true" if readonly else "false",
+        CTX_ACCESS_TYPE: vol.access_type,
+        **({CTX_FS_TYPE: vol.fs_type} if vol.fs_type else {}),
+    }
+
+
 def _access_type(caps: Iterable[Capability]) -> str:
     kinds = {c.access_type for c in caps}
     if len(kinds) > 1:
@@ -152,7 +168,12 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
     async def reconcile(self) -> None:
         """Takes the pool's controller side, then compares the records with the pool: leftovers of
         interrupted copies go, and a volume whose backing file vanished is reported (its condition
-        turns abnormal), never invented."""
+        turns abnormal), never invented. Without a usable pool there is nothing to compare: the
+        driver serves unhealthy (Probe, /readyz) and refuses every create until it is restarted on
+        one."""
+        if problem := self.state.pool_problem():
+            log.error("the pool is unusable; no volume can be created", problem=problem)
+            return
         await self.state.take_controller_side()
 
         def scan() -> tuple[set[str], set[str]]:
@@ -214,6 +235,9 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
             raise not_found(f"volume {volume_id} does not exist")
         return vol
 
+    def _pool_owner(self) -> str:
+        return f"the pool of node {self.config.local_node_id}" if self.config.node_local else "the pool"
+
     def _allocated(self) -> int:
         return self.state.allocated_bytes()
 
@@ -262,16 +286,13 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
     def _topology(self, req: csi_pb2.CreateVolumeRequest) -> list[dict[str, str]]:
         """Every node plugin that shares this pool can attach a volume's backing file, so a volume
         is accessible from each requested node the pool knows (the preferred one first); a node
-        the pool never saw can't stage it. Without requirements it is reachable from every node."""
-        if not req.HasField("accessibility_requirements"):
+        the pool never saw can't stage it. Without requirements it is reachable from every node.
+        A node-local pool is its node's alone: the volume is accessible from that node only."""
+        reqs = checked_requirements(req)
+        if self.config.node_local:
+            return local_topology(reqs, self.config.local_node_id)
+        if reqs is None:
             return []
-        reqs = req.accessibility_requirements
-        if not reqs.requisite and not reqs.preferred:
-            raise invalid(
-                "accessibility_requirements must name requisite or preferred topologies, or be unset"
-            )
-        if reqs.requisite and any(p not in reqs.requisite for p in reqs.preferred):
-            raise invalid("accessibility_requirements: every preferred topology must also be requisite")
         named: list[str] = []
         for segment in [*reqs.preferred, *reqs.requisite]:
             node = segment.segments.get(TOPOLOGY_KEY)
@@ -349,6 +370,11 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
         else:
             raise invalid("volume_content_source must name a snapshot or a volume")
         if record is None or not record.ready:
+            if self.config.node_local:
+                raise not_found(
+                    f"source {kind} {source_id} is not in the pool of node {self.config.local_node_id}: "
+                    "node-local volumes are cloned and restored on the node that holds the source"
+                )
             raise not_found(f"source {kind} {source_id} does not exist")
         size = record.size if isinstance(record, SnapshotRecord) else record.capacity
         return _Source(kind, source_id, path, size, record.access_type, record.fs_type)
@@ -401,6 +427,11 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
         if req.HasField("capacity_range") and not required and not limit:
             raise invalid("capacity_range must set required_bytes or limit_bytes, or be unset")
         topology = self._topology(req)
+        if problem := await asyncio.to_thread(self.state.pool_problem):
+            # RESOURCE_EXHAUSTED, as for a full pool: there is no room here at all, and it is the
+            # one code the external-provisioner answers by rescheduling a WaitForFirstConsumer
+            # claim to another node instead of retrying this one forever.
+            raise exhausted(f"{self._pool_owner()} cannot hold volumes: {problem}")
         source = self._source(req)
         # A copy of a filesystem keeps its filesystem unless the request names another, which the
         # copy cannot be: the node would refuse to stage it, so the create refuses it now.
@@ -471,6 +502,13 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
                     f"volume {volume_id} is still published to node(s) {', '.join(sorted(vol.published))}; "
                     "unpublish it first"
                 )
+            if self.config.node_local and self.state.staging(volume_id) is not None:
+                # Never published (attachRequired: false), so the staging is what says it is in
+                # use: its loop device still holds the backing file.
+                node = self.config.local_node_id
+                raise failed_precondition(
+                    f"volume {volume_id} is still staged on node {node}; unstage it first"
+                )
             # File first, record last: a crash in between leaves a record whose retry deletes nothing.
             await asyncio.to_thread(files.remove, self.state.volume_file(volume_id))
             await self.state.delete_volume(volume_id)
@@ -535,14 +573,7 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
                     vol.published_modes[node_id] = cap.mode
                     await self.state.put_volume(vol)
                 log.info("published volume", volume=volume_id, node=node_id, readonly=readonly)
-        return csi_pb2.ControllerPublishVolumeResponse(
-            publish_context={
-                CTX_BACKING_FILE: f"volumes/{volume_id}.img",
-                CTX_READONLY: "true" if readonly else "false",
-                CTX_ACCESS_TYPE: vol.access_type,
-                **({CTX_FS_TYPE: vol.fs_type} if vol.fs_type else {}),
-            }
-        )
+        return csi_pb2.ControllerPublishVolumeResponse(publish_context=publish_context(vol, readonly))
 
     async def ControllerUnpublishVolume(
         self, req: csi_pb2.ControllerUnpublishVolumeRequest, _: grpc.aio.ServicerContext
@@ -625,6 +656,10 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
         except CsiError:
             # Capabilities or parameters no volume could be created with: no room for them.
             return csi_pb2.GetCapacityResponse(available_capacity=0)
+        if self._elsewhere(req) or (await asyncio.to_thread(self.state.pool_problem)) != "":
+            # Another node's segment (a node-local pool holds nothing for it), or a pool that
+            # cannot hold any volume: the scheduler must not count on room here.
+            return csi_pb2.GetCapacityResponse(available_capacity=0)
         available = await self._available()
         # CreateVolume rounds a size up to whole MiB where it may: the largest size a create can
         # be asked for and succeed is the available room rounded down to that unit.
@@ -634,6 +669,12 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
             maximum_volume_size={"value": largest},
             minimum_volume_size={"value": MIN_UNIT},
         )
+
+    def _elsewhere(self, req: csi_pb2.GetCapacityRequest) -> bool:
+        """Whether a GetCapacity asks about a topology segment this node-local pool does not serve
+        (no segment, or an empty one, asks about the pool itself)."""
+        segment = req.accessible_topology.segments
+        return self.config.node_local and bool(segment) and not names_node(segment, self.config.local_node_id)
 
     async def ControllerGetCapabilities(
         self, req: csi_pb2.ControllerGetCapabilitiesRequest, _: grpc.aio.ServicerContext
@@ -691,7 +732,11 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
                 log.info("expanded volume", volume=volume_id, old=old, new=size)
             # A filesystem must be grown on the node; a raw block volume only needs the node's loop
             # device refreshed, which matters only while it is attached somewhere.
-            node_expansion = access_type == "mount" or bool(vol.published)
+            # A node-local volume is never published: its staging says it is attached.
+            in_use = bool(vol.published) or (
+                self.config.node_local and self.state.staging(volume_id) is not None
+            )
+            node_expansion = access_type == "mount" or in_use
             return csi_pb2.ControllerExpandVolumeResponse(
                 capacity_bytes=vol.capacity, node_expansion_required=node_expansion
             )

@@ -2,6 +2,9 @@
 
     kubeloop-csi-driver --mode all --endpoint unix:///run/kubeloop/csi.sock --node-id node-1 \\
         --pool-dir /var/lib/kubeloop/pool --state-dir /var/lib/kubeloop/state
+
+On a cluster of separate machines each node runs it with `--mode all --node-local`: controller
+and node service for that node's own pool.
 """
 
 from __future__ import annotations
@@ -43,8 +46,21 @@ def _size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(e)) from e
 
 
+class _Parser(argparse.ArgumentParser):
+    """Flags that depend on each other are checked as a parse error: the usage and exit status 2."""
+
+    def parse_args(self, args: Sequence[str] | None = None, namespace: None = None) -> argparse.Namespace:  # type: ignore[override]
+        parsed = super().parse_args(args, namespace)
+        if parsed.node_local and parsed.mode != "all":
+            self.error(
+                f"--node-local requires --mode all (got --mode {parsed.mode}): a node-local pool is "
+                "served by the one process on its node, controller and node service together"
+            )
+        return parsed
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="kubeloop-csi-driver",
         description=f"CSI plugin {DRIVER_NAME}: volumes are sparse files in a pool directory, attached as "
         "loop devices on the node that stages them.",
@@ -62,6 +78,14 @@ def build_parser() -> argparse.ArgumentParser:
         "both (default: all)",
     )
     parser.add_argument(
+        "--node-local",
+        action="store_true",
+        help="the pool is this node's own (a cluster of separate machines; needs --mode all): "
+        "volumes are accessible from --node-id only, GetCapacity answers for this node's topology "
+        "segment, and the node stages without ControllerPublishVolume (CSIDriver attachRequired: "
+        "false)",
+    )
+    parser.add_argument(
         "--node-id",
         default=socket.gethostname(),
         help="this node's id, reported by NodeGetInfo (default: the host name)",
@@ -71,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         default=Path("/var/lib/kubeloop/pool"),
         help="directory of the sparse backing files, shared by the controller and the node "
-        "plugins of this machine (default: /var/lib/kubeloop/pool)",
+        "plugins of this machine; with --node-local it must exist (default: /var/lib/kubeloop/pool)",
     )
     parser.add_argument(
         "--state-dir",
@@ -146,9 +170,9 @@ async def run(args: argparse.Namespace, ctx: process.Context) -> None:
         check_id(args.node_id, "--node-id")
         args.kubelet_dir = args.kubelet_dir or args.kubelet_root_dir or "/var/lib/kubelet"
         os.makedirs(args.kubelet_dir, 0o750, exist_ok=True)
-    state = DriverState(args.pool_dir, args.state_dir)
+    state = DriverState(args.pool_dir, args.state_dir, create_pool=not args.node_local)
     if ctx.health is not None:
-        ctx.health.add_readiness_check("driver", lambda: None if state.ready else state.not_ready_reason)
+        ctx.health.add_readiness_check("driver", state.health_problem)
     try:
         await state.load()
         await _serve(args, state, controller_mode, node_mode)
@@ -168,6 +192,7 @@ async def _serve(
                 max_volume_size=args.max_volume_size,
                 capacity=args.capacity,
                 local_node_id=args.node_id if node_mode else "",
+                node_local=args.node_local,
             ),
         )
         await controller.reconcile()
@@ -179,6 +204,7 @@ async def _serve(
                 max_volumes_per_node=args.max_volumes_per_node,
                 kubelet_dir=args.kubelet_dir,
                 direct_io=args.direct_io == "on",
+                node_local=args.node_local,
             ),
         )
         await node.reconcile()
@@ -208,6 +234,7 @@ async def _serve(
             driver=DRIVER_NAME,
             version=driver_version(),
             mode=args.mode,
+            node_local=args.node_local,
             node=args.node_id if node_mode else "",
             endpoint=path,
         )

@@ -7,6 +7,7 @@ import asyncio
 import hashlib
 import os
 import stat
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import grpc
@@ -18,7 +19,7 @@ from kubeloop_grpc.csi import csi_pb2, csi_pb2_grpc
 from . import TOPOLOGY_KEY
 from .backend import files, fs, loop, mounts
 from .capabilities import Capability, Mode, parse_capability, require_capability
-from .controller import CTX_ACCESS_TYPE, CTX_BACKING_FILE, CTX_FS_TYPE, CTX_READONLY
+from .controller import CTX_ACCESS_TYPE, CTX_BACKING_FILE, CTX_FS_TYPE, CTX_READONLY, publish_context
 from .errors import CsiError, already_exists, failed_precondition, invalid, not_found, out_of_range
 from .paths import KubeletDir, fd_path
 from .state import DriverState, StagingRecord
@@ -48,6 +49,9 @@ class NodeConfig:
     max_volumes_per_node: int
     kubelet_dir: str
     direct_io: bool = True
+    # --node-local: nothing calls ControllerPublishVolume (attachRequired: false), so a stage
+    # without a publish context takes what the context would say from this process's own record.
+    node_local: bool = False
 
 
 def _restage_mismatch(rec: StagingRecord, cap: Capability) -> str | None:
@@ -192,6 +196,20 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
                 )
 
     # --- helpers --------------------------------------------------------------------------------
+    def _publish_context(self, volume_id: str, given: Mapping[str, str]) -> dict[str, str]:
+        """The publish context a stage goes by. A node-local plugin is never published
+        (attachRequired: false) and holds the volume's record itself: without a context it reads
+        the same facts there, under the volume's lock, so the stage is checked exactly as a
+        published one (the volume exists and is complete, and what it holds decides the access
+        type and filesystem). A shared pool's node plugin goes by what it was given."""
+        if given or not self.config.node_local:
+            return dict(given)
+        vol = self.state.volume(volume_id)
+        if vol is None or not vol.ready:
+            raise not_found(f"volume {volume_id} does not exist in the pool of node {self.config.node_id}")
+        # Read-only is the capability's (a reader-only mode) and the publish's readonly flag.
+        return publish_context(vol, readonly=False)
+
     def _backing_file(self, volume_id: str, publish_context: dict[str, str]) -> str:
         backing = self.state.volume_file(volume_id)
         hint = publish_context.get(CTX_BACKING_FILE)
@@ -350,19 +368,19 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
             self.kubelet.validate, req.staging_target_path, "staging_target_path"
         )
         cap = require_capability(req)
-        context = dict(req.publish_context)
-        read_only = context.get(CTX_READONLY) == "true" or cap.read_only
         # The capability's fs_type is checked with the capability; the contexts are plain maps,
         # and what they name would otherwise pick the mkfs.<type> to run.
         from_volume = _checked_fs_type(req.volume_context.get(CTX_FS_TYPE, ""), "volume_context")
-        from_publish = _checked_fs_type(context.get(CTX_FS_TYPE, ""), "publish_context")
-        requested = cap.fs_type or from_volume or from_publish
-        if context.get(CTX_ACCESS_TYPE) == "block" and cap.access_type == "mount":
-            # The controller made it a block volume: its data is the workload's, not a filesystem.
-            raise failed_precondition(
-                f"volume {volume_id} is a block volume; it cannot be staged as a filesystem"
-            )
         async with self.state.locks.hold(volume_id):
+            context = self._publish_context(volume_id, req.publish_context)
+            read_only = context.get(CTX_READONLY) == "true" or cap.read_only
+            from_publish = _checked_fs_type(context.get(CTX_FS_TYPE, ""), "publish_context")
+            requested = cap.fs_type or from_volume or from_publish
+            if context.get(CTX_ACCESS_TYPE) == "block" and cap.access_type == "mount":
+                # The controller made it a block volume: its data is the workload's, not a filesystem.
+                raise failed_precondition(
+                    f"volume {volume_id} is a block volume; it cannot be staged as a filesystem"
+                )
             backing = self._backing_file(volume_id, context)
             rec = self.state.staging(volume_id)
             if rec is not None and (rec.staging_path != staging or rec.access_type != cap.access_type):

@@ -136,8 +136,15 @@ class KeyedLocks:
 
 
 class DriverState:
-    def __init__(self, pool_dir: Path, state_dir: Path) -> None:
+    def __init__(self, pool_dir: Path, state_dir: Path, *, create_pool: bool = True) -> None:
+        """`create_pool`: make a missing pool directory (a shared pool) instead of reporting it
+        (a node-local pool is a disk the admin mounts there: made, it would fill another one)."""
         self.pool_dir = pool_dir.resolve()
+        self.create_pool = create_pool
+        # Why the pool could not be set up at start; "" once it was. Set for good: the controller
+        # side was never taken nor the pool reconciled, so a pool that turns up later is used
+        # only after a restart (kubelet's, through the livenessprobe's failing Probe).
+        self._pool_setup_problem = ""
         self.state_dir = state_dir.resolve()
         self.volume_store = RecordStore(self.state_dir / "volumes", VolumeRecord)
         self.snapshot_store = RecordStore(self.state_dir / "snapshots", SnapshotRecord)
@@ -178,19 +185,37 @@ class DriverState:
 
     # --- load -----------------------------------------------------------------------------------
     def _load(self) -> None:
-        for d in (self.volumes_dir, self.snapshots_dir, self.nodes_dir, self.state_dir):
-            d.mkdir(parents=True, exist_ok=True)
+        self.state_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.state_dir, 0o700)
         self._volumes = self.volume_store.load()
         self._snapshots = self.snapshot_store.load()
         self._stagings = self.staging_store.load()
         seqs = [v.seq for v in self._volumes.values()] + [s.seq for s in self._snapshots.values()]
         self._seq = max(seqs, default=0)
-        # The pool must be writable before Probe says ready. An unnamed file (O_TMPFILE where the
-        # filesystem has it, else a unique name unlinked at once) leaves nothing another process
-        # sharing the pool could trip over.
-        with tempfile.TemporaryFile(dir=self.pool_dir) as probe:
-            probe.write(b"ok")
+        self._pool_setup_problem = self._set_up_pool()
+
+    def _set_up_pool(self) -> str:
+        """Makes the pool's directories; why the pool is unusable, or "". A node plugin without a
+        pool keeps running and says why (Probe, /readyz, GetCapacity 0, CreateVolume refused)
+        rather than exiting into a restart loop whose cause only its last log shows."""
+        if self.create_pool:
+            with contextlib.suppress(OSError):  # what fails is said below, in the pool's terms
+                self.pool_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            if not stat.S_ISDIR(os.stat(self.pool_dir).st_mode):
+                return f"--pool-dir {self.pool_dir} is not a directory"
+            for d in (self.volumes_dir, self.snapshots_dir, self.nodes_dir):
+                d.mkdir(exist_ok=True)
+            # The pool must be writable before Probe says ready. An unnamed file (O_TMPFILE where
+            # the filesystem has it, else a unique name unlinked at once) leaves nothing another
+            # process sharing the pool could trip over.
+            with tempfile.TemporaryFile(dir=self.pool_dir) as probe:
+                probe.write(b"ok")
+        except FileNotFoundError:
+            return f"--pool-dir {self.pool_dir} does not exist"
+        except OSError as e:
+            return f"--pool-dir {self.pool_dir} is not usable: {e.strerror}"
+        return ""
 
     def _wait_for_lock(self, message: str) -> None:
         self.not_ready_reason = f"waiting for a lock: {message}"
@@ -203,8 +228,10 @@ class DriverState:
         try:
             await asyncio.to_thread(self._load)
         except OSError as e:
-            self.not_ready_reason = f"pool {self.pool_dir} or state {self.state_dir} unusable: {e}"
+            self.not_ready_reason = f"state {self.state_dir} unusable: {e}"
             raise
+        if self._pool_setup_problem:
+            log.error("the pool is unusable; serving unhealthy", problem=self._pool_setup_problem)
         log.info(
             "loaded driver state",
             volumes=len(self._volumes),
@@ -224,15 +251,25 @@ class DriverState:
         self._state_lock.release()
 
     def pool_problem(self) -> str:
-        """What keeps the pool from being used (its directories gone or replaced), or "" when it
-        is usable. A stat each: cheap enough for every Probe."""
+        """What keeps the pool from being used (unusable at start; its directories gone, replaced
+        or read-only since), or "" when it is usable. A stat each: cheap enough for every Probe."""
+        if self._pool_setup_problem:
+            return f"{self._pool_setup_problem}; fix it and restart the plugin"
         for directory in (self.volumes_dir, self.snapshots_dir):
             try:
                 if not stat.S_ISDIR(os.lstat(directory).st_mode):
                     return f"pool directory {directory} is not a directory"
             except OSError as e:
                 return f"pool directory {directory} is unusable: {e.strerror}"
+            if not os.access(directory, os.W_OK):
+                return f"pool directory {directory} is not writable"
         return ""
+
+    def health_problem(self) -> str | None:
+        """What /readyz reports: the start not finished yet, or a pool the plugin cannot use."""
+        if not self.ready:
+            return self.not_ready_reason
+        return self.pool_problem() or None
 
     def mark_ready(self) -> None:
         self.ready = True
@@ -315,6 +352,8 @@ class DriverState:
 
     # --- nodes ----------------------------------------------------------------------------------
     async def announce_node(self, info: NodeInfo) -> None:
+        if self._pool_setup_problem:
+            return  # no pool to announce the node in; no controller could find it there either
         doc: dict[str, Any] = {"node_id": info.node_id, "max_volumes_per_node": info.max_volumes_per_node}
         path = self.nodes_dir / f"{check_id(info.node_id, 'node id')}.json"
         await asyncio.to_thread(write_json_atomic, path, doc)

@@ -1,5 +1,6 @@
 """csi-sanity v5.5.0, the real binary, against `--mode all` over a unix socket: once with mount
-volumes and once with block volumes. Zero failures; the ginkgo summary goes into the output."""
+volumes and once with block volumes, on a shared pool and on a node-local one (`--node-local`).
+Zero failures; the ginkgo summary goes into the output."""
 
 from __future__ import annotations
 
@@ -35,14 +36,19 @@ def skipped_specs(report: Path) -> list[str]:
 
 
 @pytest.mark.root
+@pytest.mark.parametrize("pool", ["shared", "node-local"])
 @pytest.mark.parametrize("access_type", ["mount", "block"])
-def test_csi_sanity(access_type: str, csi_root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_csi_sanity(access_type: str, pool: str, csi_root: Path, capsys: pytest.CaptureFixture[str]) -> None:
     require_root()
     binary = sanity_binary()
-    work = csi_root / f"sanity-{access_type}"
+    work = csi_root / f"sanity-{pool}-{access_type}"
     work.mkdir()
     # A small attach limit lets csi-sanity's max-attach test run (it publishes limit+1 volumes).
-    driver = Driver(work, "all", f"sanity-{access_type}", ["--max-volumes-per-node", "8"]).start()
+    flags = ["--max-volumes-per-node", "8"]
+    if pool == "node-local":
+        (work / "pool").mkdir()  # a node-local pool is never made by the driver
+        flags.append("--node-local")
+    driver = Driver(work, "all", f"sanity-{access_type}", flags).start()
     report = work / "junit.xml"
     try:
         proc = subprocess.run(
@@ -69,8 +75,9 @@ def test_csi_sanity(access_type: str, csi_root: Path, capsys: pytest.CaptureFixt
     ran = re.search(r"Ran (\d+) of (\d+) Specs", output)
     counts = re.search(r"(\d+) Passed \| (\d+) Failed \| (\d+) Pending \| (\d+) Skipped", output)
     summary = (
-        f"csi-sanity {access_type}: ran {ran.group(1)} of {ran.group(2)} specs; passed {counts.group(1)}, "
-        f"failed {counts.group(2)}, pending {counts.group(3)}, skipped {counts.group(4)}"
+        f"csi-sanity {pool} {access_type}: ran {ran.group(1)} of {ran.group(2)} specs; "
+        f"passed {counts.group(1)}, failed {counts.group(2)}, pending {counts.group(3)}, "
+        f"skipped {counts.group(4)}"
         if ran and counts
         else "csi-sanity printed no summary"
     )
