@@ -1,6 +1,11 @@
 """CSIStorageCapacity publishing (--enable-capacity): for every StorageClass of the driver and
 every topology segment its nodes report, the driver's GetCapacity answer is kept in one
-CSIStorageCapacity object, so the scheduler skips nodes whose pool cannot hold a new volume."""
+CSIStorageCapacity object, so the scheduler skips nodes whose pool cannot hold a new volume.
+
+In node deployment a provisioner publishes its own node's segment only (from NodeGetInfo), under
+its own managed-by label (`external-provisioner-<node>`), so the nodes' publishers never touch
+each other's objects. With an owner (--capacity-ownerref-level) every object carries it as its
+controlling owner reference, so uninstalling the driver removes them through garbage collection."""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ import json
 from dataclasses import dataclass
 
 import grpc
+from prometheus_client import Gauge
 
 from controller_runtime.client import ApiClient, ApiError
 from controller_runtime.csi_client import CSIConnection
@@ -25,11 +31,39 @@ from .request import Segment, driver_topology_keys, node_segment
 log = get_logger("external-provisioner.capacity")
 
 
+# Upstream's capacity controller gauges.
+GOAL = Gauge(
+    "csistoragecapacities_desired_goal",
+    "Number of CSIStorageCapacity objects that are supposed to be managed automatically.",
+)
+CURRENT = Gauge(
+    "csistoragecapacities_desired_current",
+    "Number of CSIStorageCapacity objects that exist and are supposed to be managed automatically.",
+)
+OBSOLETE = Gauge(
+    "csistoragecapacities_obsolete",
+    "Number of CSIStorageCapacity objects that exist and will be deleted automatically.",
+)
+
+
 @dataclass(frozen=True)
 class CapacityOptions:
     namespace: str
     interval: float = 60.0
     immediate_binding: bool = False  # upstream publishes only for WaitForFirstConsumer classes
+    managed_by: str = names.CAPACITY_MANAGED_BY
+    # Node deployment: the one segment to publish (empty: the driver reports no topology), instead
+    # of every segment the cluster's CSINodes and Nodes make up.
+    fixed_segment: Segment | None = None
+    owner: Obj | None = None  # the controlling owner reference every object gets
+
+
+def owned_by(obj: Obj, owner: Obj) -> bool:
+    """Whether `owner` is the object's controlling owner (upstream's isOwnedByUs: by UID)."""
+    return any(
+        ref.get("controller") and ref.get("uid") == owner["uid"]
+        for ref in obj.get("metadata", {}).get("ownerReferences") or []
+    )
 
 
 def _key(class_name: str, segment: Segment | None) -> tuple[str, str]:
@@ -42,8 +76,8 @@ class CapacityPublisher:
         client: ApiClient,
         conn: CSIConnection,
         classes: SharedInformer,
-        csinodes: SharedInformer,
-        nodes: SharedInformer,
+        csinodes: SharedInformer | None,
+        nodes: SharedInformer | None,
         options: CapacityOptions,
     ) -> None:
         self.client = client
@@ -55,7 +89,7 @@ class CapacityPublisher:
         self.driver = conn.driver_name
         self.labels = {
             names.CAPACITY_LABEL_DRIVER: self.driver,
-            names.CAPACITY_LABEL_MANAGED_BY: names.CAPACITY_MANAGED_BY,
+            names.CAPACITY_LABEL_MANAGED_BY: options.managed_by,
         }
         # A new class, a node plugin registering or a node relabelled changes which objects must
         # exist: publish at once, as upstream does, instead of at the next poll.
@@ -66,14 +100,16 @@ class CapacityPublisher:
             on_delete=lambda _: self._changed.set(),
         )
         classes.add_handler(every_change)
-        csinodes.add_handler(every_change)
-        nodes.add_handler(
-            EventHandler(
-                on_add=lambda _: self._changed.set(),
-                on_update=self._on_node_update,
-                on_delete=lambda _: self._changed.set(),
+        if csinodes is not None:
+            csinodes.add_handler(every_change)
+        if nodes is not None:
+            nodes.add_handler(
+                EventHandler(
+                    on_add=lambda _: self._changed.set(),
+                    on_update=self._on_node_update,
+                    on_delete=lambda _: self._changed.set(),
+                )
             )
-        )
 
     def _on_node_update(self, old: Obj, new: Obj) -> None:
         # Status updates are frequent and never change a segment; labels are what segments are made of.
@@ -85,6 +121,9 @@ class CapacityPublisher:
             csi_pb2.PluginCapability.Service.VOLUME_ACCESSIBILITY_CONSTRAINTS
         ):
             return [None]  # one pool for the whole cluster
+        if self.options.fixed_segment is not None:
+            return [dict(self.options.fixed_segment) or None]
+        assert self.csinodes is not None and self.nodes is not None
         out: list[Segment | None] = []
         for csinode in self.csinodes.store.values():
             keys = driver_topology_keys(csinode, self.driver)
@@ -129,6 +168,8 @@ class CapacityPublisher:
             obj["nodeTopology"] = {"matchLabels": dict(segment)}
         if maximum:
             obj["maximumVolumeSize"] = format_quantity(maximum)
+        if self.options.owner is not None:
+            obj["metadata"]["ownerReferences"] = [dict(self.options.owner)]
         return obj
 
     async def refresh(self) -> None:
@@ -146,6 +187,7 @@ class CapacityPublisher:
             else:
                 by_key[key] = obj
         wanted: set[tuple[str, str]] = set()
+        current_count = 0
         for storage_class in self.classes_to_publish():
             class_name = storage_class["metadata"]["name"]
             for segment in self.segments():
@@ -162,18 +204,36 @@ class CapacityPublisher:
                 current = by_key.get(key)
                 if current is None:
                     await self.client.create(CSI_STORAGE_CAPACITIES, desired, self.options.namespace)
-                elif (current.get("capacity"), current.get("maximumVolumeSize")) != (
-                    desired["capacity"],
-                    desired.get("maximumVolumeSize"),
-                ):
-                    current = dict(current)
-                    current["capacity"] = desired["capacity"]
-                    if "maximumVolumeSize" in desired:
-                        current["maximumVolumeSize"] = desired["maximumVolumeSize"]
-                    await self.client.update(CSI_STORAGE_CAPACITIES, current)
-        for key, obj in by_key.items():
-            if key not in wanted:
-                await self._delete(obj)
+                elif self._stale(current, desired):
+                    await self.client.update(CSI_STORAGE_CAPACITIES, self._updated(current, desired))
+                current_count += 1
+        obsolete = [obj for key, obj in by_key.items() if key not in wanted]
+        GOAL.set(len(wanted))
+        CURRENT.set(current_count)
+        OBSOLETE.set(len(obsolete))
+        for obj in obsolete:
+            await self._delete(obj)
+        OBSOLETE.set(0)
+
+    def _stale(self, current: Obj, desired: Obj) -> bool:
+        """Another capacity or maximum, or (with an owner) not controlled by it yet: an object
+        published before ownership was configured gets the owner added, as upstream."""
+        values = (current.get("capacity"), current.get("maximumVolumeSize"))
+        if values != (desired["capacity"], desired.get("maximumVolumeSize")):
+            return True
+        return self.options.owner is not None and not owned_by(current, self.options.owner)
+
+    def _updated(self, current: Obj, desired: Obj) -> Obj:
+        """The current object (a copy: never the cached one) with the desired values."""
+        updated = {**current, "capacity": desired["capacity"]}
+        updated.pop("maximumVolumeSize", None)
+        if "maximumVolumeSize" in desired:
+            updated["maximumVolumeSize"] = desired["maximumVolumeSize"]
+        owner = self.options.owner
+        if owner is not None and not owned_by(current, owner):
+            refs = list(current["metadata"].get("ownerReferences") or [])
+            updated["metadata"] = {**current["metadata"], "ownerReferences": [*refs, dict(owner)]}
+        return updated
 
     async def _delete(self, obj: Obj) -> None:
         try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from enum import Enum
 
 from controller_runtime import storage
 from controller_runtime.resources import Obj
@@ -265,3 +266,67 @@ class SlowRetries:
 
     def forget(self, claim_uid: str) -> None:
         self.marked.pop(claim_uid, None)
+
+
+# -- node deployment -------------------------------------------------------------------------------
+
+
+class NodeCheck(Enum):
+    """What a node-deployment provisioner does with a pending claim (upstream's checkNode)."""
+
+    PROVISION = "provision"  # its selected node is this node
+    IGNORE = "ignore"  # another node's, a WaitForFirstConsumer claim not scheduled yet, or not servable here
+    ELECT = "elect"  # Immediate and nobody's yet: try to become its owner
+
+
+def node_check(
+    claim: Obj, storage_class: Obj, node_name: str, *, immediate_binding: bool, allowed_here: bool
+) -> NodeCheck:
+    """Whether this node provisions the claim, ignores it, or tries to own it first. An Immediate
+    claim is tried only with --node-deployment-immediate-binding and when the class's
+    allowedTopologies admit this node (`allowed_here`); anything else no node has selected waits
+    for the scheduler (or for a controller of the admin's that writes selected-node)."""
+    selected = _annotations(claim).get(storage.ANN_SELECTED_NODE) or ""
+    if selected:
+        return NodeCheck.PROVISION if selected == node_name else NodeCheck.IGNORE
+    if storage_class.get("volumeBindingMode", "Immediate") != "Immediate" or not immediate_binding:
+        return NodeCheck.IGNORE
+    return NodeCheck.ELECT if allowed_here else NodeCheck.IGNORE
+
+
+def _requirement_matches(expr: Obj, labels: Mapping[str, str]) -> bool:
+    """One node-selector requirement against labels, as MatchNodeSelectorTerms reads it."""
+    key, op, values = expr.get("key", ""), expr.get("operator", ""), expr.get("values") or []
+    if op == "In":
+        return key in labels and labels[key] in values
+    if op == "NotIn":
+        return key not in labels or labels[key] not in values
+    if op == "Exists":
+        return key in labels
+    if op == "DoesNotExist":
+        return key not in labels
+    if op in ("Gt", "Lt") and key in labels and len(values) == 1:
+        try:
+            have, want = int(labels[key]), int(values[0])
+        except ValueError:
+            return False
+        return have > want if op == "Gt" else have < want
+    return False
+
+
+def volume_accessible(pv: Obj, segment: Mapping[str, str]) -> bool:
+    """Whether a node whose labels are just `segment` (its driver's NodeGetInfo topology) satisfies
+    the PV's node affinity: upstream's VolumeIsAccessible, which decides which node-deployment
+    provisioner deletes a volume. No affinity, or no topology from the driver: every node.
+    Terms are ORed and a term's expressions ANDed; an empty term and matchFields match nothing
+    (the node is known by its labels only)."""
+    required = ((pv.get("spec", {}).get("nodeAffinity") or {}).get("required")) or None
+    if not segment or required is None:
+        return True
+    for term in required.get("nodeSelectorTerms") or []:
+        exprs = term.get("matchExpressions") or []
+        if term.get("matchFields") or not exprs:
+            continue
+        if all(_requirement_matches(e, segment) for e in exprs):
+            return True
+    return False

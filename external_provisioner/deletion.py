@@ -3,7 +3,11 @@ controller): the PVs this provisioner is responsible for (decide.responsible_for
 the driver, or static CSI volumes of it) get the finalizer
 external-provisioner.volume.kubernetes.io/finalizer while Bound with policy Delete and lose it with
 Retain or Recycle; a Released one with policy Delete gets DeleteVolume, then the PV is deleted and
-the finalizer goes. One queue of PV names, per-name exponential backoff."""
+the finalizer goes. One queue of PV names, per-name exponential backoff.
+
+In node deployment only the volumes this node can reach are its own (upstream: the node's
+NodeGetInfo topology satisfies the PV's node affinity); every other node's provisioner leaves a PV
+alone, without an event, as upstream's ignored deletion does."""
 
 from __future__ import annotations
 
@@ -38,6 +42,8 @@ class DeletionController(SidecarController):
     def __init__(self, context: ControllerContext, csi: CSIConnection, options: Options) -> None:
         super().__init__(context, csi)
         self.options = options
+        node = options.node_deployment
+        self.segment = node.segment if node is not None else None
         self.calls = VolumeCalls(self.client, csi)
         # Without PUBLISH_UNPUBLISH_VOLUME nothing attaches the driver's volumes: no
         # VolumeAttachment can hold a deletion back.
@@ -58,8 +64,13 @@ class DeletionController(SidecarController):
         )
         self.attachments.add_handler(EventHandler(None, None, self._attachment_deleted))
 
+    def _mine(self, pv: Obj) -> bool:
+        return decide.responsible_for(pv, self.driver) and (
+            self.segment is None or decide.volume_accessible(pv, self.segment)
+        )
+
     def _volume_changed(self, pv: Obj) -> None:
-        if decide.responsible_for(pv, self.driver):
+        if self._mine(pv):
             self.queue.add(pv["metadata"]["name"])
 
     def _attachment_deleted(self, va: Obj) -> None:
@@ -73,7 +84,7 @@ class DeletionController(SidecarController):
 
     async def sync(self, name: str) -> float | None:
         pv = self.volumes.store.get(name)
-        if pv is None or not decide.responsible_for(pv, self.driver):
+        if pv is None or not self._mine(pv):
             return None
         finalizers = decide.finalizers_after(pv)
         if finalizers is not None:

@@ -13,20 +13,25 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import grpc
+
 from controller_runtime import process
 from controller_runtime.client import ApiClient
 from controller_runtime.component import Controller, api_client, run_elected
 from controller_runtime.controller import ControllerContext
-from controller_runtime.csi_client import CSIConnection
+from controller_runtime.csi_client import CSIConnection, error_text
 from controller_runtime.events import EventRecorder
 from controller_runtime.informer import SharedInformerFactory
 from controller_runtime.logs import get_logger
-from controller_runtime.resources import CSI_NODES, NODES, STORAGE_CLASSES
+from controller_runtime.resources import CSI_NODES, NODES, STORAGE_CLASSES, Obj
+from kubeloop_grpc.csi import csi_pb2
 
+from . import names, owner
 from .capacity import CapacityOptions, CapacityPublisher
 from .clone_protection import CloneProtectionController
 from .deletion import DeletionController
 from .journal import Journal
+from .node_deployment import NodeDeployment
 from .options import Options
 from .provisioning import ProvisioningController
 from .snapshot_protection import SnapshotProtectionController
@@ -58,10 +63,25 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--default-fstype", default="", help="filesystem when the class sets no csi.storage.k8s.io/fstype"
     )
-    parser.add_argument(
+    process.add_bool_flag(
+        parser,
         "--extra-create-metadata",
-        action="store_true",
-        help="pass csi.storage.k8s.io/pvc/name, pvc/namespace and pv/name to CreateVolume",
+        False,
+        "pass csi.storage.k8s.io/pvc/name, pvc/namespace and pv/name to CreateVolume",
+    )
+    process.add_bool_flag(
+        parser,
+        "--strict-topology",
+        False,
+        "late binding: pass only the selected node's topology to CreateVolume, not every segment of "
+        "the cluster with the selected node's first",
+    )
+    process.add_bool_flag(
+        parser,
+        "--immediate-topology",
+        True,
+        "immediate binding: pass every segment where the driver runs to CreateVolume (true) or no "
+        "topology requirement (false)",
     )
     parser.add_argument(
         "--state-dir",
@@ -75,8 +95,35 @@ def build_parser() -> argparse.ArgumentParser:
         help="how often snapshots no pending claim restores from lose their source protection; 0 disables "
         "(default: 5m)",
     )
+    node = parser.add_argument_group("distributed provisioning")
+    process.add_bool_flag(
+        node,
+        "--node-deployment",
+        False,
+        "run beside the driver on every node (node name from $NODE_NAME) and serve that node's "
+        "claims and volumes only",
+    )
+    process.add_bool_flag(
+        node,
+        "--node-deployment-immediate-binding",
+        True,
+        "in node deployment, let the nodes' provisioners elect one of them for claims with Immediate binding",
+    )
+    node.add_argument(
+        "--node-deployment-base-delay",
+        type=process.duration,
+        default=20.0,
+        help="in node deployment, the first wait (0 to this, at random) before trying to own an "
+        "Immediate claim (default: 20s)",
+    )
+    node.add_argument(
+        "--node-deployment-max-delay",
+        type=process.duration,
+        default=60.0,
+        help="in node deployment, the longest wait before trying to own an Immediate claim (default: 1m)",
+    )
     cap = parser.add_argument_group("storage capacity")
-    cap.add_argument("--enable-capacity", action="store_true", help="publish CSIStorageCapacity objects")
+    process.add_bool_flag(cap, "--enable-capacity", False, "publish CSIStorageCapacity objects")
     cap.add_argument(
         "--capacity-poll-interval",
         type=process.duration,
@@ -102,10 +149,18 @@ def build_parser() -> argparse.ArgumentParser:
         default=5,
         help="burst of the client that writes CSIStorageCapacity objects (default: %(default)s)",
     )
-    cap.add_argument(
+    process.add_bool_flag(
+        cap,
         "--capacity-for-immediate-binding",
-        action="store_true",
-        help="also publish capacity for classes with Immediate binding",
+        False,
+        "also publish capacity for classes with Immediate binding",
+    )
+    cap.add_argument(
+        "--capacity-ownerref-level",
+        type=int,
+        default=1,
+        help="the owner of the CSIStorageCapacity objects, counted up from the pod named by $POD_NAME "
+        "in $NAMESPACE: -1 none, 0 the pod, 1 its DaemonSet or StatefulSet, 2 a Deployment (default: 1)",
     )
     process.add_controller_flags(
         parser,
@@ -124,9 +179,11 @@ def lease_name(driver: str) -> str:
     return re.sub(r"[^a-zA-Z0-9-]", "-", driver)
 
 
-def controller_options(args: argparse.Namespace, driver: str) -> Options:
+def controller_options(args: argparse.Namespace, driver: str, node: NodeDeployment | None) -> Options:
+    identity = provisioner_identity(driver)
     return Options(
-        identity=provisioner_identity(driver),
+        # Upstream's identity names the node too in node deployment.
+        identity=f"{identity}-{node.node_name}" if node is not None else identity,
         prefix=args.volume_name_prefix,
         default_fs=args.default_fstype,
         extra_metadata=args.extra_create_metadata,
@@ -134,24 +191,94 @@ def controller_options(args: argparse.Namespace, driver: str) -> Options:
         retry_start=args.retry_interval_start,
         retry_max=args.retry_interval_max,
         snapshot_sweep_interval=args.snapshot_orphan_sweep_interval,
+        strict_topology=args.strict_topology,
+        immediate_topology=args.immediate_topology,
+        node_deployment=node,
     )
 
 
+class StartError(Exception):
+    """A flag or environment setting the process cannot run with; its text says which."""
+
+
+def node_name(args: argparse.Namespace) -> str | None:
+    """$NODE_NAME for --node-deployment (None without it); refuses what cannot work."""
+    if not args.node_deployment:
+        return None
+    name = os.environ.get("NODE_NAME", "")
+    if not name:
+        raise StartError("The NODE_NAME environment variable must be set when using --node-deployment.")
+    if args.leader_election:
+        # One Lease for the driver would leave a single node serving every node's claims.
+        raise StartError(
+            "--leader-election cannot be used with --node-deployment: "
+            "each node's provisioner serves its own node"
+        )
+    return name
+
+
+async def node_deployment(args: argparse.Namespace, conn: CSIConnection, name: str) -> NodeDeployment:
+    """This node as its driver describes it (NodeGetInfo), as upstream asks at start."""
+    try:
+        info = await conn.node.NodeGetInfo(csi_pb2.NodeGetInfoRequest(), timeout=conn.timeout)
+    except grpc.aio.AioRpcError as exc:
+        raise StartError(f"Failed to get node info from CSI driver: {error_text(exc)}") from exc
+    segment = dict(info.accessible_topology.segments) if info.HasField("accessible_topology") else {}
+    log.info("node deployment", node=name, node_id=info.node_id, topology=segment)
+    return NodeDeployment(
+        node_name=name,
+        node_id=info.node_id,
+        segment=segment,
+        immediate_binding=args.node_deployment_immediate_binding,
+        base_delay=args.node_deployment_base_delay,
+        max_delay=args.node_deployment_max_delay,
+    )
+
+
+async def capacity_owner(args: argparse.Namespace, client: ApiClient) -> Obj | None:
+    """The owner reference of the CSIStorageCapacity objects (--capacity-ownerref-level)."""
+    if args.capacity_ownerref_level < 0:
+        return None
+    pod = os.environ.get("POD_NAME", "")
+    if not pod:
+        raise StartError("need POD_NAME env variable to determine CSIStorageCapacity owner")
+    try:
+        ref = await owner.lookup(client, args.capacity_namespace, pod, args.capacity_ownerref_level)
+    except owner.OwnerLookupError as exc:
+        raise StartError(f"look up owner(s) of pod: {exc}") from exc
+    log.info(
+        "owner of CSIStorageCapacity objects",
+        api_version=ref["apiVersion"],
+        kind=ref["kind"],
+        name=ref["name"],
+    )
+    return ref
+
+
 def capacity_publisher(
-    args: argparse.Namespace, client: ApiClient, conn: CSIConnection, factory: SharedInformerFactory
+    args: argparse.Namespace,
+    client: ApiClient,
+    conn: CSIConnection,
+    factory: SharedInformerFactory,
+    node: NodeDeployment | None,
+    owner_ref: Obj | None,
 ) -> CapacityPublisher:
     """The publisher of CSIStorageCapacity objects, on the controllers' caches (its handlers are
-    added before they start) and its own client."""
+    added before they start) and its own client. In node deployment it publishes this node's
+    segment alone and watches no Node or CSINode, as upstream."""
     return CapacityPublisher(
         client,
         conn,
         factory.informer(STORAGE_CLASSES),
-        factory.informer(CSI_NODES),
-        factory.informer(NODES),
+        factory.informer(CSI_NODES) if node is None else None,
+        factory.informer(NODES) if node is None else None,
         CapacityOptions(
             namespace=args.capacity_namespace,
             interval=args.capacity_poll_interval,
             immediate_binding=args.capacity_for_immediate_binding,
+            managed_by=names.capacity_managed_by(node.node_name if node is not None else None),
+            fixed_segment=node.segment if node is not None else None,
+            owner=owner_ref,
         ),
     )
 
@@ -194,6 +321,10 @@ async def run(args: argparse.Namespace, ctx: process.Context) -> None:
         ctx.health.add_liveness_check("ping", lambda: None)
         ctx.health.add_readiness_check("provisioner", ready)
 
+    try:
+        name = node_name(args)
+    except StartError as exc:
+        raise SystemExit(f"kubeloop-external-provisioner: {exc}") from exc
     conn = await CSIConnection.connect(args.csi_address, timeout=args.timeout)
     state["conn"] = conn
     # A driver without CONTROLLER_SERVICE / CREATE_DELETE_VOLUME still runs, as upstream: every
@@ -211,10 +342,19 @@ async def run(args: argparse.Namespace, ctx: process.Context) -> None:
         else None
     )
 
+    try:
+        node = await node_deployment(args, conn, name) if name is not None else None
+        owner_ref = await capacity_owner(args, client) if capacity_client is not None else None
+    except StartError as exc:
+        await asyncio.gather(recorder.close(), client.close(), conn.close())
+        if capacity_client is not None:
+            await capacity_client.close()
+        raise SystemExit(f"kubeloop-external-provisioner: {exc}") from exc
+
     async def lead() -> None:
         factory = SharedInformerFactory(client, resync_period=args.resync_period)
         context = ControllerContext(client, factory, recorder)
-        options = controller_options(args, conn.driver_name)  # a new identity each term, as before
+        options = controller_options(args, conn.driver_name, node)  # a new identity each term
         journal = Journal(Path(args.state_dir) / "provisioning")
         clones = CloneProtectionController(context, conn, options)
         snapshots = SnapshotProtectionController(context, conn, options)
@@ -227,7 +367,7 @@ async def run(args: argparse.Namespace, ctx: process.Context) -> None:
             )
         ]
         if capacity_client is not None:
-            publisher = capacity_publisher(args, capacity_client, conn, factory)
+            publisher = capacity_publisher(args, capacity_client, conn, factory, node, owner_ref)
 
             async def publish() -> None:
                 await factory.wait_for_sync()

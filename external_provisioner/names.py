@@ -27,6 +27,31 @@ PARAM_PV_NAME = PARAMETER_PREFIX + "pv/name"
 CAPACITY_LABEL_DRIVER = "csi.storage.k8s.io/drivername"
 CAPACITY_LABEL_MANAGED_BY = "csi.storage.k8s.io/managed-by"
 CAPACITY_MANAGED_BY = "external-provisioner"
+_DNS1035_LABEL_MAX = 63
+
+
+def _fnv32a(text: str) -> str:
+    value = 0x811C9DC5
+    for byte in text.encode():
+        value = ((value ^ byte) * 0x01000193) & 0xFFFFFFFF
+    return f"{value:08x}"
+
+
+def capacity_managed_by(node: str | None) -> str:
+    """The managed-by label value: `external-provisioner`, or in node deployment
+    `external-provisioner-<node>` kept within a DNS-1035 label as upstream's getNameWithMaxLength
+    does (a long node name is cut and the full name's FNV-1a hash put in between), so each
+    node's provisioner finds and replaces only its own objects."""
+    if not node:
+        return CAPACITY_MANAGED_BY
+    name = f"{CAPACITY_MANAGED_BY}-{node}"
+    if len(name) <= _DNS1035_LABEL_MAX:
+        return name
+    keep = _DNS1035_LABEL_MAX - 10 - len(node)
+    if keep <= 0:
+        return f"{CAPACITY_MANAGED_BY[: _DNS1035_LABEL_MAX - 9]}-{_fnv32a(name)}"[:_DNS1035_LABEL_MAX]
+    return f"{CAPACITY_MANAGED_BY[:keep]}-{_fnv32a(CAPACITY_MANAGED_BY)}-{node}"
+
 
 # Event reasons
 PROVISIONING = "Provisioning"

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .node_deployment import NodeDeployment
+
 
 @dataclass(frozen=True)
 class Options:
@@ -19,3 +21,8 @@ class Options:
     # Saving a PV is retried this often before the volume is deleted again (upstream: 5 x 10 s).
     pv_save_attempts: int = 5
     pv_save_interval: float = 10.0
+    # --strict-topology / --immediate-topology: what CreateVolume's accessibility requirements hold.
+    strict_topology: bool = False
+    immediate_topology: bool = True
+    # --node-deployment: this provisioner serves its own node's claims and volumes only.
+    node_deployment: NodeDeployment | None = None

@@ -18,7 +18,7 @@ from controller_runtime.client import ApiError
 from controller_runtime.controller import ControllerContext, run_workers
 from controller_runtime.csi_client import CSIConnection, SidecarController
 from controller_runtime.csi_errors import OperationState
-from controller_runtime.informer import EventHandler
+from controller_runtime.informer import EventHandler, SharedInformer
 from controller_runtime.logs import get_logger
 from controller_runtime.mutation_cache import MutationCache
 from controller_runtime.resources import (
@@ -41,10 +41,12 @@ from .clone_protection import CloneProtectionController
 from .content_source import Content, ContentSources
 from .decide import DataSource
 from .journal import Entry, Journal
+from .node_deployment import OwnerElection, Ownership, RequestShape
 from .options import Options
 from .request import (
     CreatedVolume,
     ProvisionError,
+    Topology,
     VolumeSpec,
     accessibility,
     build_pv,
@@ -102,8 +104,24 @@ class ProvisioningController(SidecarController):
         self.claims = self.factory.informer(PERSISTENT_VOLUME_CLAIMS)
         self.volumes = self.factory.informer(PERSISTENT_VOLUMES)
         self.classes = self.factory.informer(STORAGE_CLASSES)
-        self.nodes = self.factory.informer(NODES)
-        self.csinodes = self.factory.informer(CSI_NODES)
+        self.node = options.node_deployment
+        self.election: OwnerElection | None = None
+        if self.node is None:
+            self.nodes: SharedInformer | None = self.factory.informer(NODES)
+            self.csinodes: SharedInformer | None = self.factory.informer(CSI_NODES)
+        else:
+            # In node deployment the topology is this node's alone, from NodeGetInfo: no provisioner
+            # on every node watches every Node (upstream's fixed local objects).
+            self.nodes = self.csinodes = None
+            self.local_csinode, self.local_node = self.node.local_objects(self.driver)
+            self.election = OwnerElection(
+                self.node,
+                self.client,
+                csi,
+                self.claims,
+                self.clock,
+                RequestShape(options.default_fs, self.multi_writer),
+            )
         # The PVs as this controller's own creates left them: a PV it just saved is seen before
         # the watch delivers it, so the next sync never provisions the claim a second time.
         self.volume_view = MutationCache(self.volumes.store, include_adds=True, clock=self.clock)
@@ -131,6 +149,8 @@ class ProvisioningController(SidecarController):
     def _claim_deleted(self, claim: Obj) -> None:
         uid = claim.get("metadata", {}).get("uid", "")
         self.infeasible.forget(uid)
+        if self.election is not None:
+            self.election.forget(uid)
         if uid in self.journal.entries:
             self.queue.add(uid)
 
@@ -189,8 +209,7 @@ class ProvisioningController(SidecarController):
             and self._ours(claim)
             and not claim["spec"].get("volumeName")
         ):
-            await self._sync_pending_claim(claim, entry)
-            return None
+            return await self._sync_pending_claim(claim, entry)
         if entry is None:
             return None
         if claim is None:
@@ -206,16 +225,32 @@ class ProvisioningController(SidecarController):
         await self._abandon(entry)
         return None
 
-    async def _sync_pending_claim(self, claim: Obj, entry: Entry | None) -> None:
+    async def _sync_pending_claim(self, claim: Obj, entry: Entry | None) -> float | None:
+        """Provisions a pending claim of ours; a number is when to look again (an Immediate claim
+        no node could take yet, in node deployment)."""
         pv_name = pv_name_for(self.options.prefix, claim)
         if self.volume_view.get(pv_name) is not None:
             if entry is not None:
                 await self.journal.remove(entry.uid)
-            return  # provisioned; the binder completes the bind
+            return None  # provisioned; the binder completes the bind
         class_name = claim_class(claim)
         storage_class = self.classes.store.get(class_name) if class_name else None
         if storage_class is None:
             raise StorageClassNotFound(f'storageclass.storage.k8s.io "{class_name}" not found')
+        if self.node is not None and entry is None:
+            # Before anything that writes an event: every node sees every claim, and only the
+            # one that provisions it may speak about it. A journalled claim is this node's already.
+            check = decide.node_check(
+                claim,
+                storage_class,
+                self.node.node_name,
+                immediate_binding=self.node.immediate_binding,
+                allowed_here=self._allowed_here(storage_class, pv_name),
+            )
+            if check is decide.NodeCheck.IGNORE:
+                return None
+            if check is decide.NodeCheck.ELECT:
+                return await self._elect(claim, storage_class, pv_name)
         uid = claim["metadata"]["uid"]
         if self.infeasible.remaining(uid, storage_class["metadata"].get("uid", ""), self.clock.monotonic()):
             raise DelayRetryError(
@@ -224,10 +259,58 @@ class ProvisioningController(SidecarController):
             )
         selected = _annotation(claim, storage.ANN_SELECTED_NODE)
         if storage_class.get("volumeBindingMode") == "WaitForFirstConsumer" and not selected:
-            return  # the scheduler picks a node first
+            return None  # the scheduler picks a node first
         if storage_class.get("provisioner") != self.driver:
-            return  # the class moved to another provisioner; not ours to act on
+            return None  # the class moved to another provisioner; not ours to act on
         await self._attempt(claim, storage_class, pv_name, entry, selected)
+        return None
+
+    def _topology(self, storage_class: Obj, pv_name: str, node: Obj | None) -> Topology | None:
+        """CreateVolume's accessibility requirements for a volume on `node` (None: unscheduled);
+        in node deployment from this node's own CSINode and Node, as upstream."""
+        if not self.topology:
+            return None
+        if self.node is not None:
+            csinodes: list[Obj] = [self.local_csinode]
+            nodes = {self.node.node_name: self.local_node}
+        else:
+            assert self.csinodes is not None and self.nodes is not None
+            csinodes = list(self.csinodes.store.values())
+            nodes = {n["metadata"]["name"]: n for n in self.nodes.store.values()}
+        return accessibility(
+            self.driver,
+            storage_class,
+            pv_name,
+            node,
+            csinodes,
+            nodes,
+            strict=self.options.strict_topology,
+            immediate=self.options.immediate_topology,
+        )
+
+    def _allowed_here(self, storage_class: Obj, pv_name: str) -> bool:
+        """Whether the class's allowedTopologies admit this node (upstream asks for the
+        requirements a volume here would get, and an error means no)."""
+        if not storage_class.get("allowedTopologies") or not self.topology:
+            return True
+        try:
+            self._topology(storage_class, pv_name, self.local_node)
+        except ProvisionError as exc:
+            log.debug("ignoring claim, allowed topologies is not compatible", error=str(exc))
+            return False
+        return True
+
+    async def _elect(self, claim: Obj, storage_class: Obj, pv_name: str) -> float | None:
+        """Tries to make this node the Immediate claim's selected node (upstream's becomeOwner).
+        Won or lost, the claim's next event decides; a claim this node has no room for is looked
+        at again after --node-deployment-max-delay, in case no other node takes it either."""
+        assert self.election is not None and self.node is not None
+        try:
+            topology = self._topology(storage_class, pv_name, self.local_node)
+        except ProvisionError:
+            topology = None  # the capacity check then asks without a segment
+        outcome = await self.election.become_owner(claim, storage_class, topology)
+        return self.node.max_delay if outcome is Ownership.NO_ROOM else None
 
     async def _attempt(
         self, claim: Obj, storage_class: Obj, pv_name: str, entry: Entry | None, selected: str
@@ -260,6 +343,9 @@ class ProvisioningController(SidecarController):
             raise
 
     async def _selected_node(self, name: str) -> Obj:
+        if self.node is not None:
+            return self.local_node  # only claims whose selected node is this one get here
+        assert self.nodes is not None
         node = self.nodes.store.get(name)
         if node is not None:
             return node
@@ -287,16 +373,7 @@ class ProvisioningController(SidecarController):
     def _new_spec(
         self, claim: Obj, storage_class: Obj, pv_name: str, node: Obj | None, content: Content
     ) -> VolumeSpec:
-        topology = None
-        if self.topology:
-            topology = accessibility(
-                self.driver,
-                storage_class,
-                pv_name,
-                node,
-                self.csinodes.store.values(),
-                {n["metadata"]["name"]: n for n in self.nodes.store.values()},
-            )
+        topology = self._topology(storage_class, pv_name, node)
         params = split_parameters(
             storage_class.get("parameters") or {}, claim, pv_name, self.options.default_fs
         )

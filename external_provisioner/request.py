@@ -336,16 +336,22 @@ def accessibility(
     selected_node: Obj | None,
     csinodes: Iterable[Obj],
     nodes: Mapping[str, Obj],
+    *,
+    strict: bool = False,
+    immediate: bool = True,
 ) -> Topology | None:
-    """CreateVolume's accessibility requirements, as the Go sidecar builds them without
-    --strict-topology. Requisite: the class's allowedTopologies, else every segment a node of this
+    """CreateVolume's accessibility requirements, as the Go sidecar builds them (its README's
+    topology table). Requisite: the class's allowedTopologies, else every segment a node of this
     driver reports. With a selected node (WaitForFirstConsumer, or an annotation the claim's author
     wrote) the preferred segments are the requisite ones rotated to start at the first that the
     node's segment falls in, so a driver that honours preference places the volume where the pod
     goes; a node outside every allowed segment is an error, never a reason to ask for its segment
-    (the annotation is the user's to write, allowedTopologies the admin's). Without one, preference
-    is rotated by the volume's name so volumes spread over the segments. Raises ProvisionError with
-    the sidecar's messages; a missing CSINode asks the scheduler for another node, as upstream."""
+    (the annotation is the user's to write, allowedTopologies the admin's). With `strict`
+    (--strict-topology) a selected node's segment is the only requisite and preferred one. Without
+    a selected node, preference is rotated by the volume's name so volumes spread over the
+    segments, and with neither allowedTopologies nor `immediate` (--immediate-topology=false) no
+    requirement is sent at all. Raises ProvisionError with the sidecar's messages; a missing
+    CSINode asks the scheduler for another node, as upstream."""
     selected: Segment | None = None
     node_name = ""
     if selected_node is not None:
@@ -367,8 +373,12 @@ def accessibility(
                 f"topology keys from CSINode [{' '.join(keys)}]"
             )
     allowed = storage_class.get("allowedTopologies") or []
+    if selected is not None and strict:
+        return _strict(selected, node_name, allowed_segments(allowed))
     if allowed:
         requisite = allowed_segments(allowed)
+    elif selected is None and not immediate:
+        return None  # neither the claim nor the class limits where: the driver decides
     else:
         seen: list[Segment] = []
         known: set[frozenset[tuple[str, str]]] = set()  # a list membership test was quadratic in nodes
@@ -400,6 +410,16 @@ def accessibility(
         shift = zlib.crc32(pv_name.encode()) % len(requisite)
         preferred = requisite[shift:] + requisite[:shift]
     return Topology(requisite=requisite, preferred=preferred)
+
+
+def _strict(selected: Segment, node_name: str, allowed: list[Segment]) -> Topology:
+    """--strict-topology with a selected node: its segment alone, which the class must allow."""
+    if allowed and not any(_covers(s, selected) for s in allowed):
+        raise ProvisionError(
+            f"{_ACCESSIBILITY}selected node '{go_quote(node_name)}' topology '{_go_term(selected)}' "
+            f"is not in allowed topologies: [{' '.join(_go_term(s) for s in allowed)}]"
+        )
+    return Topology(requisite=[dict(selected)], preferred=[dict(selected)])
 
 
 # -- the CreateVolume request ----------------------------------------------------------------------
