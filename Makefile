@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 	e2e-storage e2e-storage-disruptive chaos
 
 up: deps binaries
-	$(PY) -m localstack.main up
+	$(PY) -m localstack.main up --pools=$(or $(POOLS),shared) --pool-capacity="$(POOL_CAPACITY)"
 
 # tests/compose (docker-compose end to end) needs docker, docker-compose and debootstrap; tests/kind
 # also kind, containerd, kubelet, kubeadm and external-snapshotter (kind-deps), and e2e.test (e2e-deps).

@@ -22,16 +22,32 @@ the port is free, starts the process (once per node when `per_node`), and waits 
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
+
 from controller_runtime.logs import get_logger
 from controller_runtime.toolchain import REPO_ROOT
+from csi_driver import DRIVER_NAME
 
 from .certs import Identity, service_account_identity
 from .controlplane import ControlPlane, Ports, StatusCallback, UnexpectedExitCallback, log_unexpected_exit
+from .pools import (
+    CSIDRIVER_KIND,
+    NODE_LOCAL,
+    SHARED,
+    PoolCapacity,
+    PoolMode,
+    csidriver_conflict,
+    manifests_for_mode,
+    node_pool_dir,
+    shared_pool_dir,
+)
 from .proc import ManagedProcess, RestartCallback, RestartPolicy, wait_healthy
 
 log = get_logger("stack")
@@ -51,9 +67,12 @@ class ComponentContext:
     http_endpoint: str  # `127.0.0.1:<port>` for its --http-endpoint, or "" without http_port
     ports: Ports
     repo_root: Path
+    # The size its pool offers (the driver's --capacity), "" for the pool filesystem's free space.
+    pool_capacity: str = ""
 
 
 ArgvFactory = Callable[[ComponentContext], list[str]]
+EnvFactory = Callable[[ComponentContext], dict[str, str]]
 
 
 @dataclass(frozen=True)
@@ -70,91 +89,103 @@ class Component:
     per_node: bool = False
     # Manifests (relative to the repository root) applied as admin before it starts: its RBAC.
     manifests: tuple[str, ...] = ()
+    # Environment variables it gets on top of the launcher's (a Deployment's `env:`).
+    env: EnvFactory | None = None
 
 
 # Components in start order: a component may rely on those listed before it being healthy.
-REGISTRY: tuple[Component, ...] = (
-    Component(
-        name="pv-controller",
-        argv=lambda c: python_module(
-            "services.pv_controller.main",
-            f"--kubeconfig={c.kubeconfig}",
-            f"--http-endpoint={c.http_endpoint}",
-        ),
-        identity=service_account_identity("kubeloop-pv-controller"),
-        http_port=18081,
-        manifests=("deploy/rbac/pv-controller.yaml",),
+# Components in start order: a component may rely on those listed before it being healthy.
+# The argv factories each mode's entries share are below the registries.
+PV_CONTROLLER = Component(
+    name="pv-controller",
+    argv=lambda c: python_module(
+        "services.pv_controller.main",
+        f"--kubeconfig={c.kubeconfig}",
+        f"--http-endpoint={c.http_endpoint}",
     ),
+    identity=service_account_identity("kubeloop-pv-controller"),
+    http_port=18081,
+    manifests=("deploy/rbac/pv-controller.yaml",),
+)
+# kubelet's part for each node: registers the Node, mounts the volumes of its pods. The node stops
+# with its agent, and a stop of the stack stops the agent before its node plugin: the agent unmounts
+# its volumes on the way out, so nothing stays mounted or attached after the stack (its next start
+# mounts them again for the pods still there).
+NODE_AGENT = Component(
+    name="node-agent",
+    argv=lambda c: python_module(
+        "services.node_agent.main",
+        f"--node-name={c.node}",
+        f"--root-dir={node_dir(c) / 'kubelet'}",
+        f"--kubeconfig={c.kubeconfig}",
+        f"--http-endpoint={c.http_endpoint}",
+        "--unmount-volumes-on-exit",
+    ),
+    identity=service_account_identity("kubeloop-node-agent"),
+    http_port=18120,
+    per_node=True,
+    manifests=("deploy/rbac/node-agent.yaml",),
+)
+ATTACH_DETACH_CONTROLLER = Component(
+    name="attach-detach-controller",
+    argv=lambda c: python_module(
+        "services.attach_detach.main",
+        f"--kubeconfig={c.kubeconfig}",
+        f"--http-endpoint={c.http_endpoint}",
+    ),
+    identity=service_account_identity("kubeloop-attach-detach"),
+    http_port=18102,
+    manifests=("deploy/rbac/attach-detach-controller.yaml",),
+)
+# Expansion: kcm's expand controller, and the resizer sidecar beside the driver's controller.
+VOLUME_EXPAND_CONTROLLER = Component(
+    name="volume-expand-controller",
+    argv=lambda c: python_module(
+        "services.volume_expand.main",
+        f"--kubeconfig={c.kubeconfig}",
+        f"--http-endpoint={c.http_endpoint}",
+    ),
+    identity=service_account_identity("kubeloop-volume-expand"),
+    http_port=18103,
+    manifests=("deploy/rbac/volume-expand-controller.yaml",),
+)
+PROVISIONER_IDENTITY = service_account_identity("kubeloop-external-provisioner")
+PROVISIONER_MANIFESTS = (
+    "deploy/rbac/external-provisioner.yaml",
+    "deploy/csidriver.yaml",
+    "deploy/storageclasses.yaml",
+)
+RESIZER_IDENTITY = service_account_identity("kubeloop-external-resizer")
+RESIZER_MANIFESTS = ("deploy/rbac/external-resizer.yaml",)
+
+REGISTRY: tuple[Component, ...] = (
+    PV_CONTROLLER,
     # The driver's controller service (one per cluster) and its provisioner sidecar. The pool is
     # <home>/pool, shared with the node plugins; the sidecar finds the driver's socket by the
     # controller instance's state directory.
     Component(
         name="csi-driver-controller",
-        argv=lambda c: python_module(
-            "csi_driver.main",
-            "--mode=controller",
-            f"--endpoint=unix://{c.state_dir / 'csi.sock'}",
-            f"--pool-dir={c.home / 'pool'}",
-            f"--state-dir={c.state_dir / 'state'}",
-            f"--http-endpoint={c.http_endpoint}",
+        argv=lambda c: driver_argv(
+            c, "controller", f"unix://{c.state_dir / 'csi.sock'}", shared_pool_dir(c.home)
         ),
         http_port=18090,
     ),
     Component(
         name="external-provisioner",
-        argv=lambda c: python_module(
-            "external_provisioner.main",
-            f"--kubeconfig={c.kubeconfig}",
-            f"--csi-address=unix://{controller_socket(c)}",
-            f"--state-dir={c.state_dir}",
-            "--extra-create-metadata",
-            "--enable-capacity",
-            f"--http-endpoint={c.http_endpoint}",
-        ),
-        identity=service_account_identity("kubeloop-external-provisioner"),
+        argv=lambda c: provisioner_argv(c, controller_socket(c)),
+        identity=PROVISIONER_IDENTITY,
         http_port=18091,
-        manifests=(
-            "deploy/rbac/external-provisioner.yaml",
-            "deploy/csidriver.yaml",
-            "deploy/storageclasses.yaml",
-        ),
+        manifests=PROVISIONER_MANIFESTS,
     ),
     # One node plugin per node: its own socket and kubelet root (<home>/nodes/<node>/), the shared
     # pool, and the registration socket in <root>/plugins_registry the node agent discovers it by.
     Component(
         name="csi-driver-node",
-        argv=lambda c: python_module(
-            "csi_driver.main",
-            "--mode=node",
-            f"--node-id={c.node}",
-            f"--endpoint=unix://{node_dir(c) / 'csi.sock'}",
-            f"--pool-dir={c.home / 'pool'}",
-            f"--state-dir={c.state_dir / 'state'}",
-            f"--kubelet-root-dir={node_dir(c) / 'kubelet'}",
-            f"--http-endpoint={c.http_endpoint}",
-        ),
+        argv=lambda c: driver_argv(c, "node", f"unix://{node_socket(c)}", shared_pool_dir(c.home)),
         http_port=18110,
         per_node=True,
     ),
-    # kubelet's part for each node: registers the Node, mounts the volumes of its pods. The node
-    # stops with its agent, and a stop of the stack stops the agent before its node plugin: the
-    # agent unmounts its volumes on the way out, so nothing stays mounted or attached after the
-    # stack (its next start mounts them again for the pods still there).
-    Component(
-        name="node-agent",
-        argv=lambda c: python_module(
-            "services.node_agent.main",
-            f"--node-name={c.node}",
-            f"--root-dir={node_dir(c) / 'kubelet'}",
-            f"--kubeconfig={c.kubeconfig}",
-            f"--http-endpoint={c.http_endpoint}",
-            "--unmount-volumes-on-exit",
-        ),
-        identity=service_account_identity("kubeloop-node-agent"),
-        http_port=18120,
-        per_node=True,
-        manifests=("deploy/rbac/node-agent.yaml",),
-    ),
+    NODE_AGENT,
     Component(
         name="external-attacher",
         argv=lambda c: python_module(
@@ -167,42 +198,100 @@ REGISTRY: tuple[Component, ...] = (
         http_port=18101,
         manifests=("deploy/rbac/external-attacher.yaml",),
     ),
-    Component(
-        name="attach-detach-controller",
-        argv=lambda c: python_module(
-            "services.attach_detach.main",
-            f"--kubeconfig={c.kubeconfig}",
-            f"--http-endpoint={c.http_endpoint}",
-        ),
-        identity=service_account_identity("kubeloop-attach-detach"),
-        http_port=18102,
-        manifests=("deploy/rbac/attach-detach-controller.yaml",),
-    ),
-    # Expansion: kcm's expand controller, and the resizer sidecar beside the driver's controller.
-    Component(
-        name="volume-expand-controller",
-        argv=lambda c: python_module(
-            "services.volume_expand.main",
-            f"--kubeconfig={c.kubeconfig}",
-            f"--http-endpoint={c.http_endpoint}",
-        ),
-        identity=service_account_identity("kubeloop-volume-expand"),
-        http_port=18103,
-        manifests=("deploy/rbac/volume-expand-controller.yaml",),
-    ),
+    ATTACH_DETACH_CONTROLLER,
+    VOLUME_EXPAND_CONTROLLER,
     Component(
         name="external-resizer",
-        argv=lambda c: python_module(
-            "external_resizer.main",
-            f"--kubeconfig={c.kubeconfig}",
-            f"--csi-address=unix://{controller_socket(c)}",
-            f"--http-endpoint={c.http_endpoint}",
-        ),
-        identity=service_account_identity("kubeloop-external-resizer"),
+        argv=lambda c: resizer_argv(c, controller_socket(c)),
+        identity=RESIZER_IDENTITY,
         http_port=18104,
-        manifests=("deploy/rbac/external-resizer.yaml",),
+        manifests=RESIZER_MANIFESTS,
     ),
 )
+
+# --pools node-local (issue 31): every node its own pool, served by its own plugin in `all` mode,
+# with its own provisioner and resizer in node deployment (hostpath's distributed deployment,
+# TopoLVM); no controller plugin, no external-attacher (the CSIDriver says attachRequired: false).
+# The per-node sidecars read their node from NODE_NAME, as from the downward API in a DaemonSet.
+NODE_LOCAL_REGISTRY: tuple[Component, ...] = (
+    PV_CONTROLLER,
+    Component(
+        name="csi-driver-node",
+        argv=lambda c: [
+            *driver_argv(c, "all", f"unix://{node_socket(c)}", node_pool_dir(c.home, str(c.node))),
+            "--node-local",
+        ],
+        http_port=18110,
+        per_node=True,
+    ),
+    Component(
+        name="external-provisioner",
+        argv=lambda c: [
+            *provisioner_argv(c, node_socket(c)),
+            "--node-deployment",
+            "--strict-topology",
+            "--immediate-topology=false",
+            # No pod owns the capacity objects here: the stack's processes are not pods.
+            "--capacity-ownerref-level=-1",
+            # A small pool fills in a few claims: the scheduler should see it within seconds, not
+            # after upstream's default minute (GetCapacity is one cheap call per class).
+            "--capacity-poll-interval=5s",
+        ],
+        identity=PROVISIONER_IDENTITY,
+        http_port=18130,
+        per_node=True,
+        manifests=PROVISIONER_MANIFESTS,
+        env=lambda c: {"NODE_NAME": str(c.node)},
+    ),
+    NODE_AGENT,
+    ATTACH_DETACH_CONTROLLER,
+    VOLUME_EXPAND_CONTROLLER,
+    Component(
+        name="external-resizer",
+        argv=lambda c: [*resizer_argv(c, node_socket(c)), "--node-deployment"],
+        identity=RESIZER_IDENTITY,
+        http_port=18140,
+        per_node=True,
+        manifests=RESIZER_MANIFESTS,
+        env=lambda c: {"NODE_NAME": str(c.node)},
+    ),
+)
+
+
+def registry(mode: PoolMode) -> tuple[Component, ...]:
+    return NODE_LOCAL_REGISTRY if mode == NODE_LOCAL else REGISTRY
+
+
+def driver_argv(c: ComponentContext, mode: str, endpoint: str, pool: Path) -> list[str]:
+    on_node = mode != "controller"
+    args = [f"--mode={mode}"]
+    args += [f"--node-id={c.node}"] if on_node else []
+    args += [f"--endpoint={endpoint}", f"--pool-dir={pool}", f"--state-dir={c.state_dir / 'state'}"]
+    args += [f"--kubelet-root-dir={node_dir(c) / 'kubelet'}"] if on_node else []
+    if c.pool_capacity and mode != "node":  # the size is the controller side's to report
+        args.append(f"--capacity={c.pool_capacity}")
+    return python_module("csi_driver.main", *args, f"--http-endpoint={c.http_endpoint}")
+
+
+def provisioner_argv(c: ComponentContext, socket: Path) -> list[str]:
+    return python_module(
+        "external_provisioner.main",
+        f"--kubeconfig={c.kubeconfig}",
+        f"--csi-address=unix://{socket}",
+        f"--state-dir={c.state_dir}",
+        "--extra-create-metadata",
+        "--enable-capacity",
+        f"--http-endpoint={c.http_endpoint}",
+    )
+
+
+def resizer_argv(c: ComponentContext, socket: Path) -> list[str]:
+    return python_module(
+        "external_resizer.main",
+        f"--kubeconfig={c.kubeconfig}",
+        f"--csi-address=unix://{socket}",
+        f"--http-endpoint={c.http_endpoint}",
+    )
 
 
 def python_module(module: str, *args: str) -> list[str]:
@@ -232,6 +321,12 @@ def controller_socket(c: ComponentContext) -> Path:
 def node_dir(c: ComponentContext) -> Path:
     """A simulated node's own directory: its kubelet root and its node plugin's socket."""
     return node_home(c.home, str(c.node))
+
+
+def node_socket(c: ComponentContext) -> Path:
+    """A node plugin's CSI socket, in its node's directory: the node agent's and, in node-local
+    mode, the node's provisioner's and resizer's."""
+    return node_dir(c) / "csi.sock"
 
 
 def node_home(home: Path, node: str) -> Path:
@@ -285,10 +380,16 @@ class Components:
         on_unexpected_exit: UnexpectedExitCallback | None = None,
         restart: RestartPolicy | None = None,
         on_restart: RestartCallback | None = None,
+        pools: PoolMode = SHARED,
+        pool_capacity: PoolCapacity | None = None,
     ) -> None:
         """With a `restart` policy every process is supervised: restarted with backoff after a
-        crash (`on_restart` is told); without one a crash only calls `on_unexpected_exit`."""
+        crash (`on_restart` is told); without one a crash only calls `on_unexpected_exit`. `pools`
+        says which CSIDriver the manifests make (`components` is that mode's registry) and
+        `pool_capacity` what each pool offers."""
         self.cp = control_plane
+        self.pools = pools
+        self.pool_capacity = pool_capacity or PoolCapacity()
         self.components = tuple(components)
         self.nodes = tuple(nodes)
         self.startup_timeout = startup_timeout
@@ -314,23 +415,43 @@ class Components:
             http_endpoint=f"127.0.0.1:{inst.http_port}" if inst.http_port is not None else "",
             ports=self.cp.ports,
             repo_root=REPO_ROOT,
+            pool_capacity=self.pool_capacity.for_node(inst.node),
         )
+
+    async def _kubectl(self, *args: str, stdin: str | None = None) -> tuple[int, str]:
+        """kubectl as admin: its exit status and its output (stdout and stderr)."""
+        kubectl = str(self.cp.toolchain.binary("kubectl"))
+        proc = await asyncio.create_subprocess_exec(
+            kubectl,
+            f"--kubeconfig={self.cp.admin_kubeconfig}",
+            *args,
+            stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        out, _ = await proc.communicate(stdin.encode() if stdin is not None else None)
+        return proc.returncode or 0, out.decode(errors="replace")
+
+    async def check_pool_mode(self) -> None:
+        """Refuses a cluster whose CSIDriver was made for the other pool mode (etcd/ is kept across
+        runs) before the manifests that make it are applied."""
+        code, out = await self._kubectl("get", "csidriver", DRIVER_NAME, "-o", "json", "--ignore-not-found")
+        if code != 0:
+            raise ComponentError(f"reading the CSIDriver {DRIVER_NAME} failed:\n{out}")
+        problem = csidriver_conflict(json.loads(out) if out.strip() else None, self.pools)
+        if problem is not None:
+            raise ComponentError(problem)
 
     async def apply_manifests(self, comp: Component) -> None:
         if not comp.manifests:
             return
-        kubectl = str(self.cp.toolchain.binary("kubectl"))
-        args = [kubectl, f"--kubeconfig={self.cp.admin_kubeconfig}", "apply"]
-        for m in comp.manifests:
-            args += ["-f", str(REPO_ROOT / m)]
-        proc = await asyncio.create_subprocess_exec(
-            *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
-        )
-        out, _ = await proc.communicate()
-        if proc.returncode != 0:
-            raise ComponentError(
-                f"applying the manifests of {comp.name} failed:\n{out.decode(errors='replace')}"
-            )
+        # The files as this pool mode needs them (node-local: the CSIDriver without attach).
+        docs = manifests_for_mode(((REPO_ROOT / m).read_text() for m in comp.manifests), self.pools)
+        if any(doc.get("kind") == CSIDRIVER_KIND for doc in docs):
+            await self.check_pool_mode()
+        code, out = await self._kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(docs, sort_keys=False))
+        if code != 0:
+            raise ComponentError(f"applying the manifests of {comp.name} failed:\n{out}")
         log.info("applied manifests", component=comp.name, manifests=",".join(comp.manifests))
 
     async def _start_instance(self, inst: Instance) -> None:
@@ -339,10 +460,12 @@ class Components:
         log_path = self.cp.log_path(inst.name)
         if log_path.exists():
             log_path.replace(log_path.with_name(f"{inst.name}.previous.log"))
+        env = inst.component.env
         proc = ManagedProcess(
             name=inst.name,
             argv=inst.component.argv(ctx),
             log_path=log_path,
+            env={**os.environ, **env(ctx)} if env is not None else None,
             cwd=REPO_ROOT,
             on_unexpected_exit=self._on_unexpected_exit,
             restart=self.restart,

@@ -23,15 +23,16 @@ from controller_runtime.toolchain import MissingBinaryError, Toolchain
 from controller_runtime.unix_grpc import MAX_SOCKET_PATH
 
 from .components import (
-    REGISTRY,
     ComponentError,
     Components,
     instance_ports,
     longest_socket_path,
     node_names,
+    registry,
 )
 from .controlplane import ControlPlane, Ports, StackLockedError, default_home
 from .leftovers import find_leftovers
+from .pools import NODE_LOCAL, POOL_MODES, SHARED, PoolCapacity, PoolOptionError, parse_pool_capacity
 from .proc import (
     ManagedProcess,
     PortInUseError,
@@ -124,6 +125,24 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=2,
         help="number of simulated nodes (node-a, node-b, ...) for per-node components (default: 2)",
+    )
+    pools = up.add_argument_group("pools (docs/local-stack.md)")
+    pools.add_argument(
+        "--pools",
+        choices=POOL_MODES,
+        default=SHARED,
+        help=f"{SHARED}: one pool every node reaches, served by one controller plugin (a volume follows "
+        f"its pod between nodes); {NODE_LOCAL}: each node its own pool, its own plugin serving "
+        "controller and node, its own provisioner and resizer; volumes stay on their node and the "
+        f"scheduler places pods by each node's free capacity (default: {SHARED})",
+    )
+    pools.add_argument(
+        "--pool-capacity",
+        default="",
+        metavar="SIZE|NODE=SIZE,...",
+        help="the size each pool offers: `4Gi` for every pool, `node-a=1Gi,node-b=4Gi` per node "
+        f"({NODE_LOCAL} only), or both (`2Gi,node-a=1Gi`); default: the free space of the pool's "
+        "filesystem",
     )
     up.add_argument(
         "--etcd-unsafe-no-fsync",
@@ -222,6 +241,10 @@ def _report_leftovers(home: Path) -> None:
     )
 
 
+def pool_capacity(args: argparse.Namespace) -> PoolCapacity:
+    return parse_pool_capacity(args.pool_capacity, args.pools, node_names(args.nodes))
+
+
 def preflight(args: argparse.Namespace) -> str | None:
     """The checks that need no event loop; returns a message for the user, or None when all pass."""
     if os.geteuid() != 0:
@@ -237,6 +260,10 @@ def preflight(args: argparse.Namespace) -> str | None:
         return str(e)
     if args.nodes < 1:
         return "--nodes must be at least 1"
+    try:
+        pool_capacity(args)
+    except PoolOptionError as e:
+        return str(e)
     socket = longest_socket_path(args.home.resolve(), node_names(args.nodes))
     if len(str(socket)) > MAX_SOCKET_PATH:
         return (
@@ -248,7 +275,7 @@ def preflight(args: argparse.Namespace) -> str | None:
         check_ports_free(
             {
                 **_ports(args).described(),
-                **instance_ports(REGISTRY, node_names(args.nodes)),
+                **instance_ports(registry(args.pools), node_names(args.nodes)),
             }
         )
     except PortInUseError as e:
@@ -280,7 +307,7 @@ async def _up(args: argparse.Namespace, ctx: process.Context) -> None:
 
     components = Components(
         cp,
-        REGISTRY,
+        registry(args.pools),
         node_names(args.nodes),
         startup_timeout=args.startup_timeout,
         stop_timeout=args.stop_timeout,
@@ -288,8 +315,10 @@ async def _up(args: argparse.Namespace, ctx: process.Context) -> None:
         on_unexpected_exit=_died,
         restart=RestartPolicy(initial=args.restart_backoff, cap=args.restart_backoff_cap),
         on_restart=restarting,
+        pools=args.pools,
+        pool_capacity=pool_capacity(args),  # checked by preflight
     )
-    _say(f"kubeloop: starting the local stack in {home}")
+    _say(f"kubeloop: starting the local stack in {home} ({args.pools} pools)")
     try:
         await cp.start()
         await components.start()

@@ -1,7 +1,9 @@
 """The storage half of the stack for e2e tests: the make-up registry's kubeloop processes (the real
 CSI driver in controller mode and one node plugin per node, pv-controller, external-attacher,
 attach-detach controller, one node agent per node) started as separate processes against the
-session's control plane, each under its own ServiceAccount identity and RBAC.
+session's control plane, each under its own ServiceAccount identity and RBAC. With
+`pools=NODE_LOCAL` they are the node-local registry's instead (each node its own pool, plugin,
+provisioner and resizer; docs/local-stack.md), and the CSIDriver says attachRequired: false.
 
 Helpers create volumes straight through the driver's CreateVolume and pre-bind static PVs to
 claims (the pv-controller completes the binds); the Immediate class of the dynamic provisioner pins
@@ -41,9 +43,10 @@ from controller_runtime.resources import NODES as NODE_OBJECTS
 from controller_runtime.volumes import va_name
 from csi_driver import DRIVER_NAME
 from kubeloop_grpc.csi import csi_pb2
-from localstack.components import REGISTRY, Component, ComponentContext, Components, Instance
+from localstack.components import Component, ComponentContext, Components, Instance, registry
 from localstack.controlplane import ControlPlane
 from localstack.leftovers import force_cleanup, loop_backing_files, mounts_under
+from localstack.pools import SHARED, PoolCapacity, PoolMode, csidriver_spec, node_pool_dir, shared_pool_dir
 from localstack.proc import ManagedProcess, RestartPolicy, free_ports
 
 NODES = ("node-a", "node-b")
@@ -69,9 +72,24 @@ class ShortHomeComponents(Components):
     and pytest's temporary directories are long."""
 
     def __init__(
-        self, cp: ControlPlane, components: list[Component], home: Path, restart: RestartPolicy | None = None
+        self,
+        cp: ControlPlane,
+        components: list[Component],
+        home: Path,
+        restart: RestartPolicy | None = None,
+        *,
+        pools: PoolMode = SHARED,
+        pool_capacity: PoolCapacity | None = None,
     ) -> None:
-        super().__init__(cp, components, NODES, on_unexpected_exit=lambda _p, _c: None, restart=restart)
+        super().__init__(
+            cp,
+            components,
+            NODES,
+            on_unexpected_exit=lambda _p, _c: None,
+            restart=restart,
+            pools=pools,
+            pool_capacity=pool_capacity,
+        )
         self.short_home = home
 
     def context(self, inst: Instance) -> ComponentContext:
@@ -81,9 +99,11 @@ class ShortHomeComponents(Components):
         )
 
 
-def storage_components(names: tuple[str, ...] = STORAGE_COMPONENTS) -> list[Component]:
+def storage_components(
+    names: tuple[str, ...] = STORAGE_COMPONENTS, pools: PoolMode = SHARED
+) -> list[Component]:
     """The registry's entries by name, each on free ports."""
-    by_name = {c.name: c for c in REGISTRY}
+    by_name = {c.name: c for c in registry(pools)}
     out = []
     for name in names:
         comp = by_name[name]
@@ -95,7 +115,8 @@ def storage_components(names: tuple[str, ...] = STORAGE_COMPONENTS) -> list[Comp
 
 class StorageStack:
     """`restart`: supervise the processes as `make up` does (restarted with backoff after a crash);
-    without it a crashed process stays down until a test starts it (kill9)."""
+    without it a crashed process stays down until a test starts it (kill9). `pools` and
+    `pool_capacity` as `make up --pools --pool-capacity`; `names` are then that mode's registry's."""
 
     def __init__(
         self,
@@ -105,17 +126,30 @@ class StorageStack:
         *,
         restart: RestartPolicy | None = None,
         components: list[Component] | None = None,
+        pools: PoolMode = SHARED,
+        pool_capacity: PoolCapacity | None = None,
     ) -> None:
         self.cp = cp
         self.api = api
+        self.pools = pools
         self.home = Path(tempfile.mkdtemp(prefix="kl-", dir="/tmp"))
-        chosen = components if components is not None else storage_components(names)
-        self.components = ShortHomeComponents(cp, chosen, self.home, restart)
+        chosen = components if components is not None else storage_components(names, pools)
+        self.components = ShortHomeComponents(
+            cp, chosen, self.home, restart, pools=pools, pool_capacity=pool_capacity
+        )
         self.csi: CSIConnection | None = None
 
     @property
     def pool(self) -> Path:
-        return self.home / "pool"
+        """The shared pool (`pools=SHARED`)."""
+        return shared_pool_dir(self.home)
+
+    def node_pool(self, node: str) -> Path:
+        """A node's own pool (`pools=NODE_LOCAL`)."""
+        return node_pool_dir(self.home, node)
+
+    def pools_dirs(self) -> list[Path]:
+        return [self.pool] if self.pools == SHARED else [self.node_pool(n) for n in NODES]
 
     def kubelet_root(self, node: str) -> Path:
         return self.home / "nodes" / node / "kubelet"
@@ -125,12 +159,27 @@ class StorageStack:
 
     async def start(self) -> None:
         require_root()
-        if not await _exists(self.api, CSI_DRIVERS, DRIVER_NAME):
-            spec = {"attachRequired": True, "podInfoOnMount": False, "volumeLifecycleModes": ["Persistent"]}
-            await self.api.create(CSI_DRIVERS, {"metadata": {"name": DRIVER_NAME}, "spec": spec})
+        await self._csidriver()
         await self.components.start()
-        sock = self.home / "components" / "csi-driver-controller" / "csi.sock"
-        self.csi = await CSIConnection.connect(f"unix://{sock}", timeout=30, wait=30)
+        if self.pools == SHARED:  # node-local has no controller plugin of its own
+            sock = self.home / "components" / "csi-driver-controller" / "csi.sock"
+            self.csi = await CSIConnection.connect(f"unix://{sock}", timeout=30, wait=30)
+
+    async def _csidriver(self) -> None:
+        """The CSIDriver this mode needs. The session's control plane serves every e2e module, in
+        either mode, and attachRequired cannot be changed: one made for the other mode is replaced."""
+        spec = csidriver_spec(self.pools)
+        try:
+            current = await self.api.get(CSI_DRIVERS, DRIVER_NAME)
+        except ApiError as exc:
+            if not exc.not_found:
+                raise
+        else:
+            if current["spec"].get("attachRequired") == spec["attachRequired"]:
+                return
+            await self.api.delete(CSI_DRIVERS, DRIVER_NAME)
+            await wait_for(lambda: _gone(self.api, CSI_DRIVERS, DRIVER_NAME), 30, "the old CSIDriver gone")
+        await self.api.create(CSI_DRIVERS, {"metadata": {"name": DRIVER_NAME}, "spec": spec})
 
     async def stop(self) -> None:
         if self.csi is not None:
@@ -331,11 +380,14 @@ class StorageStack:
         return [e for e in items if e.get("reason") == reason]
 
     def loop_devices(self, handle: str) -> list[str]:
-        backing = self.pool / "volumes" / f"{handle}.img"
-        out = subprocess.run(
-            ["losetup", "-j", str(backing)], capture_output=True, text=True, check=False
-        ).stdout
-        return [line.split(":")[0] for line in out.splitlines() if line.strip()]
+        out: list[str] = []
+        for pool in self.pools_dirs():
+            backing = pool / "volumes" / f"{handle}.img"
+            listed = subprocess.run(
+                ["losetup", "-j", str(backing)], capture_output=True, text=True, check=False
+            ).stdout
+            out += [line.split(":")[0] for line in listed.splitlines() if line.strip()]
+        return out
 
     def mounts(self) -> list[str]:
         return mounts_under(self.home)
