@@ -198,18 +198,28 @@ snapshot_crds() {
   say "external-snapshotter $EXTERNAL_SNAPSHOTTER_VERSION: CRDs in $dest"
 }
 
-# helm's version lives in ldflags (its Makefile's): without them `helm version` says only the minor.
+# helm's version lives in ldflags, as its Makefile sets them: its own, and the Kubernetes version
+# `helm template` and `helm lint` assume (the minor of the client-go it is built with; without it,
+# v1.20, which a chart's kubeVersion constraint refuses).
 build_helm() {
   local dest=$cache/bin/helm-$HELM_VERSION
   if have_all "$dest" helm; then say "helm $HELM_VERSION: cached in $dest"; return; fi
   say "helm $HELM_VERSION: building"
+  local module=helm.sh/helm/v3 modfile minor
+  modfile=$(go mod download -json "$module@$HELM_VERSION" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
+  [ -n "$modfile" ] || die "could not fetch $module@$HELM_VERSION from the Go module proxy"
+  minor=$(sed -n 's#^[[:space:]]*k8s.io/client-go v0\.\([0-9]*\)\..*#\1#p' "$modfile")
+  [ -n "$minor" ] || die "no k8s.io/client-go requirement in $module@$HELM_VERSION's go.mod"
   local gomod="module kubeloop.local/helm-binaries
 
 go 1.26
 
-require helm.sh/helm/v3 $HELM_VERSION"
-  build_in_wrapper "$dest" "$gomod" "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" \
-    helm=helm.sh/helm/v3/cmd/helm
+require $module $HELM_VERSION"
+  local ld="-s -w -X $module/internal/version.version=$HELM_VERSION" p
+  for p in pkg/lint/rules pkg/chartutil; do
+    ld+=" -X $module/$p.k8sVersionMajor=1 -X $module/$p.k8sVersionMinor=$minor"
+  done
+  build_in_wrapper "$dest" "$gomod" "$ld" helm=$module/cmd/helm
 }
 
 groups=("$@")

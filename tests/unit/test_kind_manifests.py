@@ -26,12 +26,16 @@ def documents(path: Path) -> list[dict[str, Any]]:
 
 
 def containers() -> list[tuple[str, dict[str, Any]]]:
+    """Every container of both modes: deploy/kubernetes (shared) and deploy/node-local (the Helm
+    chart's node-local rendering), the latter named node-local:<workload>/<container>."""
     out = []
-    for path in sorted((DEPLOY / "kubernetes").glob("*.yaml")):
+    paths = [("", p) for p in sorted((DEPLOY / "kubernetes").glob("*.yaml"))]
+    paths.append(("node-local:", DEPLOY / "node-local" / "kubeloop.yaml"))
+    for prefix, path in paths:
         for doc in documents(path):
             if doc["kind"] in ("Deployment", "DaemonSet"):
                 for c in doc["spec"]["template"]["spec"]["containers"]:
-                    out.append((f"{doc['metadata']['name']}/{c['name']}", c))
+                    out.append((f"{prefix}{doc['metadata']['name']}/{c['name']}", c))
     return out
 
 
@@ -55,7 +59,13 @@ def test_kustomization_lists_every_manifest_but_the_local_stacks_kubelet() -> No
     present = {str(p.relative_to(DEPLOY)) for p in DEPLOY.glob("*.yaml") if p.name != "kustomization.yaml"}
     present |= {str(p.relative_to(DEPLOY)) for p in (DEPLOY / "rbac").glob("*.yaml")}
     present |= {str(p.relative_to(DEPLOY)) for p in (DEPLOY / "kubernetes").glob("*.yaml")}
-    assert listed == present - {"rbac/node-agent.yaml"}
+    # node-agent.yaml is the local stack's kubelet; node-deployment.yaml and node-finalizer.yaml are
+    # node-local mode's (deploy/node-local, rendered from the Helm chart).
+    assert listed == present - {
+        "rbac/node-agent.yaml",
+        "rbac/node-deployment.yaml",
+        "rbac/node-finalizer.yaml",
+    }
 
 
 def kubeloop_containers() -> list[tuple[str, dict[str, Any]]]:
@@ -101,7 +111,9 @@ def test_snapshot_containers_run_the_image_of_the_pinned_external_snapshotter() 
     assert set(found) == {
         "kubeloop-snapshot-controller/snapshot-controller",
         "kubeloop-csi-controller/csi-snapshotter",
+        "node-local:kubeloop-snapshot-controller/snapshot-controller",
+        "node-local:kubeloop-csi-node/csi-snapshotter",
     }
     for name, container in found.items():
         assert container["image"] == SNAPSHOTTER_IMAGE, name
-        assert container["command"] == [f"/{name.split('/')[1]}"], name
+        assert container["command"] == [f"/{name.split('/')[-1]}"], name

@@ -1,0 +1,9 @@
+{{/* The kubeloop image every kubeloop container runs. */}}
+{{- define "kubeloop.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag }}
+{{- end }}
+
+{{/* external-snapshotter's image (snapshot-controller and csi-snapshotter). */}}
+{{- define "kubeloop.snapshotterImage" -}}
+{{ .Values.snapshotter.image.repository }}:{{ .Values.snapshotter.image.tag }}
+{{- end }}
