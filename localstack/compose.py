@@ -2,7 +2,8 @@
 `make up` runs (localstack/components.py REGISTRY), and holds the one-shot commands its services run.
 
     python -m localstack.compose generate   prints docker-compose.yml (tests/unit checks the
-                                            checked-in file equals this output)
+                                            checked-in file equals this output); with
+                                            --pools node-local, docker-compose.node-local.yml
     python -m localstack.compose init       the `init` service: certificates, kubeconfigs, the admin
                                             kubeconfig for the host, kubectl for the healthchecks
     python -m localstack.compose setup      the `setup` service: applies every component's
@@ -15,6 +16,7 @@ the ports are fixed and chosen apart from the local stack's (docs/compose.md).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -26,10 +28,25 @@ from typing import Any
 
 import yaml
 
+from csi_driver import DRIVER_NAME
+
 from . import certs
 from .certs import Identity
-from .components import REGISTRY, Component, ComponentContext, Instance, instances, node_names
+from .components import Component, ComponentContext, Instance, instances, node_names, registry
 from .controlplane import KCM_CONTROLLERS, SERVICE_ACCOUNT_ISSUER, SERVICE_CLUSTER_IP_RANGE, Ports
+from .pools import (
+    NODE_LOCAL,
+    POOL_MODES,
+    SHARED,
+    PoolCapacity,
+    PoolMode,
+    PoolOptionError,
+    csidriver_conflict,
+    manifests_for_mode,
+    node_pool_dir,
+    parse_pool_capacity,
+    shared_pool_dir,
+)
 
 # Paths inside the containers.
 HOME = Path("/var/lib/kubeloop")  # the stack home: pool/, components/<instance>/, nodes/<node>/
@@ -89,8 +106,15 @@ def images(versions: dict[str, str] | None = None) -> dict[str, str]:
     }
 
 
-def component_identities() -> list[Identity]:
-    return [c.identity for c in REGISTRY if c.identity is not None]
+# The checked-in file of each mode.
+COMPOSE_FILES: dict[PoolMode, str] = {
+    SHARED: "docker-compose.yml",
+    NODE_LOCAL: "docker-compose.node-local.yml",
+}
+
+
+def component_identities(mode: PoolMode) -> list[Identity]:
+    return [c.identity for c in registry(mode) if c.identity is not None]
 
 
 def kubeconfig_path(identity: Identity) -> Path:
@@ -101,7 +125,7 @@ def instance_port(inst: Instance) -> int | None:
     return None if inst.http_port is None else inst.http_port + COMPONENT_PORT_OFFSET
 
 
-def context(inst: Instance) -> ComponentContext:
+def context(inst: Instance, capacity: PoolCapacity | None = None) -> ComponentContext:
     comp = inst.component
     port = instance_port(inst)
     return ComponentContext(
@@ -115,6 +139,7 @@ def context(inst: Instance) -> ComponentContext:
         http_endpoint=f"127.0.0.1:{port}" if port is not None else "",
         ports=PORTS,
         repo_root=MANIFESTS,
+        pool_capacity=(capacity or PoolCapacity()).for_node(inst.node),
     )
 
 
@@ -150,7 +175,7 @@ def _needs_controller_socket(comp: Component) -> bool:
     return any("components/csi-driver-controller/csi.sock" in a for a in comp.argv(probe))
 
 
-def _control_plane_services(img: dict[str, str]) -> dict[str, Any]:
+def _control_plane_services(img: dict[str, str], mode: PoolMode) -> dict[str, Any]:
     pki = CONFIG / "pki"
     kc = CONFIG / "kubeconfigs"
     cfg_ro = f"config:{CONFIG}:ro"
@@ -171,7 +196,7 @@ def _control_plane_services(img: dict[str, str]) -> dict[str, Any]:
             },
             "network_mode": "host",
             "user": "0",
-            "command": ["python", "-m", "localstack.compose", "init"],
+            "command": ["python", "-m", "localstack.compose", "init", *_mode_args(mode)],
             "volumes": [
                 f"config:{CONFIG}",
                 f"tools:{TOOLS}",
@@ -289,7 +314,7 @@ def _control_plane_services(img: dict[str, str]) -> dict[str, Any]:
         "setup": {
             "image": KUBELOOP_IMAGE,
             "network_mode": "host",
-            "command": ["python", "-m", "localstack.compose", "setup"],
+            "command": ["python", "-m", "localstack.compose", "setup", *_mode_args(mode)],
             "volumes": [cfg_ro],
             "user": "0",
             "depends_on": apiserver_up,
@@ -298,10 +323,16 @@ def _control_plane_services(img: dict[str, str]) -> dict[str, Any]:
     }
 
 
-def _component_service(inst: Instance) -> tuple[dict[str, Any], list[str]]:
+def _mode_args(mode: PoolMode) -> list[str]:
+    return [] if mode == SHARED else [f"--pools={mode}"]
+
+
+def _component_service(
+    inst: Instance, mode: PoolMode, capacity: PoolCapacity
+) -> tuple[dict[str, Any], list[str]]:
     """One registry instance as a compose service, and the named volumes it uses."""
     comp = inst.component
-    ctx = context(inst)
+    ctx = context(inst, capacity)
     volumes: list[str] = []
     named: list[str] = []
     if comp.identity is not None:
@@ -317,8 +348,12 @@ def _component_service(inst: Instance) -> tuple[dict[str, Any], list[str]]:
         volumes.append(f"{vol}:{ctx.state_dir}")
         named.append(vol)
     if comp.name.startswith("csi-driver"):
-        volumes.append(f"pool:{HOME / 'pool'}")
-        named.append("pool")
+        if mode == NODE_LOCAL:  # each node its own pool volume, which no other container mounts
+            pool, pool_dir = f"pool-{inst.node}", node_pool_dir(HOME, str(inst.node))
+        else:
+            pool, pool_dir = "pool", shared_pool_dir(HOME)
+        volumes.append(f"{pool}:{pool_dir}")
+        named.append(pool)
     depends: dict[str, Any] = {"setup": {"condition": "service_completed_successfully"}}
     if comp.name != "csi-driver-controller" and _needs_controller_socket(comp):
         depends["csi-driver-controller"] = {"condition": "service_healthy"}
@@ -329,12 +364,17 @@ def _component_service(inst: Instance) -> tuple[dict[str, Any], list[str]]:
         "init": True,
         "command": container_argv(comp.argv(ctx)),
     }
+    if comp.env is not None:
+        service["environment"] = comp.env(ctx)
     if inst.node is not None:
         # The node's directory (its kubelet root and its plugin's socket) is shared by the node plugin
         # and the node agent; rshared carries the plugin's mounts over to the agent.
+        # The node's other services (its agent; node-local: its provisioner and resizer) use its
+        # plugin's socket there.
         volumes.append(f"./.kubeloop/compose/nodes/{inst.node}:{HOME / 'nodes' / inst.node}:rshared")
-        if comp.name == "node-agent":
+        if comp.name != "csi-driver-node":
             depends[f"csi-driver-node-{inst.node}"] = {"condition": "service_healthy"}
+        if comp.name == "node-agent":
             # Compose stops a service before those it depends on, so the agent unmounts its node's
             # volumes through a plugin that still runs; it gets the time `make up` gives a process.
             service["stop_grace_period"] = NODE_AGENT_STOP_GRACE
@@ -367,32 +407,44 @@ HEADER = """\
 # registry); the admin kubeconfig lands in ./.kubeloop/compose/kubeconfig. See docs/compose.md.
 """
 
+NODE_LOCAL_HEADER = """\
+# GENERATED by `python -m localstack.compose generate --pools node-local` from localstack/components.py's
+# NODE_LOCAL_REGISTRY (tests/unit/test_compose_node_local_file.py fails when they disagree). Do not edit.
+#
+# The kubeloop stack with node-local pools: each node its own pool volume, its plugin serving
+# controller and node, its own provisioner and resizer; no volume is shared between nodes. Start it
+# under its own project name (its etcd and pools are not the shared stack's):
+#   docker-compose -p kubeloop-node-local -f docker-compose.node-local.yml up -d
+# See docs/compose.md.
+"""
 
-def compose_document() -> dict[str, Any]:
+
+def compose_document(mode: PoolMode = SHARED, capacity: PoolCapacity | None = None) -> dict[str, Any]:
     img = images()
-    services = _control_plane_services(img)
+    services = _control_plane_services(img, mode)
     volumes: dict[str, dict[str, Any]] = {"config": {}, "tools": {}, "etcd-data": {}}
-    for inst in instances(REGISTRY, NODES):
-        service, named = _component_service(inst)
+    for inst in instances(registry(mode), NODES):
+        service, named = _component_service(inst, mode, capacity or PoolCapacity())
         services[inst.name] = service
         for vol in named:
             volumes.setdefault(vol, {})
     return {"services": services, "volumes": volumes}
 
 
-def render() -> str:
+def render(mode: PoolMode = SHARED, capacity: PoolCapacity | None = None) -> str:
     class Dumper(yaml.SafeDumper):
         def ignore_aliases(self, data: Any) -> bool:
             return True
 
-    body = yaml.dump(compose_document(), Dumper=Dumper, sort_keys=False, default_flow_style=False, width=200)
-    return HEADER + body
+    doc = compose_document(mode, capacity)
+    body = yaml.dump(doc, Dumper=Dumper, sort_keys=False, default_flow_style=False, width=200)
+    return (HEADER if mode == SHARED else NODE_LOCAL_HEADER) + body
 
 
 # --- the one-shot commands --------------------------------------------------------------------------
 
 
-def init(out: Path = OUT) -> None:
+def init(mode: PoolMode = SHARED, out: Path = OUT) -> None:
     """Certificates and kubeconfigs into the `config` volume (reused while valid, like `make up`),
     non-root components' kubeconfigs owned by them, the admin kubeconfig copied to the host."""
     stack = certs.ensure_stack_certs(
@@ -400,11 +452,11 @@ def init(out: Path = OUT) -> None:
         SERVER,
         CONFIG / "kubeconfigs",
         admin_kubeconfig=CONFIG / "kubeconfig",
-        extra_identities=component_identities(),
+        extra_identities=component_identities(mode),
     )
     os.chmod(CONFIG, 0o711)
     os.chmod(CONFIG / "kubeconfigs", 0o711)  # traverse only: each file is 0600 to its owner
-    for comp in REGISTRY:
+    for comp in registry(mode):
         if comp.identity is not None:
             uid = NONROOT if comp.name in NON_ROOT else 0
             os.chown(stack.kubeconfigs[comp.identity], uid, uid)
@@ -422,22 +474,46 @@ def init(out: Path = OUT) -> None:
     print(f"init: certificates and kubeconfigs ready for {SERVER}", flush=True)
 
 
-def manifests() -> list[str]:
+def manifests(mode: PoolMode = SHARED) -> list[str]:
     seen: list[str] = []
-    for comp in REGISTRY:
+    for comp in registry(mode):
         for m in comp.manifests:
             if m not in seen:
                 seen.append(m)
     return seen
 
 
-def setup(root: Path = MANIFESTS, attempts: int = 30) -> None:
-    """Applies every component's manifests as admin, in registry order (what `make up` does)."""
-    args = ["kubectl", f"--kubeconfig={CONFIG / 'kubeconfig'}", "apply"]
-    for m in manifests():
-        args += ["-f", str(root / m)]
+def _pool_mode_problem(kubectl: list[str], mode: PoolMode) -> str | None:
+    """Why this cluster's CSIDriver cannot serve `mode` (a project's etcd made for the other one)."""
+    got = subprocess.run(
+        [*kubectl, "get", "csidriver", DRIVER_NAME, "-o", "json", "--ignore-not-found"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return csidriver_conflict(json.loads(got) if got.strip() else None, mode)
+
+
+def setup(mode: PoolMode = SHARED, root: Path = MANIFESTS, attempts: int = 30) -> None:
+    """Applies every component's manifests as admin, in registry order, as the pool mode needs them
+    (what `make up` does)."""
+    kubectl = ["kubectl", f"--kubeconfig={CONFIG / 'kubeconfig'}"]
+    docs = manifests_for_mode(((root / m).read_text() for m in manifests(mode)), mode)
+    stream = yaml.safe_dump_all(docs, sort_keys=False)
     for attempt in range(attempts):
-        result = subprocess.run(args, capture_output=True, text=True, check=False)
+        try:
+            problem = _pool_mode_problem(kubectl, mode)
+        except subprocess.CalledProcessError as e:
+            print(
+                f"setup: reading the CSIDriver failed (attempt {attempt + 1}):\n{e.stderr}", file=sys.stderr
+            )
+            time.sleep(1)
+            continue
+        if problem is not None:
+            sys.exit(f"setup: {problem} (with docker-compose: another project name, -p, or down -v)")
+        result = subprocess.run(
+            [*kubectl, "apply", "-f", "-"], input=stream, capture_output=True, text=True, check=False
+        )
         if result.returncode == 0:
             print(result.stdout, end="", flush=True)
             return
@@ -449,16 +525,34 @@ def setup(root: Path = MANIFESTS, attempts: int = 30) -> None:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m localstack.compose", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("generate", help="print docker-compose.yml")
-    sub.add_parser("init", help="the init service: certificates, kubeconfigs, kubectl for healthchecks")
-    sub.add_parser("setup", help="the setup service: apply the components' manifests as admin")
+    gen = sub.add_parser(
+        "generate", help="print docker-compose.yml (with --pools node-local: docker-compose.node-local.yml)"
+    )
+    init_cmd = sub.add_parser(
+        "init", help="the init service: certificates, kubeconfigs, kubectl for healthchecks"
+    )
+    setup_cmd = sub.add_parser("setup", help="the setup service: apply the components' manifests as admin")
+    for cmd in (gen, init_cmd, setup_cmd):
+        cmd.add_argument(
+            "--pools", choices=POOL_MODES, default=SHARED, help=f"the pool mode (default: {SHARED})"
+        )
+    gen.add_argument(
+        "--pool-capacity",
+        default="",
+        metavar="SIZE|NODE=SIZE,...",
+        help="the size each pool offers, as `make up --pool-capacity` (default: the pool's free space)",
+    )
     ns = parser.parse_args(argv)
     if ns.command == "generate":
-        sys.stdout.write(render())
+        try:
+            capacity = parse_pool_capacity(ns.pool_capacity, ns.pools, NODES)
+        except PoolOptionError as e:
+            parser.error(str(e))
+        sys.stdout.write(render(ns.pools, capacity))
     elif ns.command == "init":
-        init()
+        init(ns.pools)
     elif ns.command == "setup":
-        setup()
+        setup(ns.pools)
 
 
 if __name__ == "__main__":
