@@ -28,11 +28,12 @@ from controller_runtime.clock import now_rfc3339
 from controller_runtime.controller import ControllerContext, run_workers
 from controller_runtime.csi_client import CSIConnection, SidecarController, SidecarOptions, error_text
 from controller_runtime.csi_errors import EXPAND_VOLUME, OperationState, classify, status_code
-from controller_runtime.informer import EventHandler
+from controller_runtime.informer import EventHandler, SharedInformer
 from controller_runtime.logs import get_logger
 from controller_runtime.mutation_cache import MutationCache
 from controller_runtime.quantity import format_quantity, parse_quantity
 from controller_runtime.resources import (
+    NODES,
     PERSISTENT_VOLUME_CLAIMS,
     PERSISTENT_VOLUMES,
     PODS,
@@ -55,6 +56,7 @@ from .decide import (
     MSG_RESIZE_SUCCEEDED,
     Attempt,
     Sizes,
+    served_by_node,
     target,
 )
 
@@ -68,6 +70,15 @@ CLAIMS_BY_POD = "claims"
 @dataclass(frozen=True)
 class Options(SidecarOptions):
     handle_volume_in_use_error: bool = True
+    # --node-deployment: this resizer's node (NODE_NAME); it serves only the PVs whose node
+    # affinity that Node's labels satisfy (a kubeloop extension: upstream has no node deployment).
+    node_name: str | None = None
+
+
+class VolumeNotCached(Exception):
+    """In node deployment, a bound claim whose PV is not in the cache yet: it cannot be told
+    whether the volume is this node's, so the claim is retried with backoff and no event (every
+    other node's resizer would warn about the same claim)."""
 
 
 class ResizeError(Exception):
@@ -133,6 +144,16 @@ class Resizer(SidecarController):
             EventHandler(lambda c: self.queue.add(key_of(c)), self._claim_updated, self._claim_deleted)
         )
         self.volumes.add_handler(EventHandler(None, None, self.volume_view.deleted))
+        # In node deployment, this node's Node object only (not every Node: one resizer per node
+        # watching all of them would load the API server for nothing). Its labels decide which
+        # volumes are served; they may come after the resizer starts (kubelet adds the driver's
+        # topology label when the plugin registers), so a change of labels looks at every claim again.
+        self.node: SharedInformer | None = None
+        if self.options.node_name is not None:
+            self.node = SharedInformer(
+                self.client, NODES, field_selector=f"metadata.name={self.options.node_name}"
+            )
+            self.node.add_handler(EventHandler(self._node_changed, self._node_updated, self._node_changed))
         self.pods = None
         if self.options.handle_volume_in_use_error:
             self.pods = self.factory.informer(PODS)
@@ -159,19 +180,49 @@ class Resizer(SidecarController):
         ):
             self.queue.add(key_of(new))
 
+    def _node_updated(self, old: Obj, new: Obj) -> None:
+        if old["metadata"].get("labels") != new["metadata"].get("labels"):
+            self._node_changed(new)
+
+    def _node_changed(self, _node: Obj) -> None:
+        for claim in self.claims.store.values():
+            self.queue.add(key_of(claim))
+
     def _claim_deleted(self, claim: Obj) -> None:
         self.claim_view.deleted(claim)
         self.queue.forget(key_of(claim))
 
+    @property
+    def synced(self) -> bool:
+        return self.factory.has_synced and (self.node is None or self.node.has_synced)
+
     async def run(self) -> None:
-        await self.start_informers()
-        log.info(
-            "caches synced, starting workers",
-            driver=self.driver,
-            workers=self.options.workers,
-            trivial=self.trivial,
-        )
-        await run_workers(self.queue, self.sync, self.options.workers)
+        if self.node is not None:
+            self.node.start()
+        try:
+            await self.start_informers()
+            if self.node is not None:
+                await self.node.wait_for_sync()
+                if self._own_node() is None:
+                    log.warning(
+                        "node deployment: no Node of this name yet; no volume is served until it appears",
+                        node=self.options.node_name,
+                    )
+            log.info(
+                "caches synced, starting workers",
+                driver=self.driver,
+                workers=self.options.workers,
+                trivial=self.trivial,
+                node=self.options.node_name,
+            )
+            await run_workers(self.queue, self.sync, self.options.workers)
+        finally:
+            if self.node is not None:
+                await self.node.stop()
+
+    def _own_node(self) -> Obj | None:
+        assert self.node is not None and self.options.node_name is not None
+        return self.node.store.get(self.options.node_name)
 
     # -- the sync ---------------------------------------------------------------------------------
 
@@ -193,7 +244,11 @@ class Resizer(SidecarController):
             return None
         pv = self.volume_view.get(pv_name)
         if pv is None:
+            if self.node is not None:
+                raise VolumeNotCached(f'PV "{pv_name}" bound to pvc "{key}" not found')
             raise ResizeError(f'PV "{pv_name}" bound to pvc "{key}" not found')
+        if self.node is not None and not served_by_node(pv, self._own_node()):
+            return None  # another node's volume (or one no node deployment serves): not a word
         s = sizes(claim, pv)
         if s.capacity >= s.pv and rs.PRE_RESIZE_CAPACITY in _annotations(pv):
             # The node finished: the PV no longer needs to remember the size before the resize.

@@ -1,12 +1,13 @@
 """The external-resizer's own decisions as pure functions: what size an attempt works towards
-(recovery from expansion failure, GA since Kubernetes 1.34) and how a CSI error is classified.
-The status each step writes, and which CSI errors are final, are controller_runtime.resize_status,
-shared with the node side."""
+(recovery from expansion failure, GA since Kubernetes 1.34), how a CSI error is classified, and
+which volumes a resizer in node deployment serves. The status each step writes, and which CSI
+errors are final, are controller_runtime.resize_status, shared with the node side."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from controller_runtime.node_affinity import required_affinity, selector_matches
 from controller_runtime.resize_status import (
     CONTROLLER_IN_PROGRESS,
     CONTROLLER_INFEASIBLE,
@@ -14,6 +15,7 @@ from controller_runtime.resize_status import (
     NODE_INFEASIBLE,
     NODE_PENDING,
 )
+from controller_runtime.resources import Obj
 
 # Event reasons and the messages external-resizer writes with them.
 EVENT_RESIZING = "Resizing"
@@ -75,3 +77,12 @@ def target(s: Sizes, final_error: bool, trivial: bool) -> Attempt | None:
         else:
             size = s.request
     return Attempt(size, update_status=alloc != size)
+
+
+def served_by_node(pv: Obj, node: Obj | None) -> bool:
+    """Whether a resizer in node deployment (`node`: its own Node, None while it has none) expands
+    this PV: only when the PV's required node affinity is satisfied by that Node's labels (or
+    name). A PV without a required affinity is reachable everywhere, so every node's resizer
+    would expand it at once: none does (a resizer without --node-deployment serves those)."""
+    required = required_affinity(pv)
+    return node is not None and required is not None and selector_matches(required, node)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Sequence
 from functools import partial
 
@@ -43,8 +44,35 @@ def build_parser() -> argparse.ArgumentParser:
         "after the driver answers FAILED_PRECONDITION (volume in use), wait until no running pod uses "
         "the claim before trying again; watches pods",
     )
+    process.add_bool_flag(
+        parser,
+        "--node-deployment",
+        False,
+        "run beside the driver on every node (node name from $NODE_NAME) and expand only the volumes "
+        "whose node affinity that Node's labels satisfy (a kubeloop extension: node-local volumes "
+        "are reachable from their node's driver only); excludes --leader-election",
+    )
     process.add_controller_flags(parser)
     return parser
+
+
+def node_name(args: argparse.Namespace) -> str | None:
+    """$NODE_NAME for --node-deployment (None without it); refuses what cannot work."""
+    if not args.node_deployment:
+        return None
+    name = os.environ.get("NODE_NAME", "")
+    if not name:
+        raise SystemExit(
+            f"{NAME}: The NODE_NAME environment variable must be set when using --node-deployment."
+        )
+    if args.leader_election:
+        # One Lease for the driver would leave a single node's resizer expanding, and it can reach
+        # its own node's volumes only.
+        raise SystemExit(
+            f"{NAME}: --leader-election cannot be used with --node-deployment: "
+            "each node's resizer serves its own node"
+        )
+    return name
 
 
 async def run(args: argparse.Namespace, ctx: process.Context) -> None:
@@ -54,6 +82,7 @@ async def run(args: argparse.Namespace, ctx: process.Context) -> None:
         retry_start=args.retry_interval_start,
         retry_max=args.retry_interval_max,
         handle_volume_in_use_error=args.handle_volume_inuse_error,
+        node_name=node_name(args),
     )
     async with await CSIConnection.connect(args.csi_address, timeout=args.timeout) as csi:
         build = partial(Resizer, csi=csi, options=options)

@@ -1,0 +1,199 @@
+"""`kubeloop-external-resizer --node-deployment` against the real apiserver and two real node-local
+drivers (`--mode all --node-local`, one pool each, as two machines): each node's resizer expands only
+the volumes whose node affinity its own Node's labels satisfy, and says nothing about the others.
+The claims are made Bound by the test, as the pv-controller would (kcm's binder is off in the test
+control plane)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from controller_runtime.client import ApiClient, ApiError
+from controller_runtime.controller import ControllerContext
+from controller_runtime.events import EventRecorder
+from controller_runtime.informer import SharedInformerFactory
+from controller_runtime.resources import EVENTS, NODES, PERSISTENT_VOLUME_CLAIMS, PERSISTENT_VOLUMES, Obj
+from csi_driver import DRIVER_NAME, TOPOLOGY_KEY
+from external_resizer.controller import Options, Resizer
+from kubeloop_grpc.csi import csi_pb2
+from localstack.controlplane import ControlPlane
+from tests.csi.conftest import Driver
+
+from .test_external_resizer import Recording, wait_for
+
+pytestmark = pytest.mark.integration
+
+Mode = csi_pb2.VolumeCapability.AccessMode.Mode
+MiB = 1 << 20
+
+
+class Nodes:
+    """Two machines: a Node object, a node-local driver and a node-deployment resizer each."""
+
+    def __init__(self, cp: ControlPlane, api: ApiClient, namespace: str) -> None:
+        self.cp, self.api, self.ns = cp, api, namespace
+        self.suffix = uuid.uuid4().hex[:6]
+        self.root = Path(tempfile.mkdtemp(prefix="rn", dir="/tmp"))  # short: socket paths
+        self.drivers: dict[str, Driver] = {}
+        self.nodes: list[str] = []
+        self.pvs: list[str] = []
+        self.tasks: list[asyncio.Task[None]] = []
+        self.closers: list[Callable[[], Awaitable[None]]] = []
+
+    def node(self, short: str) -> str:
+        return f"{short}-{self.suffix}"
+
+    async def create_node(self, name: str, labelled: bool) -> None:
+        labels = {TOPOLOGY_KEY: name} if labelled else {}
+        await self.api.create(NODES, {"metadata": {"name": name, "labels": labels}})
+        self.nodes.append(name)
+
+    def start_driver(self, name: str) -> Driver:
+        d = Driver(self.root / name[:6], "all", name, ["--node-local"])
+        d.root.mkdir()
+        d.pool.mkdir()
+        self.drivers[name] = d.start()
+        return d
+
+    async def start_resizer(self, name: str) -> Recording:
+        csi = await Recording.connect(self.drivers[name].endpoint, timeout=10)
+        assert isinstance(csi, Recording)
+        client = await ApiClient.from_kubeconfig(str(self.cp.admin_kubeconfig), qps=0, burst=1)
+        recorder = EventRecorder(client, f"external-resizer {name}")
+        self.closers += [csi.close, recorder.close, client.close]
+        options = Options(retry_start=0.2, retry_max=1.0, handle_volume_in_use_error=False, node_name=name)
+        resizer = Resizer(ControllerContext(client, SharedInformerFactory(client), recorder), csi, options)
+        self.tasks.append(asyncio.create_task(resizer.run()))
+        await wait_for(lambda: asyncio.sleep(0, resizer.synced), 30, f"resizer of {name} synced")
+        return csi
+
+    async def volume(self, csi: Recording, name: str) -> str:
+        """A 16 MiB volume in that node's pool, as the provisioner creates one for RWO."""
+        cap = csi_pb2.VolumeCapability(
+            mount=csi_pb2.VolumeCapability.MountVolume(fs_type="ext4"),
+            access_mode=csi_pb2.VolumeCapability.AccessMode(mode=Mode.SINGLE_NODE_MULTI_WRITER),
+        )
+        rsp = await csi.controller.CreateVolume(
+            csi_pb2.CreateVolumeRequest(
+                name=f"{name}-{self.suffix}",
+                capacity_range=csi_pb2.CapacityRange(required_bytes=16 * MiB),
+                volume_capabilities=[cap],
+            ),
+            timeout=60,
+        )
+        return str(rsp.volume.volume_id)
+
+    async def bound_claim(self, name: str, handle: str, node: str) -> str:
+        """A claim asking for 32Mi, Bound to a new 16Mi PV of the driver pinned to `node` as the
+        provisioner pins a node-local volume; returns the PV's name."""
+        pv_name = f"{name}-{self.suffix}"
+        claim = await self.api.create(
+            PERSISTENT_VOLUME_CLAIMS,
+            {
+                "metadata": {"name": name},
+                "spec": {
+                    "accessModes": ["ReadWriteOnce"],
+                    "resources": {"requests": {"storage": "32Mi"}},
+                    "storageClassName": "",
+                    "volumeName": pv_name,
+                },
+            },
+            self.ns,
+        )
+        affinity = {"matchExpressions": [{"key": TOPOLOGY_KEY, "operator": "In", "values": [node]}]}
+        await self.api.create(
+            PERSISTENT_VOLUMES,
+            {
+                "metadata": {"name": pv_name},
+                "spec": {
+                    "capacity": {"storage": "16Mi"},
+                    "accessModes": ["ReadWriteOnce"],
+                    "persistentVolumeReclaimPolicy": "Retain",
+                    "storageClassName": "",
+                    "claimRef": {"namespace": self.ns, "name": name, "uid": claim["metadata"]["uid"]},
+                    "csi": {"driver": DRIVER_NAME, "volumeHandle": handle, "fsType": "ext4"},
+                    "nodeAffinity": {"required": {"nodeSelectorTerms": [affinity]}},
+                },
+            },
+        )
+        self.pvs.append(pv_name)
+        claim["status"] = {
+            "phase": "Bound",
+            "accessModes": ["ReadWriteOnce"],
+            "capacity": {"storage": "16Mi"},
+        }
+        await self.api.update_status(PERSISTENT_VOLUME_CLAIMS, claim)
+        return pv_name
+
+    async def events(self, claim: str) -> list[Obj]:
+        items = (await self.api.list_page(EVENTS, self.ns))["items"]
+        return [e for e in items if e["involvedObject"].get("name") == claim]
+
+    async def close(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for close in self.closers:
+            await close()
+        for name in self.pvs:
+            with contextlib.suppress(ApiError):
+                await self.api.delete(PERSISTENT_VOLUMES, name)
+        for name in self.nodes:
+            with contextlib.suppress(ApiError):
+                await self.api.delete(NODES, name)
+        for d in self.drivers.values():
+            d.stop()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def machines(control_plane: ControlPlane, api: ApiClient, namespace: str) -> AsyncIterator[Nodes]:
+    m = Nodes(control_plane, api, namespace)
+    try:
+        yield m
+    finally:
+        await m.close()
+
+
+async def test_only_the_volumes_node_expands_it(machines: Nodes) -> None:
+    """A claim whose PV is pinned to node-b is expanded by node-b's resizer alone. node-b's Node
+    has no topology label yet when its resizer starts (kubelet adds it once the plugin registers):
+    nothing is expanded until the label comes, and then the claim is looked at again at once.
+    node-a's resizer, whose driver has no such volume, never calls it nor writes an event."""
+    m, api = machines, machines.api
+    node_a, node_b = m.node("node-a"), m.node("node-b")
+    await m.create_node(node_a, labelled=True)
+    await m.create_node(node_b, labelled=False)
+    m.start_driver(node_a)
+    m.start_driver(node_b)
+    csi_a = await m.start_resizer(node_a)
+    csi_b = await m.start_resizer(node_b)
+    handle = await m.volume(csi_b, "grow")
+    pv = await m.bound_claim("grow", handle, node_b)
+
+    await asyncio.sleep(2)  # several syncs' worth: node-b's labels do not satisfy the PV yet
+    assert csi_a.expands == [] and csi_b.expands == []
+    assert (await api.get(PERSISTENT_VOLUMES, pv))["spec"]["capacity"] == {"storage": "16Mi"}
+    assert await m.events("grow") == []
+
+    await api.patch(NODES, node_b, {"metadata": {"labels": {TOPOLOGY_KEY: node_b}}})
+
+    async def grown() -> bool:
+        return bool((await api.get(PERSISTENT_VOLUMES, pv))["spec"]["capacity"] == {"storage": "32Mi"})
+
+    await wait_for(grown, 30, "the PV grown to 32Mi by node-b's resizer")
+    assert [r.volume_id for r in csi_b.expands] == [handle]
+    assert csi_a.expands == []
+    events = await m.events("grow")
+    assert {e["source"]["component"] for e in events} == {f"external-resizer {node_b}"}
+    assert "VolumeResizeFailed" not in {e["reason"] for e in events}
