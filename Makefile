@@ -141,14 +141,20 @@ e2e-deps:
 kind-images: deps binaries kind-deps
 	PYTHON=$(PY) bash tools/build-kind-node.sh
 
+# KIND_POOLS=separate: three workers, each its own pool, nothing shared; kubeloop installed by the
+# Helm chart in node-local mode (docs/node-local.md). `make kind-down` removes either.
+KIND_POOLS ?= shared
+
 kind-up: deps binaries kind-deps
-	$(PY) -m localstack.kind up
+	$(PY) -m localstack.kind up --pools $(KIND_POOLS)
 
 kind-down: python-deps
 	$(PY) -m localstack.kind down
 
+# tests/kind (shared pool) then tests/kind_local (separate pools, node-local mode): one cluster at a
+# time, each created for its package and deleted after it.
 kind-test: deps binaries kind-deps
-	$(PY) -m pytest tests/kind $(PYTEST_ARGS)
+	$(PY) -m pytest tests/kind tests/kind_local $(PYTEST_ARGS)
 
 # The Kubernetes external-storage e2e suite against kubeloop in kind (docs/e2e-storage.md): builds
 # e2e.test and agnhost, brings the cluster up (or reuses it), runs the suite, writes the JUnit report

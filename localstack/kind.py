@@ -3,6 +3,8 @@ tools/build-kind-node.sh, load kubeloop's images, apply deploy/ and wait for eve
 and take it all down again, leaving the host as it was (docs/kind.md).
 
     python -m localstack.kind up       # build images when needed, create, load, deploy
+    python -m localstack.kind up --pools separate   # three workers, each its own pool; the Helm chart
+                                                    # in node-local mode (docs/node-local.md)
     python -m localstack.kind down     # delete workloads (volumes cleaned up by kubeloop), delete cluster
     python -m localstack.kind status
 
@@ -19,6 +21,9 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 from controller_runtime.toolchain import REPO_ROOT, Toolchain, read_versions
 
@@ -31,8 +36,22 @@ BUSYBOX_IMAGE = "kubeloop/busybox:1.35.0"
 SNAPSHOTTER_VERSION = read_versions()["EXTERNAL_SNAPSHOTTER_VERSION"]
 SNAPSHOTTER_IMAGE = f"kubeloop/external-snapshotter:{SNAPSHOTTER_VERSION}"
 CLUSTER_CONFIG = REPO_ROOT / "deploy" / "kind" / "cluster.yaml"
-# The host directory every node mounts at /var/lib/kubeloop (deploy/kind/cluster.yaml).
+# The host directory every node mounts at /var/lib/kubeloop (deploy/kind/cluster.yaml). With separate
+# pools each worker mounts its own directory below it instead, SHARED_DIR/<node name>.
 SHARED_DIR = Path("/var/lib/kubeloop-kind")
+# Where the nodes see kubeloop's directory (the chart's hostDir) in either layout.
+DIR_IN_NODE = "/var/lib/kubeloop"
+# The layouts of `up --pools`: one pool every node mounts (deploy/, kubectl apply -k), or three
+# workers with a pool each and nothing shared (the Helm chart in node-local mode).
+POOLS = ("shared", "separate")
+SEPARATE_WORKERS = 3
+# The pool size every node offers with separate pools (the chart's capacity value, the driver's
+# --capacity): small enough that tests/kind_local fills a node with one claim of sparse files.
+SEPARATE_CAPACITY = "1Gi"
+HELM_CHART = REPO_ROOT / "deploy" / "helm" / "kubeloop"
+HELM_RELEASE = "kubeloop"
+# Which layout the cluster was created with, so a kept cluster of the other layout is recreated.
+POOLS_MARK = SHARED_DIR / ".pools"
 # How a backing file of the shared pool looks in `losetup --list` on the host: the path the node
 # plugin attached it by, inside its node.
 POOL_IN_NODE = "/var/lib/kubeloop/pool/"
@@ -87,10 +106,42 @@ def pool_loop_devices() -> list[str]:
     return sorted(line.strip() for line in out.splitlines() if f" {POOL_IN_NODE}" in line)
 
 
+def worker_names(cluster: str, count: int) -> list[str]:
+    """kind's names for a cluster's workers: <cluster>-worker, <cluster>-worker2, ..."""
+    return [f"{cluster}-worker{i if i > 1 else ''}" for i in range(1, count + 1)]
+
+
+def separate_pools_config(cluster: str) -> dict[str, Any]:
+    """deploy/kind/cluster.yaml with its nodes replaced: a control plane that mounts nothing of
+    kubeloop's and three workers, each mounting its own host directory at /var/lib/kubeloop."""
+    config: dict[str, Any] = yaml.safe_load(CLUSTER_CONFIG.read_text())
+    config["nodes"] = [{"role": "control-plane"}] + [
+        {
+            "role": "worker",
+            "extraMounts": [{"hostPath": str(SHARED_DIR / node), "containerPath": DIR_IN_NODE}],
+        }
+        for node in worker_names(cluster, SEPARATE_WORKERS)
+    ]
+    return config
+
+
 @dataclass
 class Cluster:
     name: str = CLUSTER_NAME
     kubeconfig: Path = DEFAULT_KUBECONFIG
+    pools: str = "shared"
+
+    def __post_init__(self) -> None:
+        if self.pools not in POOLS:
+            raise KindError(f"--pools must be one of {', '.join(POOLS)}, not {self.pools!r}")
+
+    @property
+    def separate(self) -> bool:
+        return self.pools == "separate"
+
+    def pool_dir(self, node: str) -> Path:
+        """The host directory of a worker's pool (separate pools) or of the one pool (shared)."""
+        return (SHARED_DIR / node if self.separate else SHARED_DIR) / "pool"
 
     def kind(self, *args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess[str]:
         return run([str(Toolchain.default().binary("kind")), *args], timeout=timeout, check=check)
@@ -129,13 +180,29 @@ class Cluster:
             LIB_MODULES.mkdir(parents=True)
             MADE_LIB_MODULES.touch()
         self.kubeconfig.parent.mkdir(parents=True, exist_ok=True)
+        config = CLUSTER_CONFIG
+        if self.separate:
+            for node in worker_names(self.name, SEPARATE_WORKERS):
+                (SHARED_DIR / node).mkdir(exist_ok=True)
+            config = self.kubeconfig.parent / f"{self.name}-separate-pools.yaml"
+            config.write_text(yaml.safe_dump(separate_pools_config(self.name), sort_keys=False))
+        POOLS_MARK.write_text(self.pools)
         start = time.monotonic()
         self.kind(
-            "create", "cluster", "--name", self.name, "--config", str(CLUSTER_CONFIG),
+            "create", "cluster", "--name", self.name, "--config", str(config),
             "--image", node_image(), "--kubeconfig", str(self.kubeconfig), "--wait", "180s",
             timeout=600,
         )  # fmt: skip
         return time.monotonic() - start
+
+    def created_pools(self) -> str | None:
+        """The layout an existing cluster was created with (None: not known, a cluster made before
+        the mark existed, which was shared)."""
+        return POOLS_MARK.read_text().strip() if POOLS_MARK.exists() else None
+
+    def helm(self, *args: str, timeout: float = 300) -> str:
+        helm = str(Toolchain.default().binary("helm"))
+        return run([helm, f"--kubeconfig={self.kubeconfig}", *args], timeout=timeout).stdout
 
     def load_images(self) -> float:
         start = time.monotonic()
@@ -152,7 +219,24 @@ class Cluster:
         crds = [f"--filename={c}" for c in snapshot_crds()]
         self.kubectl("apply", *crds)
         self.kubectl("wait", "--for=condition=established", "--timeout=60s", *crds)
-        self.kubectl("apply", "-k", str(REPO_ROOT / "deploy"))
+        if self.separate:
+            # kind applied deploy/storageclasses.yaml at creation (the node image's default-storage
+            # manifest, tools/build-kind-node.sh); the release adopts those classes, as Helm adopts
+            # objects that carry its ownership marks, rather than failing on them.
+            for sc in ("kubeloop", "kubeloop-wffc"):
+                self.kubectl("label", "--overwrite", "storageclass", sc, "app.kubernetes.io/managed-by=Helm")
+                self.kubectl(
+                    "annotate", "--overwrite", "storageclass", sc,
+                    f"meta.helm.sh/release-name={HELM_RELEASE}", "meta.helm.sh/release-namespace=kube-system",
+                )  # fmt: skip
+            # The chart in node-local mode proves it installs on real kubelets; upgrade --install
+            # makes a second `up` on a kept cluster apply what changed.
+            self.helm(
+                "upgrade", "--install", HELM_RELEASE, str(HELM_CHART), "--namespace", "kube-system",
+                "--set", "mode=node-local", "--set", f"capacity={SEPARATE_CAPACITY}",
+            )  # fmt: skip
+        else:
+            self.kubectl("apply", "-k", str(REPO_ROOT / "deploy"))
         for workload in self.kubectl(
             "get", "deployments,daemonsets", "-n", "kube-system", "-l", "app.kubernetes.io/name=kubeloop",
             "-o", "name",
@@ -205,7 +289,12 @@ def up(cluster: Cluster, build: bool = True) -> dict[str, float]:
         figures["build_images_s"] = time.monotonic() - start
     if cluster.exists():
         cluster.kind("export", "kubeconfig", "--name", cluster.name, "--kubeconfig", str(cluster.kubeconfig))
-        if cluster.api_ready(timeout=120):
+        made = cluster.created_pools() or "shared"
+        if made != cluster.pools:
+            say(f"cluster {cluster.name} exists with {made} pools, {cluster.pools} asked for: recreating it")
+            cluster.clean_workloads()
+            cluster.delete()
+        elif cluster.api_ready(timeout=120):
             say(f"cluster {cluster.name} exists: reusing it")
         else:
             say(f"cluster {cluster.name} exists but its API server is not ready after 120 s: recreating it")
@@ -215,7 +304,7 @@ def up(cluster: Cluster, build: bool = True) -> dict[str, float]:
         figures["create_cluster_s"] = cluster.create()
     say("loading images")
     figures["load_images_s"] = cluster.load_images()
-    say("applying deploy/")
+    say("installing the Helm chart in node-local mode" if cluster.separate else "applying deploy/")
     figures["deploy_s"] = cluster.deploy()
     say(f"ready: kubectl --kubeconfig {cluster.kubeconfig} get pods -n kube-system")
     return figures
@@ -250,7 +339,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m localstack.kind",
         description="kubeloop in a kind cluster (deploy/kind/cluster.yaml): up builds the images when "
-        "needed, creates the cluster, loads the images and applies deploy/; down deletes it all.",
+        "needed, creates the cluster, loads the images and applies deploy/ (or, with --pools separate, "
+        "installs the Helm chart in node-local mode); down deletes it all.",
     )
     parser.add_argument("command", choices=["up", "down", "status"])
     parser.add_argument("--name", default=CLUSTER_NAME, help=f"cluster name (default: {CLUSTER_NAME})")
@@ -261,8 +351,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         help=f"where the kubeconfig goes (default: {DEFAULT_KUBECONFIG})",
     )
     parser.add_argument("--no-build", action="store_true", help="use the images docker has, build nothing")
+    parser.add_argument(
+        "--pools",
+        choices=POOLS,
+        default="shared",
+        help="up: shared (default: one pool directory every node mounts, deploy/ applied) or separate "
+        f"({SEPARATE_WORKERS} workers, each its own pool under {SHARED_DIR}/<node>, the Helm chart in "
+        "node-local mode); down removes either",
+    )
     args = parser.parse_args(argv)
-    cluster = Cluster(args.name, args.kubeconfig)
+    cluster = Cluster(args.name, args.kubeconfig, args.pools)
     try:
         if args.command == "up":
             figures = up(cluster, build=not args.no_build)

@@ -14,6 +14,7 @@ import os
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,15 +58,16 @@ def wait_for(what: str, probe: Callable[[], Any], timeout: float = 120, interval
     raise AssertionError(f"timed out after {timeout}s waiting for {what} (last seen: {last!r})")
 
 
-@pytest.fixture(scope="package")
-def kind_cluster() -> Iterator[KindCluster]:
+@contextmanager
+def kind_session(cluster: Cluster) -> Iterator[KindCluster]:
+    """kubeloop up in `cluster` for a package of tests, and everything down after them, the host
+    checked for leftovers (a failure then fails the last test)."""
     if os.geteuid() != 0:
         pytest.fail("tests/kind need root (dockerd, loop devices, mounts)")
     started = kind.run(["bash", "tools/docker-env.sh", "start"], timeout=180, check=False)
     if started.returncode != 0:
         pytest.fail(f"could not set up docker (tools/docker-env.sh start):\n{started.stderr}")
     we_started = started.stdout.strip() == "started"
-    cluster = Cluster()
     if not cluster.exists() and kind.pool_loop_devices():
         pytest.fail(f"loop devices of a kind pool are attached with no cluster: {kind.pool_loop_devices()}")
     kc = KindCluster(cluster)
@@ -86,9 +88,16 @@ def kind_cluster() -> Iterator[KindCluster]:
             problems += _host_leftovers(cluster.name)
             if we_started:
                 kind.run(["bash", "tools/docker-env.sh", "stop"], timeout=120, check=False)
-        print(f"\nkind figures: {json.dumps({k: round(v, 1) for k, v in kc.figures.items()})}")
+        figures = json.dumps({k: round(v, 1) for k, v in kc.figures.items()})
+        print(f"\nkind figures ({cluster.pools} pools): {figures}")
     if problems:
         pytest.fail("\n".join(problems))
+
+
+@pytest.fixture(scope="package")
+def kind_cluster() -> Iterator[KindCluster]:
+    with kind_session(Cluster()) as kc:
+        yield kc
 
 
 def _host_leftovers(name: str) -> list[str]:
@@ -112,13 +121,18 @@ def _host_leftovers(name: str) -> list[str]:
     return problems
 
 
-@pytest.fixture
-def namespace(kind_cluster: KindCluster) -> Iterator[str]:
+@contextmanager
+def scratch_namespace(kc: KindCluster) -> Iterator[str]:
+    """A namespace of its own for one test, deleted (with its pods and claims) after it."""
     name = f"kind-{uuid.uuid4().hex[:8]}"
-    kind_cluster.kubectl("create", "namespace", name)
+    kc.kubectl("create", "namespace", name)
     try:
         yield name
     finally:
-        kind_cluster.kubectl(
-            "delete", "namespace", name, "--wait=true", "--timeout=180s", check=False, timeout=200
-        )
+        kc.kubectl("delete", "namespace", name, "--wait=true", "--timeout=180s", check=False, timeout=200)
+
+
+@pytest.fixture
+def namespace(kind_cluster: KindCluster) -> Iterator[str]:
+    with scratch_namespace(kind_cluster) as name:
+        yield name

@@ -1,0 +1,86 @@
+"""What the kind tests create and read: claims, busybox pods with a claim at /data, and the volume,
+VolumeAttachments, mounts and loop devices behind them. Shared by tests/kind (shared pool) and
+tests/kind_local (node-local pools)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from controller_runtime.toolchain import Toolchain
+from localstack import kind
+
+from .conftest import KindCluster
+
+
+def claim(ns: str, name: str, size: str = "64Mi", storage_class: str = "kubeloop") -> str:
+    return f"""
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {{name: {name}, namespace: {ns}}}
+spec:
+  accessModes: [ReadWriteOnce]
+  storageClassName: {storage_class}
+  resources: {{requests: {{storage: {size}}}}}
+"""
+
+
+def pod(ns: str, name: str, claim_name: str, node: str | None, script: str) -> str:
+    """A busybox pod with the claim at /data, on `node` (through the scheduler, by nodeSelector) or,
+    with None, wherever the scheduler places it."""
+    selector = f"nodeSelector: {{kubernetes.io/hostname: {node}}}" if node else ""
+    return f"""
+apiVersion: v1
+kind: Pod
+metadata: {{name: {name}, namespace: {ns}}}
+spec:
+  {selector}
+  terminationGracePeriodSeconds: 1
+  containers:
+    - name: app
+      image: {kind.BUSYBOX_IMAGE}
+      command: [sh, -c, "{script}"]
+      volumeMounts: [{{name: data, mountPath: /data}}]
+  volumes:
+    - name: data
+      persistentVolumeClaim: {{claimName: {claim_name}}}
+"""
+
+
+WRITE = (
+    "dd if=/dev/urandom of=/data/blob bs=1M count=4 2>/dev/null"
+    " && sha256sum /data/blob > /data/blob.sha && sync && sleep 3600"
+)
+SLEEP = "sleep 3600"
+
+
+def wait_ready(kc: KindCluster, ns: str, name: str, timeout: int = 180) -> None:
+    result = kind.run(
+        [str(Toolchain.default().binary("kubectl")), f"--kubeconfig={kc.cluster.kubeconfig}", "wait",
+         "-n", ns, "--for=condition=Ready", f"pod/{name}", f"--timeout={timeout}s"],
+        timeout=timeout + 30, check=False,
+    )  # fmt: skip
+    if result.returncode != 0:
+        described = kc.kubectl("describe", "pod", "-n", ns, name, check=False)
+        events = kc.kubectl("get", "events", "-n", ns, "--sort-by=.lastTimestamp", check=False)
+        raise AssertionError(f"pod {ns}/{name} not Ready:\n{described[-3000:]}\n{events[-3000:]}")
+
+
+def volume_of(kc: KindCluster, ns: str, claim_name: str) -> dict[str, Any]:
+    name = kc.get("pvc", "-n", ns, claim_name)["spec"]["volumeName"]
+    return kc.get("pv", name)
+
+
+def attachments(kc: KindCluster, pv: str) -> list[dict[str, Any]]:
+    return [
+        va
+        for va in kc.get("volumeattachments")["items"]
+        if va["spec"]["source"].get("persistentVolumeName") == pv
+    ]
+
+
+def node_mounts(kc: KindCluster, node: str) -> list[str]:
+    return kc.node_exec(node, "findmnt", "-rn", "-o", "TARGET,SOURCE").splitlines()
+
+
+def host_loops(volume_handle: str) -> list[str]:
+    return [line for line in kind.pool_loop_devices() if volume_handle in line]

@@ -1,0 +1,257 @@
+"""kubeloop's node-local mode with real kubelets and the real kube-scheduler (docs/node-local.md):
+each volume lives in the pool of the node it was made on and nowhere else, nothing is attached,
+pods are placed by each node's free capacity (CSIStorageCapacity), and snapshots, restores, clones
+and expansion stay on the volume's node."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from localstack import kind
+
+from ..kind.conftest import KindCluster, wait_for
+from ..kind.workloads import SLEEP, WRITE, attachments, claim, pod, volume_of, wait_ready
+
+DRIVER = "loop.csi.kubeloop.dev"
+TOPOLOGY_KEY = "topology.loop.csi.kubeloop.dev/node"
+WFFC = "kubeloop-wffc"
+CHECK = "cd /data && sha256sum -c blob.sha && sleep 3600"
+pytestmark = pytest.mark.root
+
+
+def pools(kc: KindCluster) -> dict[str, Path]:
+    return {node: kc.cluster.pool_dir(node) for node in kc.workers()}
+
+
+def backing_files(kc: KindCluster, handle: str) -> dict[str, bool]:
+    """Whether each worker's own host directory holds the volume's backing file."""
+    return {node: (pool / "volumes" / f"{handle}.img").exists() for node, pool in pools(kc).items()}
+
+
+def pinned_nodes(pv: dict[str, Any]) -> list[str]:
+    terms = pv["spec"]["nodeAffinity"]["required"]["nodeSelectorTerms"]
+    return [v for t in terms for e in t["matchExpressions"] if e["key"] == TOPOLOGY_KEY for v in e["values"]]
+
+
+def node_of(kc: KindCluster, ns: str, pod_name: str) -> str:
+    node: str = kc.get("pod", "-n", ns, pod_name)["spec"]["nodeName"]
+    return node
+
+
+def assert_lives_on(kc: KindCluster, ns: str, claim_name: str, node: str) -> dict[str, Any]:
+    """The claim's volume is pinned to `node` only, its backing file is in that node's pool only, and
+    nothing was attached."""
+    pv = volume_of(kc, ns, claim_name)
+    assert pinned_nodes(pv) == [node], pv["spec"]["nodeAffinity"]
+    handle = pv["spec"]["csi"]["volumeHandle"]
+    assert backing_files(kc, handle) == {n: n == node for n in kc.workers()}
+    assert attachments(kc, pv["metadata"]["name"]) == []
+    return pv
+
+
+def delete_and_wait(kc: KindCluster, ns: str, *objects: str) -> None:
+    kc.kubectl("delete", "-n", ns, *objects, "--wait=true", "--timeout=120s", timeout=150)
+
+
+def test_every_worker_runs_the_whole_driver_and_publishes_its_capacity(local_cluster: KindCluster) -> None:
+    kc = local_cluster
+    assert kc.get("csidriver", DRIVER)["spec"]["attachRequired"] is False
+    assert "kubeloop-csi-controller" not in kc.kubectl(
+        "get", "deployments", "-n", "kube-system", "-o", "name"
+    )
+    pods = kc.get("pods", "-n", "kube-system", "-l", "app.kubernetes.io/component=csi-node")["items"]
+    assert sorted(p["spec"]["nodeName"] for p in pods) == kc.workers()
+    for p in pods:
+        assert all(s["ready"] for s in p["status"]["containerStatuses"]), p["metadata"]["name"]
+    for worker in kc.workers():
+        [driver] = kc.get("csinode", worker)["spec"]["drivers"]
+        assert driver["nodeID"] == worker and driver["topologyKeys"] == [TOPOLOGY_KEY]
+        labels = kc.get("node", worker)["metadata"]["labels"]
+        assert labels[TOPOLOGY_KEY] == worker
+    # No pool is shared: each worker mounts its own host directory and nothing else of kubeloop's.
+    for worker in kc.workers():
+        mounts = json.loads(kind.run(["docker", "inspect", worker, "--format", "{{json .Mounts}}"]).stdout)
+        ours = [m["Source"] for m in mounts if m["Source"].startswith(str(kind.SHARED_DIR))]
+        assert ours == [str(kind.SHARED_DIR / worker)], ours
+
+    def capacities() -> dict[str, str]:
+        found = kc.get("csistoragecapacities", "-n", "kube-system")["items"]
+        return {
+            c["nodeTopology"]["matchLabels"][TOPOLOGY_KEY]: c.get("capacity", "")
+            for c in found
+            if c["storageClassName"] == WFFC
+        }
+
+    seen = wait_for(
+        "a CSIStorageCapacity of kubeloop-wffc per worker", lambda: len(capacities()) == 3 and capacities()
+    )
+    assert sorted(seen) == kc.workers(), seen
+
+
+def test_wait_for_first_consumer_volume_lives_on_the_scheduled_node_only(
+    local_cluster: KindCluster, namespace: str
+) -> None:
+    kc, ns = local_cluster, namespace
+    kc.apply(claim(ns, "data", storage_class=WFFC))
+    kc.apply(pod(ns, "writer", "data", None, WRITE))
+    wait_ready(kc, ns, "writer")
+    node = node_of(kc, ns, "writer")
+    assert (
+        kc.get("pvc", "-n", ns, "data")["metadata"]["annotations"]["volume.kubernetes.io/selected-node"]
+        == node
+    )
+    pv = assert_lives_on(kc, ns, "data", node)
+    wait_for(
+        "the data written",
+        lambda: "blob" in kc.kubectl("exec", "-n", ns, "writer", "--", "cat", "/data/blob.sha"),
+    )
+    # A new pod, placed by the scheduler alone, goes where the volume is and reads the data back.
+    delete_and_wait(kc, ns, "pod/writer")
+    kc.apply(pod(ns, "reader", "data", None, CHECK))
+    wait_ready(kc, ns, "reader")
+    assert node_of(kc, ns, "reader") == node
+    assert attachments(kc, pv["metadata"]["name"]) == []
+    delete_and_wait(kc, ns, "pod/reader", "pvc/data")
+    handle = pv["spec"]["csi"]["volumeHandle"]
+    wait_for("the backing file to be deleted", lambda: not any(backing_files(kc, handle).values()))
+
+
+def scheduling_messages(kc: KindCluster, ns: str, pod_name: str) -> list[str]:
+    events = kc.get("events", "-n", ns, "--field-selector", f"involvedObject.name={pod_name}")["items"]
+    return [e["message"] for e in events if e["reason"] == "FailedScheduling"]
+
+
+def test_scheduler_places_pods_by_each_nodes_free_capacity(
+    local_cluster: KindCluster, namespace: str
+) -> None:
+    kc, ns = local_cluster, namespace
+    full = kc.workers()[0]
+    # 800Mi of the 1Gi pool (kind.SEPARATE_CAPACITY) on one node: what is left there is too small.
+    kc.apply(claim(ns, "big", size="800Mi", storage_class=WFFC))
+    kc.apply(pod(ns, "filler", "big", full, SLEEP))
+    wait_ready(kc, ns, "filler")
+    assert_lives_on(kc, ns, "big", full)
+
+    def reported(node: str) -> str:
+        for c in kc.get("csistoragecapacities", "-n", "kube-system")["items"]:
+            if c["storageClassName"] == WFFC and c["nodeTopology"]["matchLabels"][TOPOLOGY_KEY] == node:
+                return str(c.get("capacity", ""))
+        return ""
+
+    wait_for(
+        f"{full}'s capacity to drop below 400Mi", lambda: reported(full) not in ("", "1Gi") and reported(full)
+    )
+    for round_ in range(3):
+        name = f"fits-{round_}"
+        kc.apply(claim(ns, name, size="400Mi", storage_class=WFFC))
+        kc.apply(pod(ns, name, name, None, SLEEP))
+        wait_ready(kc, ns, name)
+        node = node_of(kc, ns, name)
+        assert node != full, f"{name} was placed on {full}, whose pool has no room for it"
+        assert_lives_on(kc, ns, name, node)
+        delete_and_wait(kc, ns, f"pod/{name}", f"pvc/{name}")
+    # No node can hold 2Gi: the pod stays Pending with the scheduler's message, and no volume is made.
+    kc.apply(claim(ns, "huge", size="2Gi", storage_class=WFFC))
+    kc.apply(pod(ns, "waiting", "huge", None, SLEEP))
+    messages = wait_for(
+        "the scheduler's storage capacity message", lambda: scheduling_messages(kc, ns, "waiting"), timeout=90
+    )
+    assert any("did not have enough free storage" in m for m in messages), messages
+    time.sleep(5)
+    assert kc.get("pod", "-n", ns, "waiting")["status"]["phase"] == "Pending"
+    huge = kc.get("pvc", "-n", ns, "huge")
+    assert huge["status"]["phase"] == "Pending" and not huge["spec"].get("volumeName")
+    assert "selected-node" not in json.dumps(huge["metadata"].get("annotations", {}))
+
+
+def restore(ns: str, name: str, kind_: str, source: str, size: str = "64Mi") -> str:
+    group = "apiGroup: snapshot.storage.k8s.io, " if kind_ == "VolumeSnapshot" else ""
+    return f"""
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {{name: {name}, namespace: {ns}}}
+spec:
+  accessModes: [ReadWriteOnce]
+  storageClassName: {WFFC}
+  dataSource: {{{group}kind: {kind_}, name: {source}}}
+  resources: {{requests: {{storage: {size}}}}}
+"""
+
+
+def test_snapshot_restore_and_clone_land_on_the_source_node(
+    local_cluster: KindCluster, namespace: str
+) -> None:
+    kc, ns = local_cluster, namespace
+    kc.apply(claim(ns, "source", storage_class=WFFC))
+    kc.apply(pod(ns, "writer", "source", None, WRITE))
+    wait_ready(kc, ns, "writer")
+    node = node_of(kc, ns, "writer")
+    wait_for(
+        "the data written",
+        lambda: "blob" in kc.kubectl("exec", "-n", ns, "writer", "--", "cat", "/data/blob.sha"),
+    )
+    kc.kubectl("exec", "-n", ns, "writer", "--", "sync")
+    kc.apply(
+        f"""
+apiVersion: snapshot.storage.k8s.io/v1
+kind: VolumeSnapshot
+metadata: {{name: snap, namespace: {ns}}}
+spec:
+  volumeSnapshotClassName: kubeloop
+  source: {{persistentVolumeClaimName: source}}
+"""
+    )
+    wait_for(
+        "the snapshot to be ready",
+        lambda: kc.get("volumesnapshot", "-n", ns, "snap").get("status", {}).get("readyToUse"),
+        timeout=120,
+    )
+    snapshot = kc.get("volumesnapshot", "-n", ns, "snap")
+    content = kc.get("volumesnapshotcontent", snapshot["status"]["boundVolumeSnapshotContentName"])
+    snapshot_handle = content["status"]["snapshotHandle"]
+    assert {n: (p / "snapshots" / f"{snapshot_handle}.img").exists() for n, p in pools(kc).items()} == {
+        n: n == node for n in kc.workers()
+    }
+    kc.apply(restore(ns, "restored", "VolumeSnapshot", "snap"))
+    kc.apply(restore(ns, "cloned", "PersistentVolumeClaim", "source"))
+    for claim_name in ("restored", "cloned"):
+        kc.apply(pod(ns, f"check-{claim_name}", claim_name, None, CHECK))
+    for claim_name in ("restored", "cloned"):
+        wait_ready(kc, ns, f"check-{claim_name}")
+        assert node_of(kc, ns, f"check-{claim_name}") == node
+        assert_lives_on(kc, ns, claim_name, node)
+
+
+def test_expansion_of_a_node_local_volume(local_cluster: KindCluster, namespace: str) -> None:
+    kc, ns = local_cluster, namespace
+    kc.apply(claim(ns, "grow", size="64Mi", storage_class=WFFC))
+    kc.apply(pod(ns, "user", "grow", None, SLEEP))
+    wait_ready(kc, ns, "user")
+    node = node_of(kc, ns, "user")
+
+    def size_kib() -> int:
+        return int(
+            kc.kubectl("exec", "-n", ns, "user", "--", "df", "-k", "/data").splitlines()[-1].split()[1]
+        )
+
+    before = size_kib()
+    kc.kubectl(
+        "patch", "pvc", "-n", ns, "grow", "-p", '{"spec":{"resources":{"requests":{"storage":"128Mi"}}}}'
+    )
+
+    def grown() -> bool:
+        pvc = kc.get("pvc", "-n", ns, "grow")
+        return pvc["status"].get("capacity", {}).get("storage") == "128Mi" and not pvc["status"].get(
+            "conditions"
+        )
+
+    wait_for("the claim to report 128Mi with no resize condition", grown, timeout=180)
+    wait_for("the file system to grow", lambda: size_kib() > before + 40 * 1024, timeout=60)
+    pv = assert_lives_on(kc, ns, "grow", node)
+    handle = pv["spec"]["csi"]["volumeHandle"]
+    assert (pools(kc)[node] / "volumes" / f"{handle}.img").stat().st_size == 128 * 1024 * 1024
