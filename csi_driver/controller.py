@@ -31,6 +31,7 @@ from .capabilities import (
     unsupported_reason,
 )
 from .errors import CsiError, already_exists, exhausted, failed_precondition, invalid, not_found, out_of_range
+from .pool_kinds import KIND_PARAMETER, PoolCapacity, chosen_kind
 from .state import DriverState, SnapshotRecord, VolumeRecord
 from .topology import checked_requirements, local_topology, names_node
 from .validation import (
@@ -79,7 +80,7 @@ CTX_ACCESS_TYPE = "loop.csi.kubeloop.dev/access-type"
 @dataclass(frozen=True)
 class ControllerConfig:
     max_volume_size: int
-    capacity: int  # 0: the pool filesystem's free space is the capacity
+    capacity: PoolCapacity  # nothing configured: the pool filesystem's free space is the capacity
     local_node_id: str = ""  # in --mode all, the node served by this same process
     # --node-local: the pool is local_node_id's alone, so are the volumes made in it (their
     # topology is that node only) and the sources a clone or restore can copy.
@@ -131,6 +132,8 @@ def _mismatch(vol: VolumeRecord, wanted: VolumeRecord, required: int, limit: int
         mismatch.append(f"it is a {vol.access_type} volume")
     if vol.fs_type != wanted.fs_type:
         mismatch.append(f"its filesystem is {vol.fs_type or 'none'}")
+    if vol.kind != wanted.kind:
+        mismatch.append(f"its pool kind is {vol.kind or 'none'}")
     if wanted.topology and vol.topology and not any(t in vol.topology for t in wanted.topology):
         mismatch.append("it is not accessible from the requested topology")
     return mismatch
@@ -238,40 +241,43 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
     def _pool_owner(self) -> str:
         return f"the pool of node {self.config.local_node_id}" if self.config.node_local else "the pool"
 
-    def _allocated(self) -> int:
-        return self.state.allocated_bytes()
-
-    async def _available(self) -> int:
-        if self.config.capacity:
-            return max(0, self.config.capacity - self._allocated())
+    async def _available(self, kind: str) -> int:
+        """The room left for a volume of `kind` ("" on a pool without kinds)."""
+        capacity = self.config.capacity
+        if capacity.kinds:
+            return max(0, capacity.kinds[kind] - self.state.allocated_bytes(kind))
+        if capacity.total:
+            return max(0, capacity.total - self.state.allocated_bytes())
         return await asyncio.to_thread(files.free_bytes, str(self.state.pool_dir))
 
     @contextlib.asynccontextmanager
-    async def _reserving(self, size: int) -> AsyncIterator[None]:
-        """Checks that `size` more bytes fit, and holds the pool's space while the caller writes
-        the record that takes them."""
+    async def _reserving(self, size: int, kind: str) -> AsyncIterator[None]:
+        """Checks that `size` more bytes of `kind` fit, and holds the pool's space while the
+        caller writes the record that takes them."""
         async with self._space:
-            await self._check_room(size)
+            await self._check_room(size, kind)
             yield
 
-    async def _check_room(self, size: int) -> None:
-        available = await self._available()
+    async def _check_room(self, size: int, kind: str) -> None:
+        available = await self._available(kind)
         if size > available:
-            where = (
-                "configured --capacity" if self.config.capacity else f"pool filesystem {self.state.pool_dir}"
-            )
+            if kind:
+                where = f"pool kind {kind} (--capacity {kind}=...)"
+            elif self.config.capacity.total:
+                where = "configured --capacity"
+            else:
+                where = f"pool filesystem {self.state.pool_dir}"
             raise exhausted(
                 f"not enough space for {format_size(size)}: {available} bytes are free in the {where}"
             )
 
     def _fs_type(self, params: dict[str, str], caps: list[Capability]) -> str:
         """The filesystem a request names (parameters or capabilities); "" when it names none."""
-        unknown = sorted(
-            k for k in params if k not in FSTYPE_PARAMETERS and not k.startswith(PROVISIONER_PREFIX)
-        )
+        accepted = (*FSTYPE_PARAMETERS, KIND_PARAMETER)
+        unknown = sorted(k for k in params if k not in accepted and not k.startswith(PROVISIONER_PREFIX))
         if unknown:
             raise invalid(
-                f"unknown parameters {', '.join(unknown)}; this driver accepts {', '.join(FSTYPE_PARAMETERS)}"
+                f"unknown parameters {', '.join(unknown)}; this driver accepts {', '.join(accepted)}"
             )
         from_params = next((params[k] for k in FSTYPE_PARAMETERS if params.get(k)), "")
         if from_params and from_params not in SUPPORTED:
@@ -423,6 +429,7 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
         caps = [parse_capability(c, "volume_capabilities") for c in req.volume_capabilities]
         access_type = _access_type(caps)
         requested_fs = self._fs_type(dict(req.parameters), caps) if access_type == "mount" else ""
+        kind = chosen_kind(req.parameters, self.config.capacity)
         required, limit = req.capacity_range.required_bytes, req.capacity_range.limit_bytes
         if req.HasField("capacity_range") and not required and not limit:
             raise invalid("capacity_range must set required_bytes or limit_bytes, or be unset")
@@ -459,6 +466,7 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
             source_kind=source.kind,
             source_id=source.id,
             topology=topology,
+            kind=kind,
         )
         async with self.state.locks.hold(f"name/{name}"):
             vol = self.state.volume_by_name(name)
@@ -472,7 +480,7 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
                     return csi_pb2.CreateVolumeResponse(volume=self._csi_volume(vol))
                 log.info("resuming an interrupted CreateVolume", volume=vol.volume_id, name=name)
             else:
-                async with self._reserving(size):
+                async with self._reserving(size, kind):
                     # The record goes first (not ready): it holds the room, and after a crash
                     # before the file is complete it tells the restarted controller what to roll
                     # back (no CO can know a volume whose CreateVolume never answered).
@@ -653,6 +661,7 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
             access_type = _access_type(caps) if caps else "mount"
             if access_type == "mount":
                 self._fs_type(dict(req.parameters), caps)
+            kind = chosen_kind(req.parameters, self.config.capacity)
         except CsiError:
             # Capabilities or parameters no volume could be created with: no room for them.
             return csi_pb2.GetCapacityResponse(available_capacity=0)
@@ -660,7 +669,7 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
             # Another node's segment (a node-local pool holds nothing for it), or a pool that
             # cannot hold any volume: the scheduler must not count on room here.
             return csi_pb2.GetCapacityResponse(available_capacity=0)
-        available = await self._available()
+        available = await self._available(kind)
         # CreateVolume rounds a size up to whole MiB where it may: the largest size a create can
         # be asked for and succeed is the available room rounded down to that unit.
         largest = round_down(min(available, self.config.max_volume_size), SIZE_UNIT)
@@ -721,7 +730,7 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
                 access_type = parse_capability(req.volume_capability).access_type
             if size > vol.capacity:
                 try:
-                    async with self._reserving(size - vol.capacity):
+                    async with self._reserving(size - vol.capacity, vol.kind):
                         await asyncio.to_thread(files.grow, self.state.volume_file(volume_id), size)
                         old, vol.capacity = vol.capacity, size
                         await self.state.put_volume(vol)
@@ -771,8 +780,10 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
             async with self.state.locks.hold(source_id):
                 vol = self._volume(source_id)
                 if snap is None:
-                    # A copy takes what its source holds, which only a --capacity pool counts.
-                    async with self._reserving(vol.capacity if self.config.capacity else 0):
+                    # A copy takes what its source holds, which only a --capacity pool counts, in
+                    # its source's kind.
+                    budgeted = self.config.capacity.budgeted
+                    async with self._reserving(vol.capacity if budgeted else 0, vol.kind):
                         snap = SnapshotRecord(
                             snapshot_id=f"snap-{uuid.uuid4().hex}",
                             name=name,
@@ -781,6 +792,7 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
                             seq=self.state.next_seq(),
                             access_type=vol.access_type,
                             fs_type=vol.fs_type,
+                            kind=vol.kind,
                         )
                         await self.state.put_snapshot(snap)
                 try:

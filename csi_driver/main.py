@@ -28,6 +28,7 @@ from . import DRIVER_NAME, driver_version
 from .controller import ControllerConfig, ControllerServer
 from .identity import IdentityServer
 from .node import NodeConfig, NodeServer
+from .pool_kinds import parse_capacity, pool_capacity
 from .server import CsiInterceptor
 from .state import DriverState, NodeInfo
 from .validation import TiB, check_id, parse_size
@@ -46,11 +47,22 @@ def _size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(e)) from e
 
 
+def _capacity(text: str) -> tuple[str, int]:
+    try:
+        return parse_capacity(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from e
+
+
 class _Parser(argparse.ArgumentParser):
     """Flags that depend on each other are checked as a parse error: the usage and exit status 2."""
 
     def parse_args(self, args: Sequence[str] | None = None, namespace: None = None) -> argparse.Namespace:  # type: ignore[override]
         parsed = super().parse_args(args, namespace)
+        try:
+            parsed.capacity = pool_capacity(parsed.capacity)
+        except ValueError as e:
+            self.error(str(e))
         if parsed.node_local and parsed.mode != "all":
             self.error(
                 f"--node-local requires --mode all (got --mode {parsed.mode}): a node-local pool is "
@@ -111,9 +123,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--capacity",
-        type=_size,
-        default=0,
-        help="capacity the pool offers, e.g. 50Gi; 0 reports the pool filesystem's free space (default: 0)",
+        type=_capacity,
+        action="append",
+        default=[],
+        metavar="[KIND=]SIZE",
+        help="capacity the pool offers, e.g. 50Gi; 0 reports the pool filesystem's free space "
+        "(default: 0). KIND=SIZE (repeatable, e.g. --capacity fast=100Gi --capacity slow=1Ti) "
+        "splits the pool into kinds that a StorageClass chooses with the parameter kind",
     )
     parser.add_argument(
         "--max-volumes-per-node",

@@ -64,6 +64,7 @@ class VolumeRecord:
     published_modes: dict[str, int] = field(default_factory=dict)
     ready: bool = False  # False until the backing file is complete (a crash mid-create is resumed)
     created_at: float = field(default_factory=time.time)
+    kind: str = ""  # the pool kind whose budget it takes (--capacity KIND=SIZE); "" without kinds
 
 
 @dataclass
@@ -78,6 +79,7 @@ class SnapshotRecord:
     # What the source volume held when the copy was taken ("" in records older than these fields).
     access_type: str = ""
     fs_type: str = ""
+    kind: str = ""  # its source volume's pool kind, whose budget it takes
 
 
 @dataclass
@@ -298,9 +300,12 @@ class DriverState:
         """How many volumes are published to the node."""
         return sum(node_id in v.published for v in self._volumes.values())
 
-    def allocated_bytes(self) -> int:
-        """What every volume and snapshot record holds of the pool, ready or still being made."""
-        return sum(v.capacity for v in self._volumes.values()) + sum(s.size for s in self._snapshots.values())
+    def allocated_bytes(self, kind: str | None = None) -> int:
+        """What every volume and snapshot record holds of the pool (of one pool kind, when
+        given), ready or still being made."""
+        return sum(v.capacity for v in self._volumes.values() if kind in (None, v.kind)) + sum(
+            s.size for s in self._snapshots.values() if kind in (None, s.kind)
+        )
 
     async def put_volume(self, record: VolumeRecord) -> None:
         await self.volume_store.put(record.volume_id, record)

@@ -503,3 +503,58 @@ def test_kill9_mid_create_converges(csi_root: Path) -> None:
         assert [dict(t.segments) for t in made.accessible_topology] == [{TOPOLOGY_KEY: "node-1"}]
         files = {p.name.removesuffix(".img") for p in (d.pool / "volumes").iterdir()}
         assert files == {source.volume_id, made.volume_id}
+
+
+# --- pool kinds -----------------------------------------------------------------------------------
+def test_pool_kinds_are_chosen_by_the_class_parameter_kind(csi_root: Path) -> None:
+    """`--capacity fast=100Mi --capacity slow=50Mi`: GetCapacity answers per kind (0 without one,
+    or for a kind this node does not have); a volume, and a snapshot of it, take from their
+    kind's budget only; a kind the node does not have, or none, is INVALID_ARGUMENT naming the
+    kinds it has."""
+    flags = ("--capacity", "fast=100Mi", "--capacity", "slow=50Mi")
+    with running(local_driver(csi_root, "node-1", *flags)) as (client,):
+
+        def room(kind: str | None, topology: csi_pb2.Topology | None = None) -> int:
+            req = csi_pb2.GetCapacityRequest(
+                volume_capabilities=[mount_cap()], parameters={} if kind is None else {"kind": kind}
+            )
+            if topology is not None:
+                req.accessible_topology.CopyFrom(topology)
+            return int(client.controller.GetCapacity(req).available_capacity)
+
+        assert (room("fast"), room("slow"), room(None), room("medium")) == (100 * MiB, 50 * MiB, 0, 0)
+        assert room("fast", segment("node-1")) == 100 * MiB and room("fast", segment("node-2")) == 0
+        vol = create(client, "quick", size=40 * MiB, parameters={"kind": "fast"})
+        client.controller.CreateSnapshot(
+            csi_pb2.CreateSnapshotRequest(name="quick-snap", source_volume_id=vol.volume_id)
+        )
+        assert (room("fast"), room("slow")) == (20 * MiB, 50 * MiB)
+        fails(
+            Code.RESOURCE_EXHAUSTED,
+            lambda: create(client, "big", size=30 * MiB, parameters={"kind": "fast"}),
+            "fast",
+        )
+        create(client, "bulk", size=30 * MiB, parameters={"kind": "slow"})
+        assert (room("fast"), room("slow")) == (20 * MiB, 20 * MiB)
+        fails(
+            Code.INVALID_ARGUMENT,
+            lambda: create(client, "medium", parameters={"kind": "medium"}),
+            "fast, slow",
+        )
+        fails(Code.INVALID_ARGUMENT, lambda: create(client, "unkind"), "fast, slow", "'kind'")
+        fails(
+            Code.ALREADY_EXISTS,
+            lambda: create(client, "quick", size=40 * MiB, parameters={"kind": "slow"}),
+            "pool kind is fast",
+        )
+
+
+def test_capacity_sizes_with_and_without_a_kind_do_not_mix() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "csi_driver.main", "--capacity", "1Gi", "--capacity", "fast=1Gi"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2 and "do not mix" in proc.stderr, proc.stderr

@@ -10,6 +10,8 @@ from hypothesis import strategies as st
 from controller_runtime.mounts import parse_mountinfo
 from controller_runtime.unix_grpc import socket_path
 from csi_driver.errors import CsiError
+from csi_driver.pool_kinds import PoolCapacity, chosen_kind, parse_capacity, pool_capacity
+from csi_driver.topology import local_topology, names_node, node_segment
 from csi_driver.validation import (
     GiB,
     MiB,
@@ -22,6 +24,7 @@ from csi_driver.validation import (
     paginate,
     parse_size,
 )
+from kubeloop_grpc.csi import csi_pb2
 
 
 def code(fn: object, *args: object) -> grpc.StatusCode:
@@ -177,3 +180,55 @@ def test_filesystem_mount_options_are_accepted(flags: str) -> None:
     from csi_driver.capabilities import forbidden_mount_option
 
     assert forbidden_mount_option(flags) is None
+
+
+# --- node-local topology and pool kinds -------------------------------------------------------------
+Segments = list[dict[str, str]]
+
+
+def _requirements(requisite: Segments, preferred: Segments) -> csi_pb2.TopologyRequirement:
+    return csi_pb2.TopologyRequirement(
+        requisite=[csi_pb2.Topology(segments=s) for s in requisite],
+        preferred=[csi_pb2.Topology(segments=s) for s in preferred],
+    )
+
+
+def test_a_node_local_volume_is_accessible_from_its_node_only() -> None:
+    own, other = node_segment("n1"), node_segment("n2")
+    assert local_topology(None, "n1") == [own]
+    assert local_topology(_requirements([other, own], [other]), "n1") == [own]
+    assert local_topology(_requirements([], [own]), "n1") == [own]
+    for reqs in (
+        _requirements([other], []),
+        _requirements([other], [other]),
+        _requirements([], [other]),  # preferred only: it decides when there is no requisite
+        _requirements([{**own, "zone": "a"}], []),  # a key the node does not have
+    ):
+        with pytest.raises(CsiError) as info:
+            local_topology(reqs, "n1")
+        assert info.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED and "n1" in info.value.message
+    assert names_node(own, "n1") and not names_node(other, "n1") and not names_node({}, "n1")
+
+
+def test_capacity_flags_and_the_kind_a_request_chooses() -> None:
+    assert parse_capacity("50Gi") == ("", 50 * GiB)
+    assert parse_capacity("fast=1Gi") == ("fast", GiB)
+    for bad in ("=1Gi", "-x=1Gi", "fast=lots"):
+        with pytest.raises(ValueError):
+            parse_capacity(bad)
+    assert pool_capacity([]) == PoolCapacity() and not PoolCapacity().budgeted
+    assert pool_capacity([("", MiB), ("", GiB)]) == PoolCapacity(total=GiB)
+    kinds = pool_capacity([("fast", MiB), ("slow", GiB), ("fast", 2 * MiB)])
+    assert kinds == PoolCapacity(kinds={"fast": 2 * MiB, "slow": GiB}) and kinds.budgeted
+    with pytest.raises(ValueError, match="do not mix"):
+        pool_capacity([("", MiB), ("fast", MiB)])
+    assert chosen_kind({"kind": "slow"}, kinds) == "slow"
+    assert chosen_kind({}, PoolCapacity()) == ""
+    for params, capacity, words in (
+        ({"kind": "medium"}, kinds, "fast, slow"),
+        ({}, kinds, "fast, slow"),
+        ({"kind": "fast"}, PoolCapacity(), "none"),
+    ):
+        with pytest.raises(CsiError) as info:
+            chosen_kind(params, capacity)
+        assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT and words in info.value.message
