@@ -23,10 +23,10 @@ from controller_runtime import storage
 from controller_runtime.client import ApiClient, ApiError
 from controller_runtime.clock import Clock
 from controller_runtime.csi_client import CSIConnection
-from controller_runtime.informer import SharedInformer
 from controller_runtime.logs import get_logger
 from controller_runtime.resources import PERSISTENT_VOLUME_CLAIMS, Obj, object_key
 from controller_runtime.storage import claim_request
+from controller_runtime.store import Store
 from controller_runtime.workqueue import ItemExponentialRateLimiter
 from kubeloop_grpc.csi import csi_pb2
 
@@ -109,7 +109,7 @@ class OwnerElection:
         node: NodeDeployment,
         client: ApiClient,
         csi: CSIConnection,
-        claims: SharedInformer,
+        claims: Store,
         clock: Clock,
         shape: RequestShape,
         rand: Callable[[], float] = random.random,
@@ -131,7 +131,7 @@ class OwnerElection:
         """The claim as cached now, and whether another node owns it. Raises when it is gone or
         was replaced (another UID under the same name): the sync's backoff looks again."""
         md = claim["metadata"]
-        current = self.claims.store.get(object_key(md["namespace"], md["name"]))
+        current = self.claims.get(object_key(md["namespace"], md["name"]))
         if current is None:
             raise ClaimChanged(f"PVC {object_key(md['namespace'], md['name'])}: PVC not found")
         if current["metadata"]["uid"] != md["uid"]:
@@ -178,13 +178,20 @@ class OwnerElection:
             if not await self._fits(current, storage_class, topology):
                 log.debug("not enough capacity on this node for the claim", claim=where)
                 return Ownership.NO_ROOM
-            annotations = dict(current["metadata"].get("annotations") or {})
-            if annotations.get(storage.ANN_SELECTED_NODE) == self.node.node_name:
+            md = current["metadata"]
+            if (md.get("annotations") or {}).get(storage.ANN_SELECTED_NODE) == self.node.node_name:
                 return Ownership.OWNED
-            annotations[storage.ANN_SELECTED_NODE] = self.node.node_name
-            update = {**current, "metadata": {**current["metadata"], "annotations": annotations}}
+            # Upstream updates the whole claim; a merge patch carrying the resourceVersion read is
+            # the same optimistic write (a stale one is a conflict) within the sidecar's RBAC,
+            # which lets it patch claims (the reschedule) but not update them.
+            patch = {
+                "metadata": {
+                    "resourceVersion": md["resourceVersion"],
+                    "annotations": {storage.ANN_SELECTED_NODE: self.node.node_name},
+                }
+            }
             try:
-                await self.client.update(PERSISTENT_VOLUME_CLAIMS, update)
+                await self.client.patch(PERSISTENT_VOLUME_CLAIMS, md["name"], patch, md["namespace"])
             except ApiError as exc:
                 if not exc.conflict:
                     raise ClaimChanged(

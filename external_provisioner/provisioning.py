@@ -118,7 +118,7 @@ class ProvisioningController(SidecarController):
                 self.node,
                 self.client,
                 csi,
-                self.claims,
+                self.claims.store,
                 self.clock,
                 RequestShape(options.default_fs, self.multi_writer),
             )

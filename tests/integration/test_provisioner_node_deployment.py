@@ -1,0 +1,387 @@
+"""Distributed provisioning against the real apiserver: two nodes, each with its own CSI driver
+(`--mode all`, its own pool) and its own external-provisioner with `--node-deployment`
+(NODE_NAME), as upstream deploys it for node-local storage. The pv-controller completes the binds.
+
+- a WaitForFirstConsumer claim selected for node-b is provisioned by node-b's provisioner alone;
+- 20 Immediate claims at once are each provisioned exactly once (one PV, one CreateVolume across
+  both drivers), the nodes electing an owner per claim with short delays;
+- a Released PV is deleted only by the provisioner of the node it lives on;
+- each node publishes CSIStorageCapacity for its own segment, owned by its pod
+  (--capacity-ownerref-level=0, garbage-collected with it) or by nobody (-1).
+
+Each CreateVolume is counted from the provisioners' own csi_sidecar_operations_seconds, the metric
+the Go sidecar exports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from controller_runtime import storage
+from controller_runtime.client import ApiClient, ApiError
+from controller_runtime.resources import (
+    CSI_NODES,
+    CSI_STORAGE_CAPACITIES,
+    NODES,
+    PODS,
+    Obj,
+    Resource,
+)
+from controller_runtime.toolchain import REPO_ROOT
+from csi_driver import DRIVER_NAME, TOPOLOGY_KEY
+from external_provisioner import names
+from localstack.controlplane import ControlPlane
+from localstack.proc import free_ports
+from tests.csi.conftest import Driver
+
+from .test_provisioner_support import IDENTITY, Harness, create_topology_node, kubectl, wait_for
+
+pytestmark = pytest.mark.integration
+
+ROLES = Resource("rbac.authorization.k8s.io", "v1", "roles", "Role", True)
+ROLE_BINDINGS = Resource("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding", True)
+CREATE_VOLUME = "/csi.v1.Controller/CreateVolume"
+DELETE_VOLUME = "/csi.v1.Controller/DeleteVolume"
+
+
+class NodeSide:
+    """One node: its driver on its own pool, and its node-deployment provisioner."""
+
+    def __init__(self, h: Harness, short: str) -> None:
+        self.h = h
+        self.name = f"{h.ns}-{short}"
+        self.root = h.root / short
+        self.root.mkdir()
+        self.driver = Driver(self.root, "all", self.name)
+        self.log = self.root / "provisioner.log"
+        self.proc: asyncio.subprocess.Process | None = None
+        self.port = 0
+
+    async def start(self, *extra: str, env: dict[str, str] | None = None) -> None:
+        (self.port,) = free_ports(1)
+        self.proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "external_provisioner.main",
+            f"--kubeconfig={self.h.cp.kubeconfig_for(IDENTITY)}",
+            f"--csi-address={self.driver.endpoint}",
+            f"--state-dir={self.root / 'provisioner'}",
+            f"--http-endpoint=127.0.0.1:{self.port}",
+            "--retry-interval-start=100ms",
+            "--retry-interval-max=1s",
+            "--kube-api-qps=100",
+            "--kube-api-burst=200",
+            "--node-deployment",
+            "--capacity-ownerref-level=-1",
+            "-v=4",
+            *extra,
+            cwd=REPO_ROOT,
+            env={**os.environ, "NODE_NAME": self.name, **(env or {})},
+            stdout=self.log.open("ab"),
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        await self.wait_ready()
+
+    async def wait_ready(self, timeout: float = 30) -> None:
+        async def ready() -> list[str]:
+            assert self.proc is not None
+            assert self.proc.returncode is None, f"provisioner exited\n{self.log_tail()}"
+            with contextlib.suppress(aiohttp.ClientError):
+                async with (
+                    aiohttp.ClientSession() as session,
+                    session.get(f"http://127.0.0.1:{self.port}/readyz") as rsp,
+                ):
+                    if rsp.status == 200:
+                        return []
+            return ["not ready"]
+
+        assert not await wait_for(ready, timeout, 0.1), self.log_tail()
+
+    async def stop(self) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(self.proc.wait(), 15)
+            except TimeoutError:
+                self.proc.kill()
+                await self.proc.wait()
+        self.proc = None
+
+    async def calls(self, method: str) -> int:
+        """How many times this provisioner called `method` on its driver, by its metrics."""
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"http://127.0.0.1:{self.port}/metrics") as rsp,
+        ):
+            text = await rsp.text()
+        total = 0.0
+        for line in text.splitlines():
+            if line.startswith("csi_sidecar_operations_seconds_count{") and f'method_name="{method}"' in line:
+                total += float(line.rsplit(" ", 1)[1])
+        return int(total)
+
+    def backing_files(self) -> set[str]:
+        pool = self.driver.pool / "volumes"
+        return {p.name.removesuffix(".img") for p in pool.glob("*.img")} if pool.exists() else set()
+
+    def log_tail(self) -> str:
+        return self.log.read_text(errors="replace")[-4000:] if self.log.exists() else ""
+
+
+@contextlib.asynccontextmanager
+async def two_nodes(
+    cp: ControlPlane, api: ApiClient, namespace: str, *extra: str, start: bool = True
+) -> AsyncIterator[tuple[Harness, NodeSide, NodeSide]]:
+    """Nodes a and b (Node and CSINode objects, as their kubelets would register them), each
+    with its driver and, unless `start` is false, its provisioner; the pv-controller in-process."""
+    h = Harness(cp, api, namespace)
+    sides = [NodeSide(h, "a"), NodeSide(h, "b")]
+    try:
+        await kubectl(cp, "apply", "-f", str(REPO_ROOT / "deploy/rbac/external-provisioner.yaml"))
+        for side in sides:
+            await create_topology_node(api, side.name)
+            side.driver.start()
+        await h.start_pv_controller()
+        if start:
+            for side in sides:
+                await side.start(*extra)
+        yield h, sides[0], sides[1]
+    finally:
+        for side in sides:
+            await side.stop()
+        await h.cleanup()
+        for side in sides:
+            side.driver.stop()
+            for res in (CSI_NODES, NODES):
+                with contextlib.suppress(ApiError):
+                    await api.delete(res, side.name)
+
+
+def affinity_nodes(pv: Obj) -> list[str]:
+    terms = pv["spec"]["nodeAffinity"]["required"]["nodeSelectorTerms"]
+    return [v for t in terms for e in t["matchExpressions"] if e["key"] == TOPOLOGY_KEY for v in e["values"]]
+
+
+async def test_a_scheduled_claim_is_provisioned_by_its_node_alone(
+    control_plane: ControlPlane, api: ApiClient, namespace: str
+) -> None:
+    async with two_nodes(control_plane, api, namespace, "--strict-topology") as (h, a, b):
+        cls = await h.create_class("wffc", volumeBindingMode="WaitForFirstConsumer")
+        # The scheduler's decision, written as it writes it.
+        await h.create_pvc("data", "16Mi", cls, annotations={storage.ANN_SELECTED_NODE: b.name})
+        pv = (await h.bound("data", timeout=30))["data"]
+        assert affinity_nodes(pv) == [b.name]
+        handle = pv["spec"]["csi"]["volumeHandle"]
+        assert b.backing_files() == {handle} and not a.backing_files()
+        assert pv["spec"]["csi"]["volumeAttributes"][names.PROVISIONER_IDENTITY].endswith(f"-{b.name}")
+        assert (await a.calls(CREATE_VOLUME), await b.calls(CREATE_VOLUME)) == (0, 1)
+        # Node a's provisioner never spoke about the claim: one Provisioning event, node b's.
+        provisioning = [m for r, m in await h.events("data") if r == names.PROVISIONING]
+        assert len(provisioning) == 1, await h.events("data")
+
+        # A claim selected for a node no provisioner runs on stays Pending, silently.
+        await h.create_pvc("elsewhere", "16Mi", cls, annotations={storage.ANN_SELECTED_NODE: "nowhere"})
+        await asyncio.sleep(1.5)
+        claim = await h.pvc("elsewhere")
+        assert claim is not None and claim["status"]["phase"] == "Pending"
+        ours = (names.PROVISIONING, storage.PROVISIONING_FAILED)
+        assert not [e for e in await h.events("elsewhere") if e[0] in ours]
+
+
+async def test_immediate_claims_are_each_provisioned_exactly_once(
+    control_plane: ControlPlane, api: ApiClient, namespace: str
+) -> None:
+    delays = ("--node-deployment-base-delay=300ms", "--node-deployment-max-delay=1s")
+    async with two_nodes(control_plane, api, namespace, *delays) as (h, a, b):
+        cls = await h.create_class("now", volumeBindingMode="Immediate")
+        claims = [f"c{i}" for i in range(20)]
+        await asyncio.gather(*(h.create_pvc(c, "8Mi", cls) for c in claims))
+        pvs = await h.bound(*claims, timeout=90)
+        handles = {pv["spec"]["csi"]["volumeHandle"] for pv in pvs.values()}
+        assert len(handles) == 20 and len(await h.pvs()) == 20
+        on_a, on_b = a.backing_files(), b.backing_files()
+        assert on_a | on_b == handles and not on_a & on_b
+        for claim, pv in pvs.items():
+            selected = (await h.pvc(claim) or {})["metadata"]["annotations"][storage.ANN_SELECTED_NODE]
+            assert affinity_nodes(pv) == [selected]
+            assert pv["spec"]["csi"]["volumeHandle"] in (on_a if selected == a.name else on_b)
+        assert await a.calls(CREATE_VOLUME) + await b.calls(CREATE_VOLUME) == 20
+        assert (await a.calls(CREATE_VOLUME), await b.calls(CREATE_VOLUME)) == (len(on_a), len(on_b))
+
+
+async def test_a_volume_is_deleted_by_its_own_node_only(
+    control_plane: ControlPlane, api: ApiClient, namespace: str
+) -> None:
+    async with two_nodes(control_plane, api, namespace) as (h, a, b):
+        cls = await h.create_class("wffc", volumeBindingMode="WaitForFirstConsumer")
+        await h.create_pvc("on-a", "16Mi", cls, annotations={storage.ANN_SELECTED_NODE: a.name})
+        pv = (await h.bound("on-a", timeout=30))["on-a"]
+        name, handle = pv["metadata"]["name"], pv["spec"]["csi"]["volumeHandle"]
+        assert a.backing_files() == {handle}
+
+        # Without node a's provisioner the Released PV stays: node b's leaves it alone, silently.
+        await a.stop()
+        await h.delete_claims()
+
+        async def released() -> list[str]:
+            phase = ((await h.pv(name)) or {}).get("status", {}).get("phase")
+            return [] if phase == "Released" else [f"PV {name}: {phase}"]
+
+        assert not await wait_for(released, 20)
+        await asyncio.sleep(1.5)
+        assert await h.pv(name) is not None and a.backing_files() == {handle}
+        assert await b.calls(DELETE_VOLUME) == 0
+        assert not [e for e in await h.events(name) if e[0] == storage.VOLUME_FAILED_DELETE]
+
+        # Node a's provisioner back: its volume goes, PV and backing file.
+        await a.start()
+
+        async def gone() -> list[str]:
+            problems = [] if await h.pv(name) is None else [f"PV {name} still there"]
+            return problems + ([f"backing file {handle} still there"] if a.backing_files() else [])
+
+        assert not await wait_for(gone, 30), a.log_tail()
+        # (DeleteVolume may be repeated by a sync that saw the PV before its finalizer went: idempotent.)
+        assert await a.calls(DELETE_VOLUME) >= 1 and await b.calls(DELETE_VOLUME) == 0
+
+
+async def test_each_node_publishes_its_own_capacity_owned_by_its_pod_or_by_nobody(
+    control_plane: ControlPlane, api: ApiClient, namespace: str
+) -> None:
+    async with two_nodes(control_plane, api, namespace, start=False) as (h, a, b):
+        # In the test's namespace the provisioner may read pods and keep capacity objects (in a
+        # cluster deploy/rbac grants both in the driver's namespace).
+        await api.create(
+            ROLES,
+            {
+                "metadata": {"name": "capacity"},
+                "rules": [
+                    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},
+                    {
+                        "apiGroups": ["storage.k8s.io"],
+                        "resources": ["csistoragecapacities"],
+                        "verbs": ["get", "list", "watch", "create", "update", "delete"],
+                    },
+                ],
+            },
+            namespace,
+        )
+        await api.create(
+            ROLE_BINDINGS,
+            {
+                "metadata": {"name": "capacity"},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "capacity"},
+                "subjects": [
+                    {
+                        "kind": "ServiceAccount",
+                        "name": IDENTITY.user.rsplit(":", 1)[1],
+                        "namespace": "kube-system",
+                    }
+                ],
+            },
+            namespace,
+        )
+        pod = await api.create(
+            PODS,
+            {
+                "metadata": {"name": "provisioner-a"},
+                # No scheduler picks it up (and no kubelet would run it): deleting it is immediate.
+                "spec": {
+                    "schedulerName": "nobody",
+                    "containers": [{"name": "c", "image": "kubeloop/kubeloop:0.1.0"}],
+                },
+            },
+            namespace,
+        )
+        cls = await h.create_class("wffc", volumeBindingMode="WaitForFirstConsumer")
+        capacity = ("--enable-capacity", f"--capacity-namespace={namespace}", "--capacity-poll-interval=1s")
+        await a.start(
+            *capacity,
+            "--capacity-ownerref-level=0",
+            env={"POD_NAME": "provisioner-a", "NAMESPACE": namespace},
+        )
+        await b.start(*capacity)
+
+        async def objects() -> dict[str, Obj]:
+            items = (await api.list_page(CSI_STORAGE_CAPACITIES, namespace))["items"]
+            return {i["metadata"]["labels"][names.CAPACITY_LABEL_MANAGED_BY]: i for i in items}
+
+        async def both() -> list[str]:
+            found = await objects()
+            wanted = {f"external-provisioner-{s.name}" for s in (a, b)}
+            return [] if set(found) == wanted else [f"managed-by {sorted(found)}"]
+
+        assert not await wait_for(both, 20), a.log_tail() + b.log_tail()
+        found = await objects()
+        for side in (a, b):
+            obj = found[f"external-provisioner-{side.name}"]
+            assert obj["storageClassName"] == cls
+            assert obj["nodeTopology"] == {"matchLabels": {TOPOLOGY_KEY: side.name}}
+            assert obj["metadata"]["labels"][names.CAPACITY_LABEL_DRIVER] == DRIVER_NAME
+            assert obj["metadata"]["generateName"] == "csisc-"
+        refs = found[f"external-provisioner-{a.name}"]["metadata"]["ownerReferences"]
+        assert refs == [
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "name": "provisioner-a",
+                "uid": pod["metadata"]["uid"],
+                "controller": True,
+            }
+        ]
+        assert "ownerReferences" not in found[f"external-provisioner-{b.name}"]["metadata"]
+        await asyncio.sleep(2.5)  # a few polls: still one object per node, not a new one each time
+        assert {k: v["metadata"]["uid"] for k, v in (await objects()).items()} == {
+            k: v["metadata"]["uid"] for k, v in found.items()
+        }
+
+        # The pod's objects go with it (the garbage collector), node b's stay.
+        await a.stop()
+        await api.delete(PODS, "provisioner-a", namespace)
+
+        async def collected() -> list[str]:
+            left = set(await objects())
+            return [] if left == {f"external-provisioner-{b.name}"} else [f"left {sorted(left)}"]
+
+        assert not await wait_for(collected, 30)
+
+
+async def test_node_deployment_refuses_to_start_without_its_node(
+    control_plane: ControlPlane, api: ApiClient, namespace: str, tmp_path: Path
+) -> None:
+    """Without NODE_NAME, or with --leader-election (one Lease would leave one node serving all),
+    the process exits at once with upstream's message, before it touches anything."""
+    env = {k: v for k, v in os.environ.items() if k != "NODE_NAME"}
+    cases: Sequence[tuple[list[str], dict[str, str], str]] = (
+        ([], env, "The NODE_NAME environment variable must be set when using --node-deployment."),
+        (
+            ["--leader-election"],
+            {**env, "NODE_NAME": "n"},
+            "--leader-election cannot be used with --node-deployment",
+        ),
+    )
+    for flags, environ, message in cases:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "external_provisioner.main",
+            f"--kubeconfig={control_plane.kubeconfig_for(IDENTITY)}",
+            f"--csi-address=unix://{tmp_path / 'none.sock'}",
+            "--node-deployment",
+            *flags,
+            cwd=REPO_ROOT,
+            env=environ,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        out, _ = await asyncio.wait_for(proc.communicate(), 30)
+        assert proc.returncode == 1 and message in out.decode(), out.decode()
