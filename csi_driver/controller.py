@@ -245,7 +245,8 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
         """The room left for a volume of `kind` ("" on a pool without kinds)."""
         capacity = self.config.capacity
         if capacity.kinds:
-            return max(0, capacity.kinds[kind] - self.state.allocated_bytes(kind))
+            # A kind no longer configured (the flags changed since the volume was made) has none.
+            return max(0, capacity.kinds.get(kind, 0) - self.state.allocated_bytes(kind))
         if capacity.total:
             return max(0, capacity.total - self.state.allocated_bytes())
         return await asyncio.to_thread(files.free_bytes, str(self.state.pool_dir))
@@ -261,7 +262,9 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
     async def _check_room(self, size: int, kind: str) -> None:
         available = await self._available(kind)
         if size > available:
-            if kind:
+            if self.config.capacity.kinds and kind not in self.config.capacity.kinds:
+                where = f"pool kind {kind or '(none)'}, which --capacity no longer configures"
+            elif kind:
                 where = f"pool kind {kind} (--capacity {kind}=...)"
             elif self.config.capacity.total:
                 where = "configured --capacity"

@@ -510,9 +510,10 @@ def test_pool_kinds_are_chosen_by_the_class_parameter_kind(csi_root: Path) -> No
     """`--capacity fast=100Mi --capacity slow=50Mi`: GetCapacity answers per kind (0 without one,
     or for a kind this node does not have); a volume, and a snapshot of it, take from their
     kind's budget only; a kind the node does not have, or none, is INVALID_ARGUMENT naming the
-    kinds it has."""
+    kinds it has. Restarted without a kind, its volumes cannot grow, and the answer says why."""
     flags = ("--capacity", "fast=100Mi", "--capacity", "slow=50Mi")
-    with running(local_driver(csi_root, "node-1", *flags)) as (client,):
+    d = local_driver(csi_root, "node-1", *flags)
+    with running(d) as (client,):
 
         def room(kind: str | None, topology: csi_pb2.Topology | None = None) -> int:
             req = csi_pb2.GetCapacityRequest(
@@ -547,6 +548,16 @@ def test_pool_kinds_are_chosen_by_the_class_parameter_kind(csi_root: Path) -> No
             lambda: create(client, "quick", size=40 * MiB, parameters={"kind": "slow"}),
             "pool kind is fast",
         )
+        d.stop()
+        d.extra = ["--node-local", "--capacity", "slow=50Mi"]
+        d.start()
+        grow = csi_pb2.ControllerExpandVolumeRequest(
+            volume_id=vol.volume_id, capacity_range=csi_pb2.CapacityRange(required_bytes=48 * MiB)
+        )
+        fails(
+            Code.OUT_OF_RANGE, lambda: client.controller.ControllerExpandVolume(grow), "no longer configures"
+        )
+        assert room("fast") == 0 and room("slow") == 20 * MiB
 
 
 def test_capacity_sizes_with_and_without_a_kind_do_not_mix() -> None:
