@@ -161,13 +161,20 @@ kind-test: deps binaries kind-deps
 # and a summary under .kubeloop/e2e-storage/ (e2e-storage-disruptive: .kubeloop/e2e-storage-disruptive/),
 # and takes the cluster down. Not part of `make test`, which runs a few minutes of it (tests/kind): the
 # non-disruptive specs take about 50 minutes, the Disruptive and Serial ones longer.
+# E2E_MODE=node-local runs the suite against the cluster of `make kind-up KIND_POOLS=separate` (each
+# node its own pool, the Helm chart in node-local mode), with results under .kubeloop/e2e-storage-node-local/.
+E2E_MODE ?= shared
+E2E_POOLS := $(if $(filter node-local,$(E2E_MODE)),separate,shared)
+E2E_SUFFIX := $(if $(filter node-local,$(E2E_MODE)),-node-local,)
+
 e2e-storage: deps binaries kind-deps e2e-deps
-	$(PY) -m localstack.kind up
-	$(PY) -m localstack.e2e_storage run $(E2E_ARGS); rc=$$?; $(PY) -m localstack.kind down; exit $$rc
+	$(PY) -m localstack.kind up --pools $(E2E_POOLS)
+	$(PY) -m localstack.e2e_storage run --results .kubeloop/e2e-storage$(E2E_SUFFIX) $(E2E_ARGS); rc=$$?; \
+		$(PY) -m localstack.kind down; exit $$rc
 
 e2e-storage-disruptive: deps binaries kind-deps e2e-deps
-	$(PY) -m localstack.kind up
-	$(PY) -m localstack.e2e_storage run --suite disruptive --results .kubeloop/e2e-storage-disruptive \
+	$(PY) -m localstack.kind up --pools $(E2E_POOLS)
+	$(PY) -m localstack.e2e_storage run --suite disruptive --results .kubeloop/e2e-storage-disruptive$(E2E_SUFFIX) \
 		$(E2E_ARGS); rc=$$?; $(PY) -m localstack.kind down; exit $$rc
 
 clean:

@@ -183,7 +183,9 @@ class Cluster:
         config = CLUSTER_CONFIG
         if self.separate:
             for node in worker_names(self.name, SEPARATE_WORKERS):
-                (SHARED_DIR / node).mkdir(exist_ok=True)
+                # The pool is made beforehand, as an admin mounts a disk there: the node plugin in
+                # node-local mode never makes a missing pool.
+                self.pool_dir(node).mkdir(parents=True, exist_ok=True)
             config = self.kubeconfig.parent / f"{self.name}-separate-pools.yaml"
             config.write_text(yaml.safe_dump(separate_pools_config(self.name), sort_keys=False))
         POOLS_MARK.write_text(self.pools)
