@@ -569,3 +569,50 @@ def test_capacity_sizes_with_and_without_a_kind_do_not_mix() -> None:
         timeout=60,
     )
     assert proc.returncode == 2 and "do not mix" in proc.stderr, proc.stderr
+
+
+def test_kill9_during_a_burst_of_creates_leaves_no_leak_and_no_duplicate(csi_root: Path) -> None:
+    """30 CreateVolumes at once on a node-local driver, kill -9 while they run: after the restart
+    the retries by name make each volume exactly once, and the pool holds a file for each volume
+    and nothing else."""
+    d = local_driver(csi_root, "node-1", "--capacity", "1Gi")
+    names = [f"burst-{i}" for i in range(30)]
+    with running(d) as (client,):
+        interrupted: list[str] = []
+
+        def make(name: str) -> None:
+            try:
+                create(client, name, size=16 * MiB, accessibility_requirements=_own_node("node-1"))
+            except grpc.RpcError:
+                interrupted.append(name)
+
+        threads = [threading.Thread(target=make, args=(n,)) for n in names]
+        for t in threads:
+            t.start()
+        records = d.state / "volumes"
+        deadline = time.monotonic() + 20
+        while len(list(records.glob("*.json"))) < 5:
+            assert time.monotonic() < deadline, "the burst never started"
+            time.sleep(0.001)
+        d.kill9()
+        for t in threads:
+            t.join()
+        assert interrupted, "every create finished before the kill"
+        d.start()
+        made = {
+            n: create(client, n, size=16 * MiB, accessibility_requirements=_own_node("node-1")) for n in names
+        }
+        again = {n: create(client, n, size=16 * MiB).volume_id for n in names}
+        assert {n: v.volume_id for n, v in made.items()} == again, "a retry made a second volume"
+        ids = set(again.values())
+        assert len(ids) == 30
+        listed = {
+            e.volume.volume_id for e in client.controller.ListVolumes(csi_pb2.ListVolumesRequest()).entries
+        }
+        files = {p.name.removesuffix(".img") for p in (d.pool / "volumes").iterdir()}
+        assert listed == ids and files == ids, f"leaked: {files - ids}, missing: {ids - files}"
+        assert capacity(client) == 1024 * MiB - 30 * 16 * MiB
+
+
+def _own_node(node: str) -> csi_pb2.TopologyRequirement:
+    return csi_pb2.TopologyRequirement(requisite=[segment(node)], preferred=[segment(node)])
