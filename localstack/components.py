@@ -91,6 +91,8 @@ class Component:
     manifests: tuple[str, ...] = ()
     # Environment variables it gets on top of the launcher's (a Deployment's `env:`).
     env: EnvFactory | None = None
+    # Directories the machine provides before it starts (a DaemonSet's hostPath volumes).
+    host_dirs: Callable[[ComponentContext], list[Path]] | None = None
 
 
 # Components in start order: a component may rely on those listed before it being healthy.
@@ -157,6 +159,8 @@ PROVISIONER_MANIFESTS = (
 )
 RESIZER_IDENTITY = service_account_identity("kubeloop-external-resizer")
 RESIZER_MANIFESTS = ("deploy/rbac/external-resizer.yaml",)
+# What the sidecars running on every node read besides (their Node; the capacity owner's chain).
+NODE_DEPLOYMENT_RBAC = "deploy/rbac/node-deployment.yaml"
 
 REGISTRY: tuple[Component, ...] = (
     PV_CONTROLLER,
@@ -223,6 +227,8 @@ NODE_LOCAL_REGISTRY: tuple[Component, ...] = (
         ],
         http_port=18110,
         per_node=True,
+        # A node-local plugin refuses a pool that is not there: it is the node's disk, not its own.
+        host_dirs=lambda c: [node_pool_dir(c.home, str(c.node))],
     ),
     Component(
         name="external-provisioner",
@@ -236,11 +242,15 @@ NODE_LOCAL_REGISTRY: tuple[Component, ...] = (
             # A small pool fills in a few claims: the scheduler should see it within seconds, not
             # after upstream's default minute (GetCapacity is one cheap call per class).
             "--capacity-poll-interval=5s",
+            # Two nodes, not hundreds: an Immediate claim waits seconds for a node to take it, not
+            # upstream's up to 20 s (the jittered election stays as upstream's).
+            "--node-deployment-base-delay=2s",
+            "--node-deployment-max-delay=10s",
         ],
         identity=PROVISIONER_IDENTITY,
         http_port=18130,
         per_node=True,
-        manifests=PROVISIONER_MANIFESTS,
+        manifests=(*PROVISIONER_MANIFESTS, NODE_DEPLOYMENT_RBAC),
         env=lambda c: {"NODE_NAME": str(c.node)},
     ),
     NODE_AGENT,
@@ -252,7 +262,7 @@ NODE_LOCAL_REGISTRY: tuple[Component, ...] = (
         identity=RESIZER_IDENTITY,
         http_port=18140,
         per_node=True,
-        manifests=RESIZER_MANIFESTS,
+        manifests=(*RESIZER_MANIFESTS, NODE_DEPLOYMENT_RBAC),
         env=lambda c: {"NODE_NAME": str(c.node)},
     ),
 )
@@ -457,6 +467,8 @@ class Components:
     async def _start_instance(self, inst: Instance) -> None:
         ctx = self.context(inst)
         ctx.state_dir.mkdir(parents=True, exist_ok=True)
+        for path in inst.component.host_dirs(ctx) if inst.component.host_dirs is not None else []:
+            path.mkdir(parents=True, exist_ok=True)
         log_path = self.cp.log_path(inst.name)
         if log_path.exists():
             log_path.replace(log_path.with_name(f"{inst.name}.previous.log"))

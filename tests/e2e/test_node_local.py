@@ -1,0 +1,463 @@
+"""Node-local pools end to end (issue 31; `make up --pools node-local`): the node-local registry's
+processes against the session's real kube-apiserver, kube-controller-manager and kube-scheduler. On
+each of node-a and node-b: the CSI driver `--mode all --node-local` on its own pool, an
+external-provisioner and an external-resizer in node deployment, a node agent as its kubelet;
+centrally the pv-controller, the attach-detach and volume-expand controllers. Pods are placed by
+the real scheduler (no nodeName), which weighs the CSIStorageCapacity objects each node's
+provisioner publishes.
+
+What is checked in each test is where the bytes are: the backing files in each node's pool, the
+PVs' node affinity, the absence of VolumeAttachments, checksums through the pod's mount."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hashlib
+import os
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from controller_runtime.client import ApiClient, ApiError
+from controller_runtime.quantity import parse_quantity
+from controller_runtime.resources import (
+    CSI_STORAGE_CAPACITIES,
+    EVENTS,
+    PERSISTENT_VOLUME_CLAIMS,
+    PERSISTENT_VOLUMES,
+    PODS,
+    STORAGE_CLASSES,
+    VOLUME_ATTACHMENTS,
+    Obj,
+)
+from csi_driver import DRIVER_NAME, TOPOLOGY_KEY
+from localstack.controlplane import ControlPlane
+from localstack.pools import NODE_LOCAL, PoolCapacity
+from localstack.proc import RestartPolicy
+from localstack.storage_stack import NODES, StorageStack, wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.root]
+
+MI = 1 << 20
+IMMEDIATE = "kubeloop"  # deploy/storageclasses.yaml, applied with the provisioners
+WFFC = "kubeloop-wffc"
+# xfs: online ext4 growth needs CAP_SYS_RESOURCE, which a sandbox may lack (test_expansion.py).
+XFS = "kubeloop-node-local-xfs"
+POOL = "1Gi"  # each node's pool
+COMPONENTS = (
+    "pv-controller",
+    "csi-driver-node",
+    "external-provisioner",
+    "node-agent",
+    "attach-detach-controller",
+    "volume-expand-controller",
+    "external-resizer",
+)
+CAPACITY_NAMESPACE = "kube-system"  # where the provisioners publish (their --capacity-namespace)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def stack(control_plane: ControlPlane, api: ApiClient) -> AsyncIterator[StorageStack]:
+    s = StorageStack(
+        control_plane,
+        api,
+        COMPONENTS,
+        pools=NODE_LOCAL,
+        pool_capacity=PoolCapacity(default=POOL),
+        restart=RestartPolicy(initial=0.5, cap=2.0),
+    )
+    xfs = {
+        "metadata": {"name": XFS},
+        "provisioner": DRIVER_NAME,
+        "parameters": {"csi.storage.k8s.io/fstype": "xfs"},
+        "volumeBindingMode": "WaitForFirstConsumer",
+        "allowVolumeExpansion": True,
+    }
+    await api.create(STORAGE_CLASSES, xfs)
+    try:
+        await s.start()
+        for class_name in (WFFC, XFS):
+            published = functools.partial(capacities, api, class_name)
+            await wait_for(published, 60, f"each node's capacity for {class_name}")
+        yield s
+    finally:
+        await s.stop()
+        await api.delete(STORAGE_CLASSES, XFS)
+        # The capacity objects have no owner here (--capacity-ownerref-level=-1): they would outlive
+        # the nodes and mislead the scheduler in a later module's cluster.
+        items, _ = await api.list_all(CSI_STORAGE_CAPACITIES, CAPACITY_NAMESPACE)
+        for item in items:
+            await api.delete(CSI_STORAGE_CAPACITIES, item["metadata"]["name"], CAPACITY_NAMESPACE)
+
+
+# -- helpers -----------------------------------------------------------------------------------------
+
+
+async def capacities(api: ApiClient, class_name: str) -> dict[str, int] | None:
+    """Each node's published capacity for the class, once both nodes have one."""
+    items, _ = await api.list_all(CSI_STORAGE_CAPACITIES, CAPACITY_NAMESPACE)
+    out: dict[str, int] = {}
+    for item in items:
+        labels = (item.get("nodeTopology") or {}).get("matchLabels") or {}
+        if item.get("storageClassName") == class_name and TOPOLOGY_KEY in labels:
+            out[labels[TOPOLOGY_KEY]] = parse_quantity(item.get("capacity", "0"))
+    return out if set(out) == set(NODES) else None
+
+
+async def claim(api: ApiClient, namespace: str, size: str, class_name: str, name: str = "") -> str:
+    name = name or f"c-{uuid.uuid4().hex[:8]}"
+    await api.create(
+        PERSISTENT_VOLUME_CLAIMS,
+        {
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {
+                "accessModes": ["ReadWriteOnce"],
+                "storageClassName": class_name,
+                "resources": {"requests": {"storage": size}},
+            },
+        },
+    )
+    return name
+
+
+async def pod(api: ApiClient, namespace: str, name: str, claim_name: str, node: str = "") -> Obj:
+    """A pod the real scheduler places (`node` only as a nodeSelector on the driver's topology
+    label, which each node agent puts on its Node from NodeGetInfo, as kubelet does)."""
+    spec: Obj = {
+        "terminationGracePeriodSeconds": 5,
+        "containers": [
+            {
+                "name": "app",
+                "image": "registry.k8s.io/pause:3.10",
+                "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+            }
+        ],
+        "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": claim_name}}],
+    }
+    if node:
+        spec["nodeSelector"] = {TOPOLOGY_KEY: node}
+    return await api.create(PODS, {"metadata": {"name": name, "namespace": namespace}, "spec": spec})
+
+
+async def running(api: ApiClient, namespace: str, name: str, timeout: float = 90) -> Obj:
+    async def check() -> Obj | None:
+        p = await api.get(PODS, name, namespace)
+        return p if p.get("status", {}).get("phase") == "Running" else None
+
+    found: Obj = await wait_for(check, timeout, f"pod {namespace}/{name} Running", interval=0.2)
+    return found
+
+
+async def delete_pod(api: ApiClient, namespace: str, name: str) -> None:
+    await api.delete(PODS, name, namespace)
+    await wait_for(lambda: gone(api, PODS, name, namespace), 90, f"pod {name} gone", interval=0.2)
+
+
+async def gone(api: ApiClient, res: object, name: str, namespace: str | None = None) -> bool:
+    try:
+        await api.get(res, name, namespace)  # type: ignore[arg-type]
+    except ApiError as exc:
+        if exc.not_found:
+            return True
+        raise
+    return False
+
+
+async def bound_volume(api: ApiClient, namespace: str, name: str, timeout: float = 90) -> Obj:
+    async def check() -> Obj | None:
+        pvc = await api.get(PERSISTENT_VOLUME_CLAIMS, name, namespace)
+        if pvc.get("status", {}).get("phase") != "Bound":
+            return None
+        pv: Obj = await api.get(PERSISTENT_VOLUMES, pvc["spec"]["volumeName"])
+        return pv
+
+    pv: Obj = await wait_for(check, timeout, f"claim {name} Bound", interval=0.2)
+    return pv
+
+
+def handle_of(pv: Obj) -> str:
+    return str(pv["spec"]["csi"]["volumeHandle"])
+
+
+def affinity_nodes(pv: Obj) -> list[list[str]]:
+    """The nodes each term of the PV's required node affinity names through the topology key."""
+    terms = pv["spec"]["nodeAffinity"]["required"]["nodeSelectorTerms"]
+    out = []
+    for term in terms:
+        exprs = term.get("matchExpressions") or []
+        assert [e["key"] for e in exprs] == [TOPOLOGY_KEY], f"a term on other keys: {term}"
+        out.append(list(exprs[0]["values"]))
+    return out
+
+
+def backing_files(stack: StorageStack) -> dict[str, list[str]]:
+    """Volume id -> the nodes whose pool holds a backing file for it."""
+    out: dict[str, list[str]] = {}
+    for node in NODES:
+        volumes = stack.node_pool(node) / "volumes"
+        for f in volumes.glob("*.img") if volumes.is_dir() else []:
+            out.setdefault(f.name.removesuffix(".img"), []).append(node)
+    return out
+
+
+async def volumes_of(api: ApiClient, namespace: str) -> list[Obj]:
+    """The PVs bound or being bound to claims of the namespace."""
+    items, _ = await api.list_all(PERSISTENT_VOLUMES)
+    return [pv for pv in items if (pv["spec"].get("claimRef") or {}).get("namespace") == namespace]
+
+
+async def attachments_of(api: ApiClient, pv_name: str) -> list[Obj]:
+    items, _ = await api.list_all(VOLUME_ATTACHMENTS)
+    return [va for va in items if va["spec"]["source"].get("persistentVolumeName") == pv_name]
+
+
+def write_data(mount: Path, size: int = MI) -> str:
+    data = os.urandom(size)
+    with open(mount / "data.bin", "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    return hashlib.sha256(data).hexdigest()
+
+
+def checksum(mount: Path) -> str:
+    return hashlib.sha256((mount / "data.bin").read_bytes()).hexdigest()
+
+
+async def delete_claims_and_wait(stack: StorageStack, namespace: str, names: list[str]) -> None:
+    """Deletes the claims and waits for their PVs and backing files to go (reclaim policy Delete:
+    the provisioner of the volume's node deletes it)."""
+    pvs: list[Obj] = []
+    for name in names:
+        pvc = await stack.api.get(PERSISTENT_VOLUME_CLAIMS, name, namespace)
+        if pvc["spec"].get("volumeName"):
+            pvs.append(await stack.api.get(PERSISTENT_VOLUMES, pvc["spec"]["volumeName"]))
+        await stack.api.delete(PERSISTENT_VOLUME_CLAIMS, name, namespace)
+    for pv in pvs:
+        name = pv["metadata"]["name"]
+        await wait_for(functools.partial(gone, stack.api, PERSISTENT_VOLUMES, name), 120, f"PV {name} gone")
+    handles = {handle_of(pv) for pv in pvs}
+
+    async def files_gone() -> bool:
+        return not handles & set(backing_files(stack))
+
+    await wait_for(files_gone, 60, "the backing files deleted")
+
+
+async def events_for(api: ApiClient, namespace: str, name: str, reason: str) -> list[Obj]:
+    items, _ = await api.list_all(EVENTS, namespace)
+    return [e for e in items if e["involvedObject"]["name"] == name and e.get("reason") == reason]
+
+
+# -- (a) WaitForFirstConsumer: the volume is the scheduled node's, data survives a pod restart -----
+
+
+async def test_wffc_volume_lives_in_the_scheduled_nodes_pool_only(
+    stack: StorageStack, namespace: str
+) -> None:
+    api = stack.api
+    pvc = await claim(api, namespace, "64Mi", WFFC)
+    await pod(api, namespace, "app", pvc)
+    placed = await running(api, namespace, "app")
+    node = placed["spec"]["nodeName"]
+    pv = await bound_volume(api, namespace, pvc)
+    pv_name = pv["metadata"]["name"]
+
+    assert affinity_nodes(pv) == [[node]], "the PV's node affinity names the scheduled node only"
+    assert backing_files(stack)[handle_of(pv)] == [node], "the backing file is in that node's pool only"
+    assert await attachments_of(api, pv_name) == [], "attachRequired: false: no VolumeAttachment"
+    claim_obj = await api.get(PERSISTENT_VOLUME_CLAIMS, pvc, namespace)
+    assert claim_obj["metadata"]["annotations"]["volume.kubernetes.io/selected-node"] == node
+
+    mount = stack.mount_path(node, placed, pv_name)
+    written = write_data(mount)
+    await delete_pod(api, namespace, "app")
+    # The same claim again: the PV's affinity brings the new pod back to the volume's node.
+    await pod(api, namespace, "app2", pvc)
+    again = await running(api, namespace, "app2")
+    assert again["spec"]["nodeName"] == node
+    assert checksum(stack.mount_path(node, again, pv_name)) == written, "the data survived the restart"
+    assert await attachments_of(api, pv_name) == []
+
+    await delete_pod(api, namespace, "app2")
+    await delete_claims_and_wait(stack, namespace, [pvc])
+    assert not stack.mounts(), "nothing stays mounted on either node"
+
+
+# -- (b) Immediate claims: one node each, exactly once ----------------------------------------------
+
+
+async def test_twenty_immediate_claims_each_provisioned_once_on_one_node(
+    stack: StorageStack, namespace: str
+) -> None:
+    api = stack.api
+    before = set(backing_files(stack))
+    names = await asyncio.gather(*(claim(api, namespace, "16Mi", IMMEDIATE, f"imm-{i}") for i in range(20)))
+    pvs = [await bound_volume(api, namespace, n, timeout=120) for n in names]
+
+    handles = [handle_of(pv) for pv in pvs]
+    assert len(set(handles)) == 20, "one volume per claim"
+    assert len(await volumes_of(api, namespace)) == 20, "one PV per claim, no duplicate"
+    files = backing_files(stack)
+    assert set(files) - before == set(handles), "one backing file per claim, nothing else"
+    for pv in pvs:
+        (node,) = files[handle_of(pv)]  # in exactly one pool
+        assert affinity_nodes(pv) == [[node]], "the PV names the node whose pool holds it"
+    await delete_claims_and_wait(stack, namespace, list(names))
+
+
+# -- (c) capacity-aware scheduling by the real kube-scheduler ----------------------------------------
+
+
+async def wait_capacity_below(api: ApiClient, node: str, limit: int) -> None:
+    async def check() -> bool:
+        caps = await capacities(api, WFFC)
+        return caps is not None and caps[node] < limit
+
+    await wait_for(check, 60, f"{node}'s published capacity below {limit >> 20}Mi", interval=0.5)
+
+
+async def test_scheduler_places_a_pod_where_its_claim_fits_or_nowhere(
+    stack: StorageStack, namespace: str
+) -> None:
+    api = stack.api
+    # node-a nearly full: 768Mi of its 1Gi.
+    filler = await claim(api, namespace, "768Mi", WFFC)
+    await pod(api, namespace, "filler", filler, node="node-a")
+    assert (await running(api, namespace, "filler"))["spec"]["nodeName"] == "node-a"
+    await wait_capacity_below(api, "node-a", 512 * MI)
+
+    # 512Mi fits only on node-b.
+    fits = await claim(api, namespace, "512Mi", WFFC)
+    await pod(api, namespace, "fits", fits)
+    assert (await running(api, namespace, "fits"))["spec"]["nodeName"] == "node-b"
+    pv = await bound_volume(api, namespace, fits)
+    assert backing_files(stack)[handle_of(pv)] == ["node-b"]
+    await wait_capacity_below(api, "node-b", 768 * MI)
+
+    # 768Mi fits nowhere now (node-a 256Mi left, node-b 512Mi): Pending, the scheduler says why.
+    before = set(backing_files(stack))
+    nowhere = await claim(api, namespace, "768Mi", WFFC)
+    await pod(api, namespace, "nowhere", nowhere)
+
+    async def unschedulable() -> str | None:
+        p = await api.get(PODS, "nowhere", namespace)
+        for cond in p.get("status", {}).get("conditions") or []:
+            if cond["type"] == "PodScheduled" and cond["status"] == "False":
+                return str(cond.get("message", ""))
+        return None
+
+    message: str = await wait_for(unschedulable, 60, "the scheduler's verdict", interval=0.5)
+    assert "did not have enough free storage" in message, message
+    (failed, *_) = await wait_for(
+        lambda: events_for(api, namespace, "nowhere", "FailedScheduling"), 30, "FailedScheduling"
+    )
+    assert "did not have enough free storage" in failed["message"]
+    await asyncio.sleep(3)  # give a wrong provisioning the time to show
+    pvc = await api.get(PERSISTENT_VOLUME_CLAIMS, nowhere, namespace)
+    assert pvc["status"]["phase"] == "Pending" and not pvc["spec"].get("volumeName")
+    assert "volume.kubernetes.io/selected-node" not in (pvc["metadata"].get("annotations") or {})
+    assert set(backing_files(stack)) == before, "no volume was made for it"
+
+    for name in ("filler", "fits", "nowhere"):
+        await delete_pod(api, namespace, name)
+    await delete_claims_and_wait(stack, namespace, [filler, fits, nowhere])
+
+
+# -- (d) kill -9 during a burst ----------------------------------------------------------------------
+
+
+async def test_kill9_of_a_driver_and_a_provisioner_during_thirty_provisions_converges(
+    stack: StorageStack, namespace: str
+) -> None:
+    api = stack.api
+    before = set(backing_files(stack))
+    names = [f"burst-{i}" for i in range(30)]
+    creating = asyncio.gather(*(claim(api, namespace, "16Mi", IMMEDIATE, n) for n in names))
+
+    async def some_provisioned() -> bool:
+        return bool(set(backing_files(stack)) - before)
+
+    await wait_for(some_provisioned, 60, "the first volumes made", interval=0.05)
+    await stack.kill9("csi-driver-node-node-a")
+    await stack.kill9("external-provisioner-node-b")
+    await creating
+    pvs = [await bound_volume(api, namespace, n, timeout=180) for n in names]
+
+    handles = {handle_of(pv) for pv in pvs}
+    assert len(handles) == 30, "one volume per claim"
+    assert len(await volumes_of(api, namespace)) == 30, "one PV per claim, no duplicate"
+    files = backing_files(stack)
+    assert set(files) - before == handles, "no leaked backing file: every file new since is a PV's"
+    assert all(len(files[h]) == 1 for h in handles), "each volume in exactly one pool"
+    await delete_claims_and_wait(stack, namespace, names)
+    assert set(backing_files(stack)) == before
+
+
+# -- (e) bad input: a claim larger than any node's pool ----------------------------------------------
+
+
+async def test_a_claim_larger_than_every_pool_gets_a_clear_event_and_leaks_nothing(
+    stack: StorageStack, namespace: str
+) -> None:
+    api = stack.api
+    before = set(backing_files(stack))
+    pvs_before = len((await api.list_all(PERSISTENT_VOLUMES))[0])
+    # WaitForFirstConsumer: the scheduler finds no node and says why, on the pod.
+    big = await claim(api, namespace, "4Gi", WFFC)
+    await pod(api, namespace, "big", big)
+    (event, *_) = await wait_for(
+        lambda: events_for(api, namespace, "big", "FailedScheduling"), 60, "FailedScheduling for the pod"
+    )
+    assert "did not have enough free storage" in event["message"], event["message"]
+    # Immediate: no node's provisioner takes a claim its pool cannot hold (upstream's election
+    # checks GetCapacity first); the claim waits, as the pv-controller's event says.
+    huge = await claim(api, namespace, "4Gi", IMMEDIATE)
+    (waiting, *_) = await wait_for(
+        lambda: events_for(api, namespace, huge, "ExternalProvisioning"), 30, "ExternalProvisioning"
+    )
+    assert DRIVER_NAME in waiting["message"]
+    await asyncio.sleep(5)  # two election rounds at the stack's 2 s base delay
+    for name in (big, huge):
+        pvc = await api.get(PERSISTENT_VOLUME_CLAIMS, name, namespace)
+        assert pvc["status"]["phase"] == "Pending", name
+    assert len((await api.list_all(PERSISTENT_VOLUMES))[0]) == pvs_before, "no PV"
+    assert set(backing_files(stack)) == before, "no backing file"
+    await delete_pod(api, namespace, "big")
+
+
+# -- (f) expansion ------------------------------------------------------------------------------------
+
+
+async def test_expansion_of_a_mounted_node_local_volume(stack: StorageStack, namespace: str) -> None:
+    api = stack.api
+    pvc = await claim(api, namespace, "320Mi", XFS)
+    await pod(api, namespace, "grow", pvc)
+    placed = await running(api, namespace, "grow")
+    node = placed["spec"]["nodeName"]
+    pv = await bound_volume(api, namespace, pvc)
+    mount = stack.mount_path(node, placed, pv["metadata"]["name"])
+    written = write_data(mount)
+    before = os.statvfs(mount)
+    backing = stack.node_pool(node) / "volumes" / f"{handle_of(pv)}.img"
+
+    grow_to = {"spec": {"resources": {"requests": {"storage": "512Mi"}}}}
+    await api.patch(PERSISTENT_VOLUME_CLAIMS, pvc, grow_to, namespace=namespace)
+
+    async def grown() -> bool:
+        got = await api.get(PERSISTENT_VOLUME_CLAIMS, pvc, namespace)
+        return bool(got.get("status", {}).get("capacity", {}).get("storage") == "512Mi")
+
+    await wait_for(grown, 90, "the claim at 512Mi", interval=0.3)
+    assert backing.stat().st_size == 512 * MI, "the node's own resizer grew the file in its pool"
+    volume = await api.get(PERSISTENT_VOLUMES, pv["metadata"]["name"])
+    assert volume["spec"]["capacity"]["storage"] == "512Mi"
+    after = os.statvfs(mount)
+    assert after.f_blocks * after.f_frsize > before.f_blocks * before.f_frsize + 150 * MI, "xfs grew online"
+    assert checksum(mount) == written
+    await delete_pod(api, namespace, "grow")
+    await delete_claims_and_wait(stack, namespace, [pvc])
