@@ -1,6 +1,7 @@
 """Distributed provisioning against the real apiserver: two nodes, each with its own CSI driver
-(`--mode all`, its own pool) and its own external-provisioner with `--node-deployment`
-(NODE_NAME), as upstream deploys it for node-local storage. The pv-controller completes the binds.
+(`--mode all --node-local`, its own pool) and its own external-provisioner with
+`--node-deployment` (NODE_NAME), as upstream deploys it for node-local storage. The pv-controller
+completes the binds.
 
 - a WaitForFirstConsumer claim selected for node-b is provisioned by node-b's provisioner alone;
 - 20 Immediate claims at once are each provisioned exactly once (one PV, one CreateVolume across
@@ -60,8 +61,9 @@ class NodeSide:
         self.h = h
         self.name = f"{h.ns}-{short}"
         self.root = h.root / short
-        self.root.mkdir()
-        self.driver = Driver(self.root, "all", self.name)
+        # A node-local pool must exist before its plugin starts (an unmounted disk is not replaced).
+        (self.root / "pool").mkdir(parents=True)
+        self.driver = Driver(self.root, "all", self.name, ["--node-local"])
         self.log = self.root / "provisioner.log"
         self.proc: asyncio.subprocess.Process | None = None
         self.port = 0
