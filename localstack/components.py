@@ -28,6 +28,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -444,7 +445,7 @@ class Components:
 
     async def check_pool_mode(self) -> None:
         """Refuses a cluster whose CSIDriver was made for the other pool mode (etcd/ is kept across
-        runs) before the manifests that make it are applied."""
+        runs), before anything starts."""
         code, out = await self._kubectl("get", "csidriver", DRIVER_NAME, "-o", "json", "--ignore-not-found")
         if code != 0:
             raise ComponentError(f"reading the CSIDriver {DRIVER_NAME} failed:\n{out}")
@@ -452,13 +453,15 @@ class Components:
         if problem is not None:
             raise ComponentError(problem)
 
+    def manifests(self, comp: Component) -> list[dict[str, Any]]:
+        """The component's manifests as this pool mode needs them (node-local: the CSIDriver without
+        attach)."""
+        return manifests_for_mode(((REPO_ROOT / m).read_text() for m in comp.manifests), self.pools)
+
     async def apply_manifests(self, comp: Component) -> None:
         if not comp.manifests:
             return
-        # The files as this pool mode needs them (node-local: the CSIDriver without attach).
-        docs = manifests_for_mode(((REPO_ROOT / m).read_text() for m in comp.manifests), self.pools)
-        if any(doc.get("kind") == CSIDRIVER_KIND for doc in docs):
-            await self.check_pool_mode()
+        docs = self.manifests(comp)
         code, out = await self._kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(docs, sort_keys=False))
         if code != 0:
             raise ComponentError(f"applying the manifests of {comp.name} failed:\n{out}")
@@ -496,6 +499,8 @@ class Components:
 
     async def start(self) -> None:
         try:
+            if any(d.get("kind") == CSIDRIVER_KIND for c in self.components for d in self.manifests(c)):
+                await self.check_pool_mode()  # before anything runs against the wrong cluster
             for comp in self.components:
                 await self.apply_manifests(comp)
                 # A component's node instances come up together; the next component waits for them.
