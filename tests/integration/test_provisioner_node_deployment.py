@@ -57,13 +57,13 @@ DELETE_VOLUME = "/csi.v1.Controller/DeleteVolume"
 class NodeSide:
     """One node: its driver on its own pool, and its node-deployment provisioner."""
 
-    def __init__(self, h: Harness, short: str) -> None:
+    def __init__(self, h: Harness, short: str, driver_args: Sequence[str] = ()) -> None:
         self.h = h
         self.name = f"{h.ns}-{short}"
         self.root = h.root / short
         # A node-local pool must exist before its plugin starts (an unmounted disk is not replaced).
         (self.root / "pool").mkdir(parents=True)
-        self.driver = Driver(self.root, "all", self.name, ["--node-local"])
+        self.driver = Driver(self.root, "all", self.name, ["--node-local", *driver_args])
         self.log = self.root / "provisioner.log"
         self.proc: asyncio.subprocess.Process | None = None
         self.port = 0
@@ -141,12 +141,18 @@ class NodeSide:
 
 @contextlib.asynccontextmanager
 async def two_nodes(
-    cp: ControlPlane, api: ApiClient, namespace: str, *extra: str, start: bool = True
+    cp: ControlPlane,
+    api: ApiClient,
+    namespace: str,
+    *extra: str,
+    start: bool = True,
+    driver_a: Sequence[str] = (),
 ) -> AsyncIterator[tuple[Harness, NodeSide, NodeSide]]:
     """Nodes a and b (Node and CSINode objects, as their kubelets would register them), each
-    with its driver and, unless `start` is false, its provisioner; the pv-controller in-process."""
+    with its driver (node a's with `driver_a` added) and, unless `start` is false, its
+    provisioner; the pv-controller in-process."""
     h = Harness(cp, api, namespace)
-    sides = [NodeSide(h, "a"), NodeSide(h, "b")]
+    sides = [NodeSide(h, "a", driver_a), NodeSide(h, "b")]
     try:
         await kubectl(cp, "apply", "-f", str(REPO_ROOT / "deploy/rbac/external-provisioner.yaml"))
         for side in sides:
@@ -218,6 +224,24 @@ async def test_immediate_claims_are_each_provisioned_exactly_once(
             assert pv["spec"]["csi"]["volumeHandle"] in (on_a if selected == a.name else on_b)
         assert await a.calls(CREATE_VOLUME) + await b.calls(CREATE_VOLUME) == 20
         assert (await a.calls(CREATE_VOLUME), await b.calls(CREATE_VOLUME)) == (len(on_a), len(on_b))
+
+
+async def test_a_node_without_room_leaves_immediate_claims_to_one_with_room(
+    control_plane: ControlPlane, api: ApiClient, namespace: str
+) -> None:
+    """Each node asks its driver's GetCapacity before it tries to own a claim, as upstream: node
+    a, whose pool offers 8Mi, takes none of the 16Mi claims, and no claim fails there first."""
+    delays = ("--node-deployment-base-delay=300ms", "--node-deployment-max-delay=1s")
+    async with two_nodes(control_plane, api, namespace, *delays, driver_a=["--capacity=8Mi"]) as (h, a, b):
+        cls = await h.create_class("now", volumeBindingMode="Immediate")
+        claims = [f"c{i}" for i in range(5)]
+        await asyncio.gather(*(h.create_pvc(c, "16Mi", cls) for c in claims))
+        pvs = await h.bound(*claims, timeout=60)
+        assert all(affinity_nodes(pv) == [b.name] for pv in pvs.values())
+        assert not a.backing_files() and len(b.backing_files()) == 5
+        assert (await a.calls(CREATE_VOLUME), await b.calls(CREATE_VOLUME)) == (0, 5)
+        for c in claims:
+            assert not [e for e in await h.events(c) if e[0] == storage.PROVISIONING_FAILED]
 
 
 async def test_a_volume_is_deleted_by_its_own_node_only(
