@@ -238,8 +238,6 @@ NODE_LOCAL_REGISTRY: tuple[Component, ...] = (
             "--node-deployment",
             "--strict-topology",
             "--immediate-topology=false",
-            # No pod owns the capacity objects here: the stack's processes are not pods.
-            "--capacity-ownerref-level=-1",
             # A small pool fills in a few claims: the scheduler should see it within seconds, not
             # after upstream's default minute (GetCapacity is one cheap call per class).
             "--capacity-poll-interval=5s",
@@ -292,6 +290,8 @@ def provisioner_argv(c: ComponentContext, socket: Path) -> list[str]:
         f"--state-dir={c.state_dir}",
         "--extra-create-metadata",
         "--enable-capacity",
+        # No pod owns the capacity objects here: the stack's processes are not pods.
+        "--capacity-ownerref-level=-1",
         f"--http-endpoint={c.http_endpoint}",
     )
 
