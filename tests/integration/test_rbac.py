@@ -107,6 +107,21 @@ MUST_NOT: dict[str, list[Check]] = {
         ("get", "secrets", "kube-system"),
         ("create", "pods", "default"),
     ],
+    # Node-local mode's clean-up after a deleted Node: it deletes claims and PVs, but makes none
+    # and changes no spec, and of a Node only its finalizer list.
+    "kubeloop-node-finalizer": [
+        ("create", "persistentvolumes", ""),
+        ("update", "persistentvolumes", ""),
+        ("create", "persistentvolumeclaims", "default"),
+        ("patch", "persistentvolumeclaims", "default"),
+        ("update", "nodes", ""),
+        ("patch", "nodes/status", ""),
+        ("create", VA, ""),
+        ("delete", VA, ""),
+        ("delete", "pods", "default"),
+        ("get", "secrets", "kube-system"),
+        ("update", "csidrivers.storage.k8s.io", ""),
+    ],
     # external-snapshotter's two (deploy/kubernetes): snapshots, not volumes.
     "kubeloop-snapshot-controller": [
         ("create", "persistentvolumes", ""),
@@ -141,6 +156,13 @@ MUST: dict[str, list[Check]] = {
     "kubeloop-external-resizer": [("patch", "persistentvolumeclaims/status", "default")],
     "kubeloop-volume-expand": [("list", "persistentvolumeclaims", "")],
     "kubeloop-node-agent": [("patch", "pods/status", "default"), ("patch", "nodes/status", "")],
+    "kubeloop-node-finalizer": [
+        ("patch", "nodes", ""),
+        ("delete", "persistentvolumes", ""),
+        ("delete", "persistentvolumeclaims", "default"),
+        ("get", "csidrivers.storage.k8s.io", ""),
+        ("update", LEASES, "kube-system"),
+    ],
     "kubeloop-snapshot-controller": [("create", VSC, ""), ("update", "persistentvolumeclaims", "default")],
     "kubeloop-csi-snapshotter": [("update", VSC, ""), ("get", LEASES, "kube-system")],
 }

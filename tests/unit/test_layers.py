@@ -27,6 +27,7 @@ CANDIDATE_PROCESS_PACKAGES = (
     "external_resizer",
     "node_driver_registrar",
     "livenessprobe",
+    "node_finalizer",
     "services.pv_controller",
     "services.attach_detach",
     "services.node_agent",

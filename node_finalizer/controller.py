@@ -1,0 +1,240 @@
+"""The node finalizer: a Node informer, a queue of node names, one idempotent sync per Node.
+
+A live Node gets the finalizer loop.csi.kubeloop.dev/node. A Node being deleted that carries it is
+finalized, in an order where every step can be cut short by a crash and is redone or skipped by
+the next sync (each reads the API afresh, and every delete carries the UID it was decided on):
+  1. every PV of the driver pinned to that node (a fresh list): the claim bound to it deleted,
+     so a workload can make a new one on a node that exists (TopoLVM deletes the node's claims
+     for the same reason); a Delete-policy PV deleted, then the external-provisioner's finalizer
+     removed (no provisioner will ever run DeleteVolume there); a PV of another policy kept;
+  2. a summary event on the Node; its finalizer removed, which lets the Node go.
+The claims and PVs are not waited for: a claim a pod on the dead node still uses is held by
+pvc-protection until kcm's pod garbage collector removes that pod, which it does only once the
+Node is gone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from controller_runtime.client import ApiError
+from controller_runtime.controller import ControllerContext, InformerController, run_workers
+from controller_runtime.informer import EventHandler
+from controller_runtime.logs import get_logger
+from controller_runtime.resources import (
+    CSI_DRIVERS,
+    NODES,
+    PERSISTENT_VOLUME_CLAIMS,
+    PERSISTENT_VOLUMES,
+    Obj,
+    Resource,
+    key_of,
+    typed,
+)
+from controller_runtime.storage import is_deleting
+from controller_runtime.workqueue import MaxOfRateLimiter, WorkQueue, default_rate_limiter
+
+from . import messages
+from .decide import (
+    DRIVER_NAME,
+    FINALIZER,
+    NodeStep,
+    VolumeCleanup,
+    claim_to_delete,
+    cleanup,
+    finalizers,
+    node_local_driver,
+    node_step,
+    topology_value,
+    without_provisioner_finalizer,
+)
+from .metrics import NODES_FINALIZED, VOLUMES_CLEANED
+
+log = get_logger("node-finalizer")
+
+QUEUE = "node-finalizer"
+
+
+@dataclass(frozen=True)
+class Options:
+    workers: int = 4
+    # TopoLVM's --skip-node-finalize: the finalizer is still kept on every Node and removed on
+    # deletion, but nothing is cleaned up (the admin does it).
+    skip_node_finalize: bool = False
+
+
+@dataclass
+class Tally:
+    """What one finalization did, for the Node's summary event."""
+
+    claims: int = 0
+    retained: int = 0
+
+
+class NodeFinalizer(InformerController):
+    def __init__(self, context: ControllerContext, options: Options | None = None) -> None:
+        super().__init__(context)
+        self.options = options or Options()
+        limiter: MaxOfRateLimiter[str] = default_rate_limiter(clock=self.clock)
+        self.queue: WorkQueue[str] = WorkQueue(QUEUE, limiter, clock=self.clock)
+        self.nodes = self.factory.informer(NODES)
+        self.nodes.add_handler(
+            EventHandler(self._enqueue, lambda _old, new: self._enqueue(new), self._forget)
+        )
+
+    def _enqueue(self, node: Obj) -> None:
+        # Kubelet's status updates are most of a Node's updates: only one with work is queued.
+        if node_step(node) is not NodeStep.NOTHING:
+            self.queue.add(key_of(node))
+
+    def _forget(self, node: Obj) -> None:
+        self.queue.forget(key_of(node))
+
+    async def run(self) -> None:
+        await self.start_informers()
+        log.info(
+            "caches synced, starting workers",
+            workers=self.options.workers,
+            skip_node_finalize=self.options.skip_node_finalize,
+        )
+        await run_workers(self.queue, self.sync, self.options.workers)
+
+    async def sync(self, key: str) -> None:
+        node = self.nodes.store.get(key)
+        if node is None:
+            return
+        step = node_step(node)
+        if step is NodeStep.ADD_FINALIZER:
+            await self._set_finalizers(node, [*finalizers(node), FINALIZER])
+            log.info("added finalizer", node=key, finalizer=FINALIZER)
+        elif step is NodeStep.FINALIZE:
+            await self._finalize(node)
+
+    # -- finalizing a deleted Node ----------------------------------------------------------------
+
+    async def _finalize(self, node: Obj) -> None:
+        name, value = node["metadata"]["name"], topology_value(node)
+        volumes = [(pv, c) for pv in await self._volumes() if (c := cleanup(pv, value)) is not None]
+        if self.options.skip_node_finalize:
+            log.info("skipping node finalize", node=name, volumes=len(volumes))
+            if volumes:
+                self.recorder.warning(
+                    typed(node, NODES), messages.NODE_FINALIZE_SKIPPED, messages.skipped_by_flag(len(volumes))
+                )
+            await self._release(node, "skipped")
+            return
+        if volumes and not node_local_driver(await self._csidriver()):
+            log.warning("CSIDriver not in node-local mode, nothing cleaned up", node=name, driver=DRIVER_NAME)
+            self.recorder.normal(
+                typed(node, NODES), messages.NODE_FINALIZE_SKIPPED, messages.skipped_shared_mode(DRIVER_NAME)
+            )
+            await self._release(node, "shared-mode")
+            return
+        tally = Tally()
+        for pv, volume in volumes:
+            await self._clean_claim(name, volume, tally)
+            await self._clean_volume(name, pv, volume, tally)
+        if volumes:
+            self.recorder.warning(
+                typed(node, NODES),
+                messages.NODE_CLEANED_UP,
+                messages.node_cleaned_up(tally.claims, len(volumes) - tally.retained, tally.retained),
+            )
+        await self._release(node, "done")
+
+    async def _volumes(self) -> list[Obj]:
+        """Every PV, read afresh: a Node is deleted rarely, and a list at that moment cannot miss
+        a volume the way a cache that has not caught up could; no PV cache is kept meanwhile."""
+        pvs, _ = await self.client.list_all(PERSISTENT_VOLUMES)
+        return pvs
+
+    async def _csidriver(self) -> Obj | None:
+        try:
+            return await self.client.get(CSI_DRIVERS, DRIVER_NAME)
+        except ApiError as e:
+            if e.not_found:
+                return None
+            raise
+
+    async def _clean_claim(self, node: str, volume: VolumeCleanup, tally: Tally) -> None:
+        ref = volume.claim
+        if ref is None:
+            return
+        try:
+            claim: Obj | None = await self.client.get(PERSISTENT_VOLUME_CLAIMS, ref.name, ref.namespace)
+        except ApiError as e:
+            if not e.not_found:
+                raise
+            claim = None
+        if claim is None or not claim_to_delete(claim, ref):
+            return
+        if await self._delete(PERSISTENT_VOLUME_CLAIMS, ref.name, ref.namespace, ref.uid) is None:
+            return
+        tally.claims += 1
+        VOLUMES_CLEANED.labels("claim-deleted").inc()
+        text = messages.claim_deleted(node, volume)
+        self.recorder.warning(typed(claim, PERSISTENT_VOLUME_CLAIMS), messages.CLAIM_DELETED, text)
+        log.info("deleted claim", node=node, pvc=f"{ref.namespace}/{ref.name}", pv=volume.name)
+
+    async def _clean_volume(self, node: str, pv: Obj, volume: VolumeCleanup, tally: Tally) -> None:
+        ref = typed(pv, PERSISTENT_VOLUMES)
+        if not volume.delete:
+            tally.retained += 1
+            VOLUMES_CLEANED.labels("volume-retained").inc()
+            self.recorder.warning(ref, messages.VOLUME_RETAINED, messages.volume_retained(node, volume))
+            return
+        if is_deleting(pv):
+            # Deleted by an earlier sync cut short (or by someone else): only its finalizer is left.
+            await self._drop_provisioner_finalizer(pv)
+            return
+        answer = await self._delete(PERSISTENT_VOLUMES, volume.name, None, volume.uid)
+        if answer is None:
+            return  # gone, or replaced by another PV of that name
+        # Told before the finalizer is dropped: a failure there is retried by a sync that finds
+        # the PV being deleted, and says nothing again.
+        VOLUMES_CLEANED.labels("volume-deleted").inc()
+        self.recorder.warning(ref, messages.VOLUME_DELETED, messages.volume_deleted(node, volume))
+        log.info("deleted volume", node=node, pv=volume.name, handle=volume.handle)
+        await self._drop_provisioner_finalizer(answer)
+
+    async def _delete(self, res: Resource, name: str, namespace: str | None, uid: str) -> Obj | None:
+        """Deletes the object of that UID. Returns the API's answer (the object while finalizers
+        hold it, or a Status once it is gone), or None when it was gone already or is another
+        object of the same name (the UID precondition fails with a conflict)."""
+        try:
+            return await self.client.delete(res, name, namespace, uid=uid)
+        except ApiError as e:
+            if e.not_found or e.conflict:
+                return None
+            raise
+
+    async def _drop_provisioner_finalizer(self, pv: Obj) -> None:
+        """Removes the external-provisioner's finalizer from a PV being deleted, on the version
+        the delete answered with (a conflict retries the whole sync, which reads it afresh)."""
+        if pv.get("kind") == "Status":
+            return  # deleted outright: no finalizer held it
+        remaining = without_provisioner_finalizer(pv)
+        if remaining is None or not is_deleting(pv):
+            return
+        patch = {"metadata": {"finalizers": remaining, "resourceVersion": pv["metadata"]["resourceVersion"]}}
+        try:
+            await self.client.patch(PERSISTENT_VOLUMES, pv["metadata"]["name"], patch)
+        except ApiError as e:
+            if not e.not_found:
+                raise
+
+    async def _release(self, node: Obj, how: str) -> None:
+        await self._set_finalizers(node, [f for f in finalizers(node) if f != FINALIZER])
+        NODES_FINALIZED.labels(how).inc()
+        log.info("removed finalizer, the node can go", node=node["metadata"]["name"], cleanup=how)
+
+    async def _set_finalizers(self, node: Obj, wanted: list[str]) -> None:
+        """Writes the Node's finalizer list on the version the decision was made on: a conflict
+        (kubelet's status updates, another finalizer) retries the sync on the newer Node."""
+        md = node["metadata"]
+        patch = {"metadata": {"finalizers": wanted, "resourceVersion": md["resourceVersion"]}}
+        try:
+            await self.client.patch(NODES, md["name"], patch)
+        except ApiError as e:
+            if not e.not_found:
+                raise

@@ -1,0 +1,129 @@
+"""The node finalizer's decisions as pure functions: what to do with a Node, which PVs a deleted
+Node takes with it, and what cleaning one up means.
+
+A PV is pinned to a node when every term of its required node affinity names that one node
+under the driver's topology key (what the external-provisioner writes for a node-local volume).
+A PV without affinity, or accessible from several nodes, is a shared-pool volume and never
+touched; so is every volume while the driver's CSIDriver says shared mode (attachRequired)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from controller_runtime.node_affinity import required_affinity
+from controller_runtime.resources import Obj
+from controller_runtime.storage import DELETE, is_deleting
+
+# The driver's contract (csi_driver.DRIVER_NAME and TOPOLOGY_KEY, and the external-provisioner's
+# PV finalizer): a process package imports no other, so the names are repeated here and a unit test
+# holds them equal.
+DRIVER_NAME = "loop.csi.kubeloop.dev"
+TOPOLOGY_KEY = "topology.loop.csi.kubeloop.dev/node"
+PROVISIONER_FINALIZER = "external-provisioner.volume.kubernetes.io/finalizer"
+# This controller's finalizer on every Node.
+FINALIZER = "loop.csi.kubeloop.dev/node"
+
+
+class NodeStep(Enum):
+    NOTHING = "nothing"
+    ADD_FINALIZER = "add-finalizer"  # a live Node without our finalizer
+    FINALIZE = "finalize"  # a Node being deleted that still carries it
+
+
+def finalizers(obj: Obj) -> list[str]:
+    return list(obj["metadata"].get("finalizers") or [])
+
+
+def node_step(node: Obj) -> NodeStep:
+    """Only a deletion counts: a Node that is NotReady, cordoned or tainted is left alone."""
+    ours = FINALIZER in finalizers(node)
+    if is_deleting(node):
+        return NodeStep.FINALIZE if ours else NodeStep.NOTHING
+    return NodeStep.NOTHING if ours else NodeStep.ADD_FINALIZER
+
+
+def topology_value(node: Obj) -> str:
+    """The value a volume pinned to this Node carries under the topology key: the Node's label
+    (kubelet copies it from the driver's NodeGetInfo), else its name (the driver's --node-id is
+    the node name unless the admin chose otherwise)."""
+    md = node["metadata"]
+    return str((md.get("labels") or {}).get(TOPOLOGY_KEY) or md["name"])
+
+
+def pinned_value(pv: Obj) -> str | None:
+    """The one node a PV of the driver is accessible from, or None when it is not one node's."""
+    csi = (pv.get("spec") or {}).get("csi") or {}
+    required = required_affinity(pv)
+    if csi.get("driver") != DRIVER_NAME or required is None:
+        return None
+    named: set[str] = set()
+    for term in required.get("nodeSelectorTerms") or []:
+        values = [
+            tuple(e.get("values") or ())
+            for e in term.get("matchExpressions") or []
+            if e.get("key") == TOPOLOGY_KEY and e.get("operator") == "In"
+        ]
+        if len(values) != 1 or len(values[0]) != 1:
+            return None  # a term that another node could satisfy (or that names several)
+        named.add(str(values[0][0]))
+    return named.pop() if len(named) == 1 else None
+
+
+def node_local_driver(csidriver: Obj | None) -> bool:
+    """Node-local mode is the CSIDriver with attachRequired false (its default is true): in shared
+    mode a volume pinned to one node (strict topology) still lives in the shared pool, and a
+    missing CSIDriver says nothing; neither is cleaned up."""
+    return csidriver is not None and (csidriver.get("spec") or {}).get("attachRequired", True) is False
+
+
+@dataclass(frozen=True)
+class ClaimRef:
+    namespace: str
+    name: str
+    uid: str
+
+
+@dataclass(frozen=True)
+class VolumeCleanup:
+    """One PV a deleted Node takes with it."""
+
+    name: str
+    uid: str
+    handle: str
+    claim: ClaimRef | None  # the claim it is bound to (its claimRef with a UID), to delete
+    delete: bool  # reclaim policy Delete: the PV goes too; Retain and Recycle keep it
+
+
+def cleanup(pv: Obj, node_value: str) -> VolumeCleanup | None:
+    """What cleaning up `pv` means when the Node whose topology value is `node_value` is deleted;
+    None when the PV is not pinned to that node."""
+    if pinned_value(pv) != node_value:
+        return None
+    spec, md = pv.get("spec") or {}, pv["metadata"]
+    ref = spec.get("claimRef") or {}
+    claim = None
+    if ref.get("uid") and ref.get("name") and ref.get("namespace"):
+        claim = ClaimRef(str(ref["namespace"]), str(ref["name"]), str(ref["uid"]))
+    return VolumeCleanup(
+        name=str(md["name"]),
+        uid=str(md.get("uid") or ""),
+        handle=str((spec.get("csi") or {}).get("volumeHandle") or ""),
+        claim=claim,
+        delete=spec.get("persistentVolumeReclaimPolicy") == DELETE,
+    )
+
+
+def claim_to_delete(claim: Obj | None, ref: ClaimRef) -> bool:
+    """The claim still stands and is the one the PV was bound to (a claim of the same name made
+    since, by a StatefulSet say, has another UID and is left alone)."""
+    return claim is not None and claim["metadata"].get("uid") == ref.uid and not is_deleting(claim)
+
+
+def without_provisioner_finalizer(pv: Obj) -> list[str] | None:
+    """The PV's finalizers without the external-provisioner's, or None when it has none to remove.
+    Only for a PV being deleted: no provisioner runs DeleteVolume on a node that is gone."""
+    have = finalizers(pv)
+    if PROVISIONER_FINALIZER not in have:
+        return None
+    return [f for f in have if f != PROVISIONER_FINALIZER]

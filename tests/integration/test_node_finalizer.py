@@ -1,0 +1,453 @@
+"""The node finalizer against the real apiserver, with kcm's protection controllers running (they
+remove pvc- and pv-protection, which the admission plugins add): a Node gets the finalizer; a
+deleted Node's node-local volumes are cleaned up (claims deleted, Delete-policy PVs deleted and the
+external-provisioner's finalizer removed, Retain PVs kept) with events, shared-pool volumes and
+another node's are not, and the Node goes; a finalizer stopped at any step (as by kill -9) and
+started again converges. The PVs and their phases are written by the test, as the pv-controller
+and the provisioner would (kcm's binder is off in the test control plane)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import signal
+import socket
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import aiohttp
+import pytest
+import pytest_asyncio
+from prometheus_client import REGISTRY
+
+from controller_runtime.client import ApiClient, ApiError
+from controller_runtime.controller import ControllerContext
+from controller_runtime.events import EventRecorder
+from controller_runtime.informer import SharedInformerFactory
+from controller_runtime.resources import (
+    CSI_DRIVERS,
+    EVENTS,
+    LEASES,
+    NODES,
+    PERSISTENT_VOLUME_CLAIMS,
+    PERSISTENT_VOLUMES,
+    PODS,
+    Obj,
+    Resource,
+)
+from controller_runtime.toolchain import REPO_ROOT
+from localstack.controlplane import ControlPlane
+from node_finalizer import messages
+from node_finalizer.controller import NodeFinalizer, Options
+from node_finalizer.decide import DRIVER_NAME, FINALIZER, PROVISIONER_FINALIZER, TOPOLOGY_KEY
+
+pytestmark = pytest.mark.integration
+
+PV_PROTECTION = "kubernetes.io/pv-protection"
+
+
+async def wait_for(check: Callable[[], Awaitable[bool]], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not await check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.1)
+
+
+def volumes_cleaned(action: str) -> float:
+    return (
+        REGISTRY.get_sample_value("kubeloop_node_finalizer_volumes_cleaned_total", {"action": action}) or 0.0
+    )
+
+
+class Cluster:
+    """Nodes, claims and PVs of one test, and node finalizers to start and stop."""
+
+    def __init__(self, api: ApiClient, cp: ControlPlane, namespace: str) -> None:
+        self.api, self.cp, self.ns = api, cp, namespace
+        self.suffix = uuid.uuid4().hex[:6]
+        self.nodes: list[str] = []
+        self.pvs: list[str] = []
+        self.running: list[tuple[asyncio.Task[None], list[Callable[[], Awaitable[None]]]]] = []
+        self.csidriver_before: Obj | None = None
+
+    def name(self, short: str) -> str:
+        return f"{short}-{self.suffix}"
+
+    async def csidriver(self, attach_required: bool) -> None:
+        """The driver's CSIDriver in the mode asked for (put back as it was afterwards)."""
+        with contextlib.suppress(ApiError):
+            self.csidriver_before = self.csidriver_before or await self.api.get(CSI_DRIVERS, DRIVER_NAME)
+        with contextlib.suppress(ApiError):
+            await self.api.delete(CSI_DRIVERS, DRIVER_NAME)
+        spec = {
+            "attachRequired": attach_required,
+            "podInfoOnMount": False,
+            "volumeLifecycleModes": ["Persistent"],
+        }
+        for _ in range(50):  # the delete above may still be in flight
+            try:
+                await self.api.create(CSI_DRIVERS, {"metadata": {"name": DRIVER_NAME}, "spec": spec})
+                return
+            except ApiError as e:
+                if not e.already_exists:
+                    raise
+                await asyncio.sleep(0.1)
+        raise AssertionError("could not replace the CSIDriver")
+
+    async def start(self, cls: type[NodeFinalizer] = NodeFinalizer, **options: Any) -> NodeFinalizer:
+        client = await ApiClient.from_kubeconfig(str(self.cp.admin_kubeconfig), qps=0, burst=1)
+        recorder = EventRecorder(client, "kubeloop-node-finalizer")
+        factory = SharedInformerFactory(client)
+        finalizer = cls(ControllerContext(client, factory, recorder), Options(**options))
+        task = asyncio.create_task(finalizer.run())
+        self.running.append((task, [recorder.close, client.close, factory.stop]))
+        await asyncio.wait_for(factory.wait_for_sync(), 30)
+        return finalizer
+
+    async def stop_all(self) -> None:
+        """Cancels every finalizer started: to them, as abrupt as kill -9 (they keep no state
+        outside the API, so what a restart sees is what the API holds)."""
+        for task, closers in self.running:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+            for close in closers:
+                await close()
+        self.running.clear()
+
+    async def node(self, short: str) -> str:
+        name = self.name(short)
+        await self.api.create(NODES, {"metadata": {"name": name, "labels": {TOPOLOGY_KEY: name}}})
+        self.nodes.append(name)
+        return name
+
+    async def has_finalizer(self, node: str) -> bool:
+        return FINALIZER in ((await self.api.get(NODES, node))["metadata"].get("finalizers") or [])
+
+    async def claim(self, short: str) -> Obj:
+        return await self.api.create(
+            PERSISTENT_VOLUME_CLAIMS,
+            {
+                "metadata": {"name": short},
+                "spec": {
+                    "accessModes": ["ReadWriteOnce"],
+                    "resources": {"requests": {"storage": "1Gi"}},
+                    "storageClassName": "",
+                    "volumeName": self.name(short),
+                },
+            },
+            self.ns,
+        )
+
+    async def pv(
+        self,
+        short: str,
+        nodes: list[str],
+        *,
+        claim: Obj | None = None,
+        claim_uid: str | None = None,
+        policy: str = "Delete",
+        phase: str = "Bound",
+    ) -> str:
+        """A PV of the driver as the provisioner makes it (its finalizer, one affinity term per
+        node), bound to `claim` (or with a claimRef to a claim that is gone), in `phase`."""
+        name = self.name(short)
+        terms = [
+            {"matchExpressions": [{"key": TOPOLOGY_KEY, "operator": "In", "values": [n]}]} for n in nodes
+        ]
+        ref = {"namespace": self.ns, "name": short, "uid": claim["metadata"]["uid"] if claim else claim_uid}
+        pv = await self.api.create(
+            PERSISTENT_VOLUMES,
+            {
+                "metadata": {"name": name, "finalizers": [PROVISIONER_FINALIZER]},
+                "spec": {
+                    "capacity": {"storage": "1Gi"},
+                    "accessModes": ["ReadWriteOnce"],
+                    "persistentVolumeReclaimPolicy": policy,
+                    "storageClassName": "",
+                    "claimRef": ref,
+                    "csi": {"driver": DRIVER_NAME, "volumeHandle": f"pvc-{short}"},
+                    "nodeAffinity": {"required": {"nodeSelectorTerms": terms}},
+                },
+            },
+        )
+        self.pvs.append(name)
+        pv["status"] = {"phase": phase}
+        await self.api.update_status(PERSISTENT_VOLUMES, pv)
+        if claim is not None:
+            claim["status"] = {
+                "phase": "Bound",
+                "accessModes": ["ReadWriteOnce"],
+                "capacity": {"storage": "1Gi"},
+            }
+            await self.api.update_status(PERSISTENT_VOLUME_CLAIMS, claim)
+        return name
+
+    async def pod(self, short: str, node: str, claim: str) -> None:
+        """A pod already bound to `node` (no kubelet runs it) using `claim`: pvc-protection holds
+        the claim while it exists."""
+        body = {
+            "metadata": {"name": short},
+            "spec": {
+                "nodeName": node,
+                # kcm's taint eviction must not delete it from the unreachable node first.
+                "tolerations": [{"operator": "Exists"}],
+                "containers": [{"name": "c", "image": "registry.invalid/none"}],
+                "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": claim}}],
+            },
+        }
+        for _ in range(100):  # until kcm made the namespace's default ServiceAccount
+            try:
+                await self.api.create(PODS, body, self.ns)
+                return
+            except ApiError as exc:
+                if exc.status != 403 or "serviceaccount" not in exc.message:
+                    raise
+                await asyncio.sleep(0.1)
+        raise AssertionError(f"no default ServiceAccount in {self.ns}")
+
+    async def delete_pod(self, name: str) -> None:
+        """At once, as kcm's pod GC deletes a pod of a Node that is gone (no kubelet confirms)."""
+        body = {"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0}
+        await self.api.request("DELETE", PODS.path(self.ns, name), body=body)
+
+    async def get(self, res: Resource, name: str, namespace: str | None = None) -> Obj | None:
+        try:
+            return await self.api.get(res, name, namespace)
+        except ApiError as e:
+            if e.not_found:
+                return None
+            raise
+
+    async def gone(self, res: Resource, name: str, namespace: str | None = None) -> bool:
+        return await self.get(res, name, namespace) is None
+
+    async def events(self, namespace: str, name: str) -> set[str]:
+        items = (await self.api.list_page(EVENTS, namespace))["items"]
+        return {e["reason"] for e in items if e["involvedObject"].get("name") == name}
+
+    async def close(self) -> None:
+        await self.stop_all()
+        # The finalizer went on every Node of the shared control plane: take it off all of them,
+        # or another test's Node deletion would wait for a finalizer that no longer runs.
+        for node in (await self.api.list_page(NODES))["items"]:
+            have = node["metadata"].get("finalizers") or []
+            if FINALIZER in have:
+                with contextlib.suppress(ApiError):
+                    await self.api.patch(
+                        NODES,
+                        node["metadata"]["name"],
+                        {"metadata": {"finalizers": [f for f in have if f != FINALIZER]}},
+                    )
+        for name in self.nodes:
+            with contextlib.suppress(ApiError):
+                await self.api.delete(NODES, name)
+        for name in self.pvs:
+            with contextlib.suppress(ApiError):
+                await self.api.patch(PERSISTENT_VOLUMES, name, {"metadata": {"finalizers": None}})
+                await self.api.delete(PERSISTENT_VOLUMES, name)
+        with contextlib.suppress(ApiError):
+            await self.api.delete(CSI_DRIVERS, DRIVER_NAME)
+        if self.csidriver_before is not None:
+            before = self.csidriver_before
+            await wait_for(lambda: self.gone(CSI_DRIVERS, DRIVER_NAME), 10, "the test's CSIDriver gone")
+            await self.api.create(CSI_DRIVERS, {"metadata": {"name": DRIVER_NAME}, "spec": before["spec"]})
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def cluster(control_plane: ControlPlane, api: ApiClient, namespace: str) -> AsyncIterator[Cluster]:
+    c = Cluster(api, control_plane, namespace)
+    try:
+        yield c
+    finally:
+        await c.close()
+
+
+async def test_a_deleted_nodes_volumes_are_cleaned_up_and_the_node_goes(cluster: Cluster) -> None:
+    c, api, ns = cluster, cluster.api, cluster.ns
+    await c.csidriver(attach_required=False)
+    await c.start()
+    node_a, node_b = await c.node("nf-a"), await c.node("nf-b")
+    await wait_for(lambda: c.has_finalizer(node_a), 20, "the finalizer on node-a")
+    await wait_for(lambda: c.has_finalizer(node_b), 20, "the finalizer on node-b")
+
+    used = await c.claim("used")  # bound, a pod on node-a uses it
+    pv_used = await c.pv("used", [node_a], claim=used)
+    await c.pod("user", node_a, "used")
+    pv_released = await c.pv("released", [node_a], claim_uid=str(uuid.uuid4()), phase="Released")
+    kept = await c.claim("kept")
+    pv_kept = await c.pv("kept", [node_a], claim=kept, policy="Retain")
+    shared = await c.claim("shared")  # accessible from both nodes: the shared pool's
+    pv_shared = await c.pv("shared", [node_a, node_b], claim=shared)
+    other = await c.claim("other")  # node-b's, which is NotReady (no kubelet) but not deleted
+    pv_other = await c.pv("other", [node_b], claim=other)
+    before = {a: volumes_cleaned(a) for a in ("claim-deleted", "volume-deleted", "volume-retained")}
+
+    await asyncio.sleep(1)  # nothing happens to a live node's volumes
+    assert (await api.get(PERSISTENT_VOLUMES, pv_used))["metadata"].get("deletionTimestamp") is None
+
+    await api.delete(NODES, node_a)
+    await wait_for(lambda: c.gone(NODES, node_a), 30, "node-a gone")
+
+    # The claim in use is being deleted (pvc-protection waits for the pod, which kcm's pod GC
+    # removes once the Node is gone), its PV deleted with only pv-protection left (kcm lifts it once
+    # the binder marks the PV Released).
+    claim = await c.get(PERSISTENT_VOLUME_CLAIMS, "used", ns)
+    assert claim is None or claim["metadata"].get("deletionTimestamp")
+    pv = await c.get(PERSISTENT_VOLUMES, pv_used)
+    assert pv is not None and pv["metadata"].get("deletionTimestamp")
+    assert pv["metadata"].get("finalizers") == [PV_PROTECTION]
+    await c.delete_pod("user")
+    await wait_for(lambda: c.gone(PERSISTENT_VOLUME_CLAIMS, "used", ns), 30, "the used claim gone")
+    # The Released PV goes at once (pv-protection does not hold a PV that is not Bound).
+    await wait_for(lambda: c.gone(PERSISTENT_VOLUMES, pv_released), 30, "the released PV gone")
+    # Retain: the claim goes, the PV stays.
+    await wait_for(lambda: c.gone(PERSISTENT_VOLUME_CLAIMS, "kept", ns), 30, "the kept PV's claim gone")
+    pv = await api.get(PERSISTENT_VOLUMES, pv_kept)
+    assert pv["metadata"].get("deletionTimestamp") is None
+    # The shared-pool volume and node-b's are untouched, and so are their claims.
+    for name, short in ((pv_shared, "shared"), (pv_other, "other")):
+        pv = await api.get(PERSISTENT_VOLUMES, name)
+        assert pv["metadata"].get("deletionTimestamp") is None, name
+        assert PROVISIONER_FINALIZER in pv["metadata"]["finalizers"], name
+        claim = await api.get(PERSISTENT_VOLUME_CLAIMS, short, ns)
+        assert claim["metadata"].get("deletionTimestamp") is None, short
+    assert await c.has_finalizer(node_b), "node-b keeps its finalizer"
+
+    async def events_written() -> bool:
+        return (
+            messages.CLAIM_DELETED in await c.events(ns, "used")
+            and messages.CLAIM_DELETED in await c.events(ns, "kept")
+            and messages.VOLUME_DELETED in await c.events("default", pv_used)
+            and messages.VOLUME_DELETED in await c.events("default", pv_released)
+            and messages.VOLUME_RETAINED in await c.events("default", pv_kept)
+            and messages.NODE_CLEANED_UP in await c.events("default", node_a)
+        )
+
+    await wait_for(events_written, 10, "the events on the claims, the PVs and the Node")
+    assert await c.events(ns, "shared") == set() and await c.events("default", pv_other) == set()
+    after = {a: volumes_cleaned(a) - n for a, n in before.items()}
+    assert after == {"claim-deleted": 2, "volume-deleted": 2, "volume-retained": 1}
+
+
+def dying_at(step: str, reached: asyncio.Event) -> type[NodeFinalizer]:
+    """A node finalizer that hangs for good right after `step` (the write done, nothing after it):
+    what the API holds then is what kill -9 at that line leaves."""
+
+    class Dying(NodeFinalizer):
+        async def _delete(self, res: Resource, name: str, namespace: str | None, uid: str) -> Obj | None:
+            answer = await super()._delete(res, name, namespace, uid)
+            if (step, res) in (
+                ("claim-deleted", PERSISTENT_VOLUME_CLAIMS),
+                ("volume-deleted", PERSISTENT_VOLUMES),
+            ):
+                reached.set()
+                await asyncio.Event().wait()
+            return answer
+
+        async def _release(self, node: Obj, how: str) -> None:
+            if step == "before-release":
+                reached.set()
+                await asyncio.Event().wait()
+            await super()._release(node, how)
+
+    return Dying
+
+
+@pytest.mark.parametrize("step", ["claim-deleted", "volume-deleted", "before-release"])
+async def test_a_finalizer_killed_at_any_step_converges_on_restart(cluster: Cluster, step: str) -> None:
+    c, api, ns = cluster, cluster.api, cluster.ns
+    await c.csidriver(attach_required=False)
+    reached = asyncio.Event()
+    await c.start(dying_at(step, reached))
+    node = await c.node("nf-k")
+    await wait_for(lambda: c.has_finalizer(node), 20, "the finalizer on the node")
+    bound = await c.claim("bound")
+    pv_bound = await c.pv("bound", [node], claim=bound)
+    pv_released = await c.pv("released", [node], claim_uid=str(uuid.uuid4()), phase="Released")
+
+    await api.delete(NODES, node)
+    await asyncio.wait_for(reached.wait(), 30)
+    await c.stop_all()
+    assert await c.get(NODES, node) is not None, "the Node waits for its finalizer"
+
+    await c.start()
+    await wait_for(lambda: c.gone(NODES, node), 30, "the node gone after the restart")
+    await wait_for(lambda: c.gone(PERSISTENT_VOLUME_CLAIMS, "bound", ns), 30, "the claim gone")
+    # The Released PV goes (pv-protection holds only a Bound one); the Bound one is deleted with
+    # only pv-protection left, which kcm lifts once the binder marks it Released.
+    await wait_for(lambda: c.gone(PERSISTENT_VOLUMES, pv_released), 30, "the released PV gone")
+    pv = await api.get(PERSISTENT_VOLUMES, pv_bound)
+    assert pv["metadata"].get("deletionTimestamp") and pv["metadata"]["finalizers"] == [PV_PROTECTION]
+
+
+@pytest.mark.parametrize("mode", ["skip-node-finalize", "shared-mode"])
+async def test_nothing_is_cleaned_up_when_told_not_to_or_in_shared_mode(cluster: Cluster, mode: str) -> None:
+    """--skip-node-finalize, or a CSIDriver that requires attach (the shared pool): the Node still
+    goes, its volumes and claims stay, and the Node's event says why."""
+    c, api, ns = cluster, cluster.api, cluster.ns
+    await c.csidriver(attach_required=mode == "shared-mode")
+    await c.start(skip_node_finalize=mode == "skip-node-finalize")
+    node = await c.node("nf-s")
+    await wait_for(lambda: c.has_finalizer(node), 20, "the finalizer on the node")
+    bound = await c.claim("bound")
+    pv_bound = await c.pv("bound", [node], claim=bound)
+
+    await api.delete(NODES, node)
+    await wait_for(lambda: c.gone(NODES, node), 30, "the node gone")
+
+    async def explained() -> bool:
+        return messages.NODE_FINALIZE_SKIPPED in await c.events("default", node)
+
+    await wait_for(explained, 10, "the Node's event")
+    pv = await api.get(PERSISTENT_VOLUMES, pv_bound)
+    assert pv["metadata"].get("deletionTimestamp") is None
+    assert (await api.get(PERSISTENT_VOLUME_CLAIMS, "bound", ns))["metadata"].get("deletionTimestamp") is None
+
+
+async def test_the_process_serves_health_metrics_json_logs_and_stops_on_sigterm(cluster: Cluster) -> None:
+    """`kubeloop-node-finalizer` itself, with leader election: ready once it leads and its cache is
+    synced, its counters on /metrics, JSON logs, and on SIGTERM a clean exit that
+    releases its Lease."""
+    c, api = cluster, cluster.api
+    await c.csidriver(attach_required=False)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "node_finalizer.main",
+        f"--kubeconfig={c.cp.admin_kubeconfig}",
+        f"--http-endpoint=127.0.0.1:{port}",
+        "--leader-election",
+        "--log-format=json",
+        cwd=REPO_ROOT,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        node = await c.node("nf-p")
+        await wait_for(lambda: c.has_finalizer(node), 30, "the finalizer on the node")
+        await api.delete(NODES, node)
+        await wait_for(lambda: c.gone(NODES, node), 30, "the node gone")
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"http://127.0.0.1:{port}/readyz") as rsp:
+                assert rsp.status == 200, await rsp.text()
+            async with http.get(f"http://127.0.0.1:{port}/metrics") as rsp:
+                metrics = await rsp.text()
+        assert 'kubeloop_node_finalizer_nodes_finalized_total{cleanup="done"} 1.0' in metrics
+        assert "# TYPE kubeloop_node_finalizer_volumes_cleaned_total counter" in metrics
+        lease = await api.get(LEASES, "kubeloop-node-finalizer", "kube-system")
+        assert lease["spec"].get("holderIdentity")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 0, err.decode()
+    logs = [json.loads(line) for line in err.decode().splitlines() if line.startswith("{")]
+    assert any(entry.get("msg") == "removed finalizer, the node can go" for entry in logs), logs
+    lease = await api.get(LEASES, "kubeloop-node-finalizer", "kube-system")
+    assert not lease["spec"].get("holderIdentity"), "the Lease is released on SIGTERM"

@@ -1,0 +1,169 @@
+"""The node finalizer's pure decisions: what a Node needs, which PVs a deleted Node takes with it
+(node-local ones pinned to it only), and what cleaning one up touches."""
+
+from __future__ import annotations
+
+import pytest
+
+import csi_driver
+from controller_runtime.resources import Obj
+from external_provisioner import names
+from node_finalizer.decide import (
+    DRIVER_NAME,
+    FINALIZER,
+    PROVISIONER_FINALIZER,
+    TOPOLOGY_KEY,
+    ClaimRef,
+    NodeStep,
+    VolumeCleanup,
+    claim_to_delete,
+    cleanup,
+    node_local_driver,
+    node_step,
+    pinned_value,
+    topology_value,
+    without_provisioner_finalizer,
+)
+
+DELETED = "2026-11-25T06:00:00Z"
+
+
+def test_the_names_are_the_drivers_and_the_provisioners() -> None:
+    assert (DRIVER_NAME, TOPOLOGY_KEY) == (csi_driver.DRIVER_NAME, csi_driver.TOPOLOGY_KEY)
+    assert PROVISIONER_FINALIZER == names.PV_FINALIZER
+
+
+def node(
+    name: str = "node-a",
+    *,
+    finalizers: tuple[str, ...] = (),
+    deleting: bool = False,
+    labels: dict[str, str] | None = None,
+) -> Obj:
+    md: Obj = {"name": name, "finalizers": list(finalizers), "labels": labels or {}}
+    if deleting:
+        md["deletionTimestamp"] = DELETED
+    return {"metadata": md, "status": {"conditions": [{"type": "Ready", "status": "False"}]}}
+
+
+@pytest.mark.parametrize(
+    ("n", "step"),
+    [
+        (node(), NodeStep.ADD_FINALIZER),
+        (node(finalizers=("other/finalizer",)), NodeStep.ADD_FINALIZER),
+        # NotReady (every node here is) is no reason to do anything once the finalizer is on.
+        (node(finalizers=(FINALIZER,)), NodeStep.NOTHING),
+        (node(finalizers=(FINALIZER,), deleting=True), NodeStep.FINALIZE),
+        # Being deleted without our finalizer (released already, or never added): nothing to add.
+        (node(finalizers=("other/finalizer",), deleting=True), NodeStep.NOTHING),
+    ],
+)
+def test_node_step(n: Obj, step: NodeStep) -> None:
+    assert node_step(n) is step
+
+
+def test_topology_value_is_the_label_else_the_name() -> None:
+    assert topology_value(node("node-a")) == "node-a"
+    assert topology_value(node("node-a", labels={TOPOLOGY_KEY: "id-7"})) == "id-7"
+
+
+def term(*exprs: Obj) -> Obj:
+    return {"matchExpressions": list(exprs)}
+
+
+def on(*values: str, key: str = TOPOLOGY_KEY, op: str = "In") -> Obj:
+    return {"key": key, "operator": op, "values": list(values)}
+
+
+def pv(
+    *terms: Obj,
+    driver: str = DRIVER_NAME,
+    policy: str = "Delete",
+    claim: Obj | None = None,
+    finalizers: tuple[str, ...] = (),
+) -> Obj:
+    spec: Obj = {
+        "csi": {"driver": driver, "volumeHandle": "pvc-1"},
+        "persistentVolumeReclaimPolicy": policy,
+    }
+    if terms:
+        spec["nodeAffinity"] = {"required": {"nodeSelectorTerms": list(terms)}}
+    if claim is not None:
+        spec["claimRef"] = claim
+    return {"metadata": {"name": "pv-1", "uid": "u-pv", "finalizers": list(finalizers)}, "spec": spec}
+
+
+@pytest.mark.parametrize(
+    ("volume", "pinned"),
+    [
+        # What the provisioner writes for a node-local volume.
+        (pv(term(on("node-a"))), "node-a"),
+        # Further restricted: still that node only.
+        (pv(term(on("node-a"), on("ssd", key="disk"))), "node-a"),
+        # The same node in every term.
+        (pv(term(on("node-a")), term(on("node-a"), on("x", key="y"))), "node-a"),
+        # A shared-pool volume: no affinity, several nodes, or a term another node can satisfy.
+        (pv(), None),
+        (pv(term(on("node-a")), term(on("node-b"))), None),
+        (pv(term(on("node-a", "node-b"))), None),
+        (pv(term(on("node-b", op="NotIn"))), None),
+        (pv(term(on("ssd", key="disk"))), None),
+        (pv(term(on("node-a")), term(on("ssd", key="disk"))), None),
+        # Another driver's volume on that node.
+        (pv(term(on("node-a")), driver="topolvm.io"), None),
+    ],
+)
+def test_pinned_value(volume: Obj, pinned: str | None) -> None:
+    assert pinned_value(volume) == pinned
+
+
+CLAIM_REF = {"namespace": "ns", "name": "data-0", "uid": "u-claim"}
+
+
+def test_cleanup_of_a_pinned_volume() -> None:
+    volume = pv(term(on("node-a")), claim=CLAIM_REF)
+    assert cleanup(volume, "node-b") is None
+    assert cleanup(volume, "node-a") == VolumeCleanup(
+        "pv-1", "u-pv", "pvc-1", ClaimRef("ns", "data-0", "u-claim"), delete=True
+    )
+    # Retain (and Recycle) keep the PV; a claimRef without a UID binds nothing yet.
+    kept = cleanup(pv(term(on("node-a")), policy="Retain", claim={"namespace": "ns", "name": "x"}), "node-a")
+    assert kept == VolumeCleanup("pv-1", "u-pv", "pvc-1", None, delete=False)
+    recycled = cleanup(pv(term(on("node-a")), policy="Recycle"), "node-a")
+    assert recycled is not None and not recycled.delete
+
+
+def claim(uid: str, deleting: bool = False) -> Obj:
+    md: Obj = {"name": "data-0", "namespace": "ns", "uid": uid}
+    if deleting:
+        md["deletionTimestamp"] = DELETED
+    return {"metadata": md}
+
+
+def test_only_the_bound_claim_itself_is_deleted_and_once() -> None:
+    ref = ClaimRef("ns", "data-0", "u-claim")
+    assert claim_to_delete(claim("u-claim"), ref)
+    assert not claim_to_delete(None, ref)
+    # A StatefulSet made a new claim of the same name: not ours to delete.
+    assert not claim_to_delete(claim("u-new"), ref)
+    # Already being deleted (an earlier sync, or held by pvc-protection): not again.
+    assert not claim_to_delete(claim("u-claim", deleting=True), ref)
+
+
+def test_only_the_provisioners_finalizer_is_removed() -> None:
+    both = pv(finalizers=("kubernetes.io/pv-protection", PROVISIONER_FINALIZER))
+    assert without_provisioner_finalizer(both) == ["kubernetes.io/pv-protection"]
+    assert without_provisioner_finalizer(pv(finalizers=("kubernetes.io/pv-protection",))) is None
+
+
+@pytest.mark.parametrize(
+    ("csidriver", "local"),
+    [
+        ({"spec": {"attachRequired": False, "storageCapacity": True}}, True),
+        ({"spec": {"attachRequired": True}}, False),
+        ({"spec": {}}, False),  # attachRequired defaults to true
+        (None, False),
+    ],
+)
+def test_node_local_mode_is_the_csidriver_without_attach(csidriver: Obj | None, local: bool) -> None:
+    assert node_local_driver(csidriver) is local
