@@ -15,6 +15,7 @@ Node is gone.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from controller_runtime.client import ApiError
@@ -42,10 +43,11 @@ from .decide import (
     VolumeCleanup,
     claim_to_delete,
     cleanup,
-    finalizers,
     node_local_driver,
     node_step,
     topology_value,
+    with_node_finalizer,
+    without_node_finalizer,
     without_provisioner_finalizer,
 )
 from .metrics import NODES_FINALIZED, VOLUMES_CLEANED
@@ -53,6 +55,8 @@ from .metrics import NODES_FINALIZED, VOLUMES_CLEANED
 log = get_logger("node-finalizer")
 
 QUEUE = "node-finalizer"
+CONFLICT_RETRIES = 5  # client-go's retry.DefaultRetry steps
+Edit = Callable[[Obj], list[str] | None]  # an object's finalizer list to write, None for nothing
 
 
 @dataclass(frozen=True)
@@ -105,7 +109,7 @@ class NodeFinalizer(InformerController):
             return
         step = node_step(node)
         if step is NodeStep.ADD_FINALIZER:
-            await self._set_finalizers(node, [*finalizers(node), FINALIZER])
+            await self._edit_finalizers(NODES, node, with_node_finalizer)
             log.info("added finalizer", node=key, finalizer=FINALIZER)
         elif step is NodeStep.FINALIZE:
             await self._finalize(node)
@@ -209,32 +213,37 @@ class NodeFinalizer(InformerController):
             raise
 
     async def _drop_provisioner_finalizer(self, pv: Obj) -> None:
-        """Removes the external-provisioner's finalizer from a PV being deleted, on the version
-        the delete answered with (a conflict retries the whole sync, which reads it afresh)."""
-        if pv.get("kind") == "Status":
-            return  # deleted outright: no finalizer held it
-        remaining = without_provisioner_finalizer(pv)
-        if remaining is None or not is_deleting(pv):
-            return
-        patch = {"metadata": {"finalizers": remaining, "resourceVersion": pv["metadata"]["resourceVersion"]}}
-        try:
-            await self.client.patch(PERSISTENT_VOLUMES, pv["metadata"]["name"], patch)
-        except ApiError as e:
-            if not e.not_found:
-                raise
+        if pv.get("kind") != "Status":  # a Status: deleted outright, no finalizer held it
+            await self._edit_finalizers(PERSISTENT_VOLUMES, pv, without_provisioner_finalizer)
 
     async def _release(self, node: Obj, how: str) -> None:
-        await self._set_finalizers(node, [f for f in finalizers(node) if f != FINALIZER])
+        await self._edit_finalizers(NODES, node, without_node_finalizer)
         NODES_FINALIZED.labels(how).inc()
         log.info("removed finalizer, the node can go", node=node["metadata"]["name"], cleanup=how)
 
-    async def _set_finalizers(self, node: Obj, wanted: list[str]) -> None:
-        """Writes the Node's finalizer list on the version the decision was made on: a conflict
-        (kubelet's status updates, another finalizer) retries the sync on the newer Node."""
-        md = node["metadata"]
-        patch = {"metadata": {"finalizers": wanted, "resourceVersion": md["resourceVersion"]}}
-        try:
-            await self.client.patch(NODES, md["name"], patch)
-        except ApiError as e:
-            if not e.not_found:
+    async def _edit_finalizers(self, res: Resource, obj: Obj, edit: Edit) -> None:
+        """Writes the finalizer list `edit` makes of `obj` (nothing when it says None) on obj's
+        resourceVersion. On a conflict it reads the object again and edits that (client-go's
+        RetryOnConflict): kubelet's status, kcm's taints or its pv-protection write these objects
+        all the time, and a conflict must not redo a whole clean-up and its events."""
+        name = obj["metadata"]["name"]
+        for attempt in range(CONFLICT_RETRIES):
+            wanted = edit(obj)
+            if wanted is None:
+                return
+            version = obj["metadata"]["resourceVersion"]
+            patch = {"metadata": {"finalizers": wanted, "resourceVersion": version}}
+            try:
+                await self.client.patch(res, name, patch)
+                return
+            except ApiError as e:
+                if e.not_found:
+                    return
+                if not e.conflict or attempt == CONFLICT_RETRIES - 1:
+                    raise
+            try:
+                obj = await self.client.get(res, name)
+            except ApiError as e:
+                if e.not_found:
+                    return
                 raise

@@ -120,10 +120,25 @@ def claim_to_delete(claim: Obj | None, ref: ClaimRef) -> bool:
     return claim is not None and claim["metadata"].get("uid") == ref.uid and not is_deleting(claim)
 
 
+# The finalizer lists to write, as edits of the object's current version: None when there is
+# nothing to write (any more).
+
+
+def with_node_finalizer(node: Obj) -> list[str] | None:
+    if node_step(node) is not NodeStep.ADD_FINALIZER:
+        return None
+    return [*finalizers(node), FINALIZER]
+
+
+def without_node_finalizer(node: Obj) -> list[str] | None:
+    have = finalizers(node)
+    return [f for f in have if f != FINALIZER] if FINALIZER in have else None
+
+
 def without_provisioner_finalizer(pv: Obj) -> list[str] | None:
-    """The PV's finalizers without the external-provisioner's, or None when it has none to remove.
-    Only for a PV being deleted: no provisioner runs DeleteVolume on a node that is gone."""
+    """The external-provisioner's finalizer removed, from a PV being deleted only: no provisioner
+    runs DeleteVolume on a node that is gone."""
     have = finalizers(pv)
-    if PROVISIONER_FINALIZER not in have:
+    if PROVISIONER_FINALIZER not in have or not is_deleting(pv):
         return None
     return [f for f in have if f != PROVISIONER_FINALIZER]

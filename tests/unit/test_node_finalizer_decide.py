@@ -22,10 +22,13 @@ from node_finalizer.decide import (
     node_step,
     pinned_value,
     topology_value,
+    with_node_finalizer,
+    without_node_finalizer,
     without_provisioner_finalizer,
 )
 
 DELETED = "2026-11-25T06:00:00Z"
+PV_PROTECTION = "kubernetes.io/pv-protection"
 
 
 def test_the_names_are_the_drivers_and_the_provisioners() -> None:
@@ -150,10 +153,22 @@ def test_only_the_bound_claim_itself_is_deleted_and_once() -> None:
     assert not claim_to_delete(claim("u-claim", deleting=True), ref)
 
 
-def test_only_the_provisioners_finalizer_is_removed() -> None:
-    both = pv(finalizers=("kubernetes.io/pv-protection", PROVISIONER_FINALIZER))
-    assert without_provisioner_finalizer(both) == ["kubernetes.io/pv-protection"]
-    assert without_provisioner_finalizer(pv(finalizers=("kubernetes.io/pv-protection",))) is None
+def test_only_the_provisioners_finalizer_is_removed_and_from_a_deleted_pv_only() -> None:
+    both = pv(finalizers=(PV_PROTECTION, PROVISIONER_FINALIZER))
+    assert without_provisioner_finalizer(both) is None, "not being deleted"
+    both["metadata"]["deletionTimestamp"] = DELETED
+    assert without_provisioner_finalizer(both) == [PV_PROTECTION]
+    protected = pv(finalizers=(PV_PROTECTION,))
+    protected["metadata"]["deletionTimestamp"] = DELETED
+    assert without_provisioner_finalizer(protected) is None
+
+
+def test_the_node_finalizer_is_added_to_a_live_node_and_removed_from_a_deleted_one() -> None:
+    assert with_node_finalizer(node(finalizers=("other",))) == ["other", FINALIZER]
+    assert with_node_finalizer(node(finalizers=(FINALIZER,))) is None
+    assert with_node_finalizer(node(deleting=True)) is None, "no new finalizer on a Node being deleted"
+    assert without_node_finalizer(node(finalizers=("other", FINALIZER), deleting=True)) == ["other"]
+    assert without_node_finalizer(node(finalizers=("other",), deleting=True)) is None
 
 
 @pytest.mark.parametrize(
