@@ -264,6 +264,19 @@ NODE_LOCAL_REGISTRY: tuple[Component, ...] = (
         manifests=(*RESIZER_MANIFESTS, NODE_DEPLOYMENT_RBAC),
         env=lambda c: {"NODE_NAME": str(c.node)},
     ),
+    # A node-local volume dies with its node's pool: when a Node is deleted, the claims and PVs
+    # pinned to it are cleaned up (TopoLVM's node finalizer; docs/node-finalizer.md).
+    Component(
+        name="node-finalizer",
+        argv=lambda c: python_module(
+            "node_finalizer.main",
+            f"--kubeconfig={c.kubeconfig}",
+            f"--http-endpoint={c.http_endpoint}",
+        ),
+        identity=service_account_identity("kubeloop-node-finalizer"),
+        http_port=18105,
+        manifests=("deploy/rbac/node-finalizer.yaml",),
+    ),
 )
 
 

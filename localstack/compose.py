@@ -77,7 +77,9 @@ DEFAULT_BASE_IMAGE = "debian:bookworm-slim"
 # driver attaches loop devices and mounts (node plugin, privileged); its controller service shares
 # the pool with the node plugins, whose files are root's 0600; the sidecars and the node agent talk to
 # the driver's root-owned 0600 sockets. Those run as root, with capabilities dropped where they can.
-NON_ROOT = frozenset({"pv-controller", "attach-detach-controller", "volume-expand-controller"})
+NON_ROOT = frozenset(
+    {"pv-controller", "attach-detach-controller", "volume-expand-controller", "node-finalizer"}
+)
 # Capabilities a root component keeps (all others dropped); absent: docker's defaults.
 ROOT_CAPS: dict[str, list[str]] = {
     "csi-driver-controller": ["CHOWN", "DAC_OVERRIDE", "FOWNER"],

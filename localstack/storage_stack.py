@@ -192,6 +192,10 @@ class StorageStack:
         for node in NODES:
             for res in (CSI_NODES, NODE_OBJECTS):
                 try:
+                    if res is NODE_OBJECTS:
+                        # The node finalizer (node-local) has stopped: its finalizer would keep the
+                        # Node, and the next stack's node agent would find it terminating.
+                        await self.api.patch(NODE_OBJECTS, node, {"metadata": {"finalizers": None}})
                     await self.api.delete(res, node)
                 except ApiError as exc:
                     if not exc.not_found:

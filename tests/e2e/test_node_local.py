@@ -56,6 +56,7 @@ COMPONENTS = (
     "attach-detach-controller",
     "volume-expand-controller",
     "external-resizer",
+    "node-finalizer",
 )
 CAPACITY_NAMESPACE = "kube-system"  # where the provisioners publish (their --capacity-namespace)
 

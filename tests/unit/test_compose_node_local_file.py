@@ -32,3 +32,4 @@ def test_no_volume_is_shared_between_nodes() -> None:
     assert "pool" not in users and "csi-driver-controller" not in services
     assert services["csi-driver-node-node-a"]["volumes"][1] == "pool-node-a:/var/lib/kubeloop/pools/node-a"
     assert services["external-provisioner-node-b"]["environment"] == {"NODE_NAME": "node-b"}
+    assert services["node-finalizer"]["user"] == str(compose.NONROOT)
