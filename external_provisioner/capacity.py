@@ -111,6 +111,12 @@ class CapacityPublisher:
                 )
             )
 
+    def refresh_soon(self) -> None:
+        """A volume was created or deleted: its segment's capacity changed. Upstream refreshes the
+        segments of that volume at once rather than at the next poll, so the scheduler stops
+        sending claims to a pool that just filled up; a burst coalesces into a round or two."""
+        self._changed.set()
+
     def _on_node_update(self, old: Obj, new: Obj) -> None:
         # Status updates are frequent and never change a segment; labels are what segments are made of.
         if old["metadata"].get("labels") != new["metadata"].get("labels"):

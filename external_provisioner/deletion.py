@@ -11,6 +11,8 @@ alone, without an event, as upstream's ignored deletion does."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from controller_runtime import storage
 from controller_runtime.client import ApiError
 from controller_runtime.controller import ControllerContext, run_workers
@@ -39,9 +41,16 @@ VA_BY_PV_INDEX = "pv"
 
 
 class DeletionController(SidecarController):
-    def __init__(self, context: ControllerContext, csi: CSIConnection, options: Options) -> None:
+    def __init__(
+        self,
+        context: ControllerContext,
+        csi: CSIConnection,
+        options: Options,
+        volume_deleted: Callable[[], None] | None = None,
+    ) -> None:
         super().__init__(context, csi)
         self.options = options
+        self.volume_deleted = volume_deleted  # the capacity publisher's refresh, in node deployment
         node = options.node_deployment
         self.segment = node.segment if node is not None else None
         self.calls = VolumeCalls(self.client, csi)
@@ -130,6 +139,8 @@ class DeletionController(SidecarController):
             for va in self.attachments.store.by_index(VA_BY_PV_INDEX, name):
                 raise ProvisionError(names.msg_still_attached(name, va["spec"].get("nodeName", "")))
         await self.calls.delete_volume(csi["volumeHandle"], secrets)
+        if self.volume_deleted is not None:
+            self.volume_deleted()
 
     async def _patch_finalizer(self, name: str, *, keep: bool) -> Obj | None:
         """Adds or removes our finalizer on the PV (None when the PV is gone). A strategic merge

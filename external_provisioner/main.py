@@ -356,22 +356,33 @@ async def run(args: argparse.Namespace, ctx: process.Context) -> None:
         context = ControllerContext(client, factory, recorder)
         options = controller_options(args, conn.driver_name, node)  # a new identity each term
         journal = Journal(Path(args.state_dir) / "provisioning")
+        publisher = (
+            capacity_publisher(args, capacity_client, conn, factory, node, owner_ref)
+            if capacity_client is not None
+            else None
+        )
+        # In node deployment a created or deleted volume changes the one segment published: it is
+        # refreshed at once, as upstream's provision wrapper does. A central publisher would ask
+        # for every segment of the cluster each time, so it keeps to its poll (see "Not done").
+        changed = publisher.refresh_soon if publisher is not None and node is not None else None
         clones = CloneProtectionController(context, conn, options)
         snapshots = SnapshotProtectionController(context, conn, options)
-        provisioning = ProvisioningController(context, conn, journal, options, clones, snapshots)
-        deletion = DeletionController(context, conn, options)
+        provisioning = ProvisioningController(
+            context, conn, journal, options, clones, snapshots, volume_created=changed
+        )
+        deletion = DeletionController(context, conn, options, volume_deleted=changed)
         state["provisioner"] = provisioning
         tasks = [
             asyncio.create_task(
                 run_controllers(journal, provisioning, [deletion, clones, snapshots]), name="provisioner"
             )
         ]
-        if capacity_client is not None:
-            publisher = capacity_publisher(args, capacity_client, conn, factory, node, owner_ref)
+        if publisher is not None:
+            capacity = publisher
 
             async def publish() -> None:
                 await factory.wait_for_sync()
-                await publisher.run()
+                await capacity.run()
 
             tasks.append(asyncio.create_task(publish(), name="capacity"))
         try:

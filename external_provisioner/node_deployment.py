@@ -162,9 +162,11 @@ class OwnerElection:
             if taken:
                 return taken, current
 
-    async def become_owner(self, claim: Obj, storage_class: Obj, topology: Topology | None) -> Ownership:
+    async def become_owner(
+        self, claim: Obj, storage_class: Obj, pv_name: str, topology: Topology | None
+    ) -> Ownership:
         """Tries to make this node the claim's selected node. `topology` is what CreateVolume
-        would ask for from this node (None: no requirement)."""
+        would ask for from this node (None: no requirement), `pv_name` its volume's name."""
         where = object_key(claim["metadata"]["namespace"], claim["metadata"]["name"])
         uid = claim["metadata"]["uid"]
         while True:
@@ -175,7 +177,7 @@ class OwnerElection:
                 log.debug("claim owned by another node", claim=where)
                 return Ownership.TAKEN
             # As late as possible: GetCapacity costs the driver more than a look at the cache.
-            if not await self._fits(current, storage_class, topology):
+            if not await self._fits(current, storage_class, pv_name, topology):
                 log.debug("not enough capacity on this node for the claim", claim=where)
                 return Ownership.NO_ROOM
             md = current["metadata"]
@@ -204,7 +206,7 @@ class OwnerElection:
             log.info("selected this node for the claim", claim=where, node=self.node.node_name)
             return Ownership.OWNED
 
-    async def _fits(self, claim: Obj, storage_class: Obj, topology: Topology | None) -> bool:
+    async def _fits(self, claim: Obj, storage_class: Obj, pv_name: str, topology: Topology | None) -> bool:
         """Whether the driver says a segment of this node can hold the claim now. A check that
         cannot be made (bad parameters, a failed call) lets this node try to own the claim, as
         upstream: provisioning then fails with an event that tells the user why."""
@@ -213,10 +215,7 @@ class OwnerElection:
             return True
         try:
             params = split_parameters(
-                storage_class.get("parameters") or {},
-                claim,
-                f"pvc-{claim['metadata']['uid']}",
-                self.shape.default_fs,
+                storage_class.get("parameters") or {}, claim, pv_name, self.shape.default_fs
             )
             block = claim.get("spec", {}).get("volumeMode") == "Block"
             caps = volume_capabilities(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from controller_runtime import storage
 from controller_runtime.client import ApiError
@@ -86,8 +86,10 @@ class ProvisioningController(SidecarController):
         options: Options,
         clones: CloneProtectionController,
         snapshots: SnapshotProtectionController,
+        volume_created: Callable[[], None] | None = None,
     ) -> None:
         super().__init__(context, csi)
+        self.volume_created = volume_created  # the capacity publisher's refresh, in node deployment
         self.journal = journal
         self.options = options
         self.clones = clones
@@ -309,7 +311,7 @@ class ProvisioningController(SidecarController):
             topology = self._topology(storage_class, pv_name, self.local_node)
         except ProvisionError:
             topology = None  # the capacity check then asks without a segment
-        outcome = await self.election.become_owner(claim, storage_class, topology)
+        outcome = await self.election.become_owner(claim, storage_class, pv_name, topology)
         return self.node.max_delay if outcome is Ownership.NO_ROOM else None
 
     async def _attempt(
@@ -439,6 +441,8 @@ class ProvisioningController(SidecarController):
         # (see _save_pv). Losing it costs a crash's clean-up one repeated CreateVolume, while
         # writing it for every claim put a file write on every provisioning's path.
         entry.volume_id = created.volume_id
+        if self.volume_created is not None:
+            self.volume_created()
         failpoints.reach(failpoints.AFTER_CREATE_VOLUME)
         pv = build_pv(
             driver=self.driver,

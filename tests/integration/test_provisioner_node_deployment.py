@@ -48,6 +48,7 @@ from .test_provisioner_support import IDENTITY, Harness, create_topology_node, k
 
 pytestmark = pytest.mark.integration
 
+SERVICE_ACCOUNTS = Resource("", "v1", "serviceaccounts", "ServiceAccount", True)
 ROLES = Resource("rbac.authorization.k8s.io", "v1", "roles", "Role", True)
 ROLE_BINDINGS = Resource("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding", True)
 CREATE_VOLUME = "/csi.v1.Controller/CreateVolume"
@@ -147,12 +148,13 @@ async def two_nodes(
     *extra: str,
     start: bool = True,
     driver_a: Sequence[str] = (),
+    driver_b: Sequence[str] = (),
 ) -> AsyncIterator[tuple[Harness, NodeSide, NodeSide]]:
     """Nodes a and b (Node and CSINode objects, as their kubelets would register them), each
-    with its driver (node a's with `driver_a` added) and, unless `start` is false, its
+    with its driver (with `driver_a`, `driver_b` added) and, unless `start` is false, its
     provisioner; the pv-controller in-process."""
     h = Harness(cp, api, namespace)
-    sides = [NodeSide(h, "a", driver_a), NodeSide(h, "b")]
+    sides = [NodeSide(h, "a", driver_a), NodeSide(h, "b", driver_b)]
     try:
         await kubectl(cp, "apply", "-f", str(REPO_ROOT / "deploy/rbac/external-provisioner.yaml"))
         for side in sides:
@@ -283,7 +285,8 @@ async def test_a_volume_is_deleted_by_its_own_node_only(
 async def test_each_node_publishes_its_own_capacity_owned_by_its_pod_or_by_nobody(
     control_plane: ControlPlane, api: ApiClient, namespace: str
 ) -> None:
-    async with two_nodes(control_plane, api, namespace, start=False) as (h, a, b):
+    b_pool = ["--capacity=64Mi"]
+    async with two_nodes(control_plane, api, namespace, start=False, driver_b=b_pool) as (h, a, b):
         # In the test's namespace the provisioner may read pods and keep capacity objects (in a
         # cluster deploy/rbac grants both in the driver's namespace).
         await api.create(
@@ -316,6 +319,16 @@ async def test_each_node_publishes_its_own_capacity_owned_by_its_pod_or_by_nobod
             },
             namespace,
         )
+
+        # A pod needs its namespace's default ServiceAccount, which kcm makes just after the namespace.
+        async def account() -> list[str]:
+            try:
+                await api.get(SERVICE_ACCOUNTS, "default", namespace)
+            except ApiError as exc:
+                return [exc.message]
+            return []
+
+        assert not await wait_for(account, 20)
         pod = await api.create(
             PODS,
             {
@@ -335,7 +348,8 @@ async def test_each_node_publishes_its_own_capacity_owned_by_its_pod_or_by_nobod
             "--capacity-ownerref-level=0",
             env={"POD_NAME": "provisioner-a", "NAMESPACE": namespace},
         )
-        await b.start(*capacity)
+        # Node b polls once an hour: what changes its object below is its own provisioning.
+        await b.start(*capacity[:2], "--capacity-poll-interval=1h")
 
         async def objects() -> dict[str, Obj]:
             items = (await api.list_page(CSI_STORAGE_CAPACITIES, namespace))["items"]
@@ -365,10 +379,22 @@ async def test_each_node_publishes_its_own_capacity_owned_by_its_pod_or_by_nobod
             }
         ]
         assert "ownerReferences" not in found[f"external-provisioner-{b.name}"]["metadata"]
+        assert found[f"external-provisioner-{b.name}"]["capacity"] == "64Mi"
         await asyncio.sleep(2.5)  # a few polls: still one object per node, not a new one each time
         assert {k: v["metadata"]["uid"] for k, v in (await objects()).items()} == {
             k: v["metadata"]["uid"] for k, v in found.items()
         }
+
+        # A volume made on node b is taken off its published capacity at once, not at the next poll
+        # (upstream's provision wrapper), so the scheduler does not send claims to a full pool.
+        await h.create_pvc("data", "16Mi", cls, annotations={storage.ANN_SELECTED_NODE: b.name})
+        await h.bound("data", timeout=30)
+
+        async def shrunk() -> list[str]:
+            left = (await objects())[f"external-provisioner-{b.name}"]["capacity"]
+            return [] if left == "48Mi" else [f"node b publishes {left}"]
+
+        assert not await wait_for(shrunk, 10), b.log_tail()
 
         # The pod's objects go with it (the garbage collector), node b's stay.
         await a.stop()

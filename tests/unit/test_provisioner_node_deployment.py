@@ -160,7 +160,7 @@ async def test_the_wait_ends_early_when_another_node_took_the_claim() -> None:
     store = Store()
     store.upsert(claim())
     election = waiting_election(store, clock, 20.0, 60.0)
-    task = asyncio.create_task(election.become_owner(claim(), IMMEDIATE, None))
+    task = asyncio.create_task(election.become_owner(claim(), IMMEDIATE, "pvc-u-1", None))
     await clock.until_waiting()
     assert clock.waiting() == [pytest.approx(0.2)]  # a look at the cache every base/100
     await clock.advance(1.0)
@@ -177,7 +177,7 @@ async def test_a_claim_that_went_away_ends_the_wait_with_an_error() -> None:
     store = Store()
     store.upsert(claim())
     election = waiting_election(store, clock, 1.0, 2.0)
-    task = asyncio.create_task(election.become_owner(claim(), IMMEDIATE, None))
+    task = asyncio.create_task(election.become_owner(claim(), IMMEDIATE, "pvc-u-1", None))
     await clock.until_waiting()
     store.upsert(claim(uid="u-2"))  # deleted and created again under the same name
     await clock.advance(0.01)
