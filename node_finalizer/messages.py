@@ -12,7 +12,7 @@ VOLUME_RETAINED = "VolumeRetainedNodeGone"
 NODE_CLEANED_UP = "NodeVolumesCleanedUp"
 NODE_FINALIZE_SKIPPED = "NodeFinalizeSkipped"
 
-RESTORE = "restore its data from a snapshot or backup held outside that node"
+RESTORE = "restore the data from a snapshot or backup held outside that node"
 
 
 def claim_deleted(node: str, volume: VolumeCleanup) -> str:
@@ -27,8 +27,8 @@ def volume_deleted(node: str, volume: VolumeCleanup) -> str:
     return (
         f"Deleting this volume: it was node-local to node {node}, which was deleted from the cluster. No "
         f"provisioner will run DeleteVolume there, so its finalizer {PROVISIONER_FINALIZER} was "
-        f"removed; if the machine comes back, its pool still holds the backing file of {volume.handle} "
-        "for the admin to remove."
+        f"removed; if the machine comes back, its pool still holds the backing file of volume "
+        f"{volume.handle} for the admin to remove."
     )
 
 
