@@ -73,7 +73,11 @@ class Nodes:
         options = Options(retry_start=0.2, retry_max=1.0, handle_volume_in_use_error=False, node_name=name)
         resizer = Resizer(ControllerContext(client, SharedInformerFactory(client), recorder), csi, options)
         self.tasks.append(asyncio.create_task(resizer.run()))
-        await wait_for(lambda: asyncio.sleep(0, resizer.synced), 30, f"resizer of {name} synced")
+
+        async def synced() -> bool:
+            return resizer.synced
+
+        await wait_for(synced, 30, f"the resizer of {name} synced")
         return csi
 
     async def volume(self, csi: Recording, name: str) -> str:
