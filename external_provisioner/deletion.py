@@ -17,7 +17,7 @@ from controller_runtime import storage
 from controller_runtime.client import ApiError
 from controller_runtime.controller import ControllerContext, run_workers
 from controller_runtime.csi_client import CSIConnection, SidecarController
-from controller_runtime.informer import EventHandler
+from controller_runtime.informer import EventHandler, SharedInformer
 from controller_runtime.logs import get_logger
 from controller_runtime.resources import (
     PERSISTENT_VOLUMES,
@@ -56,7 +56,7 @@ class DeletionController(SidecarController):
         self.calls = VolumeCalls(self.client, csi)
         # Without PUBLISH_UNPUBLISH_VOLUME nothing attaches the driver's volumes: no
         # VolumeAttachment can hold a deletion back.
-        self.check_attachments = csi.has_controller_capability(
+        can_attach = csi.has_controller_capability(
             csi_pb2.ControllerServiceCapability.RPC.PUBLISH_UNPUBLISH_VOLUME
         )
         self.queue: WorkQueue[str] = WorkQueue(
@@ -64,14 +64,19 @@ class DeletionController(SidecarController):
         )
         self.volumes = self.factory.informer(PERSISTENT_VOLUMES)
         self.classes = self.factory.informer(STORAGE_CLASSES)
-        self.attachments = self.factory.informer(VOLUME_ATTACHMENTS)
-        self.attachments.add_index(
-            VA_BY_PV_INDEX, lambda va: [n] if (n := va["spec"]["source"].get("persistentVolumeName")) else []
-        )
         self.volumes.add_handler(
             EventHandler(self._volume_changed, lambda _o, v: self._volume_changed(v), None)
         )
-        self.attachments.add_handler(EventHandler(None, None, self._attachment_deleted))
+        # Watched only when something can attach (as upstream): a node-local driver's provisioner
+        # runs on every node, and each would otherwise keep every VolumeAttachment of the cluster.
+        self.attachments: SharedInformer | None = None
+        if can_attach:
+            self.attachments = self.factory.informer(VOLUME_ATTACHMENTS)
+            self.attachments.add_index(
+                VA_BY_PV_INDEX,
+                lambda va: [n] if (n := va["spec"]["source"].get("persistentVolumeName")) else [],
+            )
+            self.attachments.add_handler(EventHandler(None, None, self._attachment_deleted))
 
     def _mine(self, pv: Obj) -> bool:
         return decide.responsible_for(pv, self.driver) and (
@@ -135,7 +140,7 @@ class DeletionController(SidecarController):
         class_name = volume_class(pv)
         ref = decide.deletion_secret(pv, self.classes.store.get(class_name) if class_name else None)
         secrets = await self.calls.secrets(ref, required=False)
-        if self.check_attachments:
+        if self.attachments is not None:
             for va in self.attachments.store.by_index(VA_BY_PV_INDEX, name):
                 raise ProvisionError(names.msg_still_attached(name, va["spec"].get("nodeName", "")))
         await self.calls.delete_volume(csi["volumeHandle"], secrets)
