@@ -109,6 +109,12 @@ class NodeSide:
 
         assert not await wait_for(ready, timeout, 0.1), self.log_tail()
 
+    async def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        await self.proc.wait()
+        self.proc = None
+
     async def stop(self) -> None:
         if self.proc is not None and self.proc.returncode is None:
             self.proc.send_signal(signal.SIGTERM)
@@ -226,6 +232,33 @@ async def test_immediate_claims_are_each_provisioned_exactly_once(
             assert pv["spec"]["csi"]["volumeHandle"] in (on_a if selected == a.name else on_b)
         assert await a.calls(CREATE_VOLUME) + await b.calls(CREATE_VOLUME) == 20
         assert (await a.calls(CREATE_VOLUME), await b.calls(CREATE_VOLUME)) == (len(on_a), len(on_b))
+
+
+async def test_a_provisioner_killed_during_an_election_burst_converges(
+    control_plane: ControlPlane, api: ApiClient, namespace: str
+) -> None:
+    """kill -9 of node a's provisioner while 12 Immediate claims are being elected and provisioned,
+    then a restart: every claim gets one volume, and the two pools hold exactly the PVs' volumes."""
+    delays = ("--node-deployment-base-delay=500ms", "--node-deployment-max-delay=2s")
+    async with two_nodes(control_plane, api, namespace, *delays) as (h, a, b):
+        cls = await h.create_class("now", volumeBindingMode="Immediate")
+        claims = [f"c{i}" for i in range(12)]
+        await asyncio.gather(*(h.create_pvc(c, "8Mi", cls) for c in claims))
+        await asyncio.sleep(0.4)
+        await a.kill()
+        await asyncio.sleep(1.0)
+        await a.start(*delays)
+        pvs = await h.bound(*claims, timeout=90)
+        handles = {pv["spec"]["csi"]["volumeHandle"] for pv in pvs.values()}
+        assert len(handles) == 12 and len(await h.pvs()) == 12
+
+        async def exact() -> list[str]:
+            on_a, on_b = a.backing_files(), b.backing_files()
+            if on_a & on_b or on_a | on_b != handles:
+                return [f"pools a {sorted(on_a)} b {sorted(on_b)} != PVs {sorted(handles)}"]
+            return []
+
+        assert not await wait_for(exact, 20), a.log_tail()
 
 
 async def test_a_node_without_room_leaves_immediate_claims_to_one_with_room(
