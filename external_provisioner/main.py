@@ -201,8 +201,20 @@ class StartError(Exception):
     """A flag or environment setting the process cannot run with; its text says which."""
 
 
-def node_name(args: argparse.Namespace) -> str | None:
-    """$NODE_NAME for --node-deployment (None without it); refuses what cannot work."""
+def check_environment(args: argparse.Namespace) -> str | None:
+    """Refuses, before anything is connected, flags and environment that cannot work together;
+    returns $NODE_NAME for --node-deployment (None without it)."""
+    if args.enable_capacity and args.capacity_ownerref_level >= 0:
+        if not os.environ.get("POD_NAME"):
+            raise StartError("need POD_NAME env variable to determine CSIStorageCapacity owner")
+        # The pod is looked up where the objects live: an owner reference cannot cross namespaces
+        # (the garbage collector would delete such objects at once), and upstream has no other.
+        pod_namespace = os.environ.get("NAMESPACE", args.capacity_namespace)
+        if pod_namespace != args.capacity_namespace:
+            raise StartError(
+                f"--capacity-ownerref-level={args.capacity_ownerref_level} needs the CSIStorageCapacity "
+                f"objects in the pod's namespace {pod_namespace!r}, not {args.capacity_namespace!r}"
+            )
     if not args.node_deployment:
         return None
     name = os.environ.get("NODE_NAME", "")
@@ -239,9 +251,7 @@ async def capacity_owner(args: argparse.Namespace, client: ApiClient) -> Obj | N
     """The owner reference of the CSIStorageCapacity objects (--capacity-ownerref-level)."""
     if args.capacity_ownerref_level < 0:
         return None
-    pod = os.environ.get("POD_NAME", "")
-    if not pod:
-        raise StartError("need POD_NAME env variable to determine CSIStorageCapacity owner")
+    pod = os.environ["POD_NAME"]  # check_environment made sure
     try:
         ref = await owner.lookup(client, args.capacity_namespace, pod, args.capacity_ownerref_level)
     except owner.OwnerLookupError as exc:
@@ -322,7 +332,7 @@ async def run(args: argparse.Namespace, ctx: process.Context) -> None:
         ctx.health.add_readiness_check("provisioner", ready)
 
     try:
-        name = node_name(args)
+        name = check_environment(args)
     except StartError as exc:
         raise SystemExit(f"kubeloop-external-provisioner: {exc}") from exc
     conn = await CSIConnection.connect(args.csi_address, timeout=args.timeout)

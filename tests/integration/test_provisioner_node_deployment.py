@@ -440,18 +440,22 @@ async def test_each_node_publishes_its_own_capacity_owned_by_its_pod_or_by_nobod
         assert not await wait_for(collected, 30)
 
 
-async def test_node_deployment_refuses_to_start_without_its_node(
+async def test_node_deployment_refuses_to_start_without_its_node_or_its_pod(
     control_plane: ControlPlane, api: ApiClient, namespace: str, tmp_path: Path
 ) -> None:
-    """Without NODE_NAME, or with --leader-election (one Lease would leave one node serving all),
-    the process exits at once with upstream's message, before it touches anything."""
-    env = {k: v for k, v in os.environ.items() if k != "NODE_NAME"}
+    """Without NODE_NAME, with --leader-election (one Lease would leave one node serving all), or
+    with a capacity owner but no POD_NAME or the objects outside the pod's namespace, the process
+    exits at once (upstream's messages where it has them), before it connects to anything."""
+    env = {k: v for k, v in os.environ.items() if k not in ("NODE_NAME", "POD_NAME", "NAMESPACE")}
+    node = {**env, "NODE_NAME": "n"}
     cases: Sequence[tuple[list[str], dict[str, str], str]] = (
         ([], env, "The NODE_NAME environment variable must be set when using --node-deployment."),
+        (["--leader-election"], node, "--leader-election cannot be used with --node-deployment"),
+        (["--enable-capacity"], node, "need POD_NAME env variable to determine CSIStorageCapacity owner"),
         (
-            ["--leader-election"],
-            {**env, "NODE_NAME": "n"},
-            "--leader-election cannot be used with --node-deployment",
+            ["--enable-capacity", "--capacity-namespace=elsewhere"],
+            {**node, "POD_NAME": "p", "NAMESPACE": "kube-system"},
+            "needs the CSIStorageCapacity objects in the pod's namespace 'kube-system', not 'elsewhere'",
         ),
     )
     for flags, environ, message in cases:
