@@ -27,6 +27,7 @@ from controller_runtime.quantity import parse_quantity
 from controller_runtime.resources import (
     CSI_STORAGE_CAPACITIES,
     EVENTS,
+    NODES,
     PERSISTENT_VOLUME_CLAIMS,
     PERSISTENT_VOLUMES,
     PODS,
@@ -38,7 +39,8 @@ from csi_driver import DRIVER_NAME, TOPOLOGY_KEY
 from localstack.controlplane import ControlPlane
 from localstack.pools import NODE_LOCAL, PoolCapacity
 from localstack.proc import RestartPolicy
-from localstack.storage_stack import NODES, StorageStack, wait_for
+from localstack.storage_stack import NODES as NODE_NAMES
+from localstack.storage_stack import StorageStack, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.root]
 
@@ -58,6 +60,7 @@ COMPONENTS = (
     "external-resizer",
     "node-finalizer",
 )
+FINALIZER = "loop.csi.kubeloop.dev/node"  # the node finalizer's, on every Node
 CAPACITY_NAMESPACE = "kube-system"  # where the provisioners publish (their --capacity-namespace)
 
 
@@ -106,7 +109,7 @@ async def capacities(api: ApiClient, class_name: str) -> dict[str, int] | None:
         labels = (item.get("nodeTopology") or {}).get("matchLabels") or {}
         if item.get("storageClassName") == class_name and TOPOLOGY_KEY in labels:
             out[labels[TOPOLOGY_KEY]] = parse_quantity(item.get("capacity", "0"))
-    return out if set(out) == set(NODES) else None
+    return out if set(out) == set(NODE_NAMES) else None
 
 
 async def claim(api: ApiClient, namespace: str, size: str, class_name: str, name: str = "") -> str:
@@ -198,7 +201,7 @@ def affinity_nodes(pv: Obj) -> list[list[str]]:
 def backing_files(stack: StorageStack) -> dict[str, list[str]]:
     """Volume id -> the nodes whose pool holds a backing file for it."""
     out: dict[str, list[str]] = {}
-    for node in NODES:
+    for node in NODE_NAMES:
         volumes = stack.node_pool(node) / "volumes"
         for f in volumes.glob("*.img") if volumes.is_dir() else []:
             out.setdefault(f.name.removesuffix(".img"), []).append(node)
@@ -247,6 +250,38 @@ async def delete_claims_and_wait(stack: StorageStack, namespace: str, names: lis
         return not handles & set(backing_files(stack))
 
     await wait_for(files_gone, 60, "the backing files deleted")
+
+
+async def labelled(api: ApiClient, name: str) -> bool:
+    """The Node is there with its plugin's topology label (its agent registered the plugin)."""
+    try:
+        node = await api.get(NODES, name)
+    except ApiError as exc:
+        if exc.not_found:
+            return False
+        raise
+    return bool((node["metadata"].get("labels") or {}).get(TOPOLOGY_KEY) == name)
+
+
+# kube-scheduler's VolumeBinding message for a node without CSIStorageCapacity room for a claim.
+NO_ROOM = "did not have enough free storage"
+
+
+async def scheduler_says(
+    api: ApiClient, namespace: str, pod_name: str, text: str, timeout: float = 60
+) -> None:
+    """Until a FailedScheduling event of the pod says `text` (an earlier attempt may have failed for
+    another reason, e.g. a claim the scheduler's cache had not seen yet)."""
+
+    async def said() -> bool:
+        events = await events_for(api, namespace, pod_name, "FailedScheduling")
+        return any(text in e["message"] for e in events)
+
+    try:
+        await wait_for(said, timeout, f"FailedScheduling of {pod_name} saying {text!r}", interval=0.5)
+    except AssertionError as exc:
+        seen = [e["message"] for e in await events_for(api, namespace, pod_name, "FailedScheduling")]
+        raise AssertionError(f"{exc}; its FailedScheduling messages: {seen}") from None
 
 
 async def events_for(api: ApiClient, namespace: str, name: str, reason: str) -> list[Obj]:
@@ -353,11 +388,8 @@ async def test_scheduler_places_a_pod_where_its_claim_fits_or_nowhere(
         return None
 
     message: str = await wait_for(unschedulable, 60, "the scheduler's verdict", interval=0.5)
-    assert "did not have enough free storage" in message, message
-    (failed, *_) = await wait_for(
-        lambda: events_for(api, namespace, "nowhere", "FailedScheduling"), 30, "FailedScheduling"
-    )
-    assert "did not have enough free storage" in failed["message"]
+    assert NO_ROOM in message, message
+    await scheduler_says(api, namespace, "nowhere", NO_ROOM)
     await asyncio.sleep(3)  # give a wrong provisioning the time to show
     pvc = await api.get(PERSISTENT_VOLUME_CLAIMS, nowhere, namespace)
     assert pvc["status"]["phase"] == "Pending" and not pvc["spec"].get("volumeName")
@@ -411,10 +443,7 @@ async def test_a_claim_larger_than_every_pool_gets_a_clear_event_and_leaks_nothi
     # WaitForFirstConsumer: the scheduler finds no node and says why, on the pod.
     big = await claim(api, namespace, "4Gi", WFFC)
     await pod(api, namespace, "big", big)
-    (event, *_) = await wait_for(
-        lambda: events_for(api, namespace, "big", "FailedScheduling"), 60, "FailedScheduling for the pod"
-    )
-    assert "did not have enough free storage" in event["message"], event["message"]
+    await scheduler_says(api, namespace, "big", NO_ROOM)
     # Immediate: no node's provisioner takes a claim its pool cannot hold (upstream's election
     # checks GetCapacity first); the claim waits, as the pv-controller's event says.
     huge = await claim(api, namespace, "4Gi", IMMEDIATE)
@@ -462,3 +491,47 @@ async def test_expansion_of_a_mounted_node_local_volume(stack: StorageStack, nam
     assert checksum(mount) == written
     await delete_pod(api, namespace, "grow")
     await delete_claims_and_wait(stack, namespace, [pvc])
+
+
+# -- (g) a node that is gone -------------------------------------------------------------------------
+
+
+NODE_B_PROCESSES = tuple(f"{c}-node-b" for c in ("node-agent", "external-resizer", "external-provisioner"))
+
+
+async def test_a_deleted_node_takes_its_claims_and_volumes_with_it(
+    stack: StorageStack, namespace: str
+) -> None:
+    """node-b's machine goes away (its processes stop, its plugin last) and the admin deletes its
+    Node: the node finalizer deletes the claim and the PV pinned to it, with events saying so, and
+    lets the Node go. When the machine comes back its agent registers the Node again; the backing
+    file is still in its pool, as the PV's event says, for the admin to remove."""
+    api = stack.api
+    pvc = await claim(api, namespace, "32Mi", WFFC)
+    await pod(api, namespace, "doomed", pvc, node="node-b")
+    await running(api, namespace, "doomed")
+    pv = await bound_volume(api, namespace, pvc)
+    pv_name = pv["metadata"]["name"]
+    await delete_pod(api, namespace, "doomed")
+    node = await api.get(NODES, "node-b")
+    assert FINALIZER in node["metadata"].get("finalizers", [])
+
+    for name in (*NODE_B_PROCESSES, "csi-driver-node-node-b"):
+        proc = stack.process(name)
+        proc.disarm()
+        await proc.stop(15)
+    await api.delete(NODES, "node-b")
+    await wait_for(functools.partial(gone, api, NODES, "node-b"), 60, "the Node let go", interval=0.3)
+    assert await gone(api, PERSISTENT_VOLUME_CLAIMS, pvc, namespace), "the claim pinned to it deleted"
+    await wait_for(functools.partial(gone, api, PERSISTENT_VOLUMES, pv_name), 30, "the PV deleted")
+    (claim_event,) = await wait_for(
+        lambda: events_for(api, namespace, pvc, "ClaimDeletedNodeGone"), 30, "ClaimDeletedNodeGone"
+    )
+    assert "node-b" in claim_event["message"] and pv_name in claim_event["message"]
+    assert backing_files(stack)[handle_of(pv)] == ["node-b"], "the machine's pool is not reachable to clean"
+
+    # The machine comes back: its plugin, then the rest; its agent registers the Node again.
+    for name in ("csi-driver-node-node-b", *reversed(NODE_B_PROCESSES)):
+        await stack.process(name).start()
+    await wait_for(functools.partial(labelled, api, "node-b"), 60, "node-b registered with its plugin again")
+    (stack.node_pool("node-b") / "volumes" / f"{handle_of(pv)}.img").unlink()  # the admin's part
