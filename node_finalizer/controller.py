@@ -7,7 +7,9 @@ the next sync (each reads the API afresh, and every delete carries the UID it wa
      so a workload can make a new one on a node that exists (TopoLVM deletes the node's claims
      for the same reason); a Delete-policy PV deleted, then the external-provisioner's finalizer
      removed (no provisioner will ever run DeleteVolume there); a PV of another policy kept;
-  2. a summary event on the Node; its finalizer removed, which lets the Node go.
+  2. every claim of the driver still waiting for a volume on that node (a fresh list): the
+     scheduler's selected-node annotation removed, so that it chooses another node;
+  3. a summary event on the Node; its finalizer removed, which lets the Node go.
 The claims and PVs are not waited for: a claim a pod on the dead node still uses is held by
 pvc-protection until kcm's pod garbage collector removes that pod, which it does only once the
 Node is gone.
@@ -41,14 +43,16 @@ from .decide import (
     FINALIZER,
     NodeStep,
     VolumeCleanup,
+    add_node_finalizer,
     claim_to_delete,
     cleanup,
+    forget_selected_node,
     node_local_driver,
     node_step,
+    remove_node_finalizer,
+    remove_provisioner_finalizer,
     topology_value,
-    with_node_finalizer,
-    without_node_finalizer,
-    without_provisioner_finalizer,
+    waits_for_node,
 )
 from .metrics import NODES_FINALIZED, VOLUMES_CLEANED
 
@@ -56,7 +60,7 @@ log = get_logger("node-finalizer")
 
 QUEUE = "node-finalizer"
 CONFLICT_RETRIES = 5  # client-go's retry.DefaultRetry steps
-Edit = Callable[[Obj], list[str] | None]  # an object's finalizer list to write, None for nothing
+Edit = Callable[[Obj], Obj | None]  # the metadata to merge into an object's version, None: nothing
 
 
 @dataclass(frozen=True)
@@ -73,6 +77,7 @@ class Tally:
 
     claims: int = 0
     retained: int = 0
+    rescheduled: int = 0
 
 
 class NodeFinalizer(InformerController):
@@ -109,7 +114,7 @@ class NodeFinalizer(InformerController):
             return
         step = node_step(node)
         if step is NodeStep.ADD_FINALIZER:
-            await self._edit_finalizers(NODES, node, with_node_finalizer)
+            await self._edit(NODES, node, add_node_finalizer)
             log.info("added finalizer", node=key, finalizer=FINALIZER)
         elif step is NodeStep.FINALIZE:
             await self._finalize(node)
@@ -119,31 +124,30 @@ class NodeFinalizer(InformerController):
     async def _finalize(self, node: Obj) -> None:
         name, value = node["metadata"]["name"], topology_value(node)
         volumes = [(pv, c) for pv in await self._volumes() if (c := cleanup(pv, value)) is not None]
+        waiting = await self._waiting_claims(name)
         if self.options.skip_node_finalize:
-            log.info("skipping node finalize", node=name, volumes=len(volumes))
-            if volumes:
-                self.recorder.warning(
-                    typed(node, NODES), messages.NODE_FINALIZE_SKIPPED, messages.skipped_by_flag(len(volumes))
-                )
+            log.info("skipping node finalize", node=name, volumes=len(volumes), waiting_claims=len(waiting))
+            if volumes or waiting:
+                text = messages.skipped_by_flag(len(volumes), len(waiting))
+                self.recorder.warning(typed(node, NODES), messages.NODE_FINALIZE_SKIPPED, text)
             await self._release(node, "skipped")
             return
-        if volumes and not node_local_driver(await self._csidriver()):
+        if (volumes or waiting) and not node_local_driver(await self._csidriver()):
             log.warning("CSIDriver not in node-local mode, nothing cleaned up", node=name, driver=DRIVER_NAME)
-            self.recorder.normal(
-                typed(node, NODES), messages.NODE_FINALIZE_SKIPPED, messages.skipped_shared_mode(DRIVER_NAME)
-            )
+            text = messages.skipped_shared_mode(DRIVER_NAME)
+            self.recorder.normal(typed(node, NODES), messages.NODE_FINALIZE_SKIPPED, text)
             await self._release(node, "shared-mode")
             return
         tally = Tally()
         for pv, volume in volumes:
             await self._clean_claim(name, volume, tally)
             await self._clean_volume(name, pv, volume, tally)
-        if volumes:
-            self.recorder.warning(
-                typed(node, NODES),
-                messages.NODE_CLEANED_UP,
-                messages.node_cleaned_up(tally.claims, len(volumes) - tally.retained, tally.retained),
-            )
+        for claim in waiting:
+            await self._reschedule(name, claim, tally)
+        if volumes or tally.rescheduled:
+            deleted = len(volumes) - tally.retained
+            text = messages.node_cleaned_up(tally.claims, deleted, tally.retained, tally.rescheduled)
+            self.recorder.warning(typed(node, NODES), messages.NODE_CLEANED_UP, text)
         await self._release(node, "done")
 
     async def _volumes(self) -> list[Obj]:
@@ -151,6 +155,20 @@ class NodeFinalizer(InformerController):
         a volume the way a cache that has not caught up could; no PV cache is kept meanwhile."""
         pvs, _ = await self.client.list_all(PERSISTENT_VOLUMES)
         return pvs
+
+    async def _waiting_claims(self, node: str) -> list[Obj]:
+        """The claims still waiting for a volume on this node, from a fresh list of every claim."""
+        claims, _ = await self.client.list_all(PERSISTENT_VOLUME_CLAIMS)
+        return [c for c in claims if waits_for_node(c, node)]
+
+    async def _reschedule(self, node: str, claim: Obj, tally: Tally) -> None:
+        if not await self._edit(PERSISTENT_VOLUME_CLAIMS, claim, forget_selected_node(node)):
+            return
+        tally.rescheduled += 1
+        VOLUMES_CLEANED.labels("claim-rescheduled").inc()
+        text = messages.claim_rescheduled(node)
+        self.recorder.warning(typed(claim, PERSISTENT_VOLUME_CLAIMS), messages.CLAIM_RESCHEDULED, text)
+        log.info("gave a waiting claim back to the scheduler", node=node, pvc=key_of(claim))
 
     async def _csidriver(self) -> Obj | None:
         try:
@@ -214,36 +232,38 @@ class NodeFinalizer(InformerController):
 
     async def _drop_provisioner_finalizer(self, pv: Obj) -> None:
         if pv.get("kind") != "Status":  # a Status: deleted outright, no finalizer held it
-            await self._edit_finalizers(PERSISTENT_VOLUMES, pv, without_provisioner_finalizer)
+            await self._edit(PERSISTENT_VOLUMES, pv, remove_provisioner_finalizer)
 
     async def _release(self, node: Obj, how: str) -> None:
-        await self._edit_finalizers(NODES, node, without_node_finalizer)
+        await self._edit(NODES, node, remove_node_finalizer)
         NODES_FINALIZED.labels(how).inc()
         log.info("removed finalizer, the node can go", node=node["metadata"]["name"], cleanup=how)
 
-    async def _edit_finalizers(self, res: Resource, obj: Obj, edit: Edit) -> None:
-        """Writes the finalizer list `edit` makes of `obj` (nothing when it says None) on obj's
-        resourceVersion. On a conflict it reads the object again and edits that (client-go's
-        RetryOnConflict): kubelet's status, kcm's taints or its pv-protection write these objects
-        all the time, and a conflict must not redo a whole clean-up and its events."""
-        name = obj["metadata"]["name"]
+    async def _edit(self, res: Resource, obj: Obj, edit: Edit) -> bool:
+        """Merges the metadata `edit` makes of `obj` (nothing when it says None) on obj's
+        resourceVersion; True when it was written. On a conflict it reads the object again and
+        edits that (client-go's RetryOnConflict): kubelet's status, kcm's taints or its
+        pv-protection write these objects all the time, and a conflict must not redo a whole
+        clean-up and its events."""
+        md = obj["metadata"]
+        name, namespace = md["name"], md.get("namespace")
         for attempt in range(CONFLICT_RETRIES):
-            wanted = edit(obj)
-            if wanted is None:
-                return
-            version = obj["metadata"]["resourceVersion"]
-            patch = {"metadata": {"finalizers": wanted, "resourceVersion": version}}
+            change = edit(obj)
+            if change is None:
+                return False
+            patch = {"metadata": {**change, "resourceVersion": obj["metadata"]["resourceVersion"]}}
             try:
-                await self.client.patch(res, name, patch)
-                return
+                await self.client.patch(res, name, patch, namespace=namespace)
+                return True
             except ApiError as e:
                 if e.not_found:
-                    return
+                    return False
                 if not e.conflict or attempt == CONFLICT_RETRIES - 1:
                     raise
             try:
-                obj = await self.client.get(res, name)
+                obj = await self.client.get(res, name, namespace)
             except ApiError as e:
                 if e.not_found:
-                    return
+                    return False
                 raise
+        return False

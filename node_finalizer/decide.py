@@ -4,16 +4,24 @@ Node takes with it, and what cleaning one up means.
 A PV is pinned to a node when every term of its required node affinity names that one node
 under the driver's topology key (what the external-provisioner writes for a node-local volume).
 A PV without affinity, or accessible from several nodes, is a shared-pool volume and never
-touched; so is every volume while the driver's CSIDriver says shared mode (attachRequired)."""
+touched; so is every volume while the driver's CSIDriver says shared mode (attachRequired). A
+claim still waiting for a volume on the deleted node is given back to the scheduler."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 
 from controller_runtime.node_affinity import required_affinity
 from controller_runtime.resources import Obj
-from controller_runtime.storage import DELETE, is_deleting
+from controller_runtime.storage import (
+    ANN_BETA_STORAGE_PROVISIONER,
+    ANN_SELECTED_NODE,
+    ANN_STORAGE_PROVISIONER,
+    DELETE,
+    is_deleting,
+)
 
 # The driver's contract (csi_driver.DRIVER_NAME and TOPOLOGY_KEY, and the external-provisioner's
 # PV finalizer): a process package imports no other, so the names are repeated here and a unit test
@@ -120,25 +128,50 @@ def claim_to_delete(claim: Obj | None, ref: ClaimRef) -> bool:
     return claim is not None and claim["metadata"].get("uid") == ref.uid and not is_deleting(claim)
 
 
-# The finalizer lists to write, as edits of the object's current version: None when there is
-# nothing to write (any more).
+def waits_for_node(claim: Obj, node_name: str) -> bool:
+    """A claim of the driver, not bound yet, for which the scheduler chose this node: the
+    kube-scheduler then considers no other node for its pod (volumebinding skips every node but
+    the selected one), and no provisioner but this node's ever takes it, so it would wait forever."""
+    md, spec = claim["metadata"], claim.get("spec") or {}
+    annotations = md.get("annotations") or {}
+    provisioner = annotations.get(ANN_STORAGE_PROVISIONER) or annotations.get(ANN_BETA_STORAGE_PROVISIONER)
+    return (
+        provisioner == DRIVER_NAME
+        and not spec.get("volumeName")
+        and not is_deleting(claim)
+        and annotations.get(ANN_SELECTED_NODE) == node_name
+    )
 
 
-def with_node_finalizer(node: Obj) -> list[str] | None:
+# Edits of an object's current version: the metadata to merge into it, None when there is nothing
+# to write (any more). They are re-applied to a fresh copy after a conflict.
+
+
+def add_node_finalizer(node: Obj) -> Obj | None:
     if node_step(node) is not NodeStep.ADD_FINALIZER:
         return None
-    return [*finalizers(node), FINALIZER]
+    return {"finalizers": [*finalizers(node), FINALIZER]}
 
 
-def without_node_finalizer(node: Obj) -> list[str] | None:
+def remove_node_finalizer(node: Obj) -> Obj | None:
     have = finalizers(node)
-    return [f for f in have if f != FINALIZER] if FINALIZER in have else None
+    return {"finalizers": [f for f in have if f != FINALIZER]} if FINALIZER in have else None
 
 
-def without_provisioner_finalizer(pv: Obj) -> list[str] | None:
+def remove_provisioner_finalizer(pv: Obj) -> Obj | None:
     """The external-provisioner's finalizer removed, from a PV being deleted only: no provisioner
     runs DeleteVolume on a node that is gone."""
     have = finalizers(pv)
     if PROVISIONER_FINALIZER not in have or not is_deleting(pv):
         return None
-    return [f for f in have if f != PROVISIONER_FINALIZER]
+    return {"finalizers": [f for f in have if f != PROVISIONER_FINALIZER]}
+
+
+def forget_selected_node(node_name: str) -> Callable[[Obj], Obj | None]:
+    """Removes the scheduler's choice of this node from a claim that waits for it (what a
+    provisioner does when it cannot provision on the selected node), so the scheduler picks again."""
+
+    def edit(claim: Obj) -> Obj | None:
+        return {"annotations": {ANN_SELECTED_NODE: None}} if waits_for_node(claim, node_name) else None
+
+    return edit

@@ -4,9 +4,12 @@ took volumes with it."""
 
 from __future__ import annotations
 
+from controller_runtime.storage import ANN_SELECTED_NODE
+
 from .decide import PROVISIONER_FINALIZER, VolumeCleanup
 
 CLAIM_DELETED = "ClaimDeletedNodeGone"
+CLAIM_RESCHEDULED = "SelectedNodeGone"
 VOLUME_DELETED = "VolumeDeletedNodeGone"
 VOLUME_RETAINED = "VolumeRetainedNodeGone"
 NODE_CLEANED_UP = "NodeVolumesCleanedUp"
@@ -20,6 +23,14 @@ def claim_deleted(node: str, volume: VolumeCleanup) -> str:
         f"Deleted this claim: its volume {volume.name} was node-local to node {node}, which was deleted "
         "from the cluster, and the data went with the node. A workload that makes the claim again (a "
         f"StatefulSet does) gets a new, empty volume on a node that exists; {RESTORE}."
+    )
+
+
+def claim_rescheduled(node: str) -> str:
+    return (
+        f"The scheduler chose node {node} for this claim, which was deleted from the cluster before a "
+        f"volume was made there: removed the annotation {ANN_SELECTED_NODE} so that the scheduler "
+        "chooses another node for the pod that uses it."
     )
 
 
@@ -40,18 +51,20 @@ def volume_retained(node: str, volume: VolumeCleanup) -> str:
     )
 
 
-def node_cleaned_up(claims: int, deleted: int, retained: int) -> str:
+def node_cleaned_up(claims: int, deleted: int, retained: int, rescheduled: int) -> str:
     return (
         f"Node deleted with {deleted + retained} node-local volume(s) of its pool: deleted {claims} "
         f"claim(s) bound to them and {deleted} volume(s), kept {retained} volume(s) whose reclaim policy "
-        f"is not Delete. Their data is lost; {RESTORE}."
+        f"is not Delete; their data is lost ({RESTORE}). Gave {rescheduled} claim(s) waiting for a "
+        "volume on this node back to the scheduler."
     )
 
 
-def skipped_by_flag(volumes: int) -> str:
+def skipped_by_flag(volumes: int, waiting: int) -> str:
     return (
-        f"--skip-node-finalize: {volumes} node-local volume(s) pinned to this node and the claims "
-        "bound to them are left as they are; delete them by hand (their data went with the node)."
+        f"--skip-node-finalize: {volumes} node-local volume(s) pinned to this node, the claims bound "
+        f"to them and {waiting} claim(s) waiting for a volume on it are left as they are; delete them "
+        f"(or the waiting claims' {ANN_SELECTED_NODE} annotation) by hand: their data went with the node."
     )
 
 

@@ -12,5 +12,5 @@ NODES_FINALIZED = Counter(
 VOLUMES_CLEANED = Counter(
     "kubeloop_node_finalizer_volumes_cleaned_total",
     "Writes cleaning up node-local volumes of deleted Nodes, by object and action",
-    ["action"],  # claim-deleted, volume-deleted, volume-retained
+    ["action"],  # claim-deleted, volume-deleted, volume-retained, claim-rescheduled
 )

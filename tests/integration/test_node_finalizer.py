@@ -128,6 +128,30 @@ class Cluster:
     async def has_finalizer(self, node: str) -> bool:
         return FINALIZER in ((await self.api.get(NODES, node))["metadata"].get("finalizers") or [])
 
+    async def waiting_claim(self, short: str, node: str) -> None:
+        """A WaitForFirstConsumer claim of the driver for which the scheduler chose `node`, not
+        provisioned yet (as the pv-controller and kube-scheduler annotate it)."""
+        annotations = {
+            "volume.kubernetes.io/storage-provisioner": DRIVER_NAME,
+            "volume.kubernetes.io/selected-node": node,
+        }
+        await self.api.create(
+            PERSISTENT_VOLUME_CLAIMS,
+            {
+                "metadata": {"name": short, "annotations": annotations},
+                "spec": {
+                    "accessModes": ["ReadWriteOnce"],
+                    "resources": {"requests": {"storage": "1Gi"}},
+                    "storageClassName": "kubeloop-wffc",
+                },
+            },
+            self.ns,
+        )
+
+    async def selected_node(self, short: str) -> str | None:
+        claim = await self.api.get(PERSISTENT_VOLUME_CLAIMS, short, self.ns)
+        return (claim["metadata"].get("annotations") or {}).get("volume.kubernetes.io/selected-node")
+
     async def claim(self, short: str) -> Obj:
         return await self.api.create(
             PERSISTENT_VOLUME_CLAIMS,
@@ -285,7 +309,10 @@ async def test_a_deleted_nodes_volumes_are_cleaned_up_and_the_node_goes(cluster:
     pv_shared = await c.pv("shared", [node_a, node_b], claim=shared)
     other = await c.claim("other")  # node-b's, which is NotReady (no kubelet) but not deleted
     pv_other = await c.pv("other", [node_b], claim=other)
-    before = {a: volumes_cleaned(a) for a in ("claim-deleted", "volume-deleted", "volume-retained")}
+    await c.waiting_claim("waiting-a", node_a)  # the scheduler chose node-a, no volume made yet
+    await c.waiting_claim("waiting-b", node_b)
+    actions = ("claim-deleted", "volume-deleted", "volume-retained", "claim-rescheduled")
+    before = {a: volumes_cleaned(a) for a in actions}
 
     await asyncio.sleep(1)  # nothing happens to a live node's volumes
     assert (await api.get(PERSISTENT_VOLUMES, pv_used))["metadata"].get("deletionTimestamp") is None
@@ -317,6 +344,9 @@ async def test_a_deleted_nodes_volumes_are_cleaned_up_and_the_node_goes(cluster:
         claim = await api.get(PERSISTENT_VOLUME_CLAIMS, short, ns)
         assert claim["metadata"].get("deletionTimestamp") is None, short
     assert await c.has_finalizer(node_b), "node-b keeps its finalizer"
+    # The claim waiting for node-a is given back to the scheduler; node-b's waits on.
+    assert await c.selected_node("waiting-a") is None
+    assert await c.selected_node("waiting-b") == node_b
 
     async def events_written() -> bool:
         return (
@@ -326,12 +356,14 @@ async def test_a_deleted_nodes_volumes_are_cleaned_up_and_the_node_goes(cluster:
             and messages.VOLUME_DELETED in await c.events("default", pv_released)
             and messages.VOLUME_RETAINED in await c.events("default", pv_kept)
             and messages.NODE_CLEANED_UP in await c.events("default", node_a)
+            and messages.CLAIM_RESCHEDULED in await c.events(ns, "waiting-a")
         )
 
     await wait_for(events_written, 10, "the events on the claims, the PVs and the Node")
-    assert await c.events(ns, "shared") == set() and await c.events("default", pv_other) == set()
+    for untouched in ((ns, "shared"), ("default", pv_other), (ns, "waiting-b")):
+        assert await c.events(*untouched) == set(), untouched
     after = {a: volumes_cleaned(a) - n for a, n in before.items()}
-    assert after == {"claim-deleted": 2, "volume-deleted": 2, "volume-retained": 1}
+    assert after == {"claim-deleted": 2, "volume-deleted": 2, "volume-retained": 1, "claim-rescheduled": 1}
 
 
 def dying_at(step: str, reached: asyncio.Event) -> type[NodeFinalizer]:

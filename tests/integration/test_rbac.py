@@ -114,7 +114,7 @@ MUST_NOT: dict[str, list[Check]] = {
         ("create", "persistentvolumes", ""),
         ("update", "persistentvolumes", ""),
         ("create", "persistentvolumeclaims", "default"),
-        ("patch", "persistentvolumeclaims", "default"),
+        ("update", "persistentvolumeclaims", "default"),
         ("update", "nodes", ""),
         ("patch", "nodes/status", ""),
         ("create", VA, ""),
@@ -165,6 +165,7 @@ MUST: dict[str, list[Check]] = {
         ("patch", "nodes", ""),
         ("delete", "persistentvolumes", ""),
         ("delete", "persistentvolumeclaims", "default"),
+        ("patch", "persistentvolumeclaims", "default"),  # a waiting claim's selected-node
         ("get", "csidrivers.storage.k8s.io", ""),
         ("update", LEASES, "kube-system"),
     ],

@@ -16,15 +16,17 @@ from node_finalizer.decide import (
     ClaimRef,
     NodeStep,
     VolumeCleanup,
+    add_node_finalizer,
     claim_to_delete,
     cleanup,
+    forget_selected_node,
     node_local_driver,
     node_step,
     pinned_value,
+    remove_node_finalizer,
+    remove_provisioner_finalizer,
     topology_value,
-    with_node_finalizer,
-    without_node_finalizer,
-    without_provisioner_finalizer,
+    waits_for_node,
 )
 
 DELETED = "2026-11-25T06:00:00Z"
@@ -155,20 +157,60 @@ def test_only_the_bound_claim_itself_is_deleted_and_once() -> None:
 
 def test_only_the_provisioners_finalizer_is_removed_and_from_a_deleted_pv_only() -> None:
     both = pv(finalizers=(PV_PROTECTION, PROVISIONER_FINALIZER))
-    assert without_provisioner_finalizer(both) is None, "not being deleted"
+    assert remove_provisioner_finalizer(both) is None, "not being deleted"
     both["metadata"]["deletionTimestamp"] = DELETED
-    assert without_provisioner_finalizer(both) == [PV_PROTECTION]
+    assert remove_provisioner_finalizer(both) == {"finalizers": [PV_PROTECTION]}
     protected = pv(finalizers=(PV_PROTECTION,))
     protected["metadata"]["deletionTimestamp"] = DELETED
-    assert without_provisioner_finalizer(protected) is None
+    assert remove_provisioner_finalizer(protected) is None
 
 
 def test_the_node_finalizer_is_added_to_a_live_node_and_removed_from_a_deleted_one() -> None:
-    assert with_node_finalizer(node(finalizers=("other",))) == ["other", FINALIZER]
-    assert with_node_finalizer(node(finalizers=(FINALIZER,))) is None
-    assert with_node_finalizer(node(deleting=True)) is None, "no new finalizer on a Node being deleted"
-    assert without_node_finalizer(node(finalizers=("other", FINALIZER), deleting=True)) == ["other"]
-    assert without_node_finalizer(node(finalizers=("other",), deleting=True)) is None
+    assert add_node_finalizer(node(finalizers=("other",))) == {"finalizers": ["other", FINALIZER]}
+    assert add_node_finalizer(node(finalizers=(FINALIZER,))) is None
+    assert add_node_finalizer(node(deleting=True)) is None, "no new finalizer on a Node being deleted"
+    deleted = node(finalizers=("other", FINALIZER), deleting=True)
+    assert remove_node_finalizer(deleted) == {"finalizers": ["other"]}
+    assert remove_node_finalizer(node(finalizers=("other",), deleting=True)) is None
+
+
+def pending(
+    selected: str | None = "node-a",
+    provisioner: str = DRIVER_NAME,
+    beta: bool = False,
+    volume: str = "",
+    deleting: bool = False,
+) -> Obj:
+    key = (
+        "volume.beta.kubernetes.io/storage-provisioner"
+        if beta
+        else "volume.kubernetes.io/storage-provisioner"
+    )
+    annotations = {key: provisioner}
+    if selected is not None:
+        annotations["volume.kubernetes.io/selected-node"] = selected
+    md: Obj = {"name": "data-0", "namespace": "ns", "annotations": annotations}
+    if deleting:
+        md["deletionTimestamp"] = DELETED
+    return {"metadata": md, "spec": {"volumeName": volume} if volume else {}}
+
+
+@pytest.mark.parametrize(
+    ("claim", "waits"),
+    [
+        (pending(), True),
+        (pending(beta=True), True),
+        (pending(selected="node-b"), False),
+        (pending(selected=None), False),
+        (pending(provisioner="topolvm.io"), False),  # another driver's claim
+        (pending(volume="pv-1"), False),  # bound (or binding): its volume decides, not the choice
+        (pending(deleting=True), False),
+    ],
+)
+def test_a_claim_waiting_for_the_deleted_node_is_given_back_to_the_scheduler(claim: Obj, waits: bool) -> None:
+    assert waits_for_node(claim, "node-a") is waits
+    expected = {"annotations": {"volume.kubernetes.io/selected-node": None}} if waits else None
+    assert forget_selected_node("node-a")(claim) == expected
 
 
 @pytest.mark.parametrize(
