@@ -96,7 +96,11 @@ class Component:
     host_dirs: Callable[[ComponentContext], list[Path]] | None = None
 
 
-# Components in start order: a component may rely on those listed before it being healthy.
+def node_name_env(c: ComponentContext) -> dict[str, str]:
+    """What a DaemonSet's pod gets from the downward API (spec.nodeName), for --node-deployment."""
+    return {"NODE_NAME": str(c.node)}
+
+
 # Components in start order: a component may rely on those listed before it being healthy.
 # The argv factories each mode's entries share are below the registries.
 PV_CONTROLLER = Component(
@@ -217,7 +221,6 @@ REGISTRY: tuple[Component, ...] = (
 # --pools node-local (issue 31): every node its own pool, served by its own plugin in `all` mode,
 # with its own provisioner and resizer in node deployment (hostpath's distributed deployment,
 # TopoLVM); no controller plugin, no external-attacher (the CSIDriver says attachRequired: false).
-# The per-node sidecars read their node from NODE_NAME, as from the downward API in a DaemonSet.
 NODE_LOCAL_REGISTRY: tuple[Component, ...] = (
     PV_CONTROLLER,
     Component(
@@ -250,7 +253,7 @@ NODE_LOCAL_REGISTRY: tuple[Component, ...] = (
         http_port=18130,
         per_node=True,
         manifests=(*PROVISIONER_MANIFESTS, NODE_DEPLOYMENT_RBAC),
-        env=lambda c: {"NODE_NAME": str(c.node)},
+        env=node_name_env,
     ),
     NODE_AGENT,
     ATTACH_DETACH_CONTROLLER,
@@ -262,7 +265,7 @@ NODE_LOCAL_REGISTRY: tuple[Component, ...] = (
         http_port=18140,
         per_node=True,
         manifests=(*RESIZER_MANIFESTS, NODE_DEPLOYMENT_RBAC),
-        env=lambda c: {"NODE_NAME": str(c.node)},
+        env=node_name_env,
     ),
     # A node-local volume dies with its node's pool: when a Node is deleted, the claims and PVs
     # pinned to it are cleaned up (TopoLVM's node finalizer; docs/node-finalizer.md).
