@@ -441,6 +441,58 @@ async def test_nothing_is_cleaned_up_when_told_not_to_or_in_shared_mode(cluster:
     assert (await api.get(PERSISTENT_VOLUME_CLAIMS, "bound", ns))["metadata"].get("deletionTimestamp") is None
 
 
+async def start_process(c: Cluster, *flags: str) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "node_finalizer.main",
+        f"--kubeconfig={c.cp.admin_kubeconfig}",
+        *flags,
+        cwd=REPO_ROOT,
+        stderr=asyncio.subprocess.PIPE,
+    )
+
+
+async def test_kill_9_of_the_process_mid_cleanup_converges(cluster: Cluster) -> None:
+    """The real process, slowed by its client-side rate limit, SIGKILLed once it has deleted the
+    first of twelve claims, and started again: every claim and PV is cleaned up once (no claim is
+    reported deleted twice), and the Node goes."""
+    c, api, ns = cluster, cluster.api, cluster.ns
+    await c.csidriver(attach_required=False)
+    node = await c.node("nf-9")
+    shorts = [f"v{i}" for i in range(12)]
+    pvs = [await c.pv(short, [node], claim=await c.claim(short)) for short in shorts]
+    proc = await start_process(c, "--kube-api-qps=4", "--kube-api-burst=1")
+    try:
+        await wait_for(lambda: c.has_finalizer(node), 30, "the finalizer on the node")
+        await api.delete(NODES, node)
+
+        async def one_claim_deleted() -> bool:
+            claims = await asyncio.gather(*(c.get(PERSISTENT_VOLUME_CLAIMS, s, ns) for s in shorts))
+            return any(claim is None or claim["metadata"].get("deletionTimestamp") for claim in claims)
+
+        await wait_for(one_claim_deleted, 30, "a first claim deleted")
+    finally:
+        proc.kill()
+        await proc.communicate()
+    assert await c.get(NODES, node) is not None, "killed before it could finish"
+
+    proc = await start_process(c)
+    try:
+        await wait_for(lambda: c.gone(NODES, node), 60, "the node gone after the restart")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        await proc.communicate()
+    for short, name in zip(shorts, pvs, strict=True):
+        assert await c.gone(PERSISTENT_VOLUME_CLAIMS, short, ns), short
+        pv = await api.get(PERSISTENT_VOLUMES, name)
+        assert pv["metadata"].get("deletionTimestamp") and pv["metadata"]["finalizers"] == [PV_PROTECTION]
+    items = (await api.list_page(EVENTS, ns))["items"]
+    told = [e for e in items if e["reason"] == messages.CLAIM_DELETED]
+    assert all(e.get("count", 1) == 1 for e in told)
+    assert len({e["involvedObject"]["name"] for e in told}) == len(told), "a claim reported deleted twice"
+
+
 async def test_the_process_serves_health_metrics_json_logs_and_stops_on_sigterm(cluster: Cluster) -> None:
     """`kubeloop-node-finalizer` itself, with leader election: ready once it leads and its cache is
     synced, its counters on /metrics, JSON logs, and on SIGTERM a clean exit that
@@ -450,16 +502,8 @@ async def test_the_process_serves_health_metrics_json_logs_and_stops_on_sigterm(
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "node_finalizer.main",
-        f"--kubeconfig={c.cp.admin_kubeconfig}",
-        f"--http-endpoint=127.0.0.1:{port}",
-        "--leader-election",
-        "--log-format=json",
-        cwd=REPO_ROOT,
-        stderr=asyncio.subprocess.PIPE,
+    proc = await start_process(
+        c, f"--http-endpoint=127.0.0.1:{port}", "--leader-election", "--log-format=json"
     )
     try:
         node = await c.node("nf-p")
