@@ -239,6 +239,8 @@ class ProvisioningController(SidecarController):
         storage_class = self.classes.store.get(class_name) if class_name else None
         if storage_class is None:
             raise StorageClassNotFound(f'storageclass.storage.k8s.io "{class_name}" not found')
+        if storage_class.get("provisioner") != self.driver:
+            return None  # the class moved to another provisioner; not ours to act on
         if self.node is not None and entry is None:
             # Before anything that writes an event: every node sees every claim, and only the
             # one that provisions it may speak about it. A journalled claim is this node's already.
@@ -262,8 +264,6 @@ class ProvisioningController(SidecarController):
         selected = _annotation(claim, storage.ANN_SELECTED_NODE)
         if storage_class.get("volumeBindingMode") == "WaitForFirstConsumer" and not selected:
             return None  # the scheduler picks a node first
-        if storage_class.get("provisioner") != self.driver:
-            return None  # the class moved to another provisioner; not ours to act on
         await self._attempt(claim, storage_class, pv_name, entry, selected)
         return None
 
