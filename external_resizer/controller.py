@@ -17,6 +17,7 @@ also ControllerResizeInfeasible) so the user can lower the request, and retried 
 
 from __future__ import annotations
 
+import asyncio
 import re
 from dataclasses import dataclass
 
@@ -148,15 +149,24 @@ class Resizer(SidecarController):
         # watching all of them would load the API server for nothing). Its labels decide which
         # volumes are served; they may come after the resizer starts (kubelet adds the driver's
         # topology label when the plugin registers), so a change of labels looks at every claim again.
+        # Informers of this node's objects only, which the factory (one informer per resource) does
+        # not make: started, synced and stopped with the controller.
+        self.node_informers: list[SharedInformer] = []
         self.node: SharedInformer | None = None
-        if self.options.node_name is not None:
-            self.node = SharedInformer(
-                self.client, NODES, field_selector=f"metadata.name={self.options.node_name}"
-            )
+        node = self.options.node_name
+        if node is not None:
+            self.node = SharedInformer(self.client, NODES, field_selector=f"metadata.name={node}")
             self.node.add_handler(EventHandler(self._node_changed, self._node_updated, self._node_changed))
+            self.node_informers.append(self.node)
         self.pods = None
         if self.options.handle_volume_in_use_error:
-            self.pods = self.factory.informer(PODS)
+            # A node-local volume is used only by pods on its node: a node's resizer needs no
+            # other pods (every node caching every pod of the cluster would cost N times the memory).
+            if node is None:
+                self.pods = self.factory.informer(PODS)
+            else:
+                self.pods = SharedInformer(self.client, PODS, field_selector=f"spec.nodeName={node}")
+                self.node_informers.append(self.pods)
             self.pods.add_index(
                 CLAIMS_BY_POD, lambda p: [f"{p['metadata']['namespace']}/{c}" for _v, c, _ro in pod_claims(p)]
             )
@@ -194,20 +204,19 @@ class Resizer(SidecarController):
 
     @property
     def synced(self) -> bool:
-        return self.factory.has_synced and (self.node is None or self.node.has_synced)
+        return self.factory.has_synced and all(i.has_synced for i in self.node_informers)
 
     async def run(self) -> None:
-        if self.node is not None:
-            self.node.start()
+        for informer in self.node_informers:
+            informer.start()
         try:
             await self.start_informers()
-            if self.node is not None:
-                await self.node.wait_for_sync()
-                if self._own_node() is None:
-                    log.warning(
-                        "node deployment: no Node of this name yet; no volume is served until it appears",
-                        node=self.options.node_name,
-                    )
+            await asyncio.gather(*(i.wait_for_sync() for i in self.node_informers))
+            if self.node is not None and self._own_node() is None:
+                log.warning(
+                    "node deployment: no Node of this name yet; no volume is served until it appears",
+                    node=self.options.node_name,
+                )
             log.info(
                 "caches synced, starting workers",
                 driver=self.driver,
@@ -217,8 +226,7 @@ class Resizer(SidecarController):
             )
             await run_workers(self.queue, self.sync, self.options.workers)
         finally:
-            if self.node is not None:
-                await self.node.stop()
+            await asyncio.gather(*(i.stop() for i in self.node_informers))
 
     def _own_node(self) -> Obj | None:
         assert self.node is not None and self.options.node_name is not None
