@@ -52,6 +52,7 @@ def _segment(text: str) -> str:
 NAMESPACES = Resource("", "v1", "namespaces", "Namespace", False)
 NODES = Resource("", "v1", "nodes", "Node", False)
 PODS = Resource("", "v1", "pods", "Pod", True)
+SERVICE_ACCOUNTS = Resource("", "v1", "serviceaccounts", "ServiceAccount", True)
 EVENTS = Resource("", "v1", "events", "Event", True)
 SECRETS = Resource("", "v1", "secrets", "Secret", True)
 PERSISTENT_VOLUMES = Resource("", "v1", "persistentvolumes", "PersistentVolume", False)
