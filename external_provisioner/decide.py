@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 
-from controller_runtime import storage
+from controller_runtime import node_affinity, storage
 from controller_runtime.resources import Obj
 from controller_runtime.storage import is_deleting, volume_class
 from kubeloop_grpc.csi import csi_pb2
@@ -294,39 +294,15 @@ def node_check(
     return NodeCheck.ELECT if allowed_here else NodeCheck.IGNORE
 
 
-def _requirement_matches(expr: Obj, labels: Mapping[str, str]) -> bool:
-    """One node-selector requirement against labels, as MatchNodeSelectorTerms reads it."""
-    key, op, values = expr.get("key", ""), expr.get("operator", ""), expr.get("values") or []
-    if op == "In":
-        return key in labels and labels[key] in values
-    if op == "NotIn":
-        return key not in labels or labels[key] not in values
-    if op == "Exists":
-        return key in labels
-    if op == "DoesNotExist":
-        return key not in labels
-    if op in ("Gt", "Lt") and key in labels and len(values) == 1:
-        try:
-            have, want = int(labels[key]), int(values[0])
-        except ValueError:
-            return False
-        return have > want if op == "Gt" else have < want
-    return False
-
-
 def volume_accessible(pv: Obj, segment: Mapping[str, str]) -> bool:
     """Whether a node whose labels are just `segment` (its driver's NodeGetInfo topology) satisfies
     the PV's node affinity: upstream's VolumeIsAccessible, which decides which node-deployment
-    provisioner deletes a volume. No affinity, or no topology from the driver: every node.
-    Terms are ORed and a term's expressions ANDed; an empty term and matchFields match nothing
-    (the node is known by its labels only)."""
-    required = ((pv.get("spec", {}).get("nodeAffinity") or {}).get("required")) or None
+    provisioner deletes a volume. No affinity, or no topology from the driver: every node. The
+    node is known by its labels only, so a term that selects by field matches nothing."""
+    required = node_affinity.required_affinity(pv)
     if not segment or required is None:
         return True
-    for term in required.get("nodeSelectorTerms") or []:
-        exprs = term.get("matchExpressions") or []
-        if term.get("matchFields") or not exprs:
-            continue
-        if all(_requirement_matches(e, segment) for e in exprs):
-            return True
-    return False
+    terms = [t for t in required.get("nodeSelectorTerms") or [] if not t.get("matchFields")]
+    return node_affinity.selector_matches(
+        {"nodeSelectorTerms": terms}, {"metadata": {"labels": dict(segment)}}
+    )
