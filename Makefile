@@ -55,7 +55,7 @@ conformance: deps binaries
 	$(PY) -m tests.conformance.suite $(CONFORMANCE_ARGS)
 
 # One benchmark: `make bench BENCHES=binding`. Each prints a table and writes bench/results/<name>.json.
-BENCHES ?= informer_sync csi_driver datapath binding provisioning attach expansion
+BENCHES ?= informer_sync csi_driver datapath binding provisioning node_provisioning attach expansion
 
 bench: deps binaries
 	@# The Go sidecars are built only for the side-by-side benchmarks.
