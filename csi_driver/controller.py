@@ -30,7 +30,16 @@ from .capabilities import (
     parse_capability,
     unsupported_reason,
 )
-from .errors import CsiError, already_exists, exhausted, failed_precondition, invalid, not_found, out_of_range
+from .errors import (
+    CsiError,
+    already_exists,
+    exhausted,
+    failed_precondition,
+    invalid,
+    not_found,
+    out_of_range,
+    unimplemented,
+)
 from .pool_kinds import KIND_PARAMETER, PoolCapacity, chosen_kind
 from .state import DriverState, SnapshotRecord, VolumeRecord
 from .topology import checked_requirements, local_topology, names_node
@@ -65,6 +74,9 @@ CAPABILITIES = (
     RPC.SINGLE_NODE_MULTI_WRITER,
     RPC.PUBLISH_READONLY,
 )
+# What only a published volume has: a node-local pool's volumes are never ControllerPublished
+# (attachRequired: false), as csi-driver-host-path's without --enable-attach.
+PUBLISHING = frozenset({RPC.PUBLISH_UNPUBLISH_VOLUME, RPC.LIST_VOLUMES_PUBLISHED_NODES, RPC.PUBLISH_READONLY})
 
 FSTYPE_PARAMETERS = ("csi.storage.k8s.io/fstype", "fsType")
 # external-provisioner passes its own metadata (pvc name, namespace, ...) under this prefix.
@@ -526,9 +538,17 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
         log.info("deleted volume", volume=volume_id, name=vol.name)
         return csi_pb2.DeleteVolumeResponse()
 
+    def _refuse_publish(self, rpc: str) -> None:
+        if self.config.node_local:
+            raise unimplemented(
+                f"{rpc} is not supported with --node-local: the node stages its own pool's volumes "
+                "unpublished (CSIDriver attachRequired: false)"
+            )
+
     async def ControllerPublishVolume(
         self, req: csi_pb2.ControllerPublishVolumeRequest, _: grpc.aio.ServicerContext
     ) -> csi_pb2.ControllerPublishVolumeResponse:
+        self._refuse_publish("ControllerPublishVolume")
         volume_id = check_id(req.volume_id, "volume_id")
         if not req.node_id:
             raise invalid("node_id is required")
@@ -589,6 +609,7 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
     async def ControllerUnpublishVolume(
         self, req: csi_pb2.ControllerUnpublishVolumeRequest, _: grpc.aio.ServicerContext
     ) -> csi_pb2.ControllerUnpublishVolumeResponse:
+        self._refuse_publish("ControllerUnpublishVolume")
         volume_id = check_id(req.volume_id, "volume_id")
         async with self.state.locks.hold(volume_id):
             vol = self.state.volume(volume_id)
@@ -695,6 +716,7 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
             capabilities=[
                 csi_pb2.ControllerServiceCapability(rpc=csi_pb2.ControllerServiceCapability.RPC(type=t))
                 for t in CAPABILITIES
+                if not (self.config.node_local and t in PUBLISHING)
             ]
         )
 

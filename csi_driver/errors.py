@@ -40,3 +40,7 @@ def exhausted(message: str) -> CsiError:
 
 def aborted(message: str) -> CsiError:
     return CsiError(grpc.StatusCode.ABORTED, message)
+
+
+def unimplemented(message: str) -> CsiError:
+    return CsiError(grpc.StatusCode.UNIMPLEMENTED, message)

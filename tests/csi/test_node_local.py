@@ -343,9 +343,8 @@ def test_stage_and_publish_without_a_publish_context(csi_root: Path) -> None:
 
 # --- two nodes --------------------------------------------------------------------------------------
 def test_two_nodes_never_see_each_others_volumes(csi_root: Path) -> None:
-    """Two node-local drivers on separate pools, as two machines: neither lists, stages, publishes,
-    clones nor deletes the other's volume, and a publish to the other node is the NOT_FOUND of a
-    node this pool never saw."""
+    """Two node-local drivers on separate pools, as two machines: neither lists, stages, clones nor
+    deletes the other's volume."""
     a, b = local_driver(csi_root, "node-a"), local_driver(csi_root, "node-b")
     with running(a, b) as (one, two):
         vol = create(one, "mine", size=16 * MiB)
@@ -363,21 +362,52 @@ def test_two_nodes_never_see_each_others_volumes(csi_root: Path) -> None:
             lambda: Unpublished(two, b, vol.volume_id, mount_cap(), "theirs").stage(),
             "node-b",
         )
-        fails(
-            Code.NOT_FOUND,
-            lambda: one.controller.ControllerPublishVolume(
-                csi_pb2.ControllerPublishVolumeRequest(
-                    volume_id=vol.volume_id, node_id="node-b", volume_capability=mount_cap()
-                )
-            ),
-            "node-b",
-        )
         # The other node's DeleteVolume is the spec's idempotent OK for a volume it does not have,
         # and must not touch this node's file.
         two.controller.DeleteVolume(csi_pb2.DeleteVolumeRequest(volume_id=vol.volume_id))
         assert backing.exists()
         assert capacity(one, segment("node-b")) == 0 and capacity(two, segment("node-a")) == 0
         assert capacity(one, segment("node-a")) > 0 and capacity(two, segment("node-b")) > 0
+
+
+def test_no_controller_publish_is_advertised_nor_served(csi_root: Path) -> None:
+    """A node-local volume is never ControllerPublished (CSIDriver attachRequired: false), so the
+    controller does not advertise PUBLISH_UNPUBLISH_VOLUME nor the capabilities that come with it,
+    as csi-driver-host-path without --enable-attach: a sidecar that sees it (the provisioner's
+    deletion check, beside the driver on every node) would otherwise cache every VolumeAttachment of
+    the cluster on every node. A publish anyway is UNIMPLEMENTED and records nothing, so it can
+    never hold back a DeleteVolume."""
+    d = local_driver(csi_root, "node-a")
+    with running(d) as (client,):
+        rsp = client.controller.ControllerGetCapabilities(csi_pb2.ControllerGetCapabilitiesRequest())
+        caps = {c.rpc.type for c in rsp.capabilities}
+        rpc = csi_pb2.ControllerServiceCapability.RPC
+        assert rpc.CREATE_DELETE_VOLUME in caps and rpc.GET_CAPACITY in caps
+        for publishing in (
+            rpc.PUBLISH_UNPUBLISH_VOLUME,
+            rpc.LIST_VOLUMES_PUBLISHED_NODES,
+            rpc.PUBLISH_READONLY,
+        ):
+            assert publishing not in caps, rpc.Type.Name(publishing)
+        vol = create(client, "mine", size=16 * MiB)
+        fails(
+            Code.UNIMPLEMENTED,
+            lambda: client.controller.ControllerPublishVolume(
+                csi_pb2.ControllerPublishVolumeRequest(
+                    volume_id=vol.volume_id, node_id="node-a", volume_capability=mount_cap()
+                )
+            ),
+            "attachRequired",
+        )
+        fails(
+            Code.UNIMPLEMENTED,
+            lambda: client.controller.ControllerUnpublishVolume(
+                csi_pb2.ControllerUnpublishVolumeRequest(volume_id=vol.volume_id, node_id="node-a")
+            ),
+            "attachRequired",
+        )
+        client.controller.DeleteVolume(csi_pb2.DeleteVolumeRequest(volume_id=vol.volume_id))
+        assert not list((d.pool / "volumes").iterdir())
 
 
 # --- a pool-less start --------------------------------------------------------------------------------
