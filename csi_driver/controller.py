@@ -532,6 +532,10 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
                 raise failed_precondition(
                     f"volume {volume_id} is still staged on node {node}; unstage it first"
                 )
+            if problem := await asyncio.to_thread(self.state.pool_problem):
+                # Its backing file may well exist where the pool should be (a disk not mounted):
+                # the record is kept, so the retry once the pool is back deletes the file.
+                raise failed_precondition(f"volume {volume_id} cannot be deleted now: {problem}")
             # File first, record last: a crash in between leaves a record whose retry deletes nothing.
             await asyncio.to_thread(files.remove, self.state.volume_file(volume_id))
             await self.state.delete_volume(volume_id)

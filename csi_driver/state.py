@@ -206,6 +206,15 @@ class DriverState:
         try:
             if not stat.S_ISDIR(os.stat(self.pool_dir).st_mode):
                 return f"--pool-dir {self.pool_dir} is not a directory"
+            if not self.create_pool and not self.volumes_dir.is_dir() and (self._volumes or self._snapshots):
+                # An empty mount point whose disk is not mounted, not a new pool: what is made in
+                # it lands on the file system below and vanishes under the disk once it is mounted,
+                # and a delete would forget a volume whose file is still on the disk.
+                recorded = len(self._volumes) + len(self._snapshots)
+                return (
+                    f"--pool-dir {self.pool_dir} has no volumes/ directory, yet --state-dir records "
+                    f"{recorded} volume(s) and snapshot(s) in it: is the pool's disk mounted?"
+                )
             for d in (self.volumes_dir, self.snapshots_dir, self.nodes_dir):
                 d.mkdir(exist_ok=True)
             # The pool must be writable before Probe says ready. An unnamed file (O_TMPFILE where

@@ -490,6 +490,49 @@ def test_a_pool_less_start_serves_unhealthy_and_says_why(csi_root: Path, problem
     assert not list((d.state / "volumes").iterdir())
 
 
+def test_an_unmounted_pool_disk_is_not_replaced_by_an_empty_directory(csi_root: Path) -> None:
+    """The pool's disk not mounted at a restart leaves its mount point, an empty directory, where
+    the pool was. The driver's records say volumes live there, so it is not a new pool: the plugin
+    serves unhealthy saying so, makes nothing in that directory (new volumes would land on the root
+    filesystem and vanish under the disk once it is mounted), and a DeleteVolume neither succeeds
+    nor forgets the volume (its backing file on the disk would be left for good). With the disk
+    back, the volume is there and is deleted."""
+    port = free_port()
+    work = Path(tempfile.mkdtemp(prefix="nl", dir=csi_root))
+    d = Driver(work, "all", "node-1", ["--node-local", "--http-endpoint", f"127.0.0.1:{port}"])
+    d.pool.mkdir()
+    disk = work / "disk"
+    with running(d.launch()) as (client,):
+        vol = create(client, "kept", size=16 * MiB)
+    d.pool.rename(disk)  # the disk's file system, not mounted
+    d.pool.mkdir()  # its empty mount point
+    with contextlib.ExitStack() as stack:
+        d.launch()
+        try:
+            wait_serving(d)
+            client = Client(d.endpoint)
+            stack.callback(client.close)
+            expected = "is the pool's disk mounted?"
+            fails(Code.FAILED_PRECONDITION, lambda: client.identity.Probe(csi_pb2.ProbeRequest()), expected)
+            status, body = readyz(port)
+            assert status >= 500 and expected in body, (status, body)
+            fails(Code.RESOURCE_EXHAUSTED, lambda: create(client, "lost", size=16 * MiB), expected)
+            fails(
+                Code.FAILED_PRECONDITION,
+                lambda: client.controller.DeleteVolume(csi_pb2.DeleteVolumeRequest(volume_id=vol.volume_id)),
+                vol.volume_id,
+                expected,
+            )
+            assert list(d.pool.iterdir()) == [], "the empty mount point was written to"
+        finally:
+            assert d.stop() == 0
+    d.pool.rmdir()
+    disk.rename(d.pool)  # mounted again
+    with running(d.launch()) as (client,):
+        client.controller.DeleteVolume(csi_pb2.DeleteVolumeRequest(volume_id=vol.volume_id))
+        assert not list((d.pool / "volumes").iterdir())
+
+
 # --- kill -9 --------------------------------------------------------------------------------------
 def test_kill9_mid_create_converges(csi_root: Path) -> None:
     """kill -9 while a clone copies (its record written, not ready): the restarted node-local
