@@ -33,6 +33,7 @@ from controller_runtime.resources import (
     CSI_NODES,
     CSI_STORAGE_CAPACITIES,
     NODES,
+    PERSISTENT_VOLUME_CLAIMS,
     PODS,
     Obj,
     Resource,
@@ -211,6 +212,44 @@ async def test_a_scheduled_claim_is_provisioned_by_its_node_alone(
         assert claim is not None and claim["status"]["phase"] == "Pending"
         ours = (names.PROVISIONING, storage.PROVISIONING_FAILED)
         assert not [e for e in await h.events("elsewhere") if e[0] in ours]
+
+
+async def test_a_clone_scheduled_away_from_its_source_is_given_back_to_the_scheduler(
+    control_plane: ControlPlane, api: ApiClient, namespace: str
+) -> None:
+    """A clone whose pod the scheduler placed on another node than the source's: that node's
+    driver cannot make the copy (RESOURCE_EXHAUSTED naming the cause), so its provisioner says so
+    and removes selected-node, and the scheduler's next choice, the source's node, makes it there.
+    (A final NOT_FOUND left the claim pinned to the wrong node for good.)"""
+    async with two_nodes(control_plane, api, namespace, "--strict-topology") as (h, a, b):
+        cls = await h.create_class("wffc", volumeBindingMode="WaitForFirstConsumer")
+        await h.create_pvc("source", "16Mi", cls, annotations={storage.ANN_SELECTED_NODE: a.name})
+        await h.bound("source", timeout=30)
+        source = {"kind": "PersistentVolumeClaim", "name": "source"}
+        await h.create_pvc(
+            "copy", "16Mi", cls, data_source=source, annotations={storage.ANN_SELECTED_NODE: b.name}
+        )
+        await h.wait_event(
+            "copy", storage.PROVISIONING_FAILED, "cloned and restored on the node that holds the source"
+        )
+
+        async def given_back() -> list[str]:
+            claim = await h.pvc("copy")
+            selected = ((claim or {}).get("metadata", {}).get("annotations") or {}).get(
+                storage.ANN_SELECTED_NODE
+            )
+            return [f"selected-node is still {selected}"] if selected else []
+
+        assert not await wait_for(given_back, 20, 0.1), await h.events("copy")
+        await api.patch(
+            PERSISTENT_VOLUME_CLAIMS,
+            "copy",
+            {"metadata": {"annotations": {storage.ANN_SELECTED_NODE: a.name}}},
+            namespace,
+        )
+        pv = (await h.bound("copy", timeout=30))["copy"]
+        assert affinity_nodes(pv) == [a.name]
+        assert pv["spec"]["csi"]["volumeHandle"] in a.backing_files() and not b.backing_files()
 
 
 async def test_immediate_claims_are_each_provisioned_exactly_once(
