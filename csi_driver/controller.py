@@ -392,11 +392,7 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
             raise invalid("volume_content_source must name a snapshot or a volume")
         if record is None or not record.ready:
             if self.config.node_local:
-                # Held by another node's pool, most likely: the copy cannot be made in this node's
-                # topology (the spec's RESOURCE_EXHAUSTED), and the external-provisioner gives the
-                # claim back to the scheduler on it, while a final NOT_FOUND left the claim pinned
-                # to this node for good.
-                raise exhausted(
+                raise not_found(
                     f"source {kind} {source_id} is not in the pool of node {self.config.local_node_id}: "
                     "node-local volumes are cloned and restored on the node that holds the source"
                 )

@@ -476,7 +476,9 @@ class ProvisioningController(SidecarController):
         """CreateVolume with the journalled request. What a failure left behind (its state, decided
         where the call returned) says whether the intent stays and whether retries slow down."""
         try:
-            return await self.calls.create_volume(entry.spec, secrets, may_reschedule=may_reschedule)
+            return await self.calls.create_volume(
+                entry.spec, secrets, may_reschedule=may_reschedule, node_deployment=self.node is not None
+            )
         except ProvisionError as exc:
             if exc.final:
                 await self.journal.remove(entry.uid)  # nothing is being created for this request

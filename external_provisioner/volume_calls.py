@@ -6,6 +6,7 @@ returns, and nowhere else."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 import grpc
 
@@ -19,6 +20,16 @@ from kubeloop_grpc.csi import csi_pb2
 from .request import CreatedVolume, ProvisionError, SecretRef, VolumeSpec
 
 log = get_logger("external-provisioner")
+
+
+# A copy made by a node-deployment provisioner: its source was found in the API before the request
+# was sent, so the node's driver answering NOT_FOUND says that this node's pool lacks it (a
+# node-local pool holds its own node's volumes only, and the scheduler does not know where a source
+# lives); another node's may hold it, as for RESOURCE_EXHAUSTED. Upstream reads NOT_FOUND as final,
+# which kept a claim scheduled to the wrong node there for good. A kubeloop extension.
+CREATE_COPY_ON_NODE = replace(
+    CREATE_VOLUME, node_bound=CREATE_VOLUME.node_bound | {grpc.StatusCode.NOT_FOUND}
+)
 
 
 def _failed(rpc: Rpc, exc: grpc.aio.AioRpcError, *, may_reschedule: bool = False) -> ProvisionError:
@@ -47,14 +58,22 @@ class VolumeCalls:
             raise ProvisionError(str(exc)) from exc
 
     async def create_volume(
-        self, spec: VolumeSpec, secrets: Mapping[str, str], *, may_reschedule: bool = False
+        self,
+        spec: VolumeSpec,
+        secrets: Mapping[str, str],
+        *,
+        may_reschedule: bool = False,
+        node_deployment: bool = False,
     ) -> CreatedVolume:
         """`may_reschedule`: the request named the selected node's topology, so a driver out of room
-        there (RESOURCE_EXHAUSTED) may find it on another node."""
+        there (RESOURCE_EXHAUSTED) may find it on another node; in `node_deployment`, so may a copy
+        whose source this node's driver does not hold (NOT_FOUND)."""
+        copy = spec.source_volume or spec.source_snapshot
+        rpc = CREATE_COPY_ON_NODE if node_deployment and copy else CREATE_VOLUME
         try:
             rsp = await self.csi.controller.CreateVolume(spec.to_request(secrets), timeout=self.csi.timeout)
         except grpc.aio.AioRpcError as exc:
-            raise _failed(CREATE_VOLUME, exc, may_reschedule=may_reschedule) from exc
+            raise _failed(rpc, exc, may_reschedule=may_reschedule) from exc
         return CreatedVolume.from_proto(rsp.volume)
 
     async def delete_volume(self, volume_id: str, secrets: Mapping[str, str]) -> None:

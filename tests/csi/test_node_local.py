@@ -179,11 +179,8 @@ def test_get_capacity_answers_for_this_nodes_segment_only(csi_root: Path) -> Non
 # --- clones and restores ---------------------------------------------------------------------------
 def test_clones_and_restores_are_made_on_the_source_node(csi_root: Path) -> None:
     """A source this node's pool holds is cloned and restored here, the copy accessible from this
-    node. A source another node holds is RESOURCE_EXHAUSTED saying where copies are made (the
-    spec's "unable to provision in accessible_topology": the copy cannot be made on this node,
-    which is the code on which the external-provisioner gives the claim back to the scheduler; a
-    final NOT_FOUND left it pinned to the wrong node for good). A source held here with a topology
-    that excludes this node is RESOURCE_EXHAUSTED too."""
+    node; a source another node holds is NOT_FOUND saying where copies are made; a source held here
+    with a topology that excludes this node is RESOURCE_EXHAUSTED."""
     with running(local_driver(csi_root, "node-1"), local_driver(csi_root, "node-2")) as (one, two):
         source = create(one, "source", size=32 * MiB)
         snap = one.controller.CreateSnapshot(
@@ -196,7 +193,7 @@ def test_clones_and_restores_are_made_on_the_source_node(csi_root: Path) -> None
             copy = create(one, name, volume_content_source=src)
             assert [dict(t.segments) for t in copy.accessible_topology] == [{TOPOLOGY_KEY: "node-1"}]
             fails(
-                Code.RESOURCE_EXHAUSTED,
+                Code.NOT_FOUND,
                 lambda s=src, n=name: create(two, n, volume_content_source=s),  # type: ignore[misc]
                 "node-2",
                 "node-local volumes are cloned and restored on the node that holds the source",

@@ -218,9 +218,10 @@ async def test_a_clone_scheduled_away_from_its_source_is_given_back_to_the_sched
     control_plane: ControlPlane, api: ApiClient, namespace: str
 ) -> None:
     """A clone whose pod the scheduler placed on another node than the source's: that node's
-    driver cannot make the copy (RESOURCE_EXHAUSTED naming the cause), so its provisioner says so
-    and removes selected-node, and the scheduler's next choice, the source's node, makes it there.
-    (A final NOT_FOUND left the claim pinned to the wrong node for good.)"""
+    driver does not hold the source (NOT_FOUND naming the cause), which in node deployment means
+    another node's pool may, so its provisioner says so and removes selected-node (read as final,
+    as upstream does, it left the claim pinned to the wrong node for good); the scheduler's next
+    choice, the source's node, makes it there."""
     async with two_nodes(control_plane, api, namespace, "--strict-topology") as (h, a, b):
         cls = await h.create_class("wffc", volumeBindingMode="WaitForFirstConsumer")
         await h.create_pvc("source", "16Mi", cls, annotations={storage.ANN_SELECTED_NODE: a.name})
