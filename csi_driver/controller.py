@@ -689,10 +689,13 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
             access_type = _access_type(caps) if caps else "mount"
             if access_type == "mount":
                 self._fs_type(dict(req.parameters), caps)
-            kind = chosen_kind(req.parameters, self.config.capacity)
         except CsiError:
             # Capabilities or parameters no volume could be created with: no room for them.
             return csi_pb2.GetCapacityResponse(available_capacity=0)
+        # A pool kind this pool lacks is refused, not answered 0: "no room" would send the
+        # scheduler's users hunting for full disks, while the refusal's message names the kinds
+        # there are (the external-provisioner puts it on the StorageClass).
+        kind = chosen_kind(req.parameters, self.config.capacity)
         if self._elsewhere(req) or (await asyncio.to_thread(self.state.pool_problem)) != "":
             # Another node's segment (a node-local pool holds nothing for it), or a pool that
             # cannot hold any volume: the scheduler must not count on room here.

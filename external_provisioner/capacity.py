@@ -19,6 +19,7 @@ from prometheus_client import Gauge
 
 from controller_runtime.client import ApiClient, ApiError
 from controller_runtime.csi_client import CSIConnection
+from controller_runtime.events import EventRecorder
 from controller_runtime.informer import EventHandler, SharedInformer
 from controller_runtime.logs import get_logger
 from controller_runtime.quantity import format_quantity
@@ -79,8 +80,10 @@ class CapacityPublisher:
         csinodes: SharedInformer | None,
         nodes: SharedInformer | None,
         options: CapacityOptions,
+        recorder: EventRecorder | None = None,
     ) -> None:
         self.client = client
+        self.recorder = recorder
         self.conn = conn
         self.classes = classes
         self.csinodes = csinodes
@@ -205,6 +208,7 @@ class CapacityPublisher:
                     log.warning(
                         "GetCapacity failed", storage_class=class_name, segment=key[1], error=exc.details()
                     )
+                    self._refused(storage_class, segment, exc)
                     continue
                 desired = self._object(class_name, segment, capacity, maximum)
                 current = by_key.get(key)
@@ -220,6 +224,21 @@ class CapacityPublisher:
         for obj in obsolete:
             await self._delete(obj)
         OBSOLETE.set(0)
+
+    def _refused(self, storage_class: Obj, segment: Segment | None, exc: grpc.aio.AioRpcError) -> None:
+        """The driver refused the class's parameters (an unknown pool kind, say): without a
+        capacity object the scheduler only tells the claim's pod "did not have enough free
+        storage", so the cause goes on the class, where `kubectl describe storageclass` shows it.
+        Upstream only logs it. A failed call (the driver down) is left to the log and the next round."""
+        if self.recorder is None or exc.code() != grpc.StatusCode.INVALID_ARGUMENT:
+            return
+        where = f" for {', '.join(f'{k}={v}' for k, v in sorted(segment.items()))}" if segment else ""
+        self.recorder.warning(
+            storage_class,
+            names.REASON_CAPACITY_FAILED,
+            f"GetCapacity{where} failed: {exc.details()}; no storage capacity is published for this class "
+            "there, so the scheduler places none of its WaitForFirstConsumer claims there",
+        )
 
     def _stale(self, current: Obj, desired: Obj) -> bool:
         """Another capacity or maximum, or (with an owner) not controlled by it yet: an object

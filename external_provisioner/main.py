@@ -272,6 +272,7 @@ def capacity_publisher(
     factory: SharedInformerFactory,
     node: NodeDeployment | None,
     owner_ref: Obj | None,
+    recorder: EventRecorder,
 ) -> CapacityPublisher:
     """The publisher of CSIStorageCapacity objects, on the controllers' caches (its handlers are
     added before they start) and its own client. In node deployment it publishes this node's
@@ -290,6 +291,7 @@ def capacity_publisher(
             fixed_segment=node.segment if node is not None else None,
             owner=owner_ref,
         ),
+        recorder,
     )
 
 
@@ -367,7 +369,7 @@ async def run(args: argparse.Namespace, ctx: process.Context) -> None:
         options = controller_options(args, conn.driver_name, node)  # a new identity each term
         journal = Journal(Path(args.state_dir) / "provisioning")
         publisher = (
-            capacity_publisher(args, capacity_client, conn, factory, node, owner_ref)
+            capacity_publisher(args, capacity_client, conn, factory, node, owner_ref, recorder)
             if capacity_client is not None
             else None
         )

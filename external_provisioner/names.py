@@ -72,3 +72,7 @@ MSG_POPULATOR = "Assuming an external populator will provision the volume"
 
 def msg_still_attached(pv_name: str, node: str) -> str:
     return f"persistentvolume {pv_name} is still attached to node {node}"
+
+
+# kubeloop's own (upstream only logs it): on a StorageClass whose parameters GetCapacity refused.
+REASON_CAPACITY_FAILED = "GetCapacityFailed"

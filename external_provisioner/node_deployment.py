@@ -209,7 +209,8 @@ class OwnerElection:
     async def _fits(self, claim: Obj, storage_class: Obj, pv_name: str, topology: Topology | None) -> bool:
         """Whether the driver says a segment of this node can hold the claim now. A check that
         cannot be made (bad parameters, a failed call) lets this node try to own the claim, as
-        upstream: provisioning then fails with an event that tells the user why."""
+        upstream: provisioning then fails with an event that tells the user why. A driver that
+        refuses the class's parameters (INVALID_ARGUMENT) says this node cannot serve it at all."""
         size = claim_request(claim)
         if not size:
             return True
@@ -238,6 +239,13 @@ class OwnerElection:
             try:
                 rsp = await self.csi.controller.GetCapacity(req, timeout=self.csi.timeout)
             except grpc.aio.AioRpcError as exc:
+                if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                    # The driver refuses the class's parameters here (a pool kind this node lacks):
+                    # owning the claim would only fail its CreateVolume; another node may serve it.
+                    log.info(
+                        "this node cannot serve the claim's class", error=f"GetCapacity: {exc.details()}"
+                    )
+                    return False
                 log.info(
                     "proceeding with becoming owner although the capacity check failed",
                     error=f"GetCapacity: {exc.details()}",

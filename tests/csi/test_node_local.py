@@ -580,10 +580,10 @@ def test_kill9_mid_create_converges(csi_root: Path) -> None:
 
 # --- pool kinds -----------------------------------------------------------------------------------
 def test_pool_kinds_are_chosen_by_the_class_parameter_kind(csi_root: Path) -> None:
-    """`--capacity fast=100Mi --capacity slow=50Mi`: GetCapacity answers per kind (0 without one,
-    or for a kind this node does not have); a volume, and a snapshot of it, take from their
-    kind's budget only; a kind the node does not have, or none, is INVALID_ARGUMENT naming the
-    kinds it has. Restarted without a kind, its volumes cannot grow, and the answer says why."""
+    """`--capacity fast=100Mi --capacity slow=50Mi`: GetCapacity answers per kind; a volume, and
+    a snapshot of it, take from their kind's budget only; a kind the node does not have, or none,
+    is INVALID_ARGUMENT naming the kinds it has, for GetCapacity and CreateVolume alike.
+    Restarted without a kind, its volumes cannot grow, and the answer says why."""
     flags = ("--capacity", "fast=100Mi", "--capacity", "slow=50Mi")
     d = local_driver(csi_root, "node-1", *flags)
     with running(d) as (client,):
@@ -596,7 +596,9 @@ def test_pool_kinds_are_chosen_by_the_class_parameter_kind(csi_root: Path) -> No
                 req.accessible_topology.CopyFrom(topology)
             return int(client.controller.GetCapacity(req).available_capacity)
 
-        assert (room("fast"), room("slow"), room(None), room("medium")) == (100 * MiB, 50 * MiB, 0, 0)
+        assert (room("fast"), room("slow")) == (100 * MiB, 50 * MiB)
+        fails(Code.INVALID_ARGUMENT, lambda: room("medium"), "'medium' is unknown", "fast, slow")
+        fails(Code.INVALID_ARGUMENT, lambda: room(None), "fast, slow", "'kind'")
         assert room("fast", segment("node-1")) == 100 * MiB and room("fast", segment("node-2")) == 0
         vol = create(client, "quick", size=40 * MiB, parameters={"kind": "fast"})
         client.controller.CreateSnapshot(
@@ -630,7 +632,8 @@ def test_pool_kinds_are_chosen_by_the_class_parameter_kind(csi_root: Path) -> No
         fails(
             Code.OUT_OF_RANGE, lambda: client.controller.ControllerExpandVolume(grow), "no longer configures"
         )
-        assert room("fast") == 0 and room("slow") == 20 * MiB
+        assert room("slow") == 20 * MiB
+        fails(Code.INVALID_ARGUMENT, lambda: room("fast"), "'fast' is unknown")
 
 
 def test_capacity_sizes_with_and_without_a_kind_do_not_mix() -> None:

@@ -32,6 +32,7 @@ from controller_runtime.client import ApiClient, ApiError
 from controller_runtime.resources import (
     CSI_NODES,
     CSI_STORAGE_CAPACITIES,
+    EVENTS,
     NODES,
     PERSISTENT_VOLUME_CLAIMS,
     PODS,
@@ -188,6 +189,41 @@ def affinity_nodes(pv: Obj) -> list[str]:
     return [v for t in terms for e in t["matchExpressions"] if e["key"] == TOPOLOGY_KEY for v in e["values"]]
 
 
+async def grant_capacity(api: ApiClient, namespace: str) -> None:
+    """In the test's namespace the provisioner may read pods and keep capacity objects (in a
+    cluster deploy/rbac grants both in the driver's namespace)."""
+    await api.create(
+        ROLES,
+        {
+            "metadata": {"name": "capacity"},
+            "rules": [
+                {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},
+                {
+                    "apiGroups": ["storage.k8s.io"],
+                    "resources": ["csistoragecapacities"],
+                    "verbs": ["get", "list", "watch", "create", "update", "delete"],
+                },
+            ],
+        },
+        namespace,
+    )
+    await api.create(
+        ROLE_BINDINGS,
+        {
+            "metadata": {"name": "capacity"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "capacity"},
+            "subjects": [
+                {
+                    "kind": "ServiceAccount",
+                    "name": IDENTITY.user.rsplit(":", 1)[1],
+                    "namespace": "kube-system",
+                }
+            ],
+        },
+        namespace,
+    )
+
+
 async def test_a_scheduled_claim_is_provisioned_by_its_node_alone(
     control_plane: ControlPlane, api: ApiClient, namespace: str
 ) -> None:
@@ -319,6 +355,42 @@ async def test_a_node_without_room_leaves_immediate_claims_to_one_with_room(
             assert not [e for e in await h.events(c) if e[0] == storage.PROVISIONING_FAILED]
 
 
+async def test_a_class_naming_a_pool_kind_no_node_has_says_so_on_the_class(
+    control_plane: ControlPlane, api: ApiClient, namespace: str
+) -> None:
+    """A WaitForFirstConsumer class whose `kind` no node's pool offers: no capacity is published
+    for it, so the scheduler only says "did not have enough free storage"; each node's
+    provisioner puts the driver's reason on the class instead, and publishes the kinds it has."""
+    capacity = ("--enable-capacity", f"--capacity-namespace={namespace}", "--capacity-poll-interval=1s")
+    kinds = ["--capacity=fast=64Mi", "--capacity=slow=128Mi"]
+    await grant_capacity(api, namespace)
+    async with two_nodes(control_plane, api, namespace, *capacity, driver_a=kinds, driver_b=kinds) as (
+        h,
+        a,
+        b,
+    ):
+        bad = await h.create_class(
+            "tape", volumeBindingMode="WaitForFirstConsumer", parameters={"kind": "tape"}
+        )
+        good = await h.create_class(
+            "fast", volumeBindingMode="WaitForFirstConsumer", parameters={"kind": "fast"}
+        )
+
+        async def warned() -> list[str]:
+            items = (await api.list_page(EVENTS, "default"))["items"]
+            found = {
+                e["source"].get("host", "") + ": " + e["message"]
+                for e in items
+                if e["involvedObject"].get("name") == bad and e["reason"] == names.REASON_CAPACITY_FAILED
+            }
+            return [] if len(found) == 2 and all("tape" in m for m in found) else [f"events {sorted(found)}"]
+
+        assert not await wait_for(warned, 20), a.log_tail() + b.log_tail()
+        published = (await api.list_page(CSI_STORAGE_CAPACITIES, namespace))["items"]
+        assert {o["storageClassName"] for o in published} == {good}
+        assert {o["capacity"] for o in published} == {"64Mi"}
+
+
 async def test_a_volume_is_deleted_by_its_own_node_only(
     control_plane: ControlPlane, api: ApiClient, namespace: str
 ) -> None:
@@ -360,38 +432,7 @@ async def test_each_node_publishes_its_own_capacity_owned_by_its_pod_or_by_nobod
 ) -> None:
     b_pool = ["--capacity=64Mi"]
     async with two_nodes(control_plane, api, namespace, start=False, driver_b=b_pool) as (h, a, b):
-        # In the test's namespace the provisioner may read pods and keep capacity objects (in a
-        # cluster deploy/rbac grants both in the driver's namespace).
-        await api.create(
-            ROLES,
-            {
-                "metadata": {"name": "capacity"},
-                "rules": [
-                    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},
-                    {
-                        "apiGroups": ["storage.k8s.io"],
-                        "resources": ["csistoragecapacities"],
-                        "verbs": ["get", "list", "watch", "create", "update", "delete"],
-                    },
-                ],
-            },
-            namespace,
-        )
-        await api.create(
-            ROLE_BINDINGS,
-            {
-                "metadata": {"name": "capacity"},
-                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "capacity"},
-                "subjects": [
-                    {
-                        "kind": "ServiceAccount",
-                        "name": IDENTITY.user.rsplit(":", 1)[1],
-                        "namespace": "kube-system",
-                    }
-                ],
-            },
-            namespace,
-        )
+        await grant_capacity(api, namespace)
 
         # A pod needs its namespace's default ServiceAccount, which kcm makes just after the namespace.
         async def account() -> list[str]:
