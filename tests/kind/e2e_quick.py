@@ -12,20 +12,23 @@ from pathlib import Path
 import pytest
 
 from controller_runtime.toolchain import REPO_ROOT, Toolchain
-from localstack.e2e_storage import QUICK_SPECS
+from localstack.e2e_storage import QUICK_SPECS, go_regexp_quote
 from localstack.kind import Cluster
 
 
-def assert_quick_specs_pass(cluster: Cluster, results: Path) -> dict[str, float]:
-    """Runs the quick specs into `results`; fails unless every one ran and passed. Returns the
-    counts and the seconds taken."""
+def assert_quick_specs_pass(
+    cluster: Cluster, results: Path, specs: tuple[str, ...] = QUICK_SPECS
+) -> dict[str, float]:
+    """Runs `specs` (the quick selection unless told) into `results`; fails unless every one ran
+    and passed. Returns the counts and the seconds taken."""
+    focus = [] if specs == QUICK_SPECS else ["--focus", "|".join(go_regexp_quote(s) for s in specs)]
     e2e_test = Toolchain.default().binary("e2e.test")
     if not e2e_test.exists():
         pytest.fail(f"{e2e_test} is missing: run `bash tools/build-binaries.sh e2e` (make test does)")
     result = subprocess.run(
         [
             sys.executable, "-m", "localstack.e2e_storage", "run", "--suite", "quick",
-            f"--results={results}", f"--kubeconfig={cluster.kubeconfig}", f"--name={cluster.name}",
+            f"--results={results}", f"--kubeconfig={cluster.kubeconfig}", f"--name={cluster.name}", *focus,
         ],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=1800, check=False,
     )  # fmt: skip
@@ -37,6 +40,6 @@ def assert_quick_specs_pass(cluster: Cluster, results: Path) -> dict[str, float]
     log_tail = (results / "e2e.log").read_text()[-6000:] if (results / "e2e.log").exists() else ""
     assert summary["failed"] == 0 and not summary["suite_failures"], (summary["failures"], log_tail)
     # Every selected spec ran (the ROX clone skips itself: a loop device lives on one node).
-    assert summary["passed"] >= len(QUICK_SPECS), (summary, log_tail)
+    assert summary["passed"] >= len(specs), (summary, log_tail)
     assert result.returncode == 0, result.stderr[-4000:]
     return {k: float(summary[k]) for k in ("passed", "failed", "skipped", "seconds")}
