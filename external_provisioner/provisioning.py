@@ -13,6 +13,8 @@ import asyncio
 import contextlib
 from collections.abc import Callable, Mapping
 
+import grpc
+
 from controller_runtime import storage
 from controller_runtime.client import ApiError
 from controller_runtime.controller import ControllerContext, run_workers
@@ -307,12 +309,46 @@ class ProvisioningController(SidecarController):
         Won or lost, the claim's next event decides; a claim this node has no room for is looked
         at again after --node-deployment-max-delay, in case no other node takes it either."""
         assert self.election is not None and self.node is not None
+        if not await self._holds_source(claim, storage_class):
+            return None  # the node that holds it competes; nothing here will change that
         try:
             topology = self._topology(storage_class, pv_name, self.local_node)
         except ProvisionError:
             topology = None  # the capacity check then asks without a segment
         outcome = await self.election.become_owner(claim, storage_class, pv_name, topology)
         return self.node.max_delay if outcome is Ownership.NO_ROOM else None
+
+    async def _holds_source(self, claim: Obj, storage_class: Obj) -> bool:
+        """For an Immediate clone or restore (kubeloop extension): whether this node's driver
+        holds its source. A node-local copy can only be made where the source is, and upstream's
+        election would let any node win it, whose CreateVolume then answers NOT_FOUND. The driver
+        is asked directly (ControllerGetVolume, ListSnapshots by id); a source that cannot be
+        resolved, or a driver that cannot say, lets the node compete, so that provisioning's event
+        says what is wrong."""
+        source = decide.data_source(claim)
+        if source is None or source.populated:
+            return True
+        try:
+            content = await self.sources.content(claim, storage_class, source)
+        except ProvisionError:
+            return True
+        try:
+            if content.volume:
+                if not self.csi.has_controller_capability(RPC.GET_VOLUME):
+                    return True
+                await self.csi.controller.ControllerGetVolume(
+                    csi_pb2.ControllerGetVolumeRequest(volume_id=content.volume), timeout=self.csi.timeout
+                )
+                return True
+            listed = await self.csi.controller.ListSnapshots(
+                csi_pb2.ListSnapshotsRequest(snapshot_id=content.snapshot), timeout=self.csi.timeout
+            )
+            return bool(listed.entries)
+        except grpc.aio.AioRpcError as exc:
+            held: bool = exc.code() != grpc.StatusCode.NOT_FOUND
+            if not held:
+                log.debug("this node does not hold the claim's source", claim=key_of(claim))
+            return held
 
     async def _attempt(
         self, claim: Obj, storage_class: Obj, pv_name: str, entry: Entry | None, selected: str

@@ -289,6 +289,29 @@ async def test_a_clone_scheduled_away_from_its_source_is_given_back_to_the_sched
         assert pv["spec"]["csi"]["volumeHandle"] in a.backing_files() and not b.backing_files()
 
 
+async def test_an_immediate_clone_is_won_by_the_node_holding_its_source(
+    control_plane: ControlPlane, api: ApiClient, namespace: str
+) -> None:
+    """Immediate clones: only the node whose driver holds the source competes (kubeloop
+    extension; upstream lets any node win, and the winner's CreateVolume is NOT_FOUND), so each
+    copy is made once, on the source's node, and no ProvisioningFailed is written."""
+    delays = ("--node-deployment-base-delay=300ms", "--node-deployment-max-delay=1s")
+    async with two_nodes(control_plane, api, namespace, *delays) as (h, a, b):
+        wffc = await h.create_class("wffc", volumeBindingMode="WaitForFirstConsumer")
+        await h.create_pvc("source", "16Mi", wffc, annotations={storage.ANN_SELECTED_NODE: b.name})
+        await h.bound("source", timeout=30)
+        now = await h.create_class("now", volumeBindingMode="Immediate")
+        source = {"kind": "PersistentVolumeClaim", "name": "source"}
+        copies = [f"copy{i}" for i in range(4)]
+        await asyncio.gather(*(h.create_pvc(c, "16Mi", now, data_source=source) for c in copies))
+        pvs = await h.bound(*copies, timeout=60)
+        assert all(affinity_nodes(pv) == [b.name] for pv in pvs.values())
+        assert not a.backing_files() and len(b.backing_files()) == 5
+        assert (await a.calls(CREATE_VOLUME), await b.calls(CREATE_VOLUME)) == (0, 5)
+        for c in copies:
+            assert not [e for e in await h.events(c) if e[0] == storage.PROVISIONING_FAILED]
+
+
 async def test_immediate_claims_are_each_provisioned_exactly_once(
     control_plane: ControlPlane, api: ApiClient, namespace: str
 ) -> None:
