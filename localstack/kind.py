@@ -46,8 +46,9 @@ DIR_IN_NODE = "/var/lib/kubeloop"
 POOLS = ("shared", "separate")
 SEPARATE_WORKERS = 3
 # The pool size every node offers with separate pools (the chart's capacity value, the driver's
-# --capacity): small enough that tests/kind_local fills a node with one claim of sparse files.
-SEPARATE_CAPACITY = "1Gi"
+# --capacity): room for the e2e suite's expansion specs (a 1Gi claim grown by 1Gi), small enough
+# that tests/kind_local fills a node with one claim (the files are sparse).
+SEPARATE_CAPACITY = "4Gi"
 HELM_CHART = REPO_ROOT / "deploy" / "helm" / "kubeloop"
 HELM_RELEASE = "kubeloop"
 # Which layout the cluster was created with, so a kept cluster of the other layout is recreated.
