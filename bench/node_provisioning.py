@@ -62,13 +62,12 @@ from .common import (
     PeakRss,
     control_plane,
     cpu_seconds,
-    percentile,
     start,
     stop_process,
     wait_log,
     wait_socket,
 )
-from .provisioning import READY, SCENARIOS, WORKERS, go_binary
+from .provisioning import READY, SCENARIOS, WORKERS, claim_figures, go_binary, start_binder
 
 NAMESPACE = "bench"
 CLASS = "bench-wffc"
@@ -233,21 +232,8 @@ async def run_one(scenario: str, side: str, n: int) -> Run:
                     root, node, logs / f"node-provisioning-{scenario}-{side}-driver-{node}.log"
                 )
                 procs.append(drivers[node])
-            binder_log = logs / f"node-provisioning-{scenario}-{side}-pv-controller.log"
-            binder_mark = LogMark.here(binder_log)
-            binder = await start(
-                [
-                    sys.executable,
-                    "-m",
-                    "services.pv_controller.main",
-                    f"--kubeconfig={cp.admin_kubeconfig}",
-                    "--kube-api-qps=5000",
-                    "--kube-api-burst=10000",
-                    "--worker-threads=16",
-                    "--binds-in-flight=16",
-                    "-v=1",
-                ],
-                binder_log,
+            binder, binder_mark = await start_binder(
+                cp.admin_kubeconfig, logs / f"node-provisioning-{scenario}-{side}-pv-controller.log"
             )
             procs.append(binder)
             provs: dict[str, asyncio.subprocess.Process] = {}
@@ -327,7 +313,6 @@ async def run_one(scenario: str, side: str, n: int) -> Run:
                 await report_unscheduled(api)
             cpu = sum(cpu_seconds(p.pid) for p in provs.values())
             await informer.stop()
-            lat = [bound[k] - created[k] for k in bound]
             return Run(
                 scenario=scenario,
                 side=side,
@@ -335,11 +320,7 @@ async def run_one(scenario: str, side: str, n: int) -> Run:
                 qps=qps,
                 burst=burst,
                 workers=WORKERS,
-                total_s=round(total, 2),
-                claims_per_s=round(len(bound) / total, 2) if total else 0.0,
-                latency_p50_s=round(percentile(lat, 50), 2) if lat else 0.0,
-                latency_p99_s=round(percentile(lat, 99), 2) if lat else 0.0,
-                failed=n - len(bound),
+                **claim_figures(n, total, created, bound),
                 peak_rss_mib=max(peaks.peaks.values(), default=0.0),
                 cpu_s=round(cpu, 1),
                 window_cpu_s=use.total(f"provisioner-{node}" for node in NODE_NAMES),

@@ -32,6 +32,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from controller_runtime.client import ApiClient
 from controller_runtime.informer import EventHandler, SharedInformer
@@ -123,6 +124,36 @@ def provisioner_argv(
     return [sys.executable, "-m", "external_provisioner.main", *common, f"--state-dir={state}", "-v=1"]
 
 
+async def start_binder(kubeconfig: Path, log: Path) -> tuple[asyncio.subprocess.Process, LogMark]:
+    """kubeloop's pv-controller, which completes the binds for both sides: a generous QPS and 16
+    binds in flight, so it is not the bottleneck. Returns it and where its log started."""
+    mark = LogMark.here(log)
+    argv = [
+        sys.executable,
+        "-m",
+        "services.pv_controller.main",
+        f"--kubeconfig={kubeconfig}",
+        "--kube-api-qps=5000",
+        "--kube-api-burst=10000",
+        "--worker-threads=16",
+        "--binds-in-flight=16",
+        "-v=1",
+    ]
+    return await start(argv, log), mark
+
+
+def claim_figures(n: int, total: float, created: dict[str, float], bound: dict[str, float]) -> dict[str, Any]:
+    """A run's figures over N claims: total time, rate, latency (created -> Bound) and failures."""
+    lat = [bound[k] - created[k] for k in bound]
+    return {
+        "total_s": round(total, 2),
+        "claims_per_s": round(len(bound) / total, 2) if total else 0.0,
+        "latency_p50_s": round(percentile(lat, 50), 2) if lat else 0.0,
+        "latency_p99_s": round(percentile(lat, 99), 2) if lat else 0.0,
+        "failed": n - len(bound),
+    }
+
+
 async def run_one(scenario: str, side: str, n: int) -> Run:
     qps, burst = SCENARIOS[scenario]
     logs = REPO_ROOT / "bench" / "results" / "logs"
@@ -136,21 +167,8 @@ async def run_one(scenario: str, side: str, n: int) -> Run:
                 root, logs / f"provisioning-{scenario}-{side}-driver.log"
             )
             procs.append(driver)
-            binder_log = logs / f"provisioning-{scenario}-{side}-pv-controller.log"
-            binder_mark = LogMark.here(binder_log)
-            binder = await start(
-                [
-                    sys.executable,
-                    "-m",
-                    "services.pv_controller.main",
-                    f"--kubeconfig={cp.admin_kubeconfig}",
-                    "--kube-api-qps=5000",
-                    "--kube-api-burst=10000",
-                    "--worker-threads=16",
-                    "--binds-in-flight=16",
-                    "-v=1",
-                ],
-                binder_log,
+            binder, binder_mark = await start_binder(
+                cp.admin_kubeconfig, logs / f"provisioning-{scenario}-{side}-pv-controller.log"
             )
             procs.append(binder)
             await api.create(NAMESPACES, {"metadata": {"name": NAMESPACE}})
@@ -238,7 +256,6 @@ async def run_one(scenario: str, side: str, n: int) -> Run:
             total = (max(bound.values()) if bound else time.monotonic()) - t0
             cpu = cpu_seconds(prov.pid)
             await informer.stop()
-            lat = [bound[k] - created[k] for k in bound]
             return Run(
                 scenario=scenario,
                 side=side,
@@ -246,11 +263,7 @@ async def run_one(scenario: str, side: str, n: int) -> Run:
                 qps=qps,
                 burst=burst,
                 workers=WORKERS,
-                total_s=round(total, 2),
-                claims_per_s=round(len(bound) / total, 2) if total else 0.0,
-                latency_p50_s=round(percentile(lat, 50), 2) if lat else 0.0,
-                latency_p99_s=round(percentile(lat, 99), 2) if lat else 0.0,
-                failed=n - len(bound),
+                **claim_figures(n, total, created, bound),
                 peak_rss_mib=round(peak / (1 << 20), 1),
                 cpu_s=round(cpu, 1),
                 ready_s=round(ready, 2),
