@@ -81,12 +81,20 @@ async def create_ready_node(api: ApiClient, name: str) -> Obj:
 
 
 def pod(name: str, claim: str) -> Obj:
+    """A pod of the claim. It tolerates the taints of a node without a kubelet: admission makes a
+    new Node not-ready and kcm's node lifecycle controller lifts that once it reads the Ready
+    status, but calls it unreachable when no heartbeat (Lease) follows within its grace period. On
+    a busy machine the scheduler could meet either taint and leave the pod, and its claim, waiting."""
     return {
         "metadata": {"name": name},
         "spec": {
             "containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10"}],
             "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": claim}}],
             "terminationGracePeriodSeconds": 0,
+            "tolerations": [
+                {"key": "node.kubernetes.io/not-ready", "operator": "Exists"},
+                {"key": "node.kubernetes.io/unreachable", "operator": "Exists"},
+            ],
         },
     }
 
