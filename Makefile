@@ -166,16 +166,17 @@ kind-test: deps binaries kind-deps
 E2E_MODE ?= shared
 E2E_POOLS := $(if $(filter node-local,$(E2E_MODE)),separate,shared)
 E2E_SUFFIX := $(if $(filter node-local,$(E2E_MODE)),-node-local,)
+E2E_CLASS := $(if $(filter node-local,$(E2E_MODE)),--storage-class kubeloop-wffc,)
 
 e2e-storage: deps binaries kind-deps e2e-deps
 	$(PY) -m localstack.kind up --pools $(E2E_POOLS)
-	$(PY) -m localstack.e2e_storage run --results .kubeloop/e2e-storage$(E2E_SUFFIX) $(E2E_ARGS); rc=$$?; \
+	$(PY) -m localstack.e2e_storage run --results .kubeloop/e2e-storage$(E2E_SUFFIX) $(E2E_CLASS) $(E2E_ARGS); rc=$$?; \
 		$(PY) -m localstack.kind down; exit $$rc
 
 e2e-storage-disruptive: deps binaries kind-deps e2e-deps
 	$(PY) -m localstack.kind up --pools $(E2E_POOLS)
 	$(PY) -m localstack.e2e_storage run --suite disruptive --results .kubeloop/e2e-storage-disruptive$(E2E_SUFFIX) \
-		$(E2E_ARGS); rc=$$?; $(PY) -m localstack.kind down; exit $$rc
+		$(E2E_CLASS) $(E2E_ARGS); rc=$$?; $(PY) -m localstack.kind down; exit $$rc
 
 clean:
 	rm -rf kubeloop_grpc .kubeloop build *.egg-info

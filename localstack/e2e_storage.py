@@ -25,11 +25,15 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import yaml
+
 from controller_runtime.toolchain import REPO_ROOT, Toolchain
 
 from .kind import CLUSTER_NAME, DEFAULT_KUBECONFIG, Cluster, KindError, run
 
 DRIVER_FILE = REPO_ROOT / "deploy" / "kind" / "e2e-driver.yaml"
+# The class node-local mode runs the specs with (--storage-class): its WaitForFirstConsumer one.
+NODE_LOCAL_E2E_CLASS = "kubeloop-wffc"
 REPO_LIST = REPO_ROOT / "tools" / "kind-e2e" / "repo-list.yaml"
 IMAGES_SCRIPT = REPO_ROOT / "tools" / "kind-e2e" / "images.sh"
 DEFAULT_RESULTS = REPO_ROOT / ".kubeloop" / "e2e-storage"
@@ -282,6 +286,16 @@ def enable_node_ssh(cluster: Cluster, results: Path) -> dict[str, str]:
     return {"KUBE_SSH_KEY_PATH": str(key), "KUBE_SSH_USER": "root"}
 
 
+def with_existing_class(driver: Path, class_name: str, results: Path) -> Path:
+    """A copy of the driver file, in `results`, whose dynamic specs use the existing StorageClass
+    `class_name` rather than one each spec makes."""
+    definition = yaml.safe_load(driver.read_text())
+    definition["StorageClass"] = {"FromExistingClassName": class_name}
+    derived = results / f"{driver.stem}-{class_name}.yaml"
+    derived.write_text(yaml.safe_dump(definition, sort_keys=False))
+    return derived
+
+
 def check_cluster(cluster: Cluster) -> None:
     """The suite only makes sense with kubeloop deployed: its CSIDriver object and every node Ready."""
     if not cluster.kubeconfig.exists():
@@ -324,6 +338,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--skip", help="-ginkgo.skip instead of the suite's")
     parser.add_argument("--timeout", default=DEFAULT_TIMEOUT, help="-ginkgo.timeout for the whole suite")
     parser.add_argument("--driver", type=Path, default=DRIVER_FILE, help="the -storage.testdriver file")
+    parser.add_argument(
+        "--storage-class",
+        help="the dynamic specs use this existing StorageClass (FromExistingClassName) instead of one of "
+        "their own; node-local mode wants its WaitForFirstConsumer class, as csi-driver-host-path's "
+        "distributed test driver does: an Immediate claim is made on an elected node, not the one a "
+        "spec places its pods on",
+    )
     parser.add_argument("--no-load-images", action="store_true", help="run: the images are on the nodes")
     parser.epilog = "Arguments after -- go to e2e.test as they are (-ginkgo.v, -ginkgo.label-filter=...)."
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -350,6 +371,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     )  # fmt: skip
     duration_seconds(options.timeout)  # refuse a bad --timeout before anything runs
     options.results.mkdir(parents=True, exist_ok=True)
+    if args.storage_class:
+        options.driver = with_existing_class(options.driver, args.storage_class, options.results)
     options.junit.unlink(missing_ok=True)
 
     if args.command == "run":

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from controller_runtime.toolchain import REPO_ROOT, Toolchain
-from localstack.e2e_storage import QUICK_SPECS, go_regexp_quote
+from localstack.e2e_storage import NODE_LOCAL_E2E_CLASS, QUICK_SPECS, go_regexp_quote
 from localstack.kind import Cluster
 
 
@@ -22,6 +22,9 @@ def assert_quick_specs_pass(
     """Runs `specs` (the quick selection unless told) into `results`; fails unless every one ran
     and passed. Returns the counts and the seconds taken."""
     focus = [] if specs == QUICK_SPECS else ["--focus", "|".join(go_regexp_quote(s) for s in specs)]
+    # Node-local pools: the specs' claims wait for their pods, as in hostpath's distributed test driver.
+    if cluster.pools == "separate":
+        focus += ["--storage-class", NODE_LOCAL_E2E_CLASS]
     e2e_test = Toolchain.default().binary("e2e.test")
     if not e2e_test.exists():
         pytest.fail(f"{e2e_test} is missing: run `bash tools/build-binaries.sh e2e` (make test does)")
