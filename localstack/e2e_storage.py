@@ -51,6 +51,12 @@ QUICK_SPECS = (
 )
 
 
+def external_specs(specs: Sequence[str]) -> str:
+    """A Ginkgo focus on these specs of the External Storage suite only: the same texts also name
+    in-tree CSI specs, whose drivers' images come from a registry."""
+    return "External.Storage.*(" + "|".join(go_regexp_quote(f"[Testpattern: {s}") for s in specs) + ")"
+
+
 def go_regexp_quote(text: str) -> str:
     """`text` as a Go (RE2) regular expression matching it literally. Python's re.escape also escapes
     spaces, which RE2 refuses."""
@@ -80,9 +86,7 @@ SUITES = {
     ),
     # What `make test` runs (tests/kind/test_e2e_storage.py): a few minutes of it.
     "quick": Suite(
-        "External.Storage.*("
-        + "|".join(go_regexp_quote(f"[Testpattern: {spec}") for spec in QUICK_SPECS)
-        + ")",
+        external_specs(QUICK_SPECS),
         "Disruptive|Serial|Slow",
         "provisioning, data, block mode, clones, snapshots, offline expansion, topology and capacity: "
         "a few minutes",

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from controller_runtime.toolchain import REPO_ROOT, Toolchain
-from localstack.e2e_storage import NODE_LOCAL_E2E_CLASS, QUICK_SPECS, go_regexp_quote
+from localstack.e2e_storage import NODE_LOCAL_E2E_CLASS, QUICK_SPECS, external_specs
 from localstack.kind import Cluster
 
 
@@ -21,7 +21,7 @@ def assert_quick_specs_pass(
 ) -> dict[str, float]:
     """Runs `specs` (the quick selection unless told) into `results`; fails unless every one ran
     and passed. Returns the counts and the seconds taken."""
-    focus = [] if specs == QUICK_SPECS else ["--focus", "|".join(go_regexp_quote(s) for s in specs)]
+    focus = [] if specs == QUICK_SPECS else ["--focus", external_specs(specs)]
     # Node-local pools: the specs' claims wait for their pods, as in hostpath's distributed test driver.
     if cluster.pools == "separate":
         focus += ["--storage-class", NODE_LOCAL_E2E_CLASS]
