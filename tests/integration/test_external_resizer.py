@@ -41,6 +41,23 @@ Mode = csi_pb2.VolumeCapability.AccessMode.Mode
 MiB = 1 << 20
 
 
+async def rwo_volume(csi: CSIConnection, name: str) -> str:
+    """A 16 MiB volume in the driver, created as the provisioner creates one for RWO."""
+    cap = csi_pb2.VolumeCapability(
+        mount=csi_pb2.VolumeCapability.MountVolume(fs_type="ext4"),
+        access_mode=csi_pb2.VolumeCapability.AccessMode(mode=Mode.SINGLE_NODE_MULTI_WRITER),
+    )
+    rsp = await csi.controller.CreateVolume(
+        csi_pb2.CreateVolumeRequest(
+            name=name,
+            capacity_range=csi_pb2.CapacityRange(required_bytes=16 * MiB),
+            volume_capabilities=[cap],
+        ),
+        timeout=60,
+    )
+    return str(rsp.volume.volume_id)
+
+
 @dataclass
 class Recording(CSIConnection):
     """The driver's connection, keeping every ControllerExpandVolume request the resizer sends."""
@@ -96,20 +113,7 @@ class Setup:
         return csi
 
     async def volume(self, csi: CSIConnection, name: str) -> str:
-        """A 16 MiB volume in the driver, created as the provisioner creates one for RWO."""
-        cap = csi_pb2.VolumeCapability(
-            mount=csi_pb2.VolumeCapability.MountVolume(fs_type="ext4"),
-            access_mode=csi_pb2.VolumeCapability.AccessMode(mode=Mode.SINGLE_NODE_MULTI_WRITER),
-        )
-        rsp = await csi.controller.CreateVolume(
-            csi_pb2.CreateVolumeRequest(
-                name=f"{name}-{self.suffix}",
-                capacity_range=csi_pb2.CapacityRange(required_bytes=16 * MiB),
-                volume_capabilities=[cap],
-            ),
-            timeout=60,
-        )
-        return str(rsp.volume.volume_id)
+        return await rwo_volume(csi, f"{name}-{self.suffix}")
 
     async def bound_claim(
         self,

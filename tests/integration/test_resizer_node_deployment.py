@@ -28,7 +28,7 @@ from kubeloop_grpc.csi import csi_pb2
 from localstack.controlplane import ControlPlane
 from tests.csi.conftest import Driver
 
-from .test_external_resizer import Recording, wait_for
+from .test_external_resizer import Recording, rwo_volume, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -83,19 +83,7 @@ class Nodes:
 
     async def volume(self, csi: Recording, name: str) -> str:
         """A 16 MiB volume in that node's pool, as the provisioner creates one for RWO."""
-        cap = csi_pb2.VolumeCapability(
-            mount=csi_pb2.VolumeCapability.MountVolume(fs_type="ext4"),
-            access_mode=csi_pb2.VolumeCapability.AccessMode(mode=Mode.SINGLE_NODE_MULTI_WRITER),
-        )
-        rsp = await csi.controller.CreateVolume(
-            csi_pb2.CreateVolumeRequest(
-                name=f"{name}-{self.suffix}",
-                capacity_range=csi_pb2.CapacityRange(required_bytes=16 * MiB),
-                volume_capabilities=[cap],
-            ),
-            timeout=60,
-        )
-        return str(rsp.volume.volume_id)
+        return await rwo_volume(csi, f"{name}-{self.suffix}")
 
     async def bound_claim(self, name: str, handle: str, node: str) -> str:
         """A claim asking for 32Mi, Bound to a new 16Mi PV of the driver pinned to `node` as the
