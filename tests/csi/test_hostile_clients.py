@@ -16,6 +16,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -346,20 +347,24 @@ def _assert_pool_matches_the_listing(d: Driver, client: Client) -> None:
     assert not [p for p in (d.pool / "volumes").iterdir() if not p.name.endswith(".img")]
 
 
-def test_a_clone_killed_mid_copy_is_rolled_back_at_start(driver: Driver, client: Client) -> None:
-    """kill -9 while a clone copies (its record written, not ready): the restarted driver rolls it
-    back, file and record, so ListVolumes and the pool agree; the CO's retry by name makes it."""
-    source = create(client, "big-source", size=512 * MiB)
+def kill_during_clone(
+    driver: Driver, client: Client, source_name: str, name: str, **extra: Any
+) -> tuple[csi_pb2.Volume, csi_pb2.CreateVolumeRequest]:
+    """A 512 MiB source with 384 MiB of data, and its clone `name` (the request given `extra`
+    fields) killed -9 once its record is written and not ready, while the copy runs. Returns the
+    source and the clone's request, for the retry."""
+    source = create(client, source_name, size=512 * MiB)
     with open(driver.pool / "volumes" / f"{source.volume_id}.img", "r+b") as f:
         for _ in range(384):
             f.write(os.urandom(MiB))
     request = csi_pb2.CreateVolumeRequest(
-        name="killed-clone",
+        name=name,
         capacity_range=csi_pb2.CapacityRange(required_bytes=512 * MiB),
         volume_capabilities=[mount_cap()],
         volume_content_source=csi_pb2.VolumeContentSource(
             volume=csi_pb2.VolumeContentSource.VolumeSource(volume_id=source.volume_id)
         ),
+        **extra,
     )
     errors: list[grpc.RpcError] = []
 
@@ -378,6 +383,13 @@ def test_a_clone_killed_mid_copy_is_rolled_back_at_start(driver: Driver, client:
     driver.kill9()
     worker.join()
     assert errors, "the clone finished before the kill; the copy was too fast to interrupt"
+    return source, request
+
+
+def test_a_clone_killed_mid_copy_is_rolled_back_at_start(driver: Driver, client: Client) -> None:
+    """kill -9 while a clone copies (its record written, not ready): the restarted driver rolls it
+    back, file and record, so ListVolumes and the pool agree; the CO's retry by name makes it."""
+    source, request = kill_during_clone(driver, client, "big-source", "killed-clone")
     driver.start()
     _assert_pool_matches_the_listing(driver, client)
     assert set(_records(driver.state, "volumes")) == {source.volume_id}

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
 import socket
 import subprocess
@@ -30,6 +29,7 @@ from kubeloop_grpc.csi import csi_pb2
 
 from .conftest import REPO, Client, Driver, loop_devices_under, mounts_under, stop_and_clean
 from .test_driver import MiB, Mode, block_cap, create, mount_cap, read_digest, write_data
+from .test_hostile_clients import kill_during_clone
 
 pytestmark = pytest.mark.root
 
@@ -540,35 +540,8 @@ def test_kill9_mid_create_converges(csi_root: Path) -> None:
     it on this node."""
     d = local_driver(csi_root, "node-1")
     with running(d) as (client,):
-        source = create(client, "big", size=512 * MiB)
-        with open(d.pool / "volumes" / f"{source.volume_id}.img", "r+b") as f:
-            for _ in range(384):
-                f.write(os.urandom(MiB))
-        request = csi_pb2.CreateVolumeRequest(
-            name="killed",
-            capacity_range=csi_pb2.CapacityRange(required_bytes=512 * MiB),
-            volume_capabilities=[mount_cap()],
-            volume_content_source=volume_source(source.volume_id),
-            accessibility_requirements=csi_pb2.TopologyRequirement(requisite=[segment("node-1")]),
-        )
-        errors: list[grpc.RpcError] = []
-
-        def clone() -> None:
-            try:
-                client.controller.CreateVolume(request, timeout=30)
-            except grpc.RpcError as e:
-                errors.append(e)
-
-        records = d.state / "volumes"
-        worker = threading.Thread(target=clone)
-        worker.start()
-        deadline = time.monotonic() + 20
-        while not any(not json.loads(p.read_text()).get("ready") for p in records.glob("*.json")):
-            assert time.monotonic() < deadline, "the clone's record never appeared"
-            time.sleep(0.001)
-        d.kill9()
-        worker.join()
-        assert errors, "the clone finished before the kill; the copy was too fast to interrupt"
+        requisite = csi_pb2.TopologyRequirement(requisite=[segment("node-1")])
+        source, request = kill_during_clone(d, client, "big", "killed", accessibility_requirements=requisite)
         d.start()
         files = {p.name.removesuffix(".img") for p in (d.pool / "volumes").iterdir()}
         assert files == {source.volume_id}, f"leaked backing files: {files - {source.volume_id}}"
