@@ -200,6 +200,14 @@ class StorageStack:
                 except ApiError as exc:
                     if not exc.not_found:
                         raise
+        # Nor its CSIDriver another test's scheduling: with storageCapacity the scheduler places a
+        # WaitForFirstConsumer claim of the driver only where a CSIStorageCapacity admits it, and a
+        # later test's own class has none (its pod stayed Pending).
+        try:
+            await self.api.delete(CSI_DRIVERS, DRIVER_NAME)
+        except ApiError as exc:
+            if not exc.not_found:
+                raise
 
     async def kill9(self, name: str, restart: bool = True) -> None:
         """SIGKILL to the process group, as a crash, then (unless told not to) start it again; a
