@@ -247,9 +247,16 @@ class Harness:
             out[c] = pv
         return out
 
-    async def events(self, name: str) -> list[tuple[str, str]]:
+    async def events(self, name: str, component_prefix: str = "") -> list[tuple[str, str]]:
+        """The (reason, message) of the events about `name`; with `component_prefix`, only those of
+        the components whose source starts with it (the provisioner's is `<driver>_<host>`)."""
         items = (await self.api.list_page(EVENTS, self.ns))["items"]
-        return [(e["reason"], e["message"]) for e in items if e["involvedObject"].get("name") == name]
+        return [
+            (e["reason"], e["message"])
+            for e in items
+            if e["involvedObject"].get("name") == name
+            and str((e.get("source") or {}).get("component") or "").startswith(component_prefix)
+        ]
 
     async def wait_event(self, name: str, reason: str, text: str = "", timeout: float = 20) -> str:
         async def check() -> list[str]:
