@@ -239,6 +239,14 @@ def test_values_choose_pool_capacity_image_classes_and_resources() -> None:
             ["mode=shared", "capacity=1Gi"],
             "capacity (the pool size per node) applies to mode node-local only",
         ),
+        (
+            ["mode=node-local", "capacity=lots"],
+            'capacity must be a size such as 100Gi, 512Mi or a number of bytes, not "lots"',
+        ),
+        (
+            ["mode=node-local", "capacity=fast=1Gi"],
+            'capacity must be a size such as 100Gi, 512Mi or a number of bytes, not "fast=1Gi"',
+        ),
     ],
 )
 def test_bad_values_fail_with_a_clear_message(values: list[str], message: str) -> None:
