@@ -154,6 +154,31 @@ async def test_informer_sees_create_update_delete_in_order(
         assert name not in pvs.store
 
 
+async def kcm_caught_up(api: ApiClient, label: str) -> None:
+    """Waits until kube-controller-manager works again after an apiserver restart: its informers
+    re-list with client-go's backoff (up to 30 s) and meet Forbidden until the new apiserver has
+    bootstrapped RBAC. A claim no pod uses, deleted, goes once kcm's pvc-protection lifts its
+    finalizer. Without this wait the next module inherited a kcm still catching up
+    (test_node_finalizer's claim waited past its time-out in one CI-equivalent run)."""
+    name = f"kcm-canary-{label}"
+    spec = {
+        "accessModes": ["ReadWriteOnce"],
+        "resources": {"requests": {"storage": "1Mi"}},
+        "storageClassName": "kcm-canary",
+    }
+    await api.create(PERSISTENT_VOLUME_CLAIMS, {"metadata": {"name": name}, "spec": spec}, "default")
+    await api.delete(PERSISTENT_VOLUME_CLAIMS, name, "default")
+    for _ in range(1200):
+        try:
+            await api.get(PERSISTENT_VOLUME_CLAIMS, name, "default")
+        except ApiError as exc:
+            if exc.not_found:
+                return
+            raise
+        await asyncio.sleep(0.1)
+    raise AssertionError("kube-controller-manager's pvc-protection did not come back within 120 s")
+
+
 async def test_informer_recovers_after_watch_is_cut(api: ApiClient, control_plane: Any, label: str) -> None:
     informer = SharedInformer(api, PERSISTENT_VOLUMES)
     async with running(informer):
@@ -168,6 +193,7 @@ async def test_informer_recovers_after_watch_is_cut(api: ApiClient, control_plan
             await asyncio.sleep(0.1)
         assert cached_names(informer, label) == await fresh_names(api, label)
         assert set(cached_names(informer, label)) == {f"cut-{label}-2"}
+    await kcm_caught_up(api, label)
 
 
 async def test_informer_relists_after_410_gone(api: ApiClient, control_plane: Any, label: str) -> None:
@@ -216,6 +242,7 @@ async def test_informer_relists_after_410_gone(api: ApiClient, control_plane: An
         assert set(cached_names(informer, label)) == {f"gone-{label}-{i}" for i in (1, 2, 3)}
         changed = informer.store.get(f"gone-{label}-1")
         assert changed is not None and changed["metadata"]["labels"]["changed"] == "yes"
+    await kcm_caught_up(api, label)
 
 
 async def test_stale_resource_version_write_conflicts_and_retry_succeeds(api: ApiClient, label: str) -> None:

@@ -48,6 +48,10 @@ from node_finalizer.decide import DRIVER_NAME, FINALIZER, PROVISIONER_FINALIZER,
 pytestmark = pytest.mark.integration
 
 PV_PROTECTION = "kubernetes.io/pv-protection"
+# What waits on kcm's pvc- and pv-protection controllers (a claim or PV going once its finalizer is
+# lifted). Their clients make 20 requests/s: in the full suite they can still be working through an
+# earlier test's namespace of 200 claims and PVs, and a 30 s wait once ran out (CI-equivalent run).
+KCM_TIMEOUT = 120.0
 
 
 async def wait_for(check: Callable[[], Awaitable[bool]], timeout: float, what: str) -> None:
@@ -55,6 +59,18 @@ async def wait_for(check: Callable[[], Awaitable[bool]], timeout: float, what: s
     while not await check():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         await asyncio.sleep(0.1)
+
+
+async def wait_gone(c: Cluster, res: Resource, name: str, namespace: str | None, what: str) -> None:
+    """Waits for an object that only kcm's protection controllers still hold; on a time-out, says
+    what holds it (its finalizers, and the pods left in its namespace)."""
+    try:
+        await wait_for(lambda: c.gone(res, name, namespace), KCM_TIMEOUT, what)
+    except AssertionError:
+        obj = await c.get(res, name, namespace) or {}
+        pods = [p["metadata"]["name"] for p in (await c.api.list_page(PODS, c.ns))["items"]]
+        held = obj.get("metadata", {}).get("finalizers")
+        raise AssertionError(f"timed out waiting for {what}: finalizers {held}, pods {pods}") from None
 
 
 def volumes_cleaned(action: str) -> float:
@@ -329,11 +345,11 @@ async def test_a_deleted_nodes_volumes_are_cleaned_up_and_the_node_goes(cluster:
     assert pv is not None and pv["metadata"].get("deletionTimestamp")
     assert pv["metadata"].get("finalizers") == [PV_PROTECTION]
     await c.delete_pod("user")
-    await wait_for(lambda: c.gone(PERSISTENT_VOLUME_CLAIMS, "used", ns), 30, "the used claim gone")
+    await wait_gone(c, PERSISTENT_VOLUME_CLAIMS, "used", ns, "the used claim gone")
     # The Released PV goes at once (pv-protection does not hold a PV that is not Bound).
-    await wait_for(lambda: c.gone(PERSISTENT_VOLUMES, pv_released), 30, "the released PV gone")
+    await wait_gone(c, PERSISTENT_VOLUMES, pv_released, None, "the released PV gone")
     # Retain: the claim goes, the PV stays.
-    await wait_for(lambda: c.gone(PERSISTENT_VOLUME_CLAIMS, "kept", ns), 30, "the kept PV's claim gone")
+    await wait_gone(c, PERSISTENT_VOLUME_CLAIMS, "kept", ns, "the kept PV's claim gone")
     pv = await api.get(PERSISTENT_VOLUMES, pv_kept)
     assert pv["metadata"].get("deletionTimestamp") is None
     # The shared-pool volume and node-b's are untouched, and so are their claims.
@@ -409,10 +425,10 @@ async def test_a_finalizer_killed_at_any_step_converges_on_restart(cluster: Clus
 
     await c.start()
     await wait_for(lambda: c.gone(NODES, node), 30, "the node gone after the restart")
-    await wait_for(lambda: c.gone(PERSISTENT_VOLUME_CLAIMS, "bound", ns), 30, "the claim gone")
+    await wait_gone(c, PERSISTENT_VOLUME_CLAIMS, "bound", ns, "the claim gone")
     # The Released PV goes (pv-protection holds only a Bound one); the Bound one is deleted with
     # only pv-protection left, which kcm lifts once the binder marks it Released.
-    await wait_for(lambda: c.gone(PERSISTENT_VOLUMES, pv_released), 30, "the released PV gone")
+    await wait_gone(c, PERSISTENT_VOLUMES, pv_released, None, "the released PV gone")
     pv = await api.get(PERSISTENT_VOLUMES, pv_bound)
     assert pv["metadata"].get("deletionTimestamp") and pv["metadata"]["finalizers"] == [PV_PROTECTION]
 
