@@ -164,6 +164,7 @@ MUST: dict[str, list[Check]] = {
     "kubeloop-node-finalizer": [
         ("patch", "nodes", ""),
         ("delete", "persistentvolumes", ""),
+        ("get", "persistentvolumes", ""),  # a finalizer patch that conflicted reads the PV again
         ("delete", "persistentvolumeclaims", "default"),
         ("patch", "persistentvolumeclaims", "default"),  # a waiting claim's selected-node
         ("get", "csidrivers.storage.k8s.io", ""),
