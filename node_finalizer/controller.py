@@ -41,6 +41,7 @@ from . import messages
 from .decide import (
     DRIVER_NAME,
     FINALIZER,
+    TOPOLOGY_KEY,
     NodeStep,
     VolumeCleanup,
     add_node_finalizer,
@@ -123,6 +124,13 @@ class NodeFinalizer(InformerController):
 
     async def _finalize(self, node: Obj) -> None:
         name, value = node["metadata"]["name"], topology_value(node)
+        if value is None:
+            label = str(node["metadata"]["labels"][TOPOLOGY_KEY])
+            log.warning("topology label is not the node name, nothing cleaned up", node=name, label=label)
+            text = messages.skipped_label_mismatch(TOPOLOGY_KEY, label)
+            self.recorder.warning(typed(node, NODES), messages.NODE_FINALIZE_SKIPPED, text)
+            await self._release(node, "label-mismatch")
+            return
         volumes = [(pv, c) for pv in await self._volumes() if (c := cleanup(pv, value)) is not None]
         waiting = await self._waiting_claims(name)
         if self.options.skip_node_finalize:

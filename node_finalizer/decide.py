@@ -51,12 +51,17 @@ def node_step(node: Obj) -> NodeStep:
     return NodeStep.NOTHING if ours else NodeStep.ADD_FINALIZER
 
 
-def topology_value(node: Obj) -> str:
-    """The value a volume pinned to this Node carries under the topology key: the Node's label
-    (kubelet copies it from the driver's NodeGetInfo), else its name (the driver's --node-id is
-    the node name unless the admin chose otherwise)."""
+def topology_value(node: Obj) -> str | None:
+    """The value a volume pinned to this Node carries under the topology key: its name (the
+    driver's --node-id is the node name in every deployment kubeloop ships, and kubelet copies it
+    into the Node's label). None when the label names something else: kubelet writes its Node's
+    labels and NodeRestriction does not guard this key, so a node believed by its label could name
+    another node's volumes and have them deleted with its own Node object."""
     md = node["metadata"]
-    return str((md.get("labels") or {}).get(TOPOLOGY_KEY) or md["name"])
+    label = (md.get("labels") or {}).get(TOPOLOGY_KEY)
+    if label is not None and label != md["name"]:
+        return None
+    return str(md["name"])
 
 
 def pinned_value(pv: Obj) -> str | None:

@@ -73,3 +73,11 @@ def skipped_shared_mode(driver: str) -> str:
         f"Nothing cleaned up: the CSIDriver {driver} is missing or requires attach (shared-pool mode), "
         "where a volume lives in the shared pool and outlives any node."
     )
+
+
+def skipped_label_mismatch(key: str, label: str) -> str:
+    return (
+        f"Nothing cleaned up: this Node's label {key}={label} differs from its name, so which volumes "
+        "were node-local to it cannot be trusted (a node could name another node's volumes). Delete "
+        "the claims and PersistentVolumes pinned to this node by hand if its pool is really gone."
+    )

@@ -433,17 +433,23 @@ async def test_a_finalizer_killed_at_any_step_converges_on_restart(cluster: Clus
     assert pv["metadata"].get("deletionTimestamp") and pv["metadata"]["finalizers"] == [PV_PROTECTION]
 
 
-@pytest.mark.parametrize("mode", ["skip-node-finalize", "shared-mode"])
+@pytest.mark.parametrize("mode", ["skip-node-finalize", "shared-mode", "label-mismatch"])
 async def test_nothing_is_cleaned_up_when_told_not_to_or_in_shared_mode(cluster: Cluster, mode: str) -> None:
-    """--skip-node-finalize, or a CSIDriver that requires attach (the shared pool): the Node still
-    goes, its volumes and claims stay, and the Node's event says why."""
+    """--skip-node-finalize, a CSIDriver that requires attach (the shared pool), or a Node whose
+    topology label names another node (kubelet writes it: a node must not get another node's
+    volumes deleted with its own Node object): the Node still goes, the volumes and claims stay,
+    and the Node's event says why."""
     c, api, ns = cluster, cluster.api, cluster.ns
     await c.csidriver(attach_required=mode == "shared-mode")
     await c.start(skip_node_finalize=mode == "skip-node-finalize")
     node = await c.node("nf-s")
     await wait_for(lambda: c.has_finalizer(node), 20, "the finalizer on the node")
+    pinned_to = node
+    if mode == "label-mismatch":
+        pinned_to = c.name("victim")  # a healthy node's value, named by the deleted node's label
+        await api.patch(NODES, node, {"metadata": {"labels": {TOPOLOGY_KEY: pinned_to}}})
     bound = await c.claim("bound")
-    pv_bound = await c.pv("bound", [node], claim=bound)
+    pv_bound = await c.pv("bound", [pinned_to], claim=bound)
 
     await api.delete(NODES, node)
     await wait_for(lambda: c.gone(NODES, node), 30, "the node gone")

@@ -67,9 +67,11 @@ def test_node_step(n: Obj, step: NodeStep) -> None:
     assert node_step(n) is step
 
 
-def test_topology_value_is_the_label_else_the_name() -> None:
+def test_topology_value_is_the_name_and_a_label_naming_another_node_is_not_believed() -> None:
     assert topology_value(node("node-a")) == "node-a"
-    assert topology_value(node("node-a", labels={TOPOLOGY_KEY: "id-7"})) == "id-7"
+    assert topology_value(node("node-a", labels={TOPOLOGY_KEY: "node-a"})) == "node-a"
+    # kubelet writes its Node's labels: a node naming another node's value gets nothing cleaned up.
+    assert topology_value(node("node-a", labels={TOPOLOGY_KEY: "node-b"})) is None
 
 
 def term(*exprs: Obj) -> Obj:
