@@ -118,7 +118,24 @@ class NodeFinalizer(InformerController):
             await self._edit(NODES, node, add_node_finalizer)
             log.info("added finalizer", node=key, finalizer=FINALIZER)
         elif step is NodeStep.FINALIZE:
-            await self._finalize(node)
+            live = await self._live(node)
+            if live is not None:
+                await self._finalize(live)
+
+    async def _live(self, cached: Obj) -> Obj | None:
+        """The Node as the API has it, when it is still the cached one (same UID) and still waiting
+        for this finalizer: a cache that lags (a watch cut, a relist backing off) could hand over
+        a Node released long ago, and a new Node of the same name may since hold volumes."""
+        md = cached["metadata"]
+        try:
+            live = await self.client.get(NODES, md["name"])
+        except ApiError as exc:
+            if exc.not_found:
+                return None
+            raise
+        if live["metadata"].get("uid") != md.get("uid") or node_step(live) is not NodeStep.FINALIZE:
+            return None
+        return live
 
     # -- finalizing a deleted Node ----------------------------------------------------------------
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import json
 import signal
 import socket
@@ -549,3 +550,22 @@ async def test_the_process_serves_health_metrics_json_logs_and_stops_on_sigterm(
     assert any(entry.get("msg") == "removed finalizer, the node can go" for entry in logs), logs
     lease = await api.get(LEASES, "kubeloop-node-finalizer", "kube-system")
     assert not lease["spec"].get("holderIdentity"), "the Lease is released on SIGTERM"
+
+
+async def test_a_stale_cached_node_is_never_finalized(cluster: Cluster) -> None:
+    """A cached Node that says 'deleting, finalizer on' is checked against the API first: the live
+    Node not being deleted, or being another Node of the same name (another UID), means nothing is
+    finalized (a lagging cache must not clean up a live node's volumes)."""
+    c, api = cluster, cluster.api
+    await c.csidriver(attach_required=False)
+    finalizer = await c.start()
+    node = await c.node("nf-l")
+    await wait_for(lambda: c.has_finalizer(node), 20, "the finalizer on the node")
+    live = await api.get(NODES, node)
+    deleting = copy.deepcopy(live)
+    deleting["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    assert await finalizer._live(deleting) is None, "the live Node is not being deleted"
+    await api.delete(NODES, node)
+    other = copy.deepcopy(deleting)
+    other["metadata"]["uid"] = str(uuid.uuid4())
+    assert await finalizer._live(other) is None, "another Node of the same name"
