@@ -127,6 +127,13 @@ def scratch_namespace(kc: KindCluster) -> Iterator[str]:
     name = f"kind-{uuid.uuid4().hex[:8]}"
     kc.kubectl("create", "namespace", name)
     try:
+        # Admission refuses pods until kcm has made the namespace's default ServiceAccount.
+        deadline = time.monotonic() + 60
+        while "serviceaccount/default" not in kc.kubectl(
+            "-n", name, "get", "serviceaccounts", "-o", "name", check=False
+        ):
+            assert time.monotonic() < deadline, f"kcm never made serviceaccount {name}/default"
+            time.sleep(0.5)
         yield name
     finally:
         kc.kubectl("delete", "namespace", name, "--wait=true", "--timeout=180s", check=False, timeout=200)
