@@ -20,7 +20,7 @@ from controller_runtime.files import is_temp_name
 from controller_runtime.logs import get_logger
 from kubeloop_grpc.csi import csi_pb2, csi_pb2_grpc
 
-from . import TOPOLOGY_KEY
+from . import TOPOLOGY_KEY, mutable
 from .backend import files
 from .backend.fs import DEFAULT_FS, SUPPORTED
 from .capabilities import (
@@ -40,6 +40,7 @@ from .errors import (
     out_of_range,
     unimplemented,
 )
+from .mutable import check_mutable
 from .pool_kinds import KIND_PARAMETER, PoolCapacity, chosen_kind
 from .state import DriverState, SnapshotRecord, VolumeRecord
 from .topology import checked_requirements, local_topology, names_node
@@ -73,6 +74,7 @@ CAPABILITIES = (
     RPC.VOLUME_CONDITION,
     RPC.SINGLE_NODE_MULTI_WRITER,
     RPC.PUBLISH_READONLY,
+    RPC.MODIFY_VOLUME,
 )
 # What only a published volume has: a node-local pool's volumes are never ControllerPublished
 # (attachRequired: false), as csi-driver-host-path's without --enable-attach.
@@ -412,6 +414,9 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
                         await self._fill(self.state.volume_file(vol.volume_id), vol.capacity, source.path)
                 else:
                     await self._fill(self.state.volume_file(vol.volume_id), vol.capacity, None)
+                # A copy starts with the attributes of a new file, whatever its source had.
+                path = self.state.volume_file(vol.volume_id)
+                await asyncio.to_thread(mutable.apply, path, vol.mutable_parameters)
                 vol.ready = True
                 await self.state.put_volume(vol)
             except Exception:
@@ -445,6 +450,7 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
         access_type = _access_type(caps)
         requested_fs = self._fs_type(dict(req.parameters), caps) if access_type == "mount" else ""
         kind = chosen_kind(req.parameters, self.config.capacity)
+        mutable_parameters = check_mutable(req.mutable_parameters)
         required, limit = req.capacity_range.required_bytes, req.capacity_range.limit_bytes
         if req.HasField("capacity_range") and not required and not limit:
             raise invalid("capacity_range must set required_bytes or limit_bytes, or be unset")
@@ -482,6 +488,7 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
             source_id=source.id,
             topology=topology,
             kind=kind,
+            mutable_parameters=mutable_parameters,
         )
         async with self.state.locks.hold(f"name/{name}"):
             vol = self.state.volume_by_name(name)
@@ -880,4 +887,20 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
     async def ControllerModifyVolume(
         self, req: csi_pb2.ControllerModifyVolumeRequest, _: grpc.aio.ServicerContext
     ) -> csi_pb2.ControllerModifyVolumeResponse:
-        raise CsiError(grpc.StatusCode.UNIMPLEMENTED, "this driver has no mutable volume parameters")
+        volume_id = check_id(req.volume_id, "volume_id")
+        # Checked before anything is touched: the spec forbids a partly applied INVALID_ARGUMENT.
+        params = check_mutable(req.mutable_parameters)
+        async with self.state.locks.hold(volume_id):
+            vol = self._volume(volume_id)
+            changed = {k: v for k, v in params.items() if vol.mutable_parameters.get(k) != v}
+            if not changed:
+                return csi_pb2.ControllerModifyVolumeResponse()
+            if problem := await asyncio.to_thread(self.state.pool_problem):
+                raise failed_precondition(f"volume {volume_id} cannot be modified now: {problem}")
+            # The file first, the record after: a crash in between leaves a record the retry
+            # brings level (applying is idempotent).
+            await asyncio.to_thread(mutable.apply, self.state.volume_file(volume_id), changed)
+            vol.mutable_parameters.update(changed)
+            await self.state.put_volume(vol)
+        log.info("modified volume", volume=volume_id, parameters=changed)
+        return csi_pb2.ControllerModifyVolumeResponse()

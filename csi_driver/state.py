@@ -65,6 +65,9 @@ class VolumeRecord:
     ready: bool = False  # False until the backing file is complete (a crash mid-create is resumed)
     created_at: float = field(default_factory=time.time)
     kind: str = ""  # the pool kind whose budget it takes (--capacity KIND=SIZE); "" without kinds
+    # The mutable parameters the backing file has been given (csi_driver.mutable), every key ever
+    # set with its last value; a key never set has the attribute's default.
+    mutable_parameters: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass

@@ -5,6 +5,7 @@ These are plain blocking functions; callers run them with asyncio.to_thread.
 
 from __future__ import annotations
 
+import array
 import contextlib
 import errno
 import fcntl
@@ -16,6 +17,12 @@ from controller_runtime.files import fsync_dir, temp_name
 # ioctl FICLONE: a reflink copy, instant and sharing extents, where the filesystem can (btrfs, xfs).
 _FICLONE = 0x40049409
 _CHUNK = 64 << 20
+# ioctl FS_IOC_GETFLAGS / FS_IOC_SETFLAGS (declared with a long, but every filesystem reads and
+# writes an int) and the inode flag FS_SYNC_FL, chattr's "S": the filesystem completes every
+# write to the file only once it is on disk, whoever writes it (a loop device too).
+_FS_IOC_GETFLAGS = 0x80086601
+_FS_IOC_SETFLAGS = 0x40086602
+_FS_SYNC_FL = 0x00000008
 
 
 class UnsafePoolFile(OSError):
@@ -156,3 +163,33 @@ def remove(path: str) -> None:
 def free_bytes(path: str) -> int:
     st = os.statvfs(path)
     return st.f_bavail * st.f_frsize
+
+
+def _inode_flags(fd: int) -> int:
+    flags = array.array("i", [0])
+    fcntl.ioctl(fd, _FS_IOC_GETFLAGS, flags, True)
+    return flags[0]
+
+
+def set_synchronous(path: str, on: bool) -> None:
+    """Sets or clears a backing file's synchronous-write flag (FS_SYNC_FL), durably. It acts at
+    once on a loop device already bound to the file: each write the device passes down completes
+    only when it has reached the pool's disk."""
+    fd = open_regular(path, os.O_RDONLY)
+    try:
+        old = _inode_flags(fd)
+        new = old | _FS_SYNC_FL if on else old & ~_FS_SYNC_FL
+        if new != old:
+            fcntl.ioctl(fd, _FS_IOC_SETFLAGS, array.array("i", [new]))
+            os.fsync(fd)  # the inode, flag included, is on disk before the change is recorded
+    finally:
+        os.close(fd)
+
+
+def synchronous(path: str) -> bool:
+    """Whether a backing file carries the synchronous-write flag."""
+    fd = open_regular(path, os.O_RDONLY)
+    try:
+        return bool(_inode_flags(fd) & _FS_SYNC_FL)
+    finally:
+        os.close(fd)

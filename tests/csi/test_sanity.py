@@ -50,6 +50,9 @@ def test_csi_sanity(access_type: str, pool: str, csi_root: Path, capsys: pytest.
         flags.append("--node-local")
     driver = Driver(work, "all", f"sanity-{access_type}", flags).start()
     report = work / "junit.xml"
+    # The ModifyVolume specs create and modify volumes with these (a VolumeAttributesClass's).
+    mutable = work / "mutable-parameters.yaml"
+    mutable.write_text("cacheMode: writethrough\n")
     try:
         proc = subprocess.run(
             [
@@ -61,6 +64,7 @@ def test_csi_sanity(access_type: str, pool: str, csi_root: Path, capsys: pytest.
                 f"--csi.mountdir={driver.kubelet / 'mount'}",
                 f"--csi.testvolumeaccesstype={access_type}",
                 "--csi.testnodevolumeattachlimit",
+                f"--csi.testvolumemutableparameters={mutable}",
                 f"--ginkgo.junit-report={report}",
                 "--ginkgo.no-color",
                 "--ginkgo.timeout=30m",
