@@ -59,6 +59,9 @@ PERSISTENT_VOLUMES = Resource("", "v1", "persistentvolumes", "PersistentVolume",
 PERSISTENT_VOLUME_CLAIMS = Resource("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim", True)
 STORAGE_CLASSES = Resource("storage.k8s.io", "v1", "storageclasses", "StorageClass", False)
 VOLUME_ATTACHMENTS = Resource("storage.k8s.io", "v1", "volumeattachments", "VolumeAttachment", False)
+VOLUME_ATTRIBUTES_CLASSES = Resource(
+    "storage.k8s.io", "v1", "volumeattributesclasses", "VolumeAttributesClass", False
+)
 CSI_DRIVERS = Resource("storage.k8s.io", "v1", "csidrivers", "CSIDriver", False)
 CSI_NODES = Resource("storage.k8s.io", "v1", "csinodes", "CSINode", False)
 CSI_STORAGE_CAPACITIES = Resource("storage.k8s.io", "v1", "csistoragecapacities", "CSIStorageCapacity", True)

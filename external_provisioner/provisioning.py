@@ -29,6 +29,7 @@ from controller_runtime.resources import (
     PERSISTENT_VOLUME_CLAIMS,
     PERSISTENT_VOLUMES,
     STORAGE_CLASSES,
+    VOLUME_ATTRIBUTES_CLASSES,
     Obj,
     key_of,
     object_key,
@@ -409,7 +410,13 @@ class ProvisioningController(SidecarController):
             await self.client.patch(PERSISTENT_VOLUME_CLAIMS, md["name"], patch, md["namespace"])
 
     def _new_spec(
-        self, claim: Obj, storage_class: Obj, pv_name: str, node: Obj | None, content: Content
+        self,
+        claim: Obj,
+        storage_class: Obj,
+        pv_name: str,
+        node: Obj | None,
+        content: Content,
+        mutable_parameters: dict[str, str],
     ) -> VolumeSpec:
         topology = self._topology(storage_class, pv_name, node)
         params = split_parameters(
@@ -425,7 +432,26 @@ class ProvisioningController(SidecarController):
             topology=topology,
             source_volume=content.volume,
             source_snapshot=content.snapshot,
+            mutable_parameters=mutable_parameters,
         )
+
+    async def _mutable_parameters(self, claim: Obj) -> dict[str, str]:
+        """The parameters of the claim's VolumeAttributesClass, read live as upstream reads it: a
+        class that is not there yet (or cannot be read) fails the attempt with the apiserver's
+        words and is tried again; a class of another driver can never serve the claim."""
+        name = claim["spec"].get("volumeAttributesClassName")
+        if not name:
+            return {}
+        try:
+            vac = await self.client.get(VOLUME_ATTRIBUTES_CLASSES, name)
+        except ApiError as exc:
+            raise ProvisionError(exc.message) from exc
+        if vac.get("driverName") != self.driver:
+            raise ProvisionError(
+                f"VAC {name} referenced in PVC is for driver {vac.get('driverName')} which does not match "
+                f"driver name {self.driver}"
+            )
+        return dict(vac.get("parameters") or {})
 
     async def _record_intent(
         self, claim: Obj, storage_class: Obj, pv_name: str, selected: str, source: DataSource | None
@@ -433,6 +459,7 @@ class ProvisioningController(SidecarController):
         """A first attempt's request, and the secrets it is sent with, journalled before it is
         sent. In the sidecar's order: the source, its protection, the node's topology, then the
         parameters and secrets; the first failure is the event."""
+        mutable_parameters = await self._mutable_parameters(claim)
         content = Content()
         if source is not None:
             content = await self.sources.content(claim, storage_class, source)
@@ -441,7 +468,7 @@ class ProvisioningController(SidecarController):
             else:
                 await self.snapshots.protect(source)
         node = await self._selected_node(selected) if selected else None
-        spec = self._new_spec(claim, storage_class, pv_name, node, content)
+        spec = self._new_spec(claim, storage_class, pv_name, node, content, mutable_parameters)
         secrets = await self.calls.secrets(spec.secret)
         md = claim["metadata"]
         entry = Entry(md["uid"], md["namespace"], md["name"], claim_class(claim), spec)

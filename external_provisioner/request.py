@@ -442,6 +442,8 @@ class VolumeSpec:
     source_volume: str = ""
     source_snapshot: str = ""
     multi_writer: bool = True  # the driver has SINGLE_NODE_MULTI_WRITER
+    # The claim's VolumeAttributesClass's parameters, sent as CreateVolume's mutable_parameters.
+    mutable_parameters: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -465,6 +467,7 @@ class VolumeSpec:
                 self.access_modes, self.block, self.fs_type, self.mount_flags, self.multi_writer
             ),
             parameters=self.parameters,
+            mutable_parameters=self.mutable_parameters,
             secrets=dict(secrets or {}),
         )
         if self.topology is not None:
@@ -509,6 +512,7 @@ def volume_spec(
     topology: Topology | None,
     source_volume: str = "",
     source_snapshot: str = "",
+    mutable_parameters: Mapping[str, str] | None = None,
 ) -> VolumeSpec:
     md = claim["metadata"]
     modes = list(claim.get("spec", {}).get("accessModes") or [])
@@ -537,6 +541,7 @@ def volume_spec(
         source_volume=source_volume,
         source_snapshot=source_snapshot,
         multi_writer=multi_writer,
+        mutable_parameters=dict(mutable_parameters or {}),
     )
 
 

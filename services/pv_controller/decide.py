@@ -258,6 +258,8 @@ def claim_with_status(claim: Obj, phase: str, volume: Obj | None) -> Obj | None:
             if status.get(key) is not None:
                 new_status.pop(key)
                 dirty = True
+        # Dropped with whatever else changes, but no reason to write on its own (as kcm).
+        new_status.pop("currentVolumeAttributesClassName", None)
     else:
         vspec = volume.get("spec", {})
         if status.get("accessModes") != vspec.get("accessModes"):
@@ -275,6 +277,16 @@ def claim_with_status(claim: Obj, phase: str, volume: Obj | None) -> Obj | None:
                 dirty = True
             elif (status.get("capacity") or {}).get("storage") != capacity.get("storage"):
                 new_status["capacity"] = copy.deepcopy(capacity)
+                dirty = True
+        # The class the volume has when the claim first binds; after that only the external-resizer
+        # changes it (kcm sets it here and nowhere else, so the two never race).
+        vac = vspec.get("volumeAttributesClassName")
+        if status.get("phase") == storage.CLAIM_PENDING and phase == storage.CLAIM_BOUND:
+            if status.get("currentVolumeAttributesClassName") != vac:
+                if vac is None:
+                    new_status.pop("currentVolumeAttributesClassName", None)
+                else:
+                    new_status["currentVolumeAttributesClassName"] = vac
                 dirty = True
     if not dirty:
         return None

@@ -96,6 +96,8 @@ def check_volume_satisfies_claim(volume: Obj, claim: Obj) -> str | None:
         return "requested PV is too small"
     if volume_class(volume) != claim_class(claim):
         return "storageClassName does not match"
+    if attributes_class_mismatch(claim, volume):
+        return "volumeAttributesClassName does not match"
     if volume_mode_mismatch(claim, volume):
         return "incompatible volumeMode"
     if not contains_access_modes(

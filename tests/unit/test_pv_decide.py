@@ -196,6 +196,21 @@ def test_claim_status_copies_capacity_only_on_the_transition() -> None:
     assert lost is not None and lost["status"] == {"phase": "Lost"}
 
 
+def test_claim_takes_the_volumes_attributes_class_when_it_binds_and_only_then() -> None:
+    # kcm's updateClaimStatus: current = the volume's class on Pending -> Bound; later the
+    # external-resizer alone changes it; a claim losing its volume loses it with the rest.
+    gold = volume(ref_uid="u1", volumeAttributesClassName="gold")
+    bound = claim_with_status(claim("pv1", volumeAttributesClassName="gold"), "Bound", gold)
+    assert bound is not None and bound["status"]["currentVolumeAttributesClassName"] == "gold"
+    modified = {**bound, "status": {**bound["status"], "currentVolumeAttributesClassName": "silver"}}
+    assert claim_with_status(modified, "Bound", gold) is None, "the resizer's value is not overwritten"
+    lost = claim_with_status(modified, "Lost", None)
+    assert lost is not None and "currentVolumeAttributesClassName" not in lost["status"]
+    stale = {**claim("pv1"), "status": {"phase": "Pending", "currentVolumeAttributesClassName": "gold"}}
+    plain = claim_with_status(stale, "Bound", volume(ref_uid="u1"))
+    assert plain is not None and "currentVolumeAttributesClassName" not in plain["status"]
+
+
 def test_claim_capacity_from_the_pre_resize_annotation() -> None:
     # updateClaimStatus: a volume expanded without its filesystem yet reports the old size, even
     # when the claim already shows the volume's size; other capacity keys stay.

@@ -199,6 +199,17 @@ def test_nil_and_empty_class_are_the_same() -> None:
         (pv("v", spec={"storageClassName": "gold"}), pvc(), "storageClassName does not match"),
         (pv("v", spec={"volumeMode": "Block"}), pvc(), "incompatible volumeMode"),
         (pv("v"), pvc(modes=("ReadWriteMany",)), "incompatible accessMode"),
+        # kcm compares VolumeAttributesClass names with nil read as "", after the class and
+        # before the volume mode.
+        (pv("v"), pvc(volumeAttributesClassName="gold"), "volumeAttributesClassName does not match"),
+        (pv("v", spec={"volumeAttributesClassName": "gold"}), pvc(), "volumeAttributesClassName does not match"),
+        (
+            pv("v", spec={"volumeAttributesClassName": "gold", "volumeMode": "Block"}),
+            pvc(volumeAttributesClassName="silver"),
+            "volumeAttributesClassName does not match",
+        ),
+        (pv("v", spec={"volumeAttributesClassName": "gold"}), pvc(volumeAttributesClassName="gold"), None),
+        (pv("v", spec={"volumeAttributesClassName": ""}), pvc(), None),
         (pv("v", "5Gi"), pvc(), None),
     ],
 )
