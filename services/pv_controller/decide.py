@@ -281,13 +281,13 @@ def claim_with_status(claim: Obj, phase: str, volume: Obj | None) -> Obj | None:
         # The class the volume has when the claim first binds; after that only the external-resizer
         # changes it (kcm sets it here and nowhere else, so the two never race).
         vac = vspec.get("volumeAttributesClassName")
-        if status.get("phase") == storage.CLAIM_PENDING and phase == storage.CLAIM_BOUND:
-            if status.get("currentVolumeAttributesClassName") != vac:
-                if vac is None:
-                    new_status.pop("currentVolumeAttributesClassName", None)
-                else:
-                    new_status["currentVolumeAttributesClassName"] = vac
-                dirty = True
+        binds = status.get("phase") == storage.CLAIM_PENDING and phase == storage.CLAIM_BOUND
+        if binds and status.get("currentVolumeAttributesClassName") != vac:
+            if vac is None:
+                new_status.pop("currentVolumeAttributesClassName", None)
+            else:
+                new_status["currentVolumeAttributesClassName"] = vac
+            dirty = True
     if not dirty:
         return None
     new = writable(claim)

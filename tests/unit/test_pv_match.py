@@ -202,7 +202,7 @@ def test_nil_and_empty_class_are_the_same() -> None:
         # kcm compares VolumeAttributesClass names with nil read as "", after the class and
         # before the volume mode.
         (pv("v"), pvc(volumeAttributesClassName="gold"), "volumeAttributesClassName does not match"),
-        (pv("v", spec={"volumeAttributesClassName": "gold"}), pvc(), "volumeAttributesClassName does not match"),
+        (pv("v", spec={"volumeAttributesClassName": "x"}), pvc(), "volumeAttributesClassName does not match"),
         (
             pv("v", spec={"volumeAttributesClassName": "gold", "volumeMode": "Block"}),
             pvc(volumeAttributesClassName="silver"),
