@@ -41,10 +41,14 @@ def error_text(exc: BaseException) -> str:
     """An error worded as a Go client prints it (`rpc error: code = NotFound desc = ...`), which
     is what users search for; anything other than a gRPC error as its own text."""
     if isinstance(exc, grpc.aio.AioRpcError):
-        code = "".join(part.capitalize() for part in exc.code().name.split("_"))
-        code = {"Ok": "OK", "Cancelled": "Canceled"}.get(code, code)  # Go spells these so
-        return f"rpc error: code = {code} desc = {exc.details()}"
+        return f"rpc error: code = {go_code(exc.code())} desc = {exc.details()}"
     return str(exc) or type(exc).__name__
+
+
+def go_code(code: grpc.StatusCode) -> str:
+    """A gRPC code as Go's codes.Code prints it (`InvalidArgument`, `Canceled`)."""
+    name = "".join(part.capitalize() for part in code.name.split("_"))
+    return {"Ok": "OK", "Cancelled": "Canceled"}.get(name, name)  # Go spells these so
 
 
 def probe_ready(response: csi_pb2.ProbeResponse) -> bool:

@@ -81,6 +81,13 @@ EXPAND_VOLUME = Rpc(
     infeasible=frozenset({StatusCode.INVALID_ARGUMENT, StatusCode.OUT_OF_RANGE, StatusCode.NOT_FOUND}),
 )
 
+# ControllerModifyVolume, as external-resizer's modify controller reads it: IsFinalError's table,
+# and of the final codes only INVALID_ARGUMENT (parameters the volume cannot take) is Infeasible.
+MODIFY_VOLUME = Rpc(
+    in_progress=IN_PROGRESS_CODES | {StatusCode.RESOURCE_EXHAUSTED},
+    infeasible=frozenset({StatusCode.INVALID_ARGUMENT}),
+)
+
 
 def classify(rpc: Rpc, code: StatusCode | None, *, may_reschedule: bool = False) -> OperationState:
     """The state a call of `rpc` that failed with `code` leaves. `code` None is a failure without

@@ -60,6 +60,7 @@ from .decide import (
     served_by_node,
     target,
 )
+from .modify import Modifier
 
 log = get_logger("external-resizer")
 
@@ -71,6 +72,7 @@ CLAIMS_BY_POD = "claims"
 @dataclass(frozen=True)
 class Options(SidecarOptions):
     handle_volume_in_use_error: bool = True
+    extra_modify_metadata: bool = False  # --extra-modify-metadata (the modify controller)
     # --node-deployment: this resizer's node (NODE_NAME); it serves only the PVs whose node
     # affinity that Node's labels satisfy (a kubeloop extension: upstream has no node deployment).
     node_name: str | None = None
@@ -232,6 +234,11 @@ class Resizer(SidecarController):
         assert self.node is not None and self.options.node_name is not None
         return self.node.store.get(self.options.node_name)
 
+    def serves(self, pv: Obj) -> bool:
+        """Whether this resizer acts on the PV's claim: every PV without --node-deployment, and
+        only this node's with it."""
+        return self.node is None or served_by_node(pv, self._own_node())
+
     # -- the sync ---------------------------------------------------------------------------------
 
     def _ours(self, pv: Obj) -> bool:
@@ -255,7 +262,7 @@ class Resizer(SidecarController):
             if self.node is not None:
                 raise VolumeNotCached(f'PV "{pv_name}" bound to pvc "{key}" not found')
             raise ResizeError(f'PV "{pv_name}" bound to pvc "{key}" not found')
-        if self.node is not None and not served_by_node(pv, self._own_node()):
+        if not self.serves(pv):
             return None  # another node's volume (or one no node deployment serves): not a word
         s = sizes(claim, pv)
         if s.capacity >= s.pv and rs.PRE_RESIZE_CAPACITY in _annotations(pv):
@@ -475,3 +482,38 @@ class Resizer(SidecarController):
         )
         self.claim_view.mutated(updated)  # the next step of this attempt reads what it wrote
         return updated
+
+
+class ResizerProcess:
+    """The controllers of one external-resizer process, on one informer factory as upstream runs
+    them: the resizer, and the modify controller when the driver says MODIFY_VOLUME. They share
+    the caches and the one overlay of this process's own writes."""
+
+    def __init__(
+        self, context: ControllerContext, csi: CSIConnection, options: Options | None = None
+    ) -> None:
+        options = options or Options()
+        self.resizer = Resizer(context, csi, options)
+        self.modifier: Modifier | None = None
+        if csi.has_controller_capability(ControllerRPC.MODIFY_VOLUME):
+            self.modifier = Modifier(
+                context,
+                csi,
+                claim_view=self.resizer.claim_view,
+                volume_view=self.resizer.volume_view,
+                serves=self.resizer.serves,
+                workers=options.workers,
+                timeout=options.timeout,
+                retry_start=options.retry_start,
+                retry_max=options.retry_max,
+                extra_metadata=options.extra_modify_metadata,
+            )
+        else:
+            log.info("Modify not supported", driver=csi.driver_name)
+
+    @property
+    def synced(self) -> bool:
+        return self.resizer.synced
+
+    async def run(self) -> None:
+        await asyncio.gather(self.resizer.run(), *([self.modifier.run()] if self.modifier else []))

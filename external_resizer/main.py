@@ -11,7 +11,7 @@ from controller_runtime import process
 from controller_runtime.component import serve_controller
 from controller_runtime.csi_client import CSIConnection
 
-from .controller import Options, Resizer, lease_name
+from .controller import Options, ResizerProcess, lease_name
 
 NAME = "kubeloop-external-resizer"  # its prog and user agent
 
@@ -21,7 +21,10 @@ def build_parser() -> argparse.ArgumentParser:
         prog=NAME,
         description="Expands CSI volumes whose PersistentVolumeClaim asks for more storage "
         "(kubernetes-csi external-resizer): ControllerExpandVolume, the PV's capacity, and the "
-        "claim's resize status, leaving a filesystem to grow to the node when the driver says so.",
+        "claim's resize status, leaving a filesystem to grow to the node when the driver says so. "
+        "When the driver can modify volumes (MODIFY_VOLUME), also applies a claim's new "
+        "VolumeAttributesClass: ControllerModifyVolume, the PV's class and the claim's "
+        "currentVolumeAttributesClassName and modifyVolumeStatus.",
     )
     process.add_csi_flags(parser, timeout=10.0)
     parser.add_argument("--workers", type=int, default=10, help="concurrent claim syncs (default: 10)")
@@ -43,6 +46,13 @@ def build_parser() -> argparse.ArgumentParser:
         True,
         "after the driver answers FAILED_PRECONDITION (volume in use), wait until no running pod uses "
         "the claim before trying again; watches pods",
+    )
+    process.add_bool_flag(
+        parser,
+        "--extra-modify-metadata",
+        False,
+        "add the claim's name and namespace and the PV's name to the parameters ControllerModifyVolume "
+        "gets (csi.storage.k8s.io/pvc/name, .../pvc/namespace, .../pv/name)",
     )
     process.add_bool_flag(
         parser,
@@ -82,10 +92,11 @@ async def run(args: argparse.Namespace, ctx: process.Context) -> None:
         retry_start=args.retry_interval_start,
         retry_max=args.retry_interval_max,
         handle_volume_in_use_error=args.handle_volume_inuse_error,
+        extra_modify_metadata=args.extra_modify_metadata,
         node_name=node_name(args),
     )
     async with await CSIConnection.connect(args.csi_address, timeout=args.timeout) as csi:
-        build = partial(Resizer, csi=csi, options=options)
+        build = partial(ResizerProcess, csi=csi, options=options)
         source, lease = f"external-resizer {csi.driver_name}", lease_name(csi.driver_name)
         await serve_controller(args, ctx, build, user_agent=NAME, event_source=source, lease_name=lease)
 
