@@ -45,6 +45,9 @@ class CSIVolume:
     read_only: bool
     mount_options: tuple[str, ...]
     attributes: dict[str, str]
+    # A pod's inline `csi:` volume (lifecycle mode Ephemeral): no PV, no attach, no stage; only
+    # NodePublishVolume and NodeUnpublishVolume. `pv_name` is then the pod's volume name.
+    ephemeral: bool = False
 
     @property
     def unique_name(self) -> str:
@@ -72,6 +75,50 @@ def csi_volume(pv: Obj) -> CSIVolume | None:
         mount_options=tuple(spec.get("mountOptions") or ()),
         attributes=dict(csi.get("volumeAttributes") or {}),
     )
+
+
+def inline_volume_handle(pod_uid: str, volume_name: str) -> str:
+    """The volume_id kubelet gives an inline CSI volume: csi- + hex sha256 of the pod's UID and
+    the volume's name, concatenated."""
+    return "csi-" + hashlib.sha256(f"{pod_uid}{volume_name}".encode()).hexdigest()
+
+
+def inline_csi_volumes(pod: Obj) -> list[CSIVolume]:
+    """A pod's inline `csi:` volumes, as kubelet hands them to the driver (the pod's information,
+    which the CSIDriver decides about, is for the caller to add to `attributes`)."""
+    uid = str(pod.get("metadata", {}).get("uid", ""))
+    out = []
+    for vol in pod.get("spec", {}).get("volumes") or []:
+        src = vol.get("csi")
+        if not src or not src.get("driver"):
+            continue
+        out.append(
+            CSIVolume(
+                pv_name=str(vol["name"]),
+                driver=str(src["driver"]),
+                handle=inline_volume_handle(uid, str(vol["name"])),
+                access_modes=(RWO,),
+                block=False,
+                fs_type=str(src.get("fsType") or ""),
+                read_only=bool(src.get("readOnly")),
+                mount_options=(),
+                attributes=dict(src.get("volumeAttributes") or {}),
+                ephemeral=True,
+            )
+        )
+    return out
+
+
+def pod_info_attributes(pod: Obj, ephemeral: bool) -> dict[str, str]:
+    """What kubelet adds to a volume's context when the CSIDriver says podInfoOnMount."""
+    md, spec = pod.get("metadata", {}), pod.get("spec", {})
+    return {
+        "csi.storage.k8s.io/pod.name": str(md.get("name", "")),
+        "csi.storage.k8s.io/pod.namespace": str(md.get("namespace", "")),
+        "csi.storage.k8s.io/pod.uid": str(md.get("uid", "")),
+        "csi.storage.k8s.io/serviceAccount.name": str(spec.get("serviceAccountName") or "default"),
+        "csi.storage.k8s.io/ephemeral": "true" if ephemeral else "false",
+    }
 
 
 def pod_claims(pod: Obj) -> list[tuple[str, str, bool]]:

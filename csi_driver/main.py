@@ -119,7 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-volume-size",
         type=_size,
         default=TiB,
-        help="largest volume CreateVolume accepts, e.g. 100Gi (default: 1Ti)",
+        help="largest volume CreateVolume (and an inline ephemeral volume's size) accepts, e.g. 100Gi "
+        "(default: 1Ti)",
     )
     parser.add_argument(
         "--capacity",
@@ -221,6 +222,7 @@ async def _serve(
                 kubelet_dir=args.kubelet_dir,
                 direct_io=args.direct_io == "on",
                 node_local=args.node_local,
+                max_volume_size=args.max_volume_size,
             ),
         )
         await node.reconcile()

@@ -4,6 +4,7 @@ only when it has none, mount it at the staging path, and bind-mount it into targ
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
 import stat
@@ -16,14 +17,23 @@ from controller_runtime.logs import get_logger
 from controller_runtime.mounts import is_mounted, read_mounts
 from kubeloop_grpc.csi import csi_pb2, csi_pb2_grpc
 
-from . import TOPOLOGY_KEY
+from . import DRIVER_NAME, TOPOLOGY_KEY
 from .backend import files, fs, loop, mounts
 from .capabilities import Capability, Mode, parse_capability, require_capability
 from .controller import CTX_ACCESS_TYPE, CTX_BACKING_FILE, CTX_FS_TYPE, CTX_READONLY, publish_context
-from .errors import CsiError, already_exists, failed_precondition, invalid, not_found, out_of_range
+from .ephemeral import inline_volume, is_ephemeral
+from .errors import (
+    CsiError,
+    already_exists,
+    exhausted,
+    failed_precondition,
+    invalid,
+    not_found,
+    out_of_range,
+)
 from .paths import KubeletDir, fd_path
 from .state import DriverState, StagingRecord
-from .validation import check_id, fits
+from .validation import check_id, fits, format_size
 
 log = get_logger("csi.node")
 
@@ -52,6 +62,8 @@ class NodeConfig:
     # --node-local: nothing calls ControllerPublishVolume (attachRequired: false), so a stage
     # without a publish context takes what the context would say from this process's own record.
     node_local: bool = False
+    # The largest inline ephemeral volume a pod may ask for (--max-volume-size).
+    max_volume_size: int = 1 << 40
 
 
 def _restage_mismatch(rec: StagingRecord, cap: Capability) -> str | None:
@@ -157,7 +169,7 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
             return found
 
         for rec in records:
-            backing = self.state.volume_file(rec.volume_id)
+            backing = self.state.backing_file(rec)
             attached = [d for d in devices if d.backed_by(backing)]
             device = adopt(rec.device, attached, _read_only_device(rec))
             ro_device = (
@@ -342,7 +354,7 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
         return path
 
     async def _condition(self, rec: StagingRecord, path: str) -> csi_pb2.VolumeCondition:
-        backing = self.state.volume_file(rec.volume_id)
+        backing = self.state.backing_file(rec)
         try:
             mode = (await asyncio.to_thread(os.lstat, backing)).st_mode
         except OSError:
@@ -438,8 +450,9 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
             rec = self.state.staging(volume_id)
             if rec is None:
                 return csi_pb2.NodeUnstageVolumeResponse()
-            if rec.staging_path != staging:
-                # The spec: a volume not staged at this path is already unstaged from it.
+            if rec.ephemeral or rec.staging_path != staging:
+                # The spec: a volume not staged at this path is already unstaged from it. An
+                # inline volume is never staged by the CO: only its unpublish removes it.
                 log.info(
                     "volume is not staged there", volume=volume_id, asked=staging, staged=rec.staging_path
                 )
@@ -468,6 +481,8 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
         volume_id = check_id(req.volume_id, "volume_id")
         target = await asyncio.to_thread(self.kubelet.validate, req.target_path, "target_path")
         cap: Capability = require_capability(req)
+        if is_ephemeral(req.volume_context):
+            return await self._publish_ephemeral(volume_id, target, cap, req)
         if not req.staging_target_path:
             # The spec's "stage not called": this driver stages every volume.
             raise failed_precondition(
@@ -518,7 +533,7 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
         """The loop device a block target gets: the staged one, or for a read-only target of a
         read-write staging a second one the kernel keeps read-only (a read-only bind mount does
         not stop writes through a device node)."""
-        backing = self.state.volume_file(rec.volume_id)
+        backing = self.state.backing_file(rec)
         if not await loop.is_attached(rec.device, backing):
             raise failed_precondition(
                 f"volume {rec.volume_id} has no loop device; call NodeStageVolume again"
@@ -579,7 +594,107 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
                     f"{target} is mounted but volume {volume_id} was not published there"
                 )
             # A path the driver never published is left alone: removing it could delete host files.
+            if rec is not None and rec.ephemeral and not rec.targets:
+                # An inline volume lives as long as its one publish (also one that never finished).
+                await self._remove_ephemeral(rec)
         return csi_pb2.NodeUnpublishVolumeResponse()
+
+    # --- inline ephemeral volumes ---------------------------------------------------------------
+    def _ephemeral_staging(self, volume_id: str) -> str:
+        """Where the plugin mounts an inline volume's filesystem before binding it to the pod's
+        target: its own directory under the kubelet directory."""
+        return os.path.join(self.kubelet.root, "plugins", DRIVER_NAME, "ephemeral", volume_id)
+
+    async def _publish_ephemeral(
+        self, volume_id: str, target: str, cap: Capability, req: csi_pb2.NodePublishVolumeRequest
+    ) -> csi_pb2.NodePublishVolumeResponse:
+        """Makes an inline volume in this node's pool, formats and mounts it, and binds it to the
+        target; a repeat finishes what an interrupted one began. A first publish that fails takes
+        back everything it made, so a pod that never starts leaves nothing behind."""
+        if cap.access_type != "mount":
+            raise invalid("an inline ephemeral volume is a filesystem: its volume_capability must be mount")
+        wanted = inline_volume(req.volume_context, cap.fs_type, self.config.max_volume_size)
+        read_only = req.readonly or cap.read_only
+        staging = self._ephemeral_staging(volume_id)
+        backing = self.state.ephemeral_file(volume_id)
+        async with self.state.locks.hold(volume_id):
+            rec = self.state.staging(volume_id)
+            if rec is not None and not rec.ephemeral:
+                raise already_exists(f"volume {volume_id} is a persistent volume staged on this node")
+            if rec is not None and target in rec.targets and is_mounted(target):
+                _check_republish(rec, target, read_only, cap)
+                return csi_pb2.NodePublishVolumeResponse()
+            first = rec is None
+            if rec is None:
+                if problem := await asyncio.to_thread(self.state.pool_problem):
+                    raise exhausted(f"node {self.config.node_id} cannot hold an inline volume: {problem}")
+                free = await asyncio.to_thread(files.free_bytes, str(self.state.pool_dir))
+                if wanted.size > free:
+                    raise exhausted(
+                        f"node {self.config.node_id} has {format_size(free)} free in its pool, less than "
+                        f"the {format_size(wanted.size)} the inline volume asks for"
+                    )
+                rec = StagingRecord(
+                    volume_id=volume_id,
+                    staging_path=staging,
+                    access_type="mount",
+                    mount_flags=list(cap.mount_flags),
+                    access_mode=cap.mode,
+                    ephemeral=True,
+                )
+                async with self.state.locks.hold("node/stagings"):
+                    staged = self.state.staging_count()
+                    if staged >= self.config.max_volumes_per_node > 0:
+                        raise failed_precondition(
+                            f"node {self.config.node_id} already has {staged} volumes staged, "
+                            "its --max-volumes-per-node"
+                        )
+                    # Intent first: after a crash the record says what to remove.
+                    await self.state.put_staging(rec)
+            try:
+                if not await asyncio.to_thread(os.path.lexists, backing):
+                    await asyncio.to_thread(files.create_sparse, backing, wanted.size)
+                device = await self._ensure_device(rec, backing)
+                if not is_mounted(staging):
+                    fs_type = await self._ensure_filesystem(rec, device, backing, wanted.fs_type)
+                    await asyncio.to_thread(self.kubelet.make_dir, staging, "staging_target_path")
+                    await self._mount_on(
+                        staging, "staging_target_path", device, fs_type, list(cap.mount_flags)
+                    )
+                    rec.fs_type = fs_type
+                    await self.state.put_staging(rec)
+                await self._record_target(rec, target, read_only, False)
+                with self.kubelet.walked(staging, "staging_target_path") as s:
+                    src = s.open_final(directory=True)
+                    await self._bind_on("", src, target, True, read_only)
+            except Exception:
+                if first:
+                    await self._remove_ephemeral(rec, target)
+                raise
+        log.info(
+            "published inline volume", volume=volume_id, target=target, size=wanted.size, fs_type=rec.fs_type
+        )
+        return csi_pb2.NodePublishVolumeResponse()
+
+    async def _remove_ephemeral(self, rec: StagingRecord, target: str = "") -> None:
+        """Undoes an inline volume, each step idempotent and the record last: a crash part-way
+        leaves the record, and the next unpublish finishes."""
+        for path in (target, *rec.targets):
+            if path:
+                await self._unmount(path, "target_path")
+                if path in rec.created_targets:
+                    with contextlib.suppress(OSError):
+                        await asyncio.to_thread(self.kubelet.remove, path, "target_path")
+        await self._unmount(rec.staging_path, "staging_target_path")
+        backing = self.state.backing_file(rec)
+        for device in (rec.ro_device, rec.device):
+            if await loop.is_attached(device, backing):
+                await loop.detach(device)
+        with contextlib.suppress(OSError):
+            await asyncio.to_thread(self.kubelet.remove, rec.staging_path, "staging_target_path")
+        await asyncio.to_thread(files.remove, backing)
+        await self.state.delete_staging(rec.volume_id)
+        log.info("removed inline volume", volume=rec.volume_id)
 
     # --- stats / expand -------------------------------------------------------------------------
     async def NodeGetVolumeStats(

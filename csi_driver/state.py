@@ -14,6 +14,7 @@ State directory (--state-dir):
 Pool directory (--pool-dir, shared by the controller and every node plugin that can reach it):
     volumes/<volume-id>.img       sparse backing file
     snapshots/<snapshot-id>.img   sparse copy taken by CreateSnapshot
+    ephemeral/<volume-id>.img     an inline ephemeral volume, made and removed by a node plugin
     nodes/<node-id>.json          written by each node plugin at start so the controller knows it
     .controller.lock              held by the one controller serving the pool
 
@@ -107,6 +108,9 @@ class StagingRecord:
     # Set while mkfs runs: data on a device without a filesystem is refused, except the half a
     # killed mkfs of this very staging wrote.
     formatting: bool = False
+    # An inline ephemeral volume (csi_driver.ephemeral): its backing file is in the pool's
+    # ephemeral/ directory, made at its publish and removed with this record at its unpublish.
+    ephemeral: bool = False
 
 
 @dataclass(frozen=True)
@@ -181,9 +185,20 @@ class DriverState:
     def nodes_dir(self) -> Path:
         return self.pool_dir / "nodes"
 
+    @property
+    def ephemeral_dir(self) -> Path:
+        return self.pool_dir / "ephemeral"
+
     def volume_file(self, volume_id: str) -> str:
         # check_id again here, so no caller can ever build a path from an unchecked id.
         return str(self.volumes_dir / f"{check_id(volume_id, 'volume_id')}.img")
+
+    def ephemeral_file(self, volume_id: str) -> str:
+        return str(self.ephemeral_dir / f"{check_id(volume_id, 'volume_id')}.img")
+
+    def backing_file(self, rec: StagingRecord) -> str:
+        """The backing file a staging's loop device is bound to."""
+        return self.ephemeral_file(rec.volume_id) if rec.ephemeral else self.volume_file(rec.volume_id)
 
     def snapshot_file(self, snapshot_id: str) -> str:
         return str(self.snapshots_dir / f"{check_id(snapshot_id, 'snapshot_id')}.img")
@@ -218,7 +233,7 @@ class DriverState:
                     f"--pool-dir {self.pool_dir} has no volumes/ directory, yet --state-dir records "
                     f"{recorded} volume(s) and snapshot(s) in it: is the pool's disk mounted?"
                 )
-            for d in (self.volumes_dir, self.snapshots_dir, self.nodes_dir):
+            for d in (self.volumes_dir, self.snapshots_dir, self.nodes_dir, self.ephemeral_dir):
                 d.mkdir(exist_ok=True)
             # The pool must be writable before Probe says ready. An unnamed file (O_TMPFILE where
             # the filesystem has it, else a unique name unlinked at once) leaves nothing another

@@ -104,8 +104,8 @@ def csidriver_spec(mode: PoolMode) -> dict[str, Any]:
     deployment); the scheduler weighs CSIStorageCapacity in both modes."""
     return {
         "attachRequired": mode == SHARED,
-        "podInfoOnMount": False,
-        "volumeLifecycleModes": ["Persistent"],
+        "podInfoOnMount": True,
+        "volumeLifecycleModes": ["Persistent", "Ephemeral"],
         "storageCapacity": True,
         "fsGroupPolicy": "File",
     }

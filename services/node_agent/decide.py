@@ -35,6 +35,7 @@ class Mounted:
     driver: str
     handle: str
     block: bool
+    ephemeral: bool = False  # an inline volume: never staged, never in use for an attach
 
     @property
     def stage_key(self) -> tuple[str, str]:
@@ -59,10 +60,11 @@ def plan_volumes(
     restart a publish is unconfirmed until NodePublishVolume, idempotent, has run again)."""
     plan = VolumePlan()
     wanted = {pv.key for pv in desired}
-    wanted_stage = {pv.stage_key for pv in desired}
+    # Inline volumes are never staged, attached or reported in use: only published.
+    wanted_stage = {pv.stage_key for pv in desired if not pv.volume.ephemeral}
     plan.unmount = [m for k, m in sorted(mounted.items()) if k not in wanted]
     plan.mount = [pv for pv in desired if pv.key not in confirmed]
-    still_used = wanted_stage | {m.stage_key for k, m in mounted.items()}
+    still_used = wanted_stage | {m.stage_key for k, m in mounted.items() if not m.ephemeral}
     plan.unstage = sorted(s for s in staged if s not in still_used)
     # A volume stays in use from the moment a pod wants it until it is unstaged: the controller
     # must not detach it while anything on this node may still touch the device.

@@ -11,6 +11,7 @@ volume at a time, each operation on it backing off on its own after a failure.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Mapping
 
 from controller_runtime import mounts
@@ -34,7 +35,9 @@ from controller_runtime.resources import (
 from controller_runtime.volumes import (
     bound_volume_name,
     csi_volume,
+    inline_csi_volumes,
     pod_claims,
+    pod_info_attributes,
     pod_terminated,
     va_name,
     volume_capability,
@@ -156,7 +159,7 @@ class VolumeManager:
         staged = self.layout.staged()
         by_volume: dict[VolumeKey, list[Mounted]] = {key: [] for key in staged}
         for (uid, pv_name), data in sorted(self.layout.published().items()):
-            m = Mounted(uid, pv_name, data.driverName, data.volumeHandle, data.block)
+            m = _mounted(uid, pv_name, data)
             by_volume.setdefault(m.stage_key, []).append(m)
         done = await asyncio.gather(
             *(self._unmount_volume(key, pubs, key in staged) for key, pubs in sorted(by_volume.items()))
@@ -185,7 +188,7 @@ class VolumeManager:
         unconfirmed and gets the idempotent CSI call again, or its inverse if no pod wants it."""
         table = mounts.read_mounts()
         for (uid, pv_name), data in self.layout.published().items():
-            m = Mounted(uid, pv_name, data.driverName, data.volumeHandle, data.block)
+            m = _mounted(uid, pv_name, data)
             self.mounted[(uid, pv_name)] = m
             if mounts.is_mounted(str(self.layout.target_path(uid, pv_name, data.block)), table):
                 self.confirmed.add((uid, pv_name))
@@ -242,10 +245,25 @@ class VolumeManager:
                     resolved = False
                     continue
                 vols.append(PodVolume(uid, f"{ns}/{md['name']}", vol, read_only or vol.read_only))
+            for inline in inline_csi_volumes(pod):
+                if self._pod_info_on_mount(inline.driver):
+                    # kubelet's keys win over the pod's own volumeAttributes.
+                    attributes = {**inline.attributes, **pod_info_attributes(pod, ephemeral=True)}
+                    inline = dataclasses.replace(inline, attributes=attributes)
+                vols.append(PodVolume(uid, f"{ns}/{md['name']}", inline, inline.read_only))
             out.extend(vols)
             if resolved:
                 complete[f"{ns}/{md['name']}"] = vols
         return out, complete
+
+    def _pod_info_on_mount(self, driver: str) -> bool:
+        obj = self.drivers.store.get(driver)
+        return obj is not None and obj.get("spec", {}).get("podInfoOnMount") is True
+
+    def _lifecycle_modes(self, driver: str) -> list[str]:
+        """The CSIDriver's volumeLifecycleModes; Persistent alone without one (kubelet's default)."""
+        obj = self.drivers.store.get(driver)
+        return list((obj or {}).get("spec", {}).get("volumeLifecycleModes") or ["Persistent"])
 
     def _attach_required(self, driver: str) -> bool:
         obj = self.drivers.store.get(driver)
@@ -279,6 +297,9 @@ class VolumeManager:
             )
         for pv in plan.mount:
             vol = pv.volume
+            if vol.ephemeral:
+                ops.run(pv.stage_key, self._mount_inline(pv), operation=("mount", *pv.key), priority=MOUNT)
+                continue
             if vol.unique_name not in in_use:
                 continue  # reported first, mounted after: the controller must see it in use
             if self._attach_required(vol.driver) and vol.unique_name not in attached:
@@ -425,6 +446,56 @@ class VolumeManager:
         # long ago, and at 50 pods a node they would be a third of the agent's API writes.
         log.info("mounted", pod=pv.pod_key, pv=vol.pv_name, target=str(target))
 
+    async def _mount_inline(self, pv: PodVolume) -> None:
+        """An inline `csi:` volume, as kubelet's csi plugin sets one up: the CSIDriver must allow
+        Ephemeral volumes, and NodePublishVolume is the only call (no attach, no stage)."""
+        vol = pv.volume
+        if pv.key not in self.mounted and not self._still_wanted(pv):
+            return
+        pod = self._pod_object(pv.pod_uid, pv.pod_key)
+        try:
+            plugin = self._plugin(vol.driver)
+            modes = self._lifecycle_modes(vol.driver)
+            if "Ephemeral" not in modes:
+                only = "[" + " ".join(f'"{m}"' for m in modes) + "]"
+                raise RuntimeError(
+                    f'volume mode "Ephemeral" not supported by driver {vol.driver} (only supports {only})'
+                )
+            target = self.layout.target_path(pv.pod_uid, vol.pv_name, False)
+            if pv.key not in self.mounted:
+                data = VolData(
+                    vol.pv_name,
+                    vol.handle,
+                    vol.driver,
+                    self.node_name,
+                    volumeLifecycleMode="Ephemeral",
+                    podUID=pv.pod_uid,
+                )
+                await asyncio.to_thread(write_vol_data, target.parent / "vol_data.json", data)
+                self.mounted[pv.key] = Mounted(
+                    pv.pod_uid, vol.pv_name, vol.driver, vol.handle, False, ephemeral=True
+                )
+            await plugin.conn.node.NodePublishVolume(
+                csi_pb2.NodePublishVolumeRequest(
+                    volume_id=vol.handle,
+                    target_path=str(target),
+                    volume_capability=volume_capability(vol, plugin.single_node_multi_writer),
+                    readonly=pv.read_only,
+                    volume_context=vol.attributes,
+                ),
+                timeout=self.csi_timeout,
+            )
+        except Exception as exc:
+            if not isinstance(exc, NotReady):
+                self.recorder.warning(
+                    pod,
+                    "FailedMount",
+                    f'MountVolume.SetUp failed for volume "{vol.pv_name}" : {error_text(exc)}',
+                )
+            raise
+        self.confirmed.add(pv.key)
+        log.info("mounted inline volume", pod=pv.pod_key, volume=vol.pv_name, target=str(target))
+
     async def _expand(self, pv: PodVolume) -> None:
         vol = pv.volume
         plugin = self._plugin(vol.driver)
@@ -499,6 +570,11 @@ class VolumeManager:
         await asyncio.to_thread(remove_volume_dir, staging.parent, staging.name, self.layout.root / "plugins")
         self.staged.discard(key)
         log.info("unstaged", driver=driver, volume=handle)
+
+
+def _mounted(pod_uid: str, name: str, data: VolData) -> Mounted:
+    ephemeral = data.volumeLifecycleMode == "Ephemeral"
+    return Mounted(pod_uid, name, data.driverName, data.volumeHandle, data.block, ephemeral=ephemeral)
 
 
 def _waker(event: asyncio.Event) -> EventHandler:

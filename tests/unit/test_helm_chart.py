@@ -124,8 +124,8 @@ def test_node_local_csidriver_attaches_nothing_and_publishes_capacity() -> None:
     assert spec == {
         "attachRequired": False,
         "storageCapacity": True,
-        "podInfoOnMount": False,
-        "volumeLifecycleModes": ["Persistent"],
+        "podInfoOnMount": True,
+        "volumeLifecycleModes": ["Persistent", "Ephemeral"],
         "fsGroupPolicy": "File",
     }
     assert rendered("shared")[("CSIDriver", "", DRIVER)]["spec"]["attachRequired"] is True

@@ -5,7 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from controller_runtime.volumes import CSIVolume, unique_volume_name
+from controller_runtime.volumes import (
+    CSIVolume,
+    inline_csi_volumes,
+    inline_volume_handle,
+    pod_info_attributes,
+    unique_volume_name,
+)
 from services.node_agent.decide import Mounted, PodVolume, plan_volumes
 from services.node_agent.disk import Layout, VolData, read_vol_data, remove_volume_dir, write_vol_data
 
@@ -54,6 +60,38 @@ def test_unconfirmed_publish_after_restart_is_published_again() -> None:
     plan = plan_volumes([want("u1", "v1")], m, set(), {(DRIVER, "v1")})
     assert [x.key for x in plan.mount] == [("u1", "pv-v1")]
     assert plan.unmount == []
+
+
+def test_an_inline_volume_is_published_and_unpublished_but_never_staged_or_in_use() -> None:
+    pod = {
+        "metadata": {"name": "app", "namespace": "ns", "uid": "u1"},
+        "spec": {
+            "serviceAccountName": "builder",
+            "volumes": [
+                {"name": "data", "persistentVolumeClaim": {"claimName": "c"}},
+                {"name": "scratch", "csi": {"driver": DRIVER, "fsType": "xfs", "readOnly": True,
+                                            "volumeAttributes": {"size": "1Gi"}}},
+            ],
+        },
+    }  # fmt: skip
+    (inline,) = inline_csi_volumes(pod)
+    assert inline.ephemeral and inline.pv_name == "scratch" and inline.read_only and inline.fs_type == "xfs"
+    # kubelet's handle: csi- and the SHA-256 of the pod's UID and the volume's name.
+    assert inline.handle == inline_volume_handle("u1", "scratch")
+    assert inline.handle == "csi-c8c135b044e4505c2e1d97317834afdda287006a636d3f503243e6d708883cb4"
+    assert pod_info_attributes(pod, ephemeral=True) == {
+        "csi.storage.k8s.io/pod.name": "app",
+        "csi.storage.k8s.io/pod.namespace": "ns",
+        "csi.storage.k8s.io/pod.uid": "u1",
+        "csi.storage.k8s.io/serviceAccount.name": "builder",
+        "csi.storage.k8s.io/ephemeral": "true",
+    }
+    wanted = PodVolume("u1", "ns/app", inline, True)
+    plan = plan_volumes([wanted], {}, set(), set())
+    assert plan.mount == [wanted] and plan.in_use == ()
+    gone = Mounted("u1", "scratch", DRIVER, inline.handle, False, ephemeral=True)
+    plan = plan_volumes([], {("u1", "scratch"): gone}, {("u1", "scratch")}, set())
+    assert plan.unmount == [gone] and plan.unstage == [] and plan.in_use == ()
 
 
 def test_vol_data_roundtrip_and_layout(tmp_path: Path) -> None:

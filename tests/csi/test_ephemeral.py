@@ -1,0 +1,206 @@
+"""Inline ephemeral volumes against real loop devices and mounts: NodePublishVolume with
+`csi.storage.k8s.io/ephemeral: "true"` makes the volume in the pool's ephemeral/ directory,
+NodeUnpublishVolume removes it; a kill -9 at any point of either leaves nothing once kubelet's
+unpublish has come; what cannot be made is refused before anything is made."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import time
+
+import grpc
+import pytest
+
+from csi_driver.backend.fs import probe
+from kubeloop_grpc.csi import csi_pb2
+
+from .conftest import Client, Driver, loop_devices_under, mounts_under
+from .test_driver import block_cap, code_of, mount_cap, read_digest, write_data
+
+pytestmark = pytest.mark.root
+
+MiB = 1 << 20
+POD_INFO = {
+    "csi.storage.k8s.io/pod.name": "app",
+    "csi.storage.k8s.io/pod.namespace": "default",
+    "csi.storage.k8s.io/pod.uid": "7d2c0c0e-0000-4000-8000-000000000001",
+    "csi.storage.k8s.io/serviceAccount.name": "default",
+    "csi.storage.k8s.io/ephemeral": "true",
+}
+
+
+def handle(name: str) -> str:
+    return "csi-" + hashlib.sha256(f"{POD_INFO['csi.storage.k8s.io/pod.uid']}{name}".encode()).hexdigest()
+
+
+def target_of(driver: Driver, name: str) -> str:
+    return str(driver.kubelet / "pods" / "uid" / "volumes" / "kubernetes.io~csi" / name / "mount")
+
+
+def publish(client: Client, driver: Driver, name: str, timeout: float = 30, **given: str) -> str:
+    return publish_with(client, driver, name, given, timeout)
+
+
+def publish_with(
+    client: Client, driver: Driver, name: str, given: dict[str, str], timeout: float = 30
+) -> str:
+    attributes = dict(given)
+    target = target_of(driver, name)
+    client.node.NodePublishVolume(
+        csi_pb2.NodePublishVolumeRequest(
+            volume_id=handle(name),
+            target_path=target,
+            volume_capability=mount_cap(attributes.pop("capFsType", "")),
+            volume_context={**POD_INFO, **attributes},
+        ),
+        timeout=timeout,
+    )
+    return target
+
+
+def unpublish(client: Client, driver: Driver, name: str) -> None:
+    client.node.NodeUnpublishVolume(
+        csi_pb2.NodeUnpublishVolumeRequest(volume_id=handle(name), target_path=target_of(driver, name))
+    )
+
+
+def nothing_left(driver: Driver) -> None:
+    assert not list((driver.pool / "ephemeral").iterdir()), "a backing file is left"
+    assert not list((driver.state / "staging").glob("*.json")), "a staging record is left"
+    assert not loop_devices_under(driver.pool), "a loop device is left"
+    assert not mounts_under(driver.kubelet), "a mount is left"
+
+
+def test_an_inline_volume_lives_from_its_publish_to_its_unpublish(driver: Driver, client: Client) -> None:
+    target = publish(client, driver, "scratch", size="48Mi")
+    backing = driver.pool / "ephemeral" / f"{handle('scratch')}.img"
+    assert backing.stat().st_size == 48 * MiB
+    digest = write_data(target)
+    # kubelet repeats a publish it is unsure of: the same volume, its data kept.
+    publish(client, driver, "scratch", size="48Mi")
+    assert read_digest(target) == digest
+    assert os.statvfs(target).f_blocks * os.statvfs(target).f_frsize > 36 * MiB
+    # The controller never heard of it: no record of a persistent volume.
+    assert not list((driver.state / "volumes").glob("*.json"))
+    unpublish(client, driver, "scratch")
+    unpublish(client, driver, "scratch")  # idempotent
+    nothing_left(driver)
+
+
+def test_size_and_filesystem_come_from_the_attributes(driver: Driver, client: Client) -> None:
+    target = publish(client, driver, "xfs", size="320Mi", fsType="xfs")
+    dev = loop_devices_under(driver.pool)[0]
+    assert probe_type(dev) == "xfs"
+    unpublish(client, driver, "xfs")
+    publish(client, driver, "plain")  # no size: hostpath's 100Mi, ext4
+    assert (driver.pool / "ephemeral" / f"{handle('plain')}.img").stat().st_size == 100 * MiB
+    assert probe_type(loop_devices_under(driver.pool)[0]) == "ext4"
+    unpublish(client, driver, "plain")
+    del target
+    nothing_left(driver)
+
+
+def probe_type(device: str) -> str:
+    import asyncio
+
+    return asyncio.run(probe(device)).fs_type
+
+
+@pytest.mark.parametrize(
+    ("attributes", "code", "words"),
+    [
+        ({"size": "1Pi"}, grpc.StatusCode.OUT_OF_RANGE, "larger than the maximum volume size"),
+        ({"size": "lots"}, grpc.StatusCode.INVALID_ARGUMENT, "is not a quantity"),
+        ({"size": "0"}, grpc.StatusCode.INVALID_ARGUMENT, "more than zero"),
+        ({"iops": "3000"}, grpc.StatusCode.INVALID_ARGUMENT, "unknown volumeAttributes iops"),
+        ({"fsType": "btrfs"}, grpc.StatusCode.INVALID_ARGUMENT, "not supported"),
+        ({"fsType": "xfs", "size": "64Mi"}, grpc.StatusCode.INVALID_ARGUMENT, "at least 300Mi"),
+        ({"fsType": "xfs", "capFsType": "ext4"}, grpc.StatusCode.INVALID_ARGUMENT, "differ"),
+    ],
+)
+def test_what_cannot_be_made_is_refused_and_nothing_is_left(
+    driver: Driver, client: Client, attributes: dict[str, str], code: grpc.StatusCode, words: str
+) -> None:
+    with pytest.raises(grpc.RpcError) as err:
+        publish_with(client, driver, "bad", attributes)
+    assert err.value.code() == code
+    assert words in str(err.value.details())
+    nothing_left(driver)
+
+
+def test_a_size_the_pool_cannot_hold_is_resource_exhausted(driver: Driver, client: Client) -> None:
+    st = os.statvfs(driver.pool)
+    too_big = (st.f_bavail * st.f_frsize) // MiB + 1024
+    with pytest.raises(grpc.RpcError) as err:
+        publish(client, driver, "huge", size=f"{too_big}Mi")
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "free in its pool" in str(err.value.details())
+    nothing_left(driver)
+
+
+def test_block_and_persistent_mixups_are_refused(driver: Driver, client: Client) -> None:
+    req = csi_pb2.NodePublishVolumeRequest(
+        volume_id=handle("raw"),
+        target_path=target_of(driver, "raw"),
+        volume_capability=block_cap(),
+        volume_context=POD_INFO,
+    )
+    assert code_of(lambda: client.node.NodePublishVolume(req)) == grpc.StatusCode.INVALID_ARGUMENT
+    # A CO unstaging an inline volume (it never staged one) does not take it from the pod.
+    target = publish(client, driver, "kept")
+    digest = write_data(target)
+    staging = str(driver.kubelet / "plugins" / "loop.csi.kubeloop.dev" / "ephemeral" / handle("kept"))
+    client.node.NodeUnstageVolume(
+        csi_pb2.NodeUnstageVolumeRequest(volume_id=handle("kept"), staging_target_path=staging)
+    )
+    assert read_digest(target) == digest
+    unpublish(client, driver, "kept")
+    nothing_left(driver)
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.03, 0.08, 0.15, 0.3])
+def test_kill9_during_publish_leaves_nothing_after_the_unpublish(
+    driver: Driver, client: Client, delay: float
+) -> None:
+    """kill -9 while the publish makes the file, attaches, formats and mounts; after the restart
+    the pod is gone, and kubelet's unpublish (it always unpublishes a volume whose setup it is
+    unsure of) removes whatever the killed publish made."""
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            publish(client, driver, "crashy", timeout=20, size="64Mi")
+        except grpc.RpcError as e:
+            errors.append(e)
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    time.sleep(delay)
+    driver.kill9()
+    worker.join()
+    driver.start()
+    again = Client(driver.endpoint)
+    try:
+        unpublish(again, driver, "crashy")
+    finally:
+        again.close()
+    nothing_left(driver)
+
+
+def test_kill9_after_publish_keeps_the_data_for_the_pod_then_unpublish_removes_it(
+    driver: Driver, client: Client
+) -> None:
+    target = publish(client, driver, "survivor", size="64Mi")
+    digest = write_data(target)
+    driver.kill9()
+    driver.start()
+    again = Client(driver.endpoint)
+    try:
+        publish(again, driver, "survivor", size="64Mi")  # kubelet's next pass
+        assert read_digest(target) == digest
+        unpublish(again, driver, "survivor")
+    finally:
+        again.close()
+    nothing_left(driver)
