@@ -36,6 +36,9 @@ RUN apt-get update -qq \
 COPY --from=build /opt/kubeloop /opt/kubeloop
 COPY --from=kubectl /bin/kubectl /usr/local/bin/kubectl
 COPY deploy /usr/share/kubeloop/deploy
+# external-snapshotter's CRDs, from its client module at the pinned version (build/crds, which
+# tools/build-images.sh fills from the build cache): compose's setup service applies them.
+COPY build/crds /usr/share/kubeloop/crds
 ENV PATH=/opt/kubeloop/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 LABEL org.opencontainers.image.title=kubeloop \

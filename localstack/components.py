@@ -50,6 +50,7 @@ from .pools import (
     shared_pool_dir,
 )
 from .proc import ManagedProcess, RestartCallback, RestartPolicy, wait_healthy
+from .snapshotter import snapshot_crds, snapshotter_binary
 
 log = get_logger("stack")
 
@@ -94,6 +95,8 @@ class Component:
     env: EnvFactory | None = None
     # Directories the machine provides before it starts (a DaemonSet's hostPath volumes).
     host_dirs: Callable[[ComponentContext], list[Path]] | None = None
+    # CustomResourceDefinitions it needs, applied and waited for (Established) before its manifests.
+    crds: Callable[[], list[Path]] | None = None
 
 
 def node_name_env(c: ComponentContext) -> dict[str, str]:
@@ -156,6 +159,54 @@ VOLUME_EXPAND_CONTROLLER = Component(
     http_port=18103,
     manifests=("deploy/rbac/volume-expand-controller.yaml",),
 )
+# external-snapshotter's two (upstream's Go binaries, localstack.snapshotter): the cluster's
+# snapshot-controller, and the csi-snapshotter sidecar beside the driver's controller service.
+SNAPSHOT_CONTROLLER_IDENTITY = service_account_identity("kubeloop-snapshot-controller")
+CSI_SNAPSHOTTER_IDENTITY = service_account_identity("kubeloop-csi-snapshotter")
+
+
+def snapshot_controller(*extra: str) -> Component:
+    return Component(
+        name="snapshot-controller",
+        argv=lambda c: [
+            str(snapshotter_binary("snapshot-controller")),
+            f"--kubeconfig={c.kubeconfig}",
+            f"--http-endpoint={c.http_endpoint}",
+            *extra,
+            "--v=2",
+        ],
+        identity=SNAPSHOT_CONTROLLER_IDENTITY,
+        http_port=18106,
+        health_path="/metrics",
+        manifests=("deploy/rbac/snapshot-controller.yaml",),
+        crds=snapshot_crds,
+    )
+
+
+def csi_snapshotter(
+    socket: Callable[[ComponentContext], Path], http_port: int, node_deployment: bool = False
+) -> Component:
+    """The sidecar on a driver's socket; with `node_deployment` one per node, each taking the
+    contents of its own node's volumes."""
+    return Component(
+        name="csi-snapshotter",
+        argv=lambda c: [
+            str(snapshotter_binary("csi-snapshotter")),
+            f"--csi-address={socket(c)}",
+            f"--kubeconfig={c.kubeconfig}",
+            f"--http-endpoint={c.http_endpoint}",
+            *(["--node-deployment"] if node_deployment else []),
+            "--v=2",
+        ],
+        identity=CSI_SNAPSHOTTER_IDENTITY,
+        http_port=http_port,
+        health_path="/metrics",
+        per_node=node_deployment,
+        manifests=("deploy/rbac/csi-snapshotter.yaml", "deploy/volumesnapshotclass.yaml"),
+        env=node_name_env if node_deployment else None,
+    )
+
+
 PROVISIONER_IDENTITY = service_account_identity("kubeloop-external-provisioner")
 PROVISIONER_MANIFESTS = (
     "deploy/rbac/external-provisioner.yaml",
@@ -216,6 +267,8 @@ REGISTRY: tuple[Component, ...] = (
         http_port=18104,
         manifests=RESIZER_MANIFESTS,
     ),
+    snapshot_controller(),
+    csi_snapshotter(lambda c: controller_socket(c), 18107),
 )
 
 # --pools node-local (issue 31): every node its own pool, served by its own plugin in `all` mode,
@@ -267,6 +320,10 @@ NODE_LOCAL_REGISTRY: tuple[Component, ...] = (
         manifests=(*RESIZER_MANIFESTS, NODE_DEPLOYMENT_RBAC),
         env=node_name_env,
     ),
+    # Upstream's distributed snapshotting: each node's csi-snapshotter takes the contents of its
+    # own volumes (the controller labels them with the node).
+    snapshot_controller("--enable-distributed-snapshotting"),
+    csi_snapshotter(lambda c: node_socket(c), 18150, node_deployment=True),
     # A node-local volume dies with its node's pool: when a Node is deleted, the claims and PVs
     # pinned to it are cleaned up (TopoLVM's node finalizer; docs/node-finalizer.md).
     Component(
@@ -474,7 +531,19 @@ class Components:
         attach)."""
         return manifests_for_mode(((REPO_ROOT / m).read_text() for m in comp.manifests), self.pools)
 
+    async def apply_crds(self, comp: Component) -> None:
+        if comp.crds is None:
+            return
+        files = [f"--filename={path}" for path in comp.crds()]
+        code, out = await self._kubectl("apply", "--server-side", "--force-conflicts", *files)
+        if code == 0:
+            code, out = await self._kubectl("wait", "--for=condition=established", "--timeout=60s", *files)
+        if code != 0:
+            raise ComponentError(f"applying the CRDs of {comp.name} failed:\n{out}")
+        log.info("applied CRDs", component=comp.name, crds=len(files))
+
     async def apply_manifests(self, comp: Component) -> None:
+        await self.apply_crds(comp)
         if not comp.manifests:
             return
         docs = self.manifests(comp)

@@ -78,7 +78,13 @@ DEFAULT_BASE_IMAGE = "debian:bookworm-slim"
 # the pool with the node plugins, whose files are root's 0600; the sidecars and the node agent talk to
 # the driver's root-owned 0600 sockets. Those run as root, with capabilities dropped where they can.
 NON_ROOT = frozenset(
-    {"pv-controller", "attach-detach-controller", "volume-expand-controller", "node-finalizer"}
+    {
+        "pv-controller",
+        "attach-detach-controller",
+        "volume-expand-controller",
+        "node-finalizer",
+        "snapshot-controller",
+    }
 )
 # Capabilities a root component keeps (all others dropped); absent: docker's defaults.
 ROOT_CAPS: dict[str, list[str]] = {
@@ -86,7 +92,11 @@ ROOT_CAPS: dict[str, list[str]] = {
     "external-provisioner": [],
     "external-attacher": [],
     "external-resizer": [],
+    "csi-snapshotter": [],
 }
+# Components that are upstream's Go binaries, each in its own image (the binary is its entrypoint,
+# and the image, built FROM scratch, has no shell for a healthcheck).
+GO_IMAGES = frozenset({"snapshot-controller", "csi-snapshotter"})
 
 
 def read_versions() -> dict[str, str]:
@@ -98,13 +108,16 @@ def read_versions() -> dict[str, str]:
 def images(versions: dict[str, str] | None = None) -> dict[str, str]:
     """The control-plane images under their conventional names, at the pinned versions."""
     v = versions or read_versions()
-    k8s = v["KUBERNETES_VERSION"]
+    k8s, snap = v["KUBERNETES_VERSION"], v["EXTERNAL_SNAPSHOTTER_VERSION"]
     return {
         "etcd": f"registry.k8s.io/etcd:{v['ETCD_VERSION'].removeprefix('v')}-0",
         "kube-apiserver": f"registry.k8s.io/kube-apiserver:{k8s}",
         "kube-controller-manager": f"registry.k8s.io/kube-controller-manager:{k8s}",
         "kube-scheduler": f"registry.k8s.io/kube-scheduler:{k8s}",
         "kubectl": f"registry.k8s.io/kubectl:{k8s}",
+        # external-snapshotter's two (localstack.snapshotter), under upstream's image names.
+        "snapshot-controller": f"registry.k8s.io/sig-storage/snapshot-controller:{snap}",
+        "csi-snapshotter": f"registry.k8s.io/sig-storage/csi-snapshotter:{snap}",
     }
 
 
@@ -366,6 +379,9 @@ def _component_service(
         "init": True,
         "command": container_argv(comp.argv(ctx)),
     }
+    if comp.name in GO_IMAGES:
+        service["image"] = images()[comp.name]
+        service["command"] = comp.argv(ctx)[1:]
     if comp.env is not None:
         service["environment"] = comp.env(ctx)
     if inst.node is not None:
@@ -395,7 +411,7 @@ def _component_service(
     service["volumes"] = volumes
     service["depends_on"] = depends
     port = instance_port(inst)
-    if comp.health_path is not None and port is not None:
+    if comp.health_path is not None and port is not None and comp.name not in GO_IMAGES:
         service["healthcheck"] = {"test": ["CMD", "bash", "-c", http_probe(port, comp.health_path)], **HEALTH}
     return service, named
 
@@ -496,10 +512,34 @@ def _pool_mode_problem(kubectl: list[str], mode: PoolMode) -> str | None:
     return csidriver_conflict(json.loads(got) if got.strip() else None, mode)
 
 
+def apply_crds(kubectl: list[str], crds: Path, attempts: int) -> None:
+    """The VolumeSnapshot and VolumeGroupSnapshot CRDs the image carries, applied and Established
+    before the manifests (the VolumeSnapshotClass among them) that need them."""
+    files = [f"--filename={p}" for p in sorted(crds.glob("*.yaml"))]
+    if not files:
+        sys.exit(f"setup: no CRDs in {crds}; rebuild the image (tools/build-images.sh)")
+    for attempt in range(attempts):
+        applied = subprocess.run(
+            [*kubectl, "apply", "--server-side", "--force-conflicts", *files],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if applied.returncode == 0:
+            subprocess.run(
+                [*kubectl, "wait", "--for=condition=established", "--timeout=60s", *files], check=True
+            )
+            return
+        print(f"setup: applying the CRDs failed (attempt {attempt + 1}):\n{applied.stderr}", file=sys.stderr)
+        time.sleep(1)
+    sys.exit(1)
+
+
 def setup(mode: PoolMode = SHARED, root: Path = MANIFESTS, attempts: int = 30) -> None:
     """Applies every component's manifests as admin, in registry order, as the pool mode needs them
     (what `make up` does)."""
     kubectl = ["kubectl", f"--kubeconfig={CONFIG / 'kubeconfig'}"]
+    apply_crds(kubectl, root / "crds", attempts)
     docs = manifests_for_mode(((root / m).read_text() for m in manifests(mode)), mode)
     stream = yaml.safe_dump_all(docs, sort_keys=False)
     for attempt in range(attempts):

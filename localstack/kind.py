@@ -28,11 +28,13 @@ import yaml
 from controller_runtime.toolchain import REPO_ROOT, Toolchain, read_versions
 
 from .compose import KUBELOOP_IMAGE
+from .snapshotter import snapshot_crds
 
 CLUSTER_NAME = "kubeloop"
 BUSYBOX_IMAGE = "kubeloop/busybox:1.35.0"
 # external-snapshotter's snapshot-controller and csi-snapshotter (deploy/kubernetes), and the
-# VolumeSnapshot CRDs tools/build-binaries.sh puts next to them.
+# VolumeSnapshot and VolumeGroupSnapshot CRDs tools/build-binaries.sh puts next to them
+# (localstack.snapshotter).
 SNAPSHOTTER_VERSION = read_versions()["EXTERNAL_SNAPSHOTTER_VERSION"]
 SNAPSHOTTER_IMAGE = f"kubeloop/external-snapshotter:{SNAPSHOTTER_VERSION}"
 CLUSTER_CONFIG = REPO_ROOT / "deploy" / "kind" / "cluster.yaml"
@@ -65,15 +67,6 @@ MADE_LIB_MODULES = SHARED_DIR / ".made-lib-modules"
 KIND_NETWORK = "kind"
 # Workload namespaces are cleaned before the cluster goes, so kubeloop detaches and deletes volumes.
 SYSTEM_NAMESPACES = {"kube-system", "kube-public", "kube-node-lease", "default"}
-
-
-def snapshot_crds() -> list[Path]:
-    """The snapshot.storage.k8s.io CRDs, from the cache tools/build-binaries.sh snapshotter fills."""
-    crd_dir = Toolchain.default().cache / "bin" / f"external-snapshotter-{SNAPSHOTTER_VERSION}" / "crd"
-    crds = sorted(crd_dir.glob("snapshot.storage.k8s.io_*.yaml"))
-    if len(crds) != 3:
-        raise KindError(f"no VolumeSnapshot CRDs in {crd_dir}: run tools/build-binaries.sh snapshotter")
-    return crds
 
 
 def node_image() -> str:

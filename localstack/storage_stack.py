@@ -167,7 +167,8 @@ class StorageStack:
 
     async def _csidriver(self) -> None:
         """The CSIDriver this mode needs. The session's control plane serves every e2e module, in
-        either mode, and attachRequired cannot be changed: one made for the other mode is replaced."""
+        either mode (and some modules make a CSIDriver of their own), and attachRequired and
+        volumeLifecycleModes cannot be changed: one that differs is replaced."""
         spec = csidriver_spec(self.pools)
         try:
             current = await self.api.get(CSI_DRIVERS, DRIVER_NAME)
@@ -175,7 +176,7 @@ class StorageStack:
             if not exc.not_found:
                 raise
         else:
-            if current["spec"].get("attachRequired") == spec["attachRequired"]:
+            if all(current["spec"].get(key) == value for key, value in spec.items()):
                 return
             await self.api.delete(CSI_DRIVERS, DRIVER_NAME)
             await wait_for(lambda: _gone(self.api, CSI_DRIVERS, DRIVER_NAME), 30, "the old CSIDriver gone")

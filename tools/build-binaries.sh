@@ -185,16 +185,19 @@ local_replaces() { # modfile version
   sed -n 's#^replace \([^ ]*\) => \./.*#replace \1 => \1 '"$2"'#p' "$1"
 }
 
-# The VolumeSnapshot CRDs (snapshot.storage.k8s.io/v1) as external-snapshotter's client module
-# publishes them, next to its binaries: crd/*.yaml, applied by localstack/kind.py.
+# The VolumeSnapshot and VolumeGroupSnapshot CRDs (snapshot.storage.k8s.io, groupsnapshot.storage.k8s.io)
+# as external-snapshotter's client module publishes them, next to its binaries: crd/*.yaml, applied by
+# localstack (make up), compose's setup and localstack/kind.py.
 snapshot_crds() {
   local dest=$cache/bin/external-snapshotter-$EXTERNAL_SNAPSHOTTER_VERSION/crd dir
-  if compgen -G "$dest/snapshot.storage.k8s.io_*.yaml" >/dev/null; then return; fi
+  if compgen -G "$dest/snapshot.storage.k8s.io_*.yaml" >/dev/null &&
+    compgen -G "$dest/groupsnapshot.storage.k8s.io_*.yaml" >/dev/null; then return; fi
   dir=$(go mod download -json "github.com/kubernetes-csi/external-snapshotter/client/v8@$EXTERNAL_SNAPSHOTTER_VERSION" |
     sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
   [ -d "$dir/config/crd" ] || die "external-snapshotter's client module has no config/crd at $EXTERNAL_SNAPSHOTTER_VERSION"
-  mkdir -p "$dest.tmp" && cp "$dir"/config/crd/snapshot.storage.k8s.io_*.yaml "$dest.tmp/" && chmod -R u+w "$dest.tmp"
-  mv "$dest.tmp" "$dest"
+  rm -rf "$dest.tmp" && mkdir -p "$dest.tmp"
+  cp "$dir"/config/crd/snapshot.storage.k8s.io_*.yaml "$dir"/config/crd/groupsnapshot.storage.k8s.io_*.yaml "$dest.tmp/"
+  chmod -R u+w "$dest.tmp" && rm -rf "$dest" && mv "$dest.tmp" "$dest"
   say "external-snapshotter $EXTERNAL_SNAPSHOTTER_VERSION: CRDs in $dest"
 }
 
@@ -223,7 +226,9 @@ require $module $HELM_VERSION"
 }
 
 groups=("$@")
-[ ${#groups[@]} -gt 0 ] || groups=(kubernetes etcd csi-sanity)
+# The default (`make binaries`, what `make up` needs): the control plane, csi-sanity, and
+# external-snapshotter for the local stack's VolumeSnapshots.
+[ ${#groups[@]} -gt 0 ] || groups=(kubernetes etcd csi-sanity snapshotter)
 for g in "${groups[@]}"; do
   case $g in
     kubernetes)

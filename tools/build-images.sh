@@ -6,8 +6,9 @@
 #   2. build/wheels/: kubeloop's wheel (with the generated gRPC stubs) and every dependency's,
 #      downloaded on the host (redownloaded only when pyproject.toml changes);
 #   3. the control-plane images under their conventional names (registry.k8s.io/kube-apiserver:v1.36.3,
-#      ...): the Go binaries cached by tools/build-binaries.sh, each in a scratch image (rebuilt only
-#      when the binary changes);
+#      ..., external-snapshotter's registry.k8s.io/sig-storage/snapshot-controller and csi-snapshotter):
+#      the Go binaries cached by tools/build-binaries.sh, each in a scratch image (rebuilt only when
+#      the binary changes), and external-snapshotter's CRDs into build/crds for the kubeloop image;
 #   4. the kubeloop image from Dockerfile (docker's layer cache makes a warm rebuild quick).
 # A daemon is started by tools/docker-env.sh when none answers (and left running: `tools/docker-env.sh
 # stop` stops it). Environment: PYTHON (default .venv/bin/python), BASE_IMAGE, DEBIAN_MIRROR.
@@ -57,7 +58,13 @@ build_wheels() {
   "$PY" -c 'import sys, zipfile; n = zipfile.ZipFile(sys.argv[1]).namelist(); sys.exit(0 if any(x.startswith("kubeloop_grpc/csi/") for x in n) else "the kubeloop wheel lacks the gRPC stubs")' "$wheels"/kubeloop-*.whl
   step "wheels ready in $wheels"
 }
-if [ $wheels_only = 1 ]; then build_wheels; exit 0; fi
+# The CRDs the image carries (Dockerfile: build/crds): external-snapshotter's, from the build cache.
+copy_crds() {
+  bash tools/build-binaries.sh snapshotter >/dev/null
+  rm -rf build/crds && mkdir -p build/crds
+  cp "$cache/bin/external-snapshotter-$EXTERNAL_SNAPSHOTTER_VERSION"/crd/*.yaml build/crds/
+}
+if [ $wheels_only = 1 ]; then build_wheels; copy_crds; exit 0; fi
 
 bash tools/docker-env.sh start >/dev/null
 bash tools/build-binaries.sh kubernetes etcd
@@ -116,6 +123,10 @@ for b in kube-apiserver kube-controller-manager kube-scheduler; do
 done
 scratch_image "$(image_of kubectl)" /bin "$k8s/kubectl"
 scratch_image "$(image_of etcd)" /usr/local/bin "$etcd/etcd" "$etcd/etcdctl"
+snap=$cache/bin/external-snapshotter-$EXTERNAL_SNAPSHOTTER_VERSION
+scratch_image "$(image_of snapshot-controller)" /usr/local/bin "$snap/snapshot-controller"
+scratch_image "$(image_of csi-snapshotter)" /usr/local/bin "$snap/csi-snapshotter"
+copy_crds
 step "control-plane images ready"
 
 # --- 4. the kubeloop image --------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import yaml
 
 from controller_runtime.toolchain import REPO_ROOT
 from localstack.controlplane import ControlPlane
-from localstack.kind import snapshot_crds
+from localstack.snapshotter import snapshot_crds
 
 from .test_provisioner_support import kubectl
 
@@ -25,6 +25,9 @@ LEASES = "leases.coordination.k8s.io"
 # the names and every answer about them would be a meaningless "no".
 VS = "volumesnapshots.snapshot.storage.k8s.io"
 VSC = "volumesnapshotcontents.snapshot.storage.k8s.io"
+VGS = "volumegroupsnapshots.groupsnapshot.storage.k8s.io"
+VGSC = "volumegroupsnapshotcontents.groupsnapshot.storage.k8s.io"
+VAC = "volumeattributesclasses.storage.k8s.io"
 
 # What no storage component may ever do.
 EVERYONE_MUST_NOT: list[Check] = [
@@ -134,6 +137,8 @@ MUST_NOT: dict[str, list[Check]] = {
     ],
     "kubeloop-csi-snapshotter": [
         ("create", VS, "default"),
+        ("create", VGS, "default"),
+        ("create", VGSC, ""),
         ("delete", VSC, ""),
         ("create", VSC, ""),
         ("update", "persistentvolumeclaims", "default"),
@@ -149,6 +154,7 @@ MUST: dict[str, list[Check]] = {
         ("create", "persistentvolumes", ""),
         ("delete", "persistentvolumes", ""),
         ("get", "secrets", "default"),
+        ("get", VAC, ""),  # a claim's VolumeAttributesClass, read at CreateVolume
     ],
     "kubeloop-external-attacher": [
         ("patch", "volumeattachments/status", ""),
@@ -158,6 +164,7 @@ MUST: dict[str, list[Check]] = {
     "kubeloop-external-resizer": [
         ("patch", "persistentvolumeclaims/status", "default"),
         ("watch", "nodes", ""),
+        ("watch", VAC, ""),  # the modify controller
     ],
     "kubeloop-volume-expand": [("list", "persistentvolumeclaims", "")],
     "kubeloop-node-agent": [("patch", "pods/status", "default"), ("patch", "nodes/status", "")],
@@ -170,8 +177,13 @@ MUST: dict[str, list[Check]] = {
         ("get", "csidrivers.storage.k8s.io", ""),
         ("update", LEASES, "kube-system"),
     ],
-    "kubeloop-snapshot-controller": [("create", VSC, ""), ("update", "persistentvolumeclaims", "default")],
-    "kubeloop-csi-snapshotter": [("update", VSC, ""), ("get", LEASES, "kube-system")],
+    "kubeloop-snapshot-controller": [
+        ("create", VSC, ""),
+        ("update", "persistentvolumeclaims", "default"),
+        ("create", VGSC, ""),
+        ("update", VGS, "default"),
+    ],
+    "kubeloop-csi-snapshotter": [("update", VSC, ""), ("get", LEASES, "kube-system"), ("update", VGSC, "")],
 }
 
 

@@ -1,0 +1,130 @@
+"""VolumeSnapshots in the local stack (`make up`): upstream's snapshot-controller and csi-snapshotter
+(Go binaries at the pinned version, their CRDs applied by the launcher) beside kubeloop's
+provisioner and driver, on the real apiserver. A claim's data is snapshotted and restored into a
+new claim, read back by a pod on the other node."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from controller_runtime.client import ApiClient, ApiError
+from controller_runtime.resources import (
+    PERSISTENT_VOLUME_CLAIMS,
+    STORAGE_CLASSES,
+    VOLUME_SNAPSHOT_CONTENTS,
+    VOLUME_SNAPSHOTS,
+    Obj,
+)
+from csi_driver import DRIVER_NAME
+from localstack.controlplane import ControlPlane
+from localstack.storage_stack import STORAGE_COMPONENTS, StorageStack, wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.root]
+
+COMPONENTS = (*STORAGE_COMPONENTS, "external-provisioner", "snapshot-controller", "csi-snapshotter")
+CLASS = "kubeloop-e2e-snap"
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def stack(control_plane: ControlPlane, api: ApiClient) -> AsyncIterator[StorageStack]:
+    try:
+        await api.delete(STORAGE_CLASSES, CLASS)
+    except ApiError as exc:
+        if not exc.not_found:
+            raise
+    await api.create(STORAGE_CLASSES, {"metadata": {"name": CLASS}, "provisioner": DRIVER_NAME})
+    s = StorageStack(control_plane, api, COMPONENTS)
+    try:
+        await s.start()
+        yield s
+    finally:
+        await s.stop()
+        await api.delete(STORAGE_CLASSES, CLASS)
+
+
+async def claim(stack: StorageStack, namespace: str, source: Obj | None = None) -> str:
+    name = f"c-{uuid.uuid4().hex[:6]}"
+    spec: Obj = {
+        "accessModes": ["ReadWriteOnce"],
+        "storageClassName": CLASS,
+        "resources": {"requests": {"storage": "64Mi"}},
+    }
+    if source is not None:
+        spec["dataSource"] = source
+    await stack.api.create(PERSISTENT_VOLUME_CLAIMS, {"metadata": {"name": name}, "spec": spec}, namespace)
+    return name
+
+
+async def bound(stack: StorageStack, namespace: str, name: str) -> Obj:
+    async def done() -> Obj | None:
+        pvc = await stack.api.get(PERSISTENT_VOLUME_CLAIMS, name, namespace)
+        return pvc if (pvc.get("status") or {}).get("phase") == "Bound" else None
+
+    pvc: Obj = await wait_for(done, 60, f"claim {name} bound")
+    return pvc
+
+
+def write(path: Path, text: str) -> None:
+    with open(path / "data.txt", "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+async def snapshot(stack: StorageStack, namespace: str, source: str) -> Obj:
+    name = f"s-{uuid.uuid4().hex[:6]}"
+    body = {
+        "metadata": {"name": name},
+        "spec": {"volumeSnapshotClassName": "kubeloop", "source": {"persistentVolumeClaimName": source}},
+    }
+    await stack.api.create(VOLUME_SNAPSHOTS, body, namespace)
+
+    async def ready() -> Obj | None:
+        snap = await stack.api.get(VOLUME_SNAPSHOTS, name, namespace)
+        return snap if (snap.get("status") or {}).get("readyToUse") else None
+
+    snap: Obj = await wait_for(ready, 60, f"snapshot {name} ready")
+    return snap
+
+
+async def test_a_snapshot_is_taken_and_restored_in_the_local_stack(
+    stack: StorageStack, namespace: str
+) -> None:
+    source = await claim(stack, namespace)
+    pv = (await bound(stack, namespace, source))["spec"]["volumeName"]
+    pod = await stack.pod(namespace, "writer", "node-a", source)
+    await stack.wait_running(namespace, "writer")
+    write(stack.mount_path("node-a", pod, pv), "before the snapshot")
+    await stack.delete_pod(namespace, "writer")  # the snapshot of a quiet filesystem
+
+    snap = await snapshot(stack, namespace, source)
+    content = await stack.api.get(VOLUME_SNAPSHOT_CONTENTS, snap["status"]["boundVolumeSnapshotContentName"])
+    handle = content["status"]["snapshotHandle"]
+    assert (stack.pool / "snapshots" / f"{handle}.img").exists()
+
+    restored = await claim(
+        stack,
+        namespace,
+        {"apiGroup": "snapshot.storage.k8s.io", "kind": "VolumeSnapshot", "name": snap["metadata"]["name"]},
+    )
+    restored_pv = (await bound(stack, namespace, restored))["spec"]["volumeName"]
+    reader = await stack.pod(namespace, "reader", "node-b", restored)
+    await stack.wait_running(namespace, "reader")
+    assert (stack.mount_path("node-b", reader, restored_pv) / "data.txt").read_text() == "before the snapshot"
+    await stack.delete_pod(namespace, "reader")
+
+    # Deleting the snapshot (deletionPolicy Delete) deletes its copy in the pool.
+    await stack.api.delete(VOLUME_SNAPSHOTS, snap["metadata"]["name"], namespace)
+
+    async def copy_gone() -> bool:
+        return not (stack.pool / "snapshots" / f"{handle}.img").exists()
+
+    await wait_for(copy_gone, 60, "the snapshot's copy deleted")
+    for name in (restored, source):
+        await stack.api.delete(PERSISTENT_VOLUME_CLAIMS, name, namespace)
