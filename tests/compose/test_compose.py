@@ -254,3 +254,53 @@ def test_kill_leaves_the_volume_mounted_until_up_takes_it_over(stack: Stack) -> 
     assert not mounts and not loops, f"left behind by the stop: mounts {mounts} loop devices {loops}"
     _up_again(s, "killed")
     _delete_pod_and_claim(s, "killed")
+
+
+def test_snapshot_and_restore(stack: Stack) -> None:
+    """VolumeSnapshots in compose: upstream's snapshot-controller and csi-snapshotter services (their
+    CRDs applied by the setup service) take a copy of a claim's volume; a claim restored from it on
+    the other node holds the data; deleting the snapshot deletes the copy."""
+    s = stack
+    _pod_with_data(s, "snapsrc")
+    s.kubectl("delete", "pod", "snapsrc", "-n", NS, "--wait=true", "--timeout=90s")
+    s.kubectl(
+        "apply",
+        "-n",
+        NS,
+        "-f",
+        "-",
+        input="""
+apiVersion: snapshot.storage.k8s.io/v1
+kind: VolumeSnapshot
+metadata: {name: snap}
+spec: {volumeSnapshotClassName: kubeloop, source: {persistentVolumeClaimName: snapsrc}}
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: restored}
+spec:
+  accessModes: [ReadWriteOnce]
+  resources: {requests: {storage: 64Mi}}
+  dataSource: {apiGroup: snapshot.storage.k8s.io, kind: VolumeSnapshot, name: snap}
+"""
+        + pod_yaml("restored", "restored", "node-b"),
+    )
+    eventually(
+        lambda: s.kubectl("get", "volumesnapshot", "snap", "-o", "jsonpath={.status.readyToUse}") == "true",
+        "the snapshot ready",
+    )
+    assert s.exec("csi-driver-controller", "ls /var/lib/kubeloop/pool/snapshots").split(), (
+        "no copy in the pool"
+    )
+    path = wait_running_and_mounted(s, "restored", "node-b")
+    assert s.exec("csi-driver-node-node-b", f"cat {path}/kept").strip() == "snapsrc"
+    s.kubectl("delete", "volumesnapshot", "snap", "-n", NS, "--wait=true", "--timeout=90s")
+    eventually(
+        lambda: not s.exec("csi-driver-controller", "ls /var/lib/kubeloop/pool/snapshots").split(),
+        "the snapshot's copy deleted",
+    )
+    s.kubectl("delete", "pod", "restored", "-n", NS, "--wait=true", "--timeout=90s")
+    for claim in ("restored", "snapsrc"):
+        s.kubectl("delete", "pvc", claim, "-n", NS, "--wait=true", "--timeout=90s")
+    eventually(lambda: s.kubectl("get", "pv", "-o", "name") == "", "every PV deleted")
+    eventually(lambda: backing_files(s) == [], "every backing file deleted")
