@@ -797,6 +797,7 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
             source_volume_id=snap.source_volume_id,
             creation_time=_timestamp(snap.created_at),
             ready_to_use=snap.ready,
+            group_snapshot_id=snap.group_snapshot_id,
         )
 
     async def CreateSnapshot(
@@ -852,12 +853,20 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
         self, req: csi_pb2.DeleteSnapshotRequest, _: grpc.aio.ServicerContext
     ) -> csi_pb2.DeleteSnapshotResponse:
         snapshot_id = check_id(req.snapshot_id, "snapshot_id")
+        snap = self.state.snapshot(snapshot_id)
+        if snap is not None and snap.group_snapshot_id:
+            # Deleted with its group (DeleteVolumeGroupSnapshot), as hostpath says.
+            raise invalid(f"Snapshot with ID {snapshot_id} is part of groupsnapshot {snap.group_snapshot_id}")
+        await self.delete_snapshot(snapshot_id)
+        return csi_pb2.DeleteSnapshotResponse()
+
+    async def delete_snapshot(self, snapshot_id: str) -> None:
+        """Removes a snapshot's copy, then its record; nothing when there is none."""
         async with self.state.locks.hold(snapshot_id):
             if self.state.snapshot(snapshot_id) is not None:
                 await asyncio.to_thread(files.remove, self.state.snapshot_file(snapshot_id))
                 await self.state.delete_snapshot(snapshot_id)
                 log.info("deleted snapshot", snapshot=snapshot_id)
-        return csi_pb2.DeleteSnapshotResponse()
 
     async def ListSnapshots(
         self, req: csi_pb2.ListSnapshotsRequest, _: grpc.aio.ServicerContext

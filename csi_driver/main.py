@@ -26,6 +26,8 @@ from kubeloop_grpc.csi import csi_pb2_grpc
 
 from . import DRIVER_NAME, driver_version
 from .controller import ControllerConfig, ControllerServer
+from .freeze import FreezeWatcher
+from .group_controller import GroupControllerServer
 from .identity import IdentityServer
 from .node import NodeConfig, NodeServer
 from .pool_kinds import parse_capacity, pool_capacity
@@ -202,6 +204,8 @@ async def _serve(
 ) -> None:
     identity = IdentityServer(state, controller=controller_mode)
     controller = node = None
+    group: GroupControllerServer | None = None
+    watcher: asyncio.Task[None] | None = None
     if controller_mode:
         controller = ControllerServer(
             state,
@@ -213,6 +217,7 @@ async def _serve(
             ),
         )
         await controller.reconcile()
+        group = GroupControllerServer(controller)
     if node_mode:
         node = NodeServer(
             state,
@@ -227,12 +232,16 @@ async def _serve(
         )
         await node.reconcile()
         await state.announce_node(NodeInfo(args.node_id, args.max_volumes_per_node))
+        if not state.pool_problem():
+            watcher = asyncio.create_task(FreezeWatcher(state, args.node_id).run(), name="freeze-watcher")
     state.mark_ready()
 
     def register(server: grpc.aio.Server) -> None:
         csi_pb2_grpc.add_IdentityServicer_to_server(identity, server)
         if controller is not None:
             csi_pb2_grpc.add_ControllerServicer_to_server(controller, server)
+        if group is not None:
+            csi_pb2_grpc.add_GroupControllerServicer_to_server(group, server)
         if node is not None:
             csi_pb2_grpc.add_NodeServicer_to_server(node, server)
 
@@ -265,6 +274,8 @@ async def _serve(
             await registration.wait_refused()
     finally:
         # Runs on SIGTERM (the run task is cancelled): finish in-flight RPCs, remove the sockets.
+        if watcher is not None:
+            watcher.cancel()
         try:
             if reg_server is not None:
                 await stop_unix_server(reg_server, 1.0)

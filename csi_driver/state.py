@@ -15,6 +15,8 @@ Pool directory (--pool-dir, shared by the controller and every node plugin that 
     volumes/<volume-id>.img       sparse backing file
     snapshots/<snapshot-id>.img   sparse copy taken by CreateSnapshot
     ephemeral/<volume-id>.img     an inline ephemeral volume, made and removed by a node plugin
+    freezes/                      requests to freeze staged filesystems for a group snapshot
+                                  (csi_driver.freeze)
     nodes/<node-id>.json          written by each node plugin at start so the controller knows it
     .controller.lock              held by the one controller serving the pool
 
@@ -84,6 +86,9 @@ class SnapshotRecord:
     access_type: str = ""
     fs_type: str = ""
     kind: str = ""  # its source volume's pool kind, whose budget it takes
+    # A member of a volume group snapshot (GroupController): the group's id and name; "" alone.
+    group_snapshot_id: str = ""
+    group_name: str = ""
 
 
 @dataclass
@@ -189,6 +194,10 @@ class DriverState:
     def ephemeral_dir(self) -> Path:
         return self.pool_dir / "ephemeral"
 
+    @property
+    def freezes_dir(self) -> Path:
+        return self.pool_dir / "freezes"
+
     def volume_file(self, volume_id: str) -> str:
         # check_id again here, so no caller can ever build a path from an unchecked id.
         return str(self.volumes_dir / f"{check_id(volume_id, 'volume_id')}.img")
@@ -233,7 +242,13 @@ class DriverState:
                     f"--pool-dir {self.pool_dir} has no volumes/ directory, yet --state-dir records "
                     f"{recorded} volume(s) and snapshot(s) in it: is the pool's disk mounted?"
                 )
-            for d in (self.volumes_dir, self.snapshots_dir, self.nodes_dir, self.ephemeral_dir):
+            for d in (
+                self.volumes_dir,
+                self.snapshots_dir,
+                self.nodes_dir,
+                self.ephemeral_dir,
+                self.freezes_dir,
+            ):
                 d.mkdir(exist_ok=True)
             # The pool must be writable before Probe says ready. An unnamed file (O_TMPFILE where
             # the filesystem has it, else a unique name unlinked at once) leaves nothing another

@@ -107,7 +107,8 @@ class Stack:
         start = time.monotonic()
         while True:
             health = self.health()
-            if all(h == "healthy" for h in health.values()):
+            # "running": a service without a healthcheck (upstream's binaries in scratch images).
+            if all(h in ("healthy", "running") for h in health.values()):
                 return time.monotonic() - start
             if time.monotonic() - start > timeout:
                 logs = self.compose("logs", "--tail=30", check=False).stdout[-6000:]

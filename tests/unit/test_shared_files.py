@@ -62,7 +62,15 @@ def test_driver_states_loading_on_one_pool_at_once_never_fail(tmp_path: Path) ->
         doc = json.loads((pool / "shared.json").read_text())  # one writer's whole record
         assert doc["payload"] == "x" * 4096 and 0 <= doc["writer"] < PROCESSES
         left = sorted(p.name for p in pool.iterdir())
-        assert left == [".controller.lock", "ephemeral", "nodes", "shared.json", "snapshots", "volumes"], left
+        assert left == [
+            ".controller.lock",
+            "ephemeral",
+            "freezes",
+            "nodes",
+            "shared.json",
+            "snapshots",
+            "volumes",
+        ], left
 
 
 def test_temp_names_are_unique_and_swept_only_as_temps(tmp_path: Path) -> None:
