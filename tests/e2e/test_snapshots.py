@@ -1,7 +1,8 @@
-"""VolumeSnapshots in the local stack (`make up`): upstream's snapshot-controller and csi-snapshotter
-(Go binaries at the pinned version, their CRDs applied by the launcher) beside kubeloop's
-provisioner and driver, on the real apiserver. A claim's data is snapshotted and restored into a
-new claim, read back by a pod on the other node."""
+"""VolumeSnapshots and VolumeGroupSnapshots in the local stack (`make up`): upstream's
+snapshot-controller and csi-snapshotter (Go binaries at the pinned version, their CRDs applied by
+the launcher) beside kubeloop's provisioner and driver, on the real apiserver. A claim's data is
+snapshotted and restored into a new claim, read back by a pod on the other node; two claims in use
+by running pods are snapshotted as a group and both restored."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from controller_runtime.resources import (
     VOLUME_SNAPSHOT_CONTENTS,
     VOLUME_SNAPSHOTS,
     Obj,
+    Resource,
 )
 from csi_driver import DRIVER_NAME
 from localstack.controlplane import ControlPlane
@@ -128,3 +130,78 @@ async def test_a_snapshot_is_taken_and_restored_in_the_local_stack(
     await wait_for(copy_gone, 60, "the snapshot's copy deleted")
     for name in (restored, source):
         await stack.api.delete(PERSISTENT_VOLUME_CLAIMS, name, namespace)
+
+
+GROUP_CLASS = "kubeloop-e2e-group"
+VGS = Resource("groupsnapshot.storage.k8s.io", "v1", "volumegroupsnapshots", "VolumeGroupSnapshot", True)
+VGS_CLASSES = Resource(
+    "groupsnapshot.storage.k8s.io", "v1", "volumegroupsnapshotclasses", "VolumeGroupSnapshotClass", False
+)
+
+
+async def test_a_group_snapshot_of_two_claims_in_use_restores_both(
+    stack: StorageStack, namespace: str
+) -> None:
+    api = stack.api
+    try:
+        await api.delete(VGS_CLASSES, GROUP_CLASS)
+    except ApiError as exc:
+        if not exc.not_found:
+            raise
+    await api.create(
+        VGS_CLASSES, {"metadata": {"name": GROUP_CLASS}, "driver": DRIVER_NAME, "deletionPolicy": "Delete"}
+    )
+    written: dict[str, str] = {}
+    for i, node in enumerate(("node-a", "node-b")):
+        name = await claim(stack, namespace)
+        await api.patch(PERSISTENT_VOLUME_CLAIMS, name, {"metadata": {"labels": {"app": "pair"}}}, namespace)
+        pv = (await bound(stack, namespace, name))["spec"]["volumeName"]
+        pod = await stack.pod(namespace, f"app-{i}", node, name)
+        await stack.wait_running(namespace, f"app-{i}")
+        write(stack.mount_path(node, pod, pv), f"claim {i}")
+        written[name] = f"claim {i}"
+    # Taken while both pods run: their filesystems are frozen for the copy.
+    body = {
+        "metadata": {"name": "pair"},
+        "spec": {
+            "volumeGroupSnapshotClassName": GROUP_CLASS,
+            "source": {"selector": {"matchLabels": {"app": "pair"}}},
+        },
+    }
+    await api.create(VGS, body, namespace)
+
+    async def ready() -> Obj | None:
+        group = await api.get(VGS, "pair", namespace)
+        return group if (group.get("status") or {}).get("readyToUse") else None
+
+    await wait_for(ready, 90, "the group snapshot ready")
+    snaps, _ = await api.list_all(VOLUME_SNAPSHOTS, namespace)
+    members = [
+        s
+        for s in snaps
+        if any(o.get("kind") == "VolumeGroupSnapshot" for o in s["metadata"].get("ownerReferences") or [])
+    ]
+    assert len(members) == 2, [s["metadata"]["name"] for s in snaps]
+    restored: list[str] = []
+    for i, member in enumerate(members):
+        source = {
+            "apiGroup": "snapshot.storage.k8s.io",
+            "kind": "VolumeSnapshot",
+            "name": member["metadata"]["name"],
+        }
+        name = await claim(stack, namespace, source)
+        pv = (await bound(stack, namespace, name))["spec"]["volumeName"]
+        pod = await stack.pod(namespace, f"reader-{i}", "node-a", name)
+        await stack.wait_running(namespace, f"reader-{i}")
+        restored.append((stack.mount_path("node-a", pod, pv) / "data.txt").read_text())
+        await stack.delete_pod(namespace, f"reader-{i}")
+    assert sorted(restored) == sorted(written.values())
+    for i in range(2):
+        await stack.delete_pod(namespace, f"app-{i}")
+    await api.delete(VGS, "pair", namespace)
+
+    async def copies_gone() -> bool:
+        return not list((stack.pool / "snapshots").iterdir())
+
+    await wait_for(copies_gone, 60, "the group's copies deleted")
+    await api.delete(VGS_CLASSES, GROUP_CLASS)
