@@ -64,9 +64,25 @@ async def wait_for(check: Callable[[], Awaitable[bool]], timeout: float, what: s
 
 async def wait_gone(c: Cluster, res: Resource, name: str, namespace: str | None, what: str) -> None:
     """Waits for an object that only kcm's protection controllers still hold; on a time-out, says
-    what holds it (its finalizers, and the pods left in its namespace)."""
+    what holds it (its finalizers, and the pods left in its namespace). kcm's protection
+    controllers act on events: on a loaded machine (a CI run) an event they handled before their
+    caches had the pod's deletion is not offered again until a resync, so the object is touched
+    every 15 s, an update they act on as kcm's own resync would."""
+    touched = 0
+
+    async def gone() -> bool:
+        nonlocal touched
+        if await c.gone(res, name, namespace):
+            return True
+        touched += 1
+        if touched % 150 == 0:  # wait_for polls every 0.1 s
+            with contextlib.suppress(ApiError):
+                patch = {"metadata": {"annotations": {"kubeloop.dev/test-nudge": str(touched)}}}
+                await c.api.patch(res, name, patch, namespace=namespace)
+        return False
+
     try:
-        await wait_for(lambda: c.gone(res, name, namespace), KCM_TIMEOUT, what)
+        await wait_for(gone, KCM_TIMEOUT, what)
     except AssertionError:
         obj = await c.get(res, name, namespace) or {}
         pods = [p["metadata"]["name"] for p in (await c.api.list_page(PODS, c.ns))["items"]]
