@@ -147,6 +147,8 @@ def command(o: Options) -> list[str]:
         f"-kubeconfig={o.kubeconfig}",
         "-provider=skeleton",
         f"-storage.testdriver={o.driver}",
+        # Where the driver file's FromFile paths (deploy/kind/e2e-vac.yaml) are resolved.
+        f"-repo-root={REPO_ROOT}",
         f"-kube-test-repo-list={o.repo_list}",
         f"-report-dir={o.results}",
         f"-ginkgo.junit-report={o.junit}",
