@@ -36,6 +36,7 @@ class IdentityServer(csi_pb2_grpc.IdentityServicer):  # type: ignore[misc]
             csi_pb2.PluginCapability(service=Service(type=Service.VOLUME_ACCESSIBILITY_CONSTRAINTS)),
             csi_pb2.PluginCapability(service=Service(type=Service.CONTROLLER_SERVICE)),
             csi_pb2.PluginCapability(service=Service(type=Service.GROUP_CONTROLLER_SERVICE)),
+            csi_pb2.PluginCapability(service=Service(type=Service.SNAPSHOT_METADATA_SERVICE)),
         ]
         caps += [
             csi_pb2.PluginCapability(volume_expansion=Expansion(type=Expansion.ONLINE)),

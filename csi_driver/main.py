@@ -32,6 +32,7 @@ from .identity import IdentityServer
 from .node import NodeConfig, NodeServer
 from .pool_kinds import parse_capacity, pool_capacity
 from .server import CsiInterceptor
+from .snapshot_metadata import SnapshotMetadataServer
 from .state import DriverState, NodeInfo
 from .validation import TiB, check_id, parse_size
 
@@ -242,6 +243,7 @@ async def _serve(
             csi_pb2_grpc.add_ControllerServicer_to_server(controller, server)
         if group is not None:
             csi_pb2_grpc.add_GroupControllerServicer_to_server(group, server)
+            csi_pb2_grpc.add_SnapshotMetadataServicer_to_server(SnapshotMetadataServer(state), server)
         if node is not None:
             csi_pb2_grpc.add_NodeServicer_to_server(node, server)
 

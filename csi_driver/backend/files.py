@@ -193,3 +193,58 @@ def synchronous(path: str) -> bool:
         return bool(_inode_flags(fd) & _FS_SYNC_FL)
     finally:
         os.close(fd)
+
+
+def data_ranges(path: str, start: int, end: int) -> list[tuple[int, int]]:
+    """The allocated (offset, length) ranges of a backing file between `start` and `end`, from
+    SEEK_DATA and SEEK_HOLE: what a sparse file holds, without reading it."""
+    fd = open_regular(path, os.O_RDONLY)
+    try:
+        out: list[tuple[int, int]] = []
+        offset = start
+        while offset < end:
+            try:
+                first = os.lseek(fd, offset, os.SEEK_DATA)
+            except OSError as e:
+                if e.errno == errno.ENXIO:  # no data after offset
+                    break
+                raise
+            if first >= end:
+                break
+            last = min(os.lseek(fd, first, os.SEEK_HOLE), end)
+            out.append((first, last - first))
+            offset = last
+        return out
+    finally:
+        os.close(fd)
+
+
+def changed_ranges(base: str, target: str, start: int, end: int, block: int) -> list[tuple[int, int]]:
+    """The `block`-sized blocks that differ between two backing files between `start` and `end`,
+    merged into (offset, length) runs. Only what either file holds is read: a hole in both is
+    zeros in both."""
+    candidates = sorted(data_ranges(base, start, end) + data_ranges(target, start, end))
+    a, b = open_regular(base, os.O_RDONLY), open_regular(target, os.O_RDONLY)
+    try:
+        runs: list[tuple[int, int]] = []
+        done = start
+        for offset, length in candidates:
+            pos = max(done, offset - offset % block)  # block-aligned: `done` only grows by blocks
+            hi = min(end, offset + length)
+            while pos < hi:
+                n = min(_CHUNK, hi - pos)
+                n = min(n + (-n) % block, end - pos)  # whole blocks, never past the end
+                left, right = os.pread(a, n, pos), os.pread(b, n, pos)
+                for i in range(0, n, block):
+                    if left[i : i + block] != right[i : i + block]:
+                        size = min(block, end - pos - i)
+                        if runs and runs[-1][0] + runs[-1][1] == pos + i:
+                            runs[-1] = (runs[-1][0], runs[-1][1] + size)
+                        else:
+                            runs.append((pos + i, size))
+                pos += n
+            done = max(done, pos)
+        return runs
+    finally:
+        os.close(a)
+        os.close(b)
