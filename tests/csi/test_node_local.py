@@ -25,7 +25,7 @@ import grpc
 import pytest
 
 from csi_driver import TOPOLOGY_KEY
-from kubeloop_grpc.csi import csi_pb2
+from kubeloop_grpc.csi import csi_pb2, csi_pb2_grpc
 
 from .conftest import REPO, Client, Driver, loop_devices_under, mounts_under, stop_and_clean
 from .test_driver import MiB, Mode, block_cap, create, mount_cap, read_digest, write_data
@@ -368,6 +368,19 @@ def test_two_nodes_never_see_each_others_volumes(csi_root: Path) -> None:
         assert backing.exists()
         assert capacity(one, segment("node-b")) == 0 and capacity(two, segment("node-a")) == 0
         assert capacity(one, segment("node-a")) > 0 and capacity(two, segment("node-b")) > 0
+        # A group snapshot of volumes on two nodes: refused, naming the other node's, nothing copied.
+        theirs = create(two, "theirs", size=16 * MiB)
+        group = csi_pb2_grpc.GroupControllerStub(one.channel)
+        req = csi_pb2.CreateVolumeGroupSnapshotRequest(
+            name="across", source_volume_ids=[vol.volume_id, theirs.volume_id]
+        )
+        fails(
+            Code.FAILED_PRECONDITION,
+            lambda: group.CreateVolumeGroupSnapshot(req),
+            theirs.volume_id,
+            "must all be on one node",
+        )
+        assert not list((a.pool / "snapshots").iterdir())
 
 
 def test_no_controller_publish_is_advertised_nor_served(csi_root: Path) -> None:
