@@ -39,6 +39,7 @@ async def held(state: DriverState, volume_ids: list[str]) -> AsyncIterator[None]
 
 
 GroupRPC = csi_pb2.GroupControllerServiceCapability.RPC
+IGNORED_PARAMETER = "deletionPolicy"
 
 
 class GroupControllerServer(csi_pb2_grpc.GroupControllerServicer):  # type: ignore[misc]
@@ -77,7 +78,11 @@ class GroupControllerServer(csi_pb2_grpc.GroupControllerServicer):  # type: igno
         ids = [check_id(v, "source_volume_ids") for v in req.source_volume_ids]
         if len(set(ids)) != len(ids):
             raise invalid("source_volume_ids names a volume twice")
-        unknown = sorted(k for k in req.parameters if not k.startswith(PROVISIONER_PREFIX))
+        # The e2e suite's VolumeGroupSnapshotClass repeats its deletionPolicy among the parameters;
+        # the class's own field is what counts, so the copy is ignored like the sidecar's keys.
+        unknown = sorted(
+            k for k in req.parameters if k != IGNORED_PARAMETER and not k.startswith(PROVISIONER_PREFIX)
+        )
         if unknown:
             raise invalid(f"unknown group snapshot parameters {', '.join(unknown)}; this driver takes none")
         async with self.state.locks.hold(f"group-name/{name}"):

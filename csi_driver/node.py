@@ -334,6 +334,19 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
         await fs.resize_offline(device)
         rec.growing = False  # saved with the staging that follows
 
+    async def _add_staging(self, rec: StagingRecord) -> None:
+        """Records a new staging unless the node has --max-volumes-per-node already. The count and
+        the record that raises it under one lock: stages of different volumes run at once
+        (kubelet stages a pod's volumes together)."""
+        async with self.state.locks.hold("node/stagings"):
+            staged = self.state.staging_count()
+            if staged >= self.config.max_volumes_per_node > 0:
+                raise failed_precondition(
+                    f"node {self.config.node_id} already has {staged} volumes staged, "
+                    "its --max-volumes-per-node"
+                )
+            await self.state.put_staging(rec)
+
     def _staged(self, volume_id: str) -> StagingRecord:
         rec = self.state.staging(volume_id)
         if rec is None:
@@ -411,16 +424,7 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
                     read_only=read_only,
                     access_mode=cap.mode,
                 )
-                # The count and the record that raises it under one lock: stages of different
-                # volumes run at once (kubelet stages a pod's volumes together).
-                async with self.state.locks.hold("node/stagings"):
-                    staged = self.state.staging_count()
-                    if staged >= self.config.max_volumes_per_node > 0:
-                        raise failed_precondition(
-                            f"node {self.config.node_id} already has {staged} volumes staged, "
-                            "its --max-volumes-per-node"
-                        )
-                    await self.state.put_staging(rec)
+                await self._add_staging(rec)
             device = await self._ensure_device(rec, backing)
             if cap.access_type == "mount" and not is_mounted(staging):
                 fs_type = await self._ensure_filesystem(rec, device, backing, requested)
@@ -642,15 +646,7 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
                     access_mode=cap.mode,
                     ephemeral=True,
                 )
-                async with self.state.locks.hold("node/stagings"):
-                    staged = self.state.staging_count()
-                    if staged >= self.config.max_volumes_per_node > 0:
-                        raise failed_precondition(
-                            f"node {self.config.node_id} already has {staged} volumes staged, "
-                            "its --max-volumes-per-node"
-                        )
-                    # Intent first: after a crash the record says what to remove.
-                    await self.state.put_staging(rec)
+                await self._add_staging(rec)  # intent first: after a crash it says what to remove
             try:
                 if not await asyncio.to_thread(os.path.lexists, backing):
                     await asyncio.to_thread(files.create_sparse, backing, wanted.size)

@@ -436,15 +436,19 @@ class VolumeManager:
                 timeout=self.csi_timeout,
             )
         except Exception as exc:
-            if not isinstance(exc, NotReady):
-                self.recorder.warning(
-                    pod, "FailedMount", f'{step} failed for volume "{vol.pv_name}" : {error_text(exc)}'
-                )
+            self._failed_mount(pod, step, vol.pv_name, exc)
             raise
         self.confirmed.add(pv.key)
         # Success is logged, not recorded as an Event: kubelet dropped SuccessfulMountVolume events
         # long ago, and at 50 pods a node they would be a third of the agent's API writes.
         log.info("mounted", pod=pv.pod_key, pv=vol.pv_name, target=str(target))
+
+    def _failed_mount(self, pod: Obj, step: str, volume: str, exc: BaseException) -> None:
+        """kubelet's FailedMount event for a step that failed (not for one that only waits)."""
+        if not isinstance(exc, NotReady):
+            self.recorder.warning(
+                pod, "FailedMount", f'{step} failed for volume "{volume}" : {error_text(exc)}'
+            )
 
     async def _mount_inline(self, pv: PodVolume) -> None:
         """An inline `csi:` volume, as kubelet's csi plugin sets one up: the CSIDriver must allow
@@ -486,12 +490,7 @@ class VolumeManager:
                 timeout=self.csi_timeout,
             )
         except Exception as exc:
-            if not isinstance(exc, NotReady):
-                self.recorder.warning(
-                    pod,
-                    "FailedMount",
-                    f'MountVolume.SetUp failed for volume "{vol.pv_name}" : {error_text(exc)}',
-                )
+            self._failed_mount(pod, "MountVolume.SetUp", vol.pv_name, exc)
             raise
         self.confirmed.add(pv.key)
         log.info("mounted inline volume", pod=pv.pod_key, volume=vol.pv_name, target=str(target))
