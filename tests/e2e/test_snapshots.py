@@ -204,4 +204,10 @@ async def test_a_group_snapshot_of_two_claims_in_use_restores_both(
         return not list((stack.pool / "snapshots").iterdir())
 
     await wait_for(copies_gone, 60, "the group's copies deleted")
+
+    async def members_gone() -> bool:
+        left, _ = await api.list_all(VOLUME_SNAPSHOTS, namespace)
+        return not [s for s in left if s["metadata"]["name"] in {m["metadata"]["name"] for m in members}]
+
+    await wait_for(members_gone, 60, "the group's member VolumeSnapshots deleted with it")
     await api.delete(VGS_CLASSES, GROUP_CLASS)
