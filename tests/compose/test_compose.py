@@ -263,28 +263,13 @@ def test_snapshot_and_restore(stack: Stack) -> None:
     s = stack
     _pod_with_data(s, "snapsrc")
     s.kubectl("delete", "pod", "snapsrc", "-n", NS, "--wait=true", "--timeout=90s")
-    s.kubectl(
-        "apply",
-        "-n",
-        NS,
-        "-f",
-        "-",
-        input="""
+    snapshot = """
 apiVersion: snapshot.storage.k8s.io/v1
 kind: VolumeSnapshot
 metadata: {name: snap}
 spec: {volumeSnapshotClassName: kubeloop, source: {persistentVolumeClaimName: snapsrc}}
----
-apiVersion: v1
-kind: PersistentVolumeClaim
-metadata: {name: restored}
-spec:
-  accessModes: [ReadWriteOnce]
-  resources: {requests: {storage: 64Mi}}
-  dataSource: {apiGroup: snapshot.storage.k8s.io, kind: VolumeSnapshot, name: snap}
 """
-        + pod_yaml("restored", "restored", "node-b"),
-    )
+    s.kubectl("apply", "-n", NS, "-f", "-", input=snapshot)
     eventually(
         lambda: s.kubectl("get", "volumesnapshot", "snap", "-o", "jsonpath={.status.readyToUse}") == "true",
         "the snapshot ready",
@@ -292,6 +277,17 @@ spec:
     assert s.exec("csi-driver-controller", "ls /var/lib/kubeloop/pool/snapshots").split(), (
         "no copy in the pool"
     )
+    restored = """
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: restored}
+spec:
+  accessModes: [ReadWriteOnce]
+  resources: {requests: {storage: 64Mi}}
+  dataSource: {apiGroup: snapshot.storage.k8s.io, kind: VolumeSnapshot, name: snap}
+---
+"""
+    s.kubectl("apply", "-n", NS, "-f", "-", input=restored + pod_yaml("restored", "restored", "node-b"))
     path = wait_running_and_mounted(s, "restored", "node-b")
     assert s.exec("csi-driver-node-node-b", f"cat {path}/kept").strip() == "snapsrc"
     s.kubectl("delete", "volumesnapshot", "snap", "-n", NS, "--wait=true", "--timeout=90s")
