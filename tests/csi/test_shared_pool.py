@@ -41,5 +41,12 @@ def test_controller_and_node_drivers_started_together_all_become_ready(csi_root:
     print(f"{ROUNDS} rounds of 1 controller + {NODES} node drivers on one pool: {len(failures)} failed")
     assert not failures, "\n".join(failures)
     # Nothing with a shared fixed name is left in the pool, and no temporary file either.
-    assert sorted(p.name for p in pool.iterdir()) == [".controller.lock", "nodes", "snapshots", "volumes"]
+    assert sorted(p.name for p in pool.iterdir()) == [
+        ".controller.lock",
+        "ephemeral",
+        "freezes",
+        "nodes",
+        "snapshots",
+        "volumes",
+    ]
     assert sorted(p.name for p in (pool / "nodes").iterdir()) == [f"node-{i}.json" for i in range(NODES)]

@@ -317,27 +317,28 @@ def test_probe_fails_precondition_when_the_pool_is_gone(csi_root: Path) -> None:
             moved.rename(d.pool)
 
 
-def test_controller_capabilities_and_unimplemented_services(sc: Client) -> None:
+def test_controller_capabilities_and_the_services_offered(sc: Client) -> None:
     """ControllerGetCapabilities: LIST_VOLUMES_PUBLISHED_NODES requires PUBLISH_UNPUBLISH_VOLUME;
-    an RPC the plugin does not offer (MODIFY_VOLUME not advertised, no group controller service)
-    is UNIMPLEMENTED."""
+    MODIFY_VOLUME is advertised and served (an unknown key is INVALID_ARGUMENT, not UNIMPLEMENTED);
+    the plugin says it has a group controller and a SnapshotMetadata service, and both answer."""
     rsp = sc.controller.ControllerGetCapabilities(csi_pb2.ControllerGetCapabilitiesRequest())
     caps = {c.rpc.type for c in rsp.capabilities}
     assert CapRPC.LIST_VOLUMES_PUBLISHED_NODES not in caps or CapRPC.PUBLISH_UNPUBLISH_VOLUME in caps
-    assert CapRPC.MODIFY_VOLUME not in caps
+    assert CapRPC.MODIFY_VOLUME in caps
     fails(
-        UNIMPLEMENTED,
+        INVALID,
         lambda: sc.controller.ControllerModifyVolume(
             csi_pb2.ControllerModifyVolumeRequest(volume_id="vol-x", mutable_parameters={"a": "b"})
         ),
     )
     plugin = sc.identity.GetPluginCapabilities(csi_pb2.GetPluginCapabilitiesRequest())
-    assert PluginService.GROUP_CONTROLLER_SERVICE not in {c.service.type for c in plugin.capabilities}
+    services = {c.service.type for c in plugin.capabilities}
+    assert {PluginService.GROUP_CONTROLLER_SERVICE, PluginService.SNAPSHOT_METADATA_SERVICE} <= services
     group = csi_pb2_grpc.GroupControllerStub(sc.channel)
-    fails(
-        UNIMPLEMENTED,
-        lambda: group.GroupControllerGetCapabilities(csi_pb2.GroupControllerGetCapabilitiesRequest()),
-    )
+    got = group.GroupControllerGetCapabilities(csi_pb2.GroupControllerGetCapabilitiesRequest())
+    assert [c.rpc.type for c in got.capabilities] == [
+        csi_pb2.GroupControllerServiceCapability.RPC.CREATE_DELETE_GET_VOLUME_GROUP_SNAPSHOT
+    ]
 
 
 # ==================================================================================================
@@ -429,7 +430,14 @@ def test_any_other_unicode_name_up_to_128_bytes_is_accepted(sc: Client, shared: 
     assert create(sc, name).volume_id == vol.volume_id
     snap = snapshot(sc, vol.volume_id, name)
     assert snapshot(sc, vol.volume_id, name).snapshot_id == snap.snapshot_id
-    assert {p.name for p in shared.pool.iterdir()} <= {".controller.lock", "nodes", "snapshots", "volumes"}
+    assert {p.name for p in shared.pool.iterdir()} <= {
+        ".controller.lock",
+        "nodes",
+        "snapshots",
+        "volumes",
+        "ephemeral",
+        "freezes",
+    }
     assert all(re.fullmatch(r"vol-[0-9a-f]{32}\.img", p.name) for p in (shared.pool / "volumes").iterdir())
     assert not (shared.root / "etc").exists() and not (shared.pool / "etc").exists()
 
