@@ -11,6 +11,7 @@ import errno
 import fcntl
 import os
 import stat
+from collections.abc import Iterator
 
 from controller_runtime.files import fsync_dir, temp_name
 
@@ -98,24 +99,33 @@ def create_sparse(path: str, size: int) -> None:
     fsync_dir(os.path.dirname(path))
 
 
-def _copy_data_ranges(src: int, dst: int, size: int) -> None:
-    """Copies only the allocated ranges of src (SEEK_DATA/SEEK_HOLE); holes stay holes in dst."""
-    offset = 0
-    while offset < size:
+def _extents(fd: int, start: int, end: int) -> Iterator[tuple[int, int]]:
+    """The allocated (offset, length) ranges of an open file between `start` and `end`, from
+    SEEK_DATA and SEEK_HOLE: what a sparse file holds, without reading it."""
+    offset = start
+    while offset < end:
         try:
-            start = os.lseek(src, offset, os.SEEK_DATA)
+            first = os.lseek(fd, offset, os.SEEK_DATA)
         except OSError as e:
             if e.errno == errno.ENXIO:  # no data after offset
                 return
             raise
-        end = os.lseek(src, start, os.SEEK_HOLE)
-        pos = start
+        if first >= end:
+            return
+        last = min(os.lseek(fd, first, os.SEEK_HOLE), end)
+        yield first, last - first
+        offset = last
+
+
+def _copy_data_ranges(src: int, dst: int, size: int) -> None:
+    """Copies only the allocated ranges of src; holes stay holes in dst."""
+    for start, length in _extents(src, 0, size):
+        pos, end = start, start + length
         while pos < end:
             n = os.copy_file_range(src, dst, min(_CHUNK, end - pos), pos, pos)
             if n == 0:
                 break
             pos += n
-        offset = end
 
 
 def copy_sparse(src_path: str, dst_path: str, size: int) -> None:
@@ -196,25 +206,10 @@ def synchronous(path: str) -> bool:
 
 
 def data_ranges(path: str, start: int, end: int) -> list[tuple[int, int]]:
-    """The allocated (offset, length) ranges of a backing file between `start` and `end`, from
-    SEEK_DATA and SEEK_HOLE: what a sparse file holds, without reading it."""
+    """The allocated (offset, length) ranges of a backing file between `start` and `end`."""
     fd = open_regular(path, os.O_RDONLY)
     try:
-        out: list[tuple[int, int]] = []
-        offset = start
-        while offset < end:
-            try:
-                first = os.lseek(fd, offset, os.SEEK_DATA)
-            except OSError as e:
-                if e.errno == errno.ENXIO:  # no data after offset
-                    break
-                raise
-            if first >= end:
-                break
-            last = min(os.lseek(fd, first, os.SEEK_HOLE), end)
-            out.append((first, last - first))
-            offset = last
-        return out
+        return list(_extents(fd, start, end))
     finally:
         os.close(fd)
 
