@@ -65,14 +65,7 @@ class SnapshotMetadataServer(csi_pb2_grpc.SnapshotMetadataServicer):  # type: ig
         per_message = self._window(snap, req.starting_offset, req.max_results)
         path = self.state.snapshot_file(snap.snapshot_id)
         ranges = await asyncio.to_thread(files.data_ranges, path, req.starting_offset, snap.size)
-        return [
-            csi_pb2.GetMetadataAllocatedResponse(
-                block_metadata_type=csi_pb2.VARIABLE_LENGTH,
-                volume_capacity_bytes=snap.size,
-                block_metadata=batch,
-            )
-            for batch in _batches(ranges, per_message)
-        ]
+        return _responses(csi_pb2.GetMetadataAllocatedResponse, ranges, snap.size, per_message)
 
     async def _delta(self, req: csi_pb2.GetMetadataDeltaRequest) -> list[Any]:
         base = self._snapshot(req.base_snapshot_id, "base_snapshot_id")
@@ -91,14 +84,7 @@ class SnapshotMetadataServer(csi_pb2_grpc.SnapshotMetadataServicer):  # type: ig
             target.size,
             BLOCK,
         )
-        return [
-            csi_pb2.GetMetadataDeltaResponse(
-                block_metadata_type=csi_pb2.VARIABLE_LENGTH,
-                volume_capacity_bytes=target.size,
-                block_metadata=batch,
-            )
-            for batch in _batches(ranges, per_message)
-        ]
+        return _responses(csi_pb2.GetMetadataDeltaResponse, ranges, target.size, per_message)
 
 
 async def _answered(context: grpc.aio.ServicerContext, work: Awaitable[list[Any]]) -> list[Any]:
@@ -111,6 +97,14 @@ async def _answered(context: grpc.aio.ServicerContext, work: Awaitable[list[Any]
         raise  # abort raises; this is for the type checker
 
 
-def _batches(ranges: list[tuple[int, int]], size: int) -> list[list[csi_pb2.BlockMetadata]]:
+def _responses(message: Any, ranges: list[tuple[int, int]], capacity: int, per_message: int) -> list[Any]:
+    """`ranges` as VARIABLE_LENGTH extents, `per_message` to a response of type `message`."""
     blocks = [csi_pb2.BlockMetadata(byte_offset=o, size_bytes=n) for o, n in ranges]
-    return [blocks[i : i + size] for i in range(0, len(blocks), size)]
+    return [
+        message(
+            block_metadata_type=csi_pb2.VARIABLE_LENGTH,
+            volume_capacity_bytes=capacity,
+            block_metadata=blocks[i : i + per_message],
+        )
+        for i in range(0, len(blocks), per_message)
+    ]
