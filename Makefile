@@ -85,7 +85,7 @@ profile: deps binaries
 lint: python-deps
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy controller_runtime services csi_driver external_provisioner external_attacher external_resizer node_driver_registrar livenessprobe node_finalizer localstack tests bench
+	$(VENV)/bin/mypy controller_runtime services csi_driver external_provisioner external_attacher external_resizer node_driver_registrar livenessprobe node_finalizer snapshot_metadata_setup localstack tests bench
 
 deps: system-deps python-deps
 
@@ -127,7 +127,7 @@ compose-test: deps binaries docker-deps
 # kind (docs/kind.md): kind, containerd, kubelet, kubeadm and kube-proxy built through the Go module
 # proxy; the offline node image and every image the cluster runs; a cluster with kubeloop deployed.
 kind-deps: docker-deps helm-deps
-	@bash tools/build-binaries.sh kind snapshotter
+	@bash tools/build-binaries.sh kind snapshotter snapshot-metadata
 
 # helm, which tests/unit/test_helm_chart.py lints and renders deploy/helm/kubeloop with and
 # `make kind-up KIND_POOLS=separate` installs the chart with.

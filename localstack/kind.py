@@ -28,7 +28,7 @@ import yaml
 from controller_runtime.toolchain import REPO_ROOT, Toolchain, read_versions
 
 from .compose import KUBELOOP_IMAGE
-from .snapshotter import snapshot_crds
+from .snapshotter import snapshot_crds, snapshot_metadata_crd
 
 CLUSTER_NAME = "kubeloop"
 BUSYBOX_IMAGE = "kubeloop/busybox:1.35.0"
@@ -37,6 +37,10 @@ BUSYBOX_IMAGE = "kubeloop/busybox:1.35.0"
 # (localstack.snapshotter).
 SNAPSHOTTER_VERSION = read_versions()["EXTERNAL_SNAPSHOTTER_VERSION"]
 SNAPSHOTTER_IMAGE = f"kubeloop/external-snapshotter:{SNAPSHOTTER_VERSION}"
+# external-snapshot-metadata's sidecar beside the driver's controller service, and its CRD
+# (localstack.snapshotter).
+SNAPSHOT_METADATA_VERSION = read_versions()["EXTERNAL_SNAPSHOT_METADATA_VERSION"]
+SNAPSHOT_METADATA_IMAGE = f"kubeloop/csi-snapshot-metadata:{SNAPSHOT_METADATA_VERSION}"
 CLUSTER_CONFIG = REPO_ROOT / "deploy" / "kind" / "cluster.yaml"
 # The host directory every node mounts at /var/lib/kubeloop (deploy/kind/cluster.yaml). With separate
 # pools each worker mounts its own directory below it instead, SHARED_DIR/<node name>.
@@ -204,6 +208,7 @@ class Cluster:
         start = time.monotonic()
         self.kind(
             "load", "docker-image", "--name", self.name, KUBELOOP_IMAGE, BUSYBOX_IMAGE, SNAPSHOTTER_IMAGE,
+            SNAPSHOT_METADATA_IMAGE,
             timeout=600,
         )  # fmt: skip
         return time.monotonic() - start
@@ -212,7 +217,7 @@ class Cluster:
         """Applies the VolumeSnapshot CRDs, then deploy/, and waits until every kubeloop workload has
         rolled out with Ready pods."""
         start = time.monotonic()
-        crds = [f"--filename={c}" for c in snapshot_crds()]
+        crds = [f"--filename={c}" for c in (*snapshot_crds(), snapshot_metadata_crd())]
         self.kubectl("apply", *crds)
         self.kubectl("wait", "--for=condition=established", "--timeout=60s", *crds)
         if self.separate:

@@ -39,3 +39,20 @@ def snapshot_crds(tools: Toolchain | None = None) -> list[Path]:
             f"the VolumeSnapshot and VolumeGroupSnapshot CRDs are missing in {crd}: run `{BUILD}`"
         )
     return found
+
+
+def snapshot_metadata_crd(tools: Toolchain | None = None) -> Path:
+    """external-snapshot-metadata's SnapshotMetadataService CRD (cbt.storage.k8s.io), as
+    `tools/build-binaries.sh snapshot-metadata` caches it beside the sidecar."""
+    tools = tools or Toolchain.default()
+    version = tools.versions["EXTERNAL_SNAPSHOT_METADATA_VERSION"]
+    crd = (
+        tools.cache
+        / "bin"
+        / f"external-snapshot-metadata-{version}"
+        / "api"
+        / ("cbt.storage.k8s.io_snapshotmetadataservices.yaml")
+    )
+    if not crd.exists():
+        raise MissingBinaryError(f"{crd} is missing: run `bash tools/build-binaries.sh snapshot-metadata`")
+    return crd

@@ -6,8 +6,9 @@
 # A second run finds every binary in place and does nothing. Usage: build-binaries.sh [group...]
 # where a group is kubernetes, kind (the kind node image's binaries), e2e (the e2e.test suite binary and
 # agnhost, for tools/kind-e2e), etcd, csi-sanity, external-provisioner, external-attacher,
-# external-resizer or snapshotter (external-snapshotter's controller, sidecar and VolumeSnapshot CRDs,
-# for the kind cluster) or helm (for deploy/helm) (default: kubernetes, etcd, csi-sanity).
+# external-resizer, snapshotter (external-snapshotter's controller, sidecar and VolumeSnapshot CRDs,
+# for the kind cluster), snapshot-metadata (external-snapshot-metadata's sidecar, its CRD and its
+# Kubernetes-facing schema.proto, for the kind cluster) or helm (for deploy/helm) (default: kubernetes, etcd, csi-sanity).
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -173,16 +174,25 @@ go 1.26
 
 require $module $version
 
-$(grep '^replace ' "$modfile" | grep -v ' => \.')
-$(local_replaces "$modfile" "$version")"
+$(replaces "$modfile" | grep -v ' => \.')
+$(replaces "$modfile" | local_replaces "${LOCAL_MODULES_VERSION:-$version}")"
   for b in "$@"; do specs+=("$b=$module/cmd/$b"); done
   build_in_wrapper "$dest" "$gomod" "-s -w -X main.version=$version" "${specs[@]}"
 }
 
 # A replace pointing into the module's own tree (external-snapshotter's `client/v8 => ./client`) has
-# no directory in a wrapper module; it becomes the same module published at the same release.
-local_replaces() { # modfile version
-  sed -n 's#^replace \([^ ]*\) => \./.*#replace \1 => \1 '"$2"'#p' "$1"
+# no directory in a wrapper module; it becomes the same module published at the same release (or at
+# LOCAL_MODULES_VERSION where the proxy lacks that one).
+local_replaces() { # version, reading replaces' lines
+  sed -n 's#^replace \([^ ]*\) => \./.*#replace \1 => \1 '"$1"'#p'
+}
+
+# A go.mod's replace directives one per line, the block form `replace ( ... )` included.
+replaces() { # modfile
+  awk '/^replace \($/ { block = 1; next }
+       block && /^\)/ { block = 0; next }
+       block && NF { sub(/^[ \t]+/, ""); print "replace " $0; next }
+       /^replace / { print }' "$1"
 }
 
 # The VolumeSnapshot and VolumeGroupSnapshot CRDs (snapshot.storage.k8s.io, groupsnapshot.storage.k8s.io)
@@ -199,6 +209,24 @@ snapshot_crds() {
   cp "$dir"/config/crd/snapshot.storage.k8s.io_*.yaml "$dir"/config/crd/groupsnapshot.storage.k8s.io_*.yaml "$dest.tmp/"
   chmod -R u+w "$dest.tmp" && rm -rf "$dest" && mv "$dest.tmp" "$dest"
   say "external-snapshotter $EXTERNAL_SNAPSHOTTER_VERSION: CRDs in $dest"
+}
+
+# external-snapshot-metadata's SnapshotMetadataService CRD (cbt.storage.k8s.io, from its client module)
+# and the Kubernetes-facing gRPC schema a backup application speaks to the sidecar (proto/schema.proto,
+# compiled by proto/generate.py for the tests' client), next to the sidecar's binary.
+snapshot_metadata_files() {
+  local dest=$cache/bin/external-snapshot-metadata-$EXTERNAL_SNAPSHOT_METADATA_VERSION/api dir cdir
+  if [ -f "$dest/schema.proto" ] && [ -f "$dest/cbt.storage.k8s.io_snapshotmetadataservices.yaml" ]; then return; fi
+  local module=github.com/kubernetes-csi/external-snapshot-metadata
+  dir=$(go mod download -json "$module@$EXTERNAL_SNAPSHOT_METADATA_VERSION" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
+  cdir=$(go mod download -json "$module/client@$EXTERNAL_SNAPSHOT_METADATA_CLIENT_VERSION" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
+  [ -f "$dir/proto/schema.proto" ] || die "$module@$EXTERNAL_SNAPSHOT_METADATA_VERSION has no proto/schema.proto"
+  [ -f "$cdir/config/crd/cbt.storage.k8s.io_snapshotmetadataservices.yaml" ] ||
+    die "$module/client@$EXTERNAL_SNAPSHOT_METADATA_CLIENT_VERSION has no config/crd/cbt.storage.k8s.io_snapshotmetadataservices.yaml"
+  rm -rf "$dest.tmp" && mkdir -p "$dest.tmp"
+  cp "$dir/proto/schema.proto" "$cdir/config/crd/cbt.storage.k8s.io_snapshotmetadataservices.yaml" "$dest.tmp/"
+  chmod -R u+w "$dest.tmp" && rm -rf "$dest" && mv "$dest.tmp" "$dest"
+  say "external-snapshot-metadata $EXTERNAL_SNAPSHOT_METADATA_VERSION: CRD and schema.proto in $dest"
 }
 
 # helm's version lives in ldflags, as its Makefile sets them: its own, and the Kubernetes version
@@ -255,8 +283,13 @@ for g in "${groups[@]}"; do
       build_sidecar external-snapshotter github.com/kubernetes-csi/external-snapshotter/v8 \
         "$EXTERNAL_SNAPSHOTTER_VERSION" snapshot-controller csi-snapshotter
       snapshot_crds ;;
+    snapshot-metadata)
+      LOCAL_MODULES_VERSION=$EXTERNAL_SNAPSHOT_METADATA_CLIENT_VERSION \
+        build_sidecar external-snapshot-metadata github.com/kubernetes-csi/external-snapshot-metadata \
+        "$EXTERNAL_SNAPSHOT_METADATA_VERSION" csi-snapshot-metadata
+      snapshot_metadata_files ;;
     helm) build_helm ;;
-    *) die "unknown group '$g' (expected kubernetes, kind, e2e, etcd, csi-sanity, external-provisioner, external-attacher, external-resizer, snapshotter or helm)" ;;
+    *) die "unknown group '$g' (expected kubernetes, kind, e2e, etcd, csi-sanity, external-provisioner, external-attacher, external-resizer, snapshotter, snapshot-metadata or helm)" ;;
   esac
 done
 say "binaries ready under $cache/bin"

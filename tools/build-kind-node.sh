@@ -10,6 +10,7 @@
 #   registry.k8s.io/pause:3.10.1           a static pause binary (tools/kind-node/pause.c)
 #   kubeloop/busybox:<version>             Debian's busybox-static, the workload image of tests/kind
 #   kubeloop/external-snapshotter:<version>  external-snapshotter's snapshot-controller and csi-snapshotter
+#   kubeloop/csi-snapshot-metadata:<version>  external-snapshot-metadata's sidecar
 # and the kubeloop image itself (tools/build-images.sh). `kind build node-image` cannot be used here: it
 # pulls a base image and the control-plane images from registries.
 #
@@ -36,7 +37,7 @@ quiet_build() { docker build -q "$@" >/dev/null 2> >(grep -v -e DEPRECATED -e Bu
 label_of() { docker image inspect --format "{{index .Config.Labels \"$2\"}}" "$1" 2>/dev/null || true; }
 
 PYTHON=$PY bash tools/build-images.sh
-bash tools/build-binaries.sh kubernetes etcd kind snapshotter
+bash tools/build-binaries.sh kubernetes etcd kind snapshotter snapshot-metadata
 k8s=$cache/bin/kubernetes-$KUBERNETES_VERSION
 node_bins=$cache/bin/kubernetes-node-$KUBERNETES_VERSION
 containerd_bins=$cache/bin/containerd-$CONTAINERD_VERSION
@@ -84,17 +85,24 @@ if ! docker image inspect "$busybox_image" >/dev/null 2>&1; then
   say "$busybox_image: built"
 else say "$busybox_image: present"; fi
 
-# external-snapshotter's snapshot-controller and csi-snapshotter (deploy/kubernetes): static Go binaries.
-snap_bins=$cache/bin/external-snapshotter-$EXTERNAL_SNAPSHOTTER_VERSION
-snapshotter_image=$("$PY" -c 'from localstack.kind import SNAPSHOTTER_IMAGE; print(SNAPSHOTTER_IMAGE)')
-sum=$(cat "$snap_bins/snapshot-controller" "$snap_bins/csi-snapshotter" | sha256sum | cut -c1-32)
-if [ "$(label_of "$snapshotter_image" dev.kubeloop.binaries)" != "$sum" ]; then
-  mkdir -p "$work/snapshotter" && cp "$snap_bins/snapshot-controller" "$snap_bins/csi-snapshotter" "$work/snapshotter/"
-  printf 'FROM scratch\nCOPY snapshot-controller csi-snapshotter /\nLABEL dev.kubeloop.binaries=%s\n' "$sum" \
-    > "$work/snapshotter/Dockerfile"
-  quiet_build -t "$snapshotter_image" "$work/snapshotter"
-  say "$snapshotter_image: built"
-else say "$snapshotter_image: up to date"; fi
+# Upstream's static Go binaries the cluster runs (deploy/kubernetes), each set in a scratch image
+# labelled with the binaries' digest, rebuilt only when they change.
+#   go_image <image> <dir> <binary>...
+go_image() {
+  local image=$1 dir=$2; shift 2
+  local sum ctx=$work/$(basename "$dir")
+  sum=$(cd "$dir" && cat "$@" | sha256sum | cut -c1-32)
+  if [ "$(label_of "$image" dev.kubeloop.binaries)" = "$sum" ]; then say "$image: up to date"; return; fi
+  mkdir -p "$ctx" && (cd "$dir" && cp "$@" "$ctx/")
+  printf 'FROM scratch\nCOPY %s /\nLABEL dev.kubeloop.binaries=%s\n' "$*" "$sum" > "$ctx/Dockerfile"
+  quiet_build -t "$image" "$ctx"
+  say "$image: built"
+}
+# external-snapshotter's snapshot-controller and csi-snapshotter, external-snapshot-metadata's sidecar.
+mapfile -t go_images < <("$PY" -c 'from localstack.kind import SNAPSHOTTER_IMAGE, SNAPSHOT_METADATA_IMAGE
+print(SNAPSHOTTER_IMAGE); print(SNAPSHOT_METADATA_IMAGE)')
+go_image "${go_images[0]}" "$cache/bin/external-snapshotter-$EXTERNAL_SNAPSHOTTER_VERSION" snapshot-controller csi-snapshotter
+go_image "${go_images[1]}" "$cache/bin/external-snapshot-metadata-$EXTERNAL_SNAPSHOT_METADATA_VERSION" csi-snapshot-metadata
 
 # --- the node image -----------------------------------------------------------------------------------
 packages=systemd,systemd-sysv,dbus,iproute2,iptables,mount,util-linux,e2fsprogs,procps,kmod,ca-certificates,python3,runc,containernetworking-plugins,socat,conntrack,openssh-server

@@ -16,7 +16,7 @@ import yaml
 
 from controller_runtime.toolchain import REPO_ROOT
 from localstack.compose import KUBELOOP_IMAGE, images
-from localstack.kind import SNAPSHOTTER_IMAGE
+from localstack.kind import SNAPSHOT_METADATA_IMAGE, SNAPSHOTTER_IMAGE
 
 DEPLOY = REPO_ROOT / "deploy"
 
@@ -26,15 +26,17 @@ def documents(path: Path) -> list[dict[str, Any]]:
 
 
 def containers() -> list[tuple[str, dict[str, Any]]]:
-    """Every container of both modes: deploy/kubernetes (shared) and deploy/node-local (the Helm
-    chart's node-local rendering), the latter named node-local:<workload>/<container>."""
+    """Every container, init containers included, of both modes: deploy/kubernetes (shared) and
+    deploy/node-local (the Helm chart's node-local rendering), the latter named
+    node-local:<workload>/<container>."""
     out = []
     paths = [("", p) for p in sorted((DEPLOY / "kubernetes").glob("*.yaml"))]
     paths.append(("node-local:", DEPLOY / "node-local" / "kubeloop.yaml"))
     for prefix, path in paths:
         for doc in documents(path):
             if doc["kind"] in ("Deployment", "DaemonSet"):
-                for c in doc["spec"]["template"]["spec"]["containers"]:
+                pod = doc["spec"]["template"]["spec"]
+                for c in [*pod.get("initContainers", []), *pod["containers"]]:
                     out.append((f"{prefix}{doc['metadata']['name']}/{c['name']}", c))
     return out
 
@@ -69,8 +71,8 @@ def test_kustomization_lists_every_manifest_but_the_local_stacks_kubelet() -> No
 
 
 def kubeloop_containers() -> list[tuple[str, dict[str, Any]]]:
-    """All but external-snapshotter's two (test_snapshot_containers_run_the_image_...)."""
-    return [(n, c) for n, c in containers() if c["image"] != SNAPSHOTTER_IMAGE]
+    """All but upstream's Go sidecars (test_snapshot_containers_run_the_image_...)."""
+    return [(n, c) for n, c in containers() if c["image"] not in (SNAPSHOTTER_IMAGE, SNAPSHOT_METADATA_IMAGE)]
 
 
 @pytest.mark.parametrize("name,container", kubeloop_containers(), ids=[n for n, _ in kubeloop_containers()])
@@ -107,7 +109,7 @@ def test_kind_cluster_asks_for_the_etcd_image_the_node_image_has() -> None:
 
 
 def test_snapshot_containers_run_the_image_of_the_pinned_external_snapshotter() -> None:
-    found = {name: c for name, c in containers() if c["image"] != KUBELOOP_IMAGE}
+    found = {name: c for name, c in containers() if c["image"] == SNAPSHOTTER_IMAGE}
     assert set(found) == {
         "kubeloop-snapshot-controller/snapshot-controller",
         "kubeloop-csi-controller/csi-snapshotter",
@@ -115,5 +117,24 @@ def test_snapshot_containers_run_the_image_of_the_pinned_external_snapshotter() 
         "node-local:kubeloop-csi-node/csi-snapshotter",
     }
     for name, container in found.items():
-        assert container["image"] == SNAPSHOTTER_IMAGE, name
         assert container["command"] == [f"/{name.split('/')[-1]}"], name
+
+
+def test_snapshot_metadata_sidecar_runs_the_pinned_image_on_the_certificate_its_init_container_made() -> None:
+    found = {name: c for name, c in containers() if c["image"] == SNAPSHOT_METADATA_IMAGE}
+    assert set(found) == {"kubeloop-csi-controller/csi-snapshot-metadata"}
+    [sidecar] = found.values()
+    assert sidecar["command"] == ["/csi-snapshot-metadata"]
+    by_name = dict(containers())
+    setup = by_name["kubeloop-csi-controller/snapshot-metadata-setup"]
+    cert_dir = next(a.split("=", 1)[1] for a in setup["args"] if a.startswith("--cert-dir="))
+    assert f"--tls-cert={cert_dir}/tls.crt" in sidecar["args"]
+    assert f"--tls-key={cert_dir}/tls.key" in sidecar["args"]
+    # The address the SnapshotMetadataService names is the Service in front of the sidecar's port.
+    address = next(a.split("=", 1)[1] for a in setup["args"] if a.startswith("--address="))
+    [service] = documents(DEPLOY / "kubernetes" / "snapshot-metadata.yaml")
+    name_ns, port = address.rsplit(":", 1)
+    assert name_ns == f"{service['metadata']['name']}.{service['metadata']['namespace']}"
+    [svc_port] = service["spec"]["ports"]
+    assert svc_port["port"] == int(port)
+    assert {"containerPort": svc_port["targetPort"], "name": "snapshot-meta"} in sidecar["ports"]
