@@ -34,7 +34,7 @@ def test_every_kubeloop_pod_is_ready_and_registered(kind_cluster: KindCluster) -
     controller = by_component["csi-controller"][0]
     assert {c["name"] for c in controller["spec"]["containers"]} == {
         "kubeloop-plugin", "csi-provisioner", "csi-attacher", "csi-resizer", "csi-snapshotter",
-        "liveness-probe",
+        "csi-snapshot-metadata", "liveness-probe",
     }  # fmt: skip
     # The real kubelet registered the node plugin through the registrar's socket.
     for worker in kind_cluster.workers():
@@ -233,6 +233,13 @@ MUST_NOT = {
         "delete volumesnapshotcontents",
         "update persistentvolumeclaims",
         "get secrets",
+    ],
+    # external-snapshot-metadata's sidecar: reviews and snapshots to read, nothing to change.
+    "kubeloop-csi-snapshot-metadata": [
+        "delete persistentvolumes",
+        "get secrets",
+        "update volumesnapshotcontents",
+        "delete snapshotmetadataservices",
     ],
     "kubeloop-csi-controller": [
         "list pods",
