@@ -43,6 +43,7 @@ from localstack.storage_stack import NODES, ShortHomeComponents, StorageStack, s
 
 from . import method
 from .common import CpuUse, PeakRss, control_plane, kcm_argv, percentile
+from .work import WorkCounts
 
 NAMESPACE = "bench-attach"
 COMMON = ("pv-controller", "csi-driver-controller", "csi-driver-node", "node-agent")
@@ -87,6 +88,10 @@ class Pass:
     detach_node_cpu_s: float = math.nan
     detach_server_cpu_s: float = math.nan
     cpu_s: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
+    # Work per pod over the pass, attach and detach (bench.work): API requests the apiserver served
+    # (the shared node side's included, the same on both sides), in total and by verb and resource.
+    api_requests_per_op: float = math.nan
+    api_requests: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 def kubeloop_side(qps: float, burst: int) -> list[Component]:
@@ -313,8 +318,12 @@ async def run_side(
             shared = {**stack.cp.processes, **stack.components.processes}
             return {**{n: p.pid for n, p in shared.items()}, **side()}
 
+        work = WorkCounts(stack.cp)
         async with PeakRss(side) as rss:
+            await work.start()
             t = await one_pass(stack, clock, volumes, tag, timeout, every)
+            await work.stop()
+        counted = work.figures(len(volumes))
     finally:
         await group.stop()
     return Pass(
@@ -336,6 +345,8 @@ async def run_side(
         *_shares(t.mount_cpu, side_names, list(stack.cp.processes)),
         *_shares(t.detach_cpu, side_names, list(stack.cp.processes)),
         {"mount": t.mount_cpu.spent, "detach": t.detach_cpu.spent},
+        counted["api_requests_per_op"],
+        counted["api_requests"],
     )
 
 
@@ -370,6 +381,7 @@ BENCH = method.Bench(
         method.Figure("detach_side_cpu_s", "detach: side's CPU s"),
         method.Figure("detach_node_cpu_s", "detach: node side CPU s"),
         method.Figure("detach_server_cpu_s", "detach: apiserver+etcd CPU s"),
+        method.Figure("api_requests_per_op", "API requests per pod"),
     ),
 )
 

@@ -261,9 +261,12 @@ async def wait_socket(path: Path, proc: asyncio.subprocess.Process, timeout: flo
     await asyncio.sleep(0.5)  # the driver probes ready once its state is reconciled
 
 
-async def start_controller_driver(root: Path, log: Path) -> tuple[asyncio.subprocess.Process, Path]:
+async def start_controller_driver(
+    root: Path, log: Path, http_endpoint: str = ""
+) -> tuple[asyncio.subprocess.Process, Path]:
     """kubeloop's CSI driver in controller mode on a pool under `root` (10Ti of --capacity, so the
-    pool's free space never limits a benchmark), once its socket is up; returns it and the socket."""
+    pool's free space never limits a benchmark), once its socket is up; returns it and the socket.
+    With `http_endpoint` it serves its metrics there (bench.work counts its calls)."""
     socket = root / "csi.sock"
     argv = [
         sys.executable,
@@ -275,6 +278,7 @@ async def start_controller_driver(root: Path, log: Path) -> tuple[asyncio.subpro
         f"--state-dir={root / 'state'}",
         "--capacity=10Ti",
         "-v=1",
+        *([f"--http-endpoint={http_endpoint}"] if http_endpoint else []),
     ]
     driver = await start(argv, log)
     await wait_socket(socket, driver)

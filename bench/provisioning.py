@@ -17,7 +17,9 @@ bench watches until every claim is Bound. Both sides run with the same --kube-ap
 
 Reported: total time and claims per second, per-claim latency (created → Bound) p50/p99, failed
 claims (not Bound in time), the sidecar's peak RSS and CPU, and its start-up (process start to
-its ready line). Within a scenario the rounds run
+its ready line); and the work per claim (bench.work): API requests the apiserver served and CSI
+calls the driver served from the first create to the last bind, in total and by verb and resource
+or by RPC (the records in the JSON). Within a scenario the rounds run
 kubeloop, then Go (bench/method.py). Prints a table and writes bench/results/provisioning.json.
 """
 
@@ -30,7 +32,7 @@ import shutil
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +49,7 @@ from controller_runtime.resources import (
 from controller_runtime.toolchain import REPO_ROOT, MissingBinaryError
 from csi_driver import DRIVER_NAME, TOPOLOGY_KEY
 from localstack.go_sidecars import PROVISIONER, go_sidecar_binary
+from localstack.proc import free_ports
 
 from . import method
 from .common import (
@@ -61,6 +64,7 @@ from .common import (
     stop_process,
     wait_log,
 )
+from .work import WorkCounts
 
 NAMESPACE = "bench"
 CLASS = "bench-immediate"
@@ -99,6 +103,11 @@ class Run:
     driver_cpu_s: float = math.nan
     binder_cpu_s: float = math.nan
     server_cpu_s: float = math.nan
+    # Work per claim in the same window (bench.work): totals, and by kind.
+    api_requests_per_op: float = math.nan
+    csi_calls_per_op: float = math.nan
+    api_requests: dict[str, float] = field(default_factory=dict)
+    csi_calls: dict[str, float] = field(default_factory=dict)
 
 
 def go_binary() -> Path:
@@ -163,8 +172,9 @@ async def run_one(scenario: str, side: str, n: int) -> Run:
         api = await ApiClient.from_kubeconfig(str(cp.admin_kubeconfig), qps=0, burst=1)
         procs: list[asyncio.subprocess.Process] = []
         try:
+            driver_http = f"127.0.0.1:{free_ports(1)[0]}"
             driver, socket = await start_controller_driver(
-                root, logs / f"provisioning-{scenario}-{side}-driver.log"
+                root, logs / f"provisioning-{scenario}-{side}-driver.log", driver_http
             )
             procs.append(driver)
             binder, binder_mark = await start_binder(
@@ -243,6 +253,8 @@ async def run_one(scenario: str, side: str, n: int) -> Run:
                 "pv-controller": binder.pid,
                 "provisioner": prov.pid,
             }
+            work = WorkCounts(cp, driver_http)
+            await work.start()
             with CpuUse(lambda: shared) as use:
                 t0 = time.monotonic()
                 await asyncio.gather(*(create(i) for i in range(n)))
@@ -254,6 +266,7 @@ async def run_one(scenario: str, side: str, n: int) -> Run:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(done.wait(), 0.5)
             total = (max(bound.values()) if bound else time.monotonic()) - t0
+            await work.stop()
             cpu = cpu_seconds(prov.pid)
             await informer.stop()
             return Run(
@@ -271,6 +284,7 @@ async def run_one(scenario: str, side: str, n: int) -> Run:
                 driver_cpu_s=use.total(["driver"]),
                 binder_cpu_s=use.total(["pv-controller"]),
                 server_cpu_s=use.total(cp.processes),
+                **work.figures(n),
             )
         finally:
             for proc in reversed(procs):
@@ -290,6 +304,8 @@ BENCH = method.Bench(
         method.Figure("driver_cpu_s", "driver CPU s"),
         method.Figure("binder_cpu_s", "pv-controller CPU s"),
         method.Figure("server_cpu_s", "apiserver+etcd CPU s"),
+        method.Figure("api_requests_per_op", "API requests per claim"),
+        method.Figure("csi_calls_per_op", "CSI calls per claim"),
     ),
 )
 
