@@ -130,6 +130,9 @@ NODE_AGENT = Component(
         f"--kubeconfig={c.kubeconfig}",
         f"--http-endpoint={c.http_endpoint}",
         "--unmount-volumes-on-exit",
+        # kubelet asks each volume for its usage every minute; a laptop's stack every 10 s, so a
+        # file written shows in kubelet_volume_stats_used_bytes while one still looks.
+        "--volume-stats-agg-period=10s",
     ),
     identity=service_account_identity("kubeloop-node-agent"),
     http_port=18120,

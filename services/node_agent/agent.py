@@ -32,6 +32,7 @@ from .node_status import NodeStatus
 from .plugins import PluginManager
 from .pod_status import PodStatus
 from .volume_manager import VolumeManager
+from .volume_stats import VolumeStatsCollector, gather
 
 log = get_logger("node-agent")
 
@@ -57,6 +58,9 @@ class Options:
     # running pods' volumes mounted and leaves them so.
     unmount_on_exit: bool = False
     capacity: tuple[tuple[str, str], ...] = (("cpu", "4"), ("memory", "8Gi"), ("pods", "110"))
+    # kubelet's volumeStatsAggPeriod: how often each claim's volume is asked for its usage (the
+    # kubelet_volume_stats_* metrics); 0 turns the metrics off, as in kubelet.
+    volume_stats_period: float = 60.0
 
 
 class NodeAgent:
@@ -100,6 +104,8 @@ class NodeAgent:
         self.pod_status = PodStatus(client, self.volumes.pods, self.layout.root / "pods", self.volumes)
         self._tasks: list[asyncio.Task[None]] = []
         self.ready = False
+        # kubelet's volume metrics; registered on /metrics by the process (main), once.
+        self.volume_stats = VolumeStatsCollector()
 
     async def reconcile(self) -> None:
         """One pass of the sync loop: volumes first, then the pod statuses they allow (written in
@@ -140,6 +146,8 @@ class NodeAgent:
         self.volumes.restore_from_disk()
         await asyncio.to_thread(self.volumes.remove_orphan_pod_dirs)
         self.ready = True
+        if self.options.volume_stats_period > 0:
+            self._tasks.append(asyncio.create_task(self._collect_volume_stats(), name="volume-stats"))
         log.info("node agent ready", node=self.node_name, plugins=",".join(self.plugins.plugins))
         # Passes no closer together than a tenth of the loop period: a burst of events (eight
         # unstages finishing) makes one volumesInUse write, not eight.
@@ -153,6 +161,14 @@ class NodeAgent:
                 log.exception("reconcile pass failed")
             pacer.pass_ended(self.volumes.deciding.take())
             await pacer.next_pass()
+
+    async def _collect_volume_stats(self) -> None:
+        while True:
+            plugins = self.plugins.plugins
+            nodes = {name: p.conn.node for name, p in plugins.items() if p.volume_stats}
+            stats = await gather(self.volumes.stats_targets(), nodes, self.options.csi_timeout)
+            self.volume_stats.replace(stats)
+            await self.clock.sleep(self.options.volume_stats_period)
 
     async def _unmount_all(self) -> None:
         """The node shuts down with its agent: its volumes go with it (the plugin still runs, since

@@ -7,6 +7,8 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
+from prometheus_client import REGISTRY
+
 from controller_runtime import process
 from controller_runtime.client import ApiClient
 from controller_runtime.events import EventRecorder
@@ -66,6 +68,13 @@ def build_parser() -> argparse.ArgumentParser:
         "volumes and are mounted again when the agent starts. Off by default, as kubelet, whose "
         "restart leaves the volumes of running pods mounted",
     )
+    parser.add_argument(
+        "--volume-stats-agg-period",
+        type=process.duration,
+        default=60.0,
+        help="how often each claim's volume is asked for its usage (NodeGetVolumeStats) for the "
+        "kubelet_volume_stats_* metrics on /metrics; 0 disables them, as kubelet's flag (default: 1m)",
+    )
     process.add_kube_flags(parser, qps=50.0, burst=100)
     process.add_http_flags(parser)
     process.add_logging_flags(parser)
@@ -92,8 +101,10 @@ async def run(args: argparse.Namespace, ctx: process.Context) -> None:
             backoff_max=args.max_retry_interval,
             max_concurrent_operations=args.max_concurrent_volume_operations,
             unmount_on_exit=args.unmount_volumes_on_exit,
+            volume_stats_period=args.volume_stats_agg_period,
         ),
     )
+    REGISTRY.register(agent.volume_stats)
     if ctx.health is not None:
         ctx.health.add_liveness_check("ping", lambda: None)
         ctx.health.add_readiness_check("volume-manager", lambda: None if agent.ready else "starting")

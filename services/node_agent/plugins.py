@@ -36,6 +36,7 @@ class Plugin:
     single_node_multi_writer: bool
     topology: dict[str, str]
     max_volumes: int
+    volume_stats: bool = False  # NodeGetVolumeStats (GET_VOLUME_STATS): kubelet's volume metrics
 
 
 class PluginManager:
@@ -110,6 +111,7 @@ class PluginManager:
             single_node_multi_writer=NodeRPC.SINGLE_NODE_MULTI_WRITER in rpcs,
             topology=topology,
             max_volumes=int(info.max_volumes_per_node),
+            volume_stats=NodeRPC.GET_VOLUME_STATS in rpcs,
         )
 
     async def _write_csinode(self, plugin: Plugin) -> None:

@@ -55,6 +55,7 @@ from .expansion import (
     pending_size,
 )
 from .plugins import Plugin
+from .volume_stats import ClaimRef, StatsTarget
 
 log = get_logger("node-agent")
 
@@ -344,6 +345,30 @@ class VolumeManager:
         return True
 
     # -- volume operations --------------------------------------------------------------------------
+
+    def stats_targets(self) -> list[StatsTarget]:
+        """The confirmed publishes of claims' volumes, as kubelet's volume metrics measure them
+        (inline volumes have no claim)."""
+        out = []
+        for key, m in self.mounted.items():
+            if key not in self.confirmed or m.ephemeral:
+                continue
+            pv = self.pvs.store.get(m.pv_name) or {}
+            ref = (pv.get("spec") or {}).get("claimRef") or {}
+            plugin = self.plugins.get(m.driver)
+            if not ref.get("name") or plugin is None or not plugin.volume_stats:
+                continue
+            staging = self.layout.staging_path(m.driver, m.handle) if plugin.stage_unstage else ""
+            out.append(
+                StatsTarget(
+                    ClaimRef(str(ref.get("namespace") or ""), str(ref["name"])),
+                    m.driver,
+                    m.handle,
+                    str(self.layout.target_path(m.pod_uid, m.pv_name, m.block)),
+                    str(staging),
+                )
+            )
+        return out
 
     def _plugin(self, driver: str) -> Plugin:
         plugin = self.plugins.get(driver)
