@@ -370,6 +370,19 @@ class ApiClient:
         decoded: Obj = orjson.loads(raw) if raw else {}
         return decoded
 
+    async def get_text(self, path: str, timeout: float = 10.0) -> str:
+        """GET a non-JSON path (`/metrics`, a node's proxied `/metrics`); ApiError on a non-2xx."""
+        await self._throttle("GET")
+        async with self.session.get(
+            self._url(path, None), headers=self._auth(), timeout=self._timeout(timeout)
+        ) as resp:
+            text = await resp.text()
+        if resp.status >= 300:
+            raise ApiError(
+                resp.status, unstructured_status(resp.status, "GET", text[:2048], None), "GET", path
+            )
+        return text
+
     # -- typed verbs -------------------------------------------------------------------------
 
     async def get(self, res: Resource, name: str, namespace: str | None = None) -> Obj:

@@ -15,6 +15,9 @@ from .storage import ROX, RWO, RWOP, RWX
 
 ANN_CONTROLLER_MANAGED = "volumes.kubernetes.io/controller-managed-attach-detach"
 ANN_NODE_ID = "csi.volume.kubernetes.io/nodeid"
+# kubeloop's node agent: where it serves kubelet's volume metrics (a real kubelet is read through the
+# apiserver's node proxy instead), for `kubectl kubeloop get volumes`.
+ANN_METRICS_URL = "kubeloop.dev/metrics-url"
 CSI_PLUGIN_NAME = "kubernetes.io/csi"
 
 

@@ -61,6 +61,8 @@ class Options:
     # kubelet's volumeStatsAggPeriod: how often each claim's volume is asked for its usage (the
     # kubelet_volume_stats_* metrics); 0 turns the metrics off, as in kubelet.
     volume_stats_period: float = 60.0
+    # Where /metrics is served (http://host:port/metrics), put on the Node; "" when not served.
+    metrics_url: str = ""
 
 
 class NodeAgent:
@@ -86,6 +88,7 @@ class NodeAgent:
             heartbeat=opts.heartbeat,
             status_report=opts.status_report,
             clock=clock,
+            metrics_url=opts.metrics_url,
         )
         self.plugins = PluginManager(
             client, node_name, self.layout.plugins_registry(), csi_timeout=opts.csi_timeout

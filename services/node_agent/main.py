@@ -81,6 +81,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def metrics_url(endpoint: str | None) -> str:
+    """The URL of /metrics on --http-endpoint as others on the machine reach it (an endpoint on every
+    interface is reached on the node's address, 127.0.0.1)."""
+    if not endpoint:
+        return ""
+    host, _, port = endpoint.rpartition(":")
+    return f"http://{host if host not in ('', '0.0.0.0', '[::]') else '127.0.0.1'}:{port}/metrics"
+
+
 async def run(args: argparse.Namespace, ctx: process.Context) -> None:
     client = await ApiClient.from_kubeconfig(
         args.kubeconfig or None,
@@ -102,6 +111,7 @@ async def run(args: argparse.Namespace, ctx: process.Context) -> None:
             max_concurrent_operations=args.max_concurrent_volume_operations,
             unmount_on_exit=args.unmount_volumes_on_exit,
             volume_stats_period=args.volume_stats_agg_period,
+            metrics_url=metrics_url(args.http_endpoint),
         ),
     )
     REGISTRY.register(agent.volume_stats)

@@ -12,7 +12,7 @@ from controller_runtime.client import ApiClient, ApiError
 from controller_runtime.clock import SYSTEM_CLOCK, Clock, micro_time, now_rfc3339
 from controller_runtime.logs import get_logger
 from controller_runtime.resources import LEASES, NODES, Obj
-from controller_runtime.volumes import ANN_CONTROLLER_MANAGED
+from controller_runtime.volumes import ANN_CONTROLLER_MANAGED, ANN_METRICS_URL
 
 log = get_logger("node-agent")
 
@@ -30,8 +30,12 @@ class NodeStatus:
         heartbeat: float,
         status_report: float,
         clock: Clock = SYSTEM_CLOCK,
+        metrics_url: str = "",
     ) -> None:
         self.client = client
+        # Where this agent serves kubelet's volume metrics, on its Node for `kubectl kubeloop get
+        # volumes` (a real kubelet is reached through the apiserver's node proxy instead).
+        self.metrics_url = metrics_url
         self.clock = clock
         self.node_name = node_name
         self.capacity = capacity
@@ -105,7 +109,10 @@ class NodeStatus:
             "metadata": {
                 "name": self.node_name,
                 "labels": labels,
-                "annotations": {ANN_CONTROLLER_MANAGED: "true"},
+                "annotations": {
+                    ANN_CONTROLLER_MANAGED: "true",
+                    **({ANN_METRICS_URL: self.metrics_url} if self.metrics_url else {}),
+                },
             },
             "status": self._node_status(),
         }

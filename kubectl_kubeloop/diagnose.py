@@ -1,0 +1,459 @@
+"""A claim's story from a Snapshot, decided without reading anything: the objects in its chain, the
+steps of its volume's life with their times, and, when something is stuck, which component is
+waiting for what, in words.
+
+Times come from what the API keeps: creation timestamps, the time of each manager's last write in
+`managedFields` (the attacher's status write is when a VolumeAttachment became attached), pod
+conditions' transition times, and the components' events.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+from typing import Any
+
+from controller_runtime.quantity import parse_quantity
+from controller_runtime.resources import Obj
+from controller_runtime.storage import (
+    ANN_BETA_STORAGE_PROVISIONER,
+    ANN_SELECTED_NODE,
+    ANN_STORAGE_PROVISIONER,
+)
+from controller_runtime.volumes import pod_terminated
+
+from .snapshot import Snapshot, event_time
+
+
+@dataclass
+class Step:
+    name: str  # provision, bind, attach, mount, expand, modify
+    subject: str  # what it is about: the volume, `va/<name>`, `pod/<name>`
+    started: str | None
+    ended: str | None  # None: not done
+
+    def seconds(self, now: dt.datetime) -> float | None:
+        if self.started is None:
+            return None
+        end = parse_time(self.ended) if self.ended else now
+        return round((end - parse_time(self.started)).total_seconds(), 1)
+
+
+@dataclass
+class Waiting:
+    component: str
+    reason: str
+
+
+@dataclass
+class Link:
+    kind: str
+    name: str
+    state: str  # phase, attached or not, Ready or not
+    details: list[str] = field(default_factory=list)  # conditions and the like
+
+
+@dataclass
+class Report:
+    claim: str  # namespace/name
+    phase: str
+    chain: list[Link]
+    steps: list[Step]
+    waiting: list[Waiting]
+    events: list[Obj]
+
+    def to_json(self, now: dt.datetime) -> dict[str, Any]:
+        return {
+            "claim": self.claim,
+            "phase": self.phase,
+            "stuck": bool(self.waiting),
+            "chain": [vars(link) for link in self.chain],
+            "steps": [{**vars(s), "seconds": s.seconds(now)} for s in self.steps],
+            "waiting": [vars(w) for w in self.waiting],
+            "events": [
+                {
+                    "time": event_time(e),
+                    "type": e.get("type", ""),
+                    "reason": e.get("reason", ""),
+                    "object": f"{e['involvedObject'].get('kind', '')}/{e['involvedObject'].get('name', '')}",
+                    "source": (e.get("source") or {}).get("component") or e.get("reportingComponent", ""),
+                    "count": e.get("count") or 1,
+                    "message": e.get("message", ""),
+                }
+                for e in self.events
+            ],
+        }
+
+
+def parse_time(text: str) -> dt.datetime:
+    return dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def _written(obj: Obj, manager_hint: str = "", status: bool = False) -> str | None:
+    """When the object's status (or spec) was last written, by a manager whose name contains
+    `manager_hint`, from managedFields."""
+    times = [
+        str(m.get("time"))
+        for m in obj["metadata"].get("managedFields") or []
+        if m.get("time")
+        and manager_hint in str(m.get("manager", ""))
+        and (m.get("subresource") == "status") == status
+    ]
+    return max(times) if times else None
+
+
+def _events(snap: Snapshot, reasons: tuple[str, ...], obj: Obj | None = None) -> list[Obj]:
+    uid = obj["metadata"]["uid"] if obj is not None else None
+    return [
+        e
+        for e in snap.events
+        if e.get("reason") in reasons and (uid is None or e["involvedObject"].get("uid") == uid)
+    ]
+
+
+def _condition(obj: Obj, kind: str) -> Obj | None:
+    for c in (obj.get("status") or {}).get("conditions") or []:
+        if c.get("type") == kind:
+            return dict(c)
+    return None
+
+
+def _attach_required(snap: Snapshot) -> bool:
+    if snap.csi_driver is None:
+        return True  # kubelet and the attach-detach controller assume so without a CSIDriver
+    return bool((snap.csi_driver.get("spec") or {}).get("attachRequired", True))
+
+
+def _node_ready(node: Obj | None) -> tuple[bool, str]:
+    if node is None:
+        return False, "the Node object does not exist"
+    ready = _condition(node, "Ready")
+    if ready is None:
+        return False, "it never reported Ready"
+    if ready.get("status") == "True":
+        return True, ""
+    return False, (
+        f"Ready is {ready.get('status')} since {ready.get('lastTransitionTime')}"
+        f" ({ready.get('reason', '')}: {ready.get('message', '')})"
+    )
+
+
+def _multi_attach_allowed(pv: Obj) -> bool:
+    modes = set((pv.get("spec") or {}).get("accessModes") or [])
+    return bool(modes & {"ReadWriteMany", "ReadOnlyMany"})
+
+
+def _provisioner(claim: Obj) -> str:
+    ann = claim["metadata"].get("annotations") or {}
+    return str(ann.get(ANN_STORAGE_PROVISIONER) or ann.get(ANN_BETA_STORAGE_PROVISIONER) or "")
+
+
+def _latest(events: list[Obj]) -> Obj | None:
+    return events[-1] if events else None
+
+
+def diagnose(snap: Snapshot) -> Report:
+    claim, pv = snap.claim, snap.volume
+    md, status = claim["metadata"], claim.get("status") or {}
+    phase = str(status.get("phase") or "Pending")
+    chain = [Link("PersistentVolumeClaim", f"{md['namespace']}/{md['name']}", phase, _claim_details(claim))]
+    steps: list[Step] = []
+    waiting: list[Waiting] = []
+    if pv is not None:
+        pv_phase = str((pv.get("status") or {}).get("phase") or "")
+        chain.append(Link("PersistentVolume", pv["metadata"]["name"], pv_phase, _pv_details(pv)))
+    for va in snap.attachments:
+        va_status = va.get("status") or {}
+        state = "attached" if va_status.get("attached") else "not attached"
+        details = [f"node {va['spec'].get('nodeName')}"]
+        for key in ("attachError", "detachError"):
+            if va_status.get(key):
+                details.append(f"{key}: {va_status[key].get('message', '')}")
+        if va["metadata"].get("deletionTimestamp"):
+            state += ", deleting"
+        chain.append(Link("VolumeAttachment", va["metadata"]["name"], state, details))
+    for name, node in snap.nodes.items():
+        ready, why = _node_ready(node)
+        chain.append(Link("Node", name, "Ready" if ready else "NotReady", [why] if why else []))
+    for pod in snap.pods:
+        chain.append(Link("Pod", pod["metadata"]["name"], _pod_state(pod), _pod_details(pod)))
+
+    _claim_steps(snap, steps, waiting)
+    if phase == "Bound" and pv is not None:
+        for pod in snap.pods:
+            if not pod_terminated(pod):
+                _pod_steps(snap, pod, pv, steps, waiting)
+        _expansion(snap, steps, waiting)
+        _modification(snap, steps, waiting)
+    return Report(f"{md['namespace']}/{md['name']}", phase, chain, steps, waiting, snap.events)
+
+
+# -- the claim: class, provisioning, binding -----------------------------------------------------------
+
+
+def _claim_details(claim: Obj) -> list[str]:
+    spec, status = claim.get("spec") or {}, claim.get("status") or {}
+    out = [
+        f"class {spec.get('storageClassName')!r}",
+        f"requests {((spec.get('resources') or {}).get('requests') or {}).get('storage', '?')}",
+        f"access {','.join(spec.get('accessModes') or [])}",
+    ]
+    if (status.get("capacity") or {}).get("storage"):
+        out.append(f"capacity {status['capacity']['storage']}")
+    for c in status.get("conditions") or []:
+        out.append(f"condition {c.get('type')}={c.get('status')} {c.get('message', '')}".rstrip())
+    if spec.get("volumeAttributesClassName") or status.get("currentVolumeAttributesClassName"):
+        out.append(
+            f"attributes class {spec.get('volumeAttributesClassName')!r}"
+            f" (current {status.get('currentVolumeAttributesClassName')!r})"
+        )
+    return out
+
+
+def _pv_details(pv: Obj) -> list[str]:
+    spec = pv.get("spec") or {}
+    csi = spec.get("csi") or {}
+    out = [f"capacity {(spec.get('capacity') or {}).get('storage', '?')}"]
+    if csi:
+        out.append(f"driver {csi.get('driver')} handle {csi.get('volumeHandle')}")
+    out.append(f"reclaim {spec.get('persistentVolumeReclaimPolicy')}")
+    message = (pv.get("status") or {}).get("message")
+    if message:
+        out.append(str(message))
+    return out
+
+
+def _claim_steps(snap: Snapshot, steps: list[Step], waiting: list[Waiting]) -> None:
+    claim, pv, sc = snap.claim, snap.volume, snap.storage_class
+    created = str(claim["metadata"].get("creationTimestamp") or "")
+    phase = (claim.get("status") or {}).get("phase") or "Pending"
+    provisioner = _provisioner(claim)
+    if pv is not None and (pv["metadata"].get("annotations") or {}).get("pv.kubernetes.io/provisioned-by"):
+        started = _latest(_events(snap, ("Provisioning",), claim)[:1])
+        steps.append(
+            Step("provision", f"pv/{pv['metadata']['name']}", event_time(started) if started else created,
+                 str(pv["metadata"].get("creationTimestamp")))
+        )  # fmt: skip
+    if phase == "Bound":
+        steps.append(Step("bind", "claim", created, _written(claim, status=True) or created))
+        return
+    if phase == "Lost":
+        waiting.append(
+            Waiting(
+                "pv-controller", f"the claim lost its volume {claim['spec'].get('volumeName')}: it is gone"
+            )
+        )
+        return
+    # Pending.
+    class_name = (claim.get("spec") or {}).get("storageClassName")
+    bind_step = Step("provision" if provisioner else "bind", "claim", created, None)
+    steps.append(bind_step)
+    if class_name and sc is None:
+        waiting.append(Waiting("pv-controller", f"StorageClass {class_name!r} does not exist"))
+        return
+    if sc is not None and sc.get("volumeBindingMode") == "WaitForFirstConsumer":
+        selected = (claim["metadata"].get("annotations") or {}).get(ANN_SELECTED_NODE)
+        if not selected:
+            users = [p for p in snap.pods if not pod_terminated(p)]
+            if not users:
+                waiting.append(
+                    Waiting(
+                        "kube-scheduler",
+                        f"class {class_name!r} binds at the first consumer and no pod uses the claim yet",
+                    )
+                )
+                return
+            for pod in users:
+                sched = _condition(pod, "PodScheduled")
+                if sched is not None and sched.get("status") == "False":
+                    unplaced = f"pod {pod['metadata']['name']} cannot be placed: {sched.get('message')}"
+                    waiting.append(Waiting("kube-scheduler", unplaced))
+            if waiting:
+                return
+    if provisioner:
+        failed = _events(snap, ("ProvisioningFailed",), claim)
+        failed = [
+            e for e in failed if (e.get("source") or {}).get("component") != "persistentvolume-controller"
+        ]
+        who = f"external-provisioner ({provisioner})"
+        if failed:
+            waiting.append(Waiting(who, f"provisioning fails: {failed[-1].get('message')}"))
+        elif _events(snap, ("Provisioning",), claim):
+            waiting.append(
+                Waiting(who, f"provisioning since {event_time(_events(snap, ('Provisioning',), claim)[0])}")
+            )
+        else:
+            waiting.append(
+                Waiting(
+                    who, "no provisioner has taken the claim yet (no Provisioning event): is one running?"
+                )
+            )
+        return
+    failed_binding = _latest(_events(snap, ("FailedBinding",), claim))
+    reason = "no PersistentVolume matches the claim (size, access modes, class, selector)"
+    if not class_name:
+        reason += ", and the claim names no class to provision from"
+    if failed_binding is not None:
+        reason += f": {failed_binding.get('message')}"
+    waiting.append(Waiting("pv-controller", reason))
+
+
+# -- a pod of the claim: attach and mount ----------------------------------------------------------------
+
+
+def _pod_state(pod: Obj) -> str:
+    status = pod.get("status") or {}
+    ready = _condition(pod, "Ready")
+    state = str(status.get("phase") or "Pending")
+    if ready is not None:
+        state += ", Ready" if ready.get("status") == "True" else ", not Ready"
+    if pod["metadata"].get("deletionTimestamp"):
+        state += ", terminating"
+    return state
+
+
+def _pod_details(pod: Obj) -> list[str]:
+    node = (pod.get("spec") or {}).get("nodeName")
+    return [f"node {node}" if node else "not scheduled"]
+
+
+def _running_since(pod: Obj) -> str | None:
+    for kind in ("ContainersReady", "Ready", "PodReadyToStartContainers"):
+        c = _condition(pod, kind)
+        if c is not None and c.get("status") == "True":
+            return str(c.get("lastTransitionTime"))
+    return None
+
+
+def _pod_steps(snap: Snapshot, pod: Obj, pv: Obj, steps: list[Step], waiting: list[Waiting]) -> None:
+    pod_name = pod["metadata"]["name"]
+    node = (pod.get("spec") or {}).get("nodeName")
+    if not node:
+        sched = _condition(pod, "PodScheduled")
+        message = (sched or {}).get("message") or "not placed yet"
+        waiting.append(Waiting("kube-scheduler", f"pod {pod_name} is not scheduled: {message}"))
+        return
+    running = _running_since(pod)
+    mount_start = str(pod["metadata"].get("creationTimestamp"))
+    ready, why = _node_ready(snap.nodes.get(node))
+    if running is None and not ready:
+        # Nothing happens for this pod until its node reports: not its attach (the attach-detach
+        # controller attaches only to nodes that exist and report), not its mount.
+        waiting.append(Waiting(f"kubelet on {node}", f"node {node} does not report: {why}"))
+        return
+    if _attach_required(snap):
+        va = next((v for v in snap.attachments if v["spec"].get("nodeName") == node), None)
+        if va is None:
+            if running is None:
+                waiting.append(Waiting("attach-detach controller", _no_attachment(snap, pod, pv, node)))
+            return
+        va_md, va_status = va["metadata"], va.get("status") or {}
+        attached_at = _written(va, "attacher", status=True) if va_status.get("attached") else None
+        steps.append(Step("attach", f"va/{va_md['name']}", va_md.get("creationTimestamp"), attached_at))
+        if attached_at is None:
+            error = (va_status.get("attachError") or {}).get("message")
+            who = f"external-attacher ({(va.get('spec') or {}).get('attacher', '')})"
+            if error:
+                waiting.append(Waiting(who, f"attaching to {node} fails: {error}"))
+            else:
+                created = va_md.get("creationTimestamp")
+                waiting.append(Waiting(who, f"{va_md['name']} is not attached yet (created {created})"))
+            return
+        mount_start = max(mount_start, attached_at)
+    steps.append(Step("mount", f"pod/{pod_name}", mount_start, running))
+    if running is not None:
+        return
+    failed = _latest(_events(snap, ("FailedMount", "FailedMapVolume"), pod))
+    if failed is not None:
+        waiting.append(Waiting(f"kubelet on {node}", f"mounting fails: {failed.get('message')}"))
+    else:
+        waiting.append(Waiting(f"kubelet on {node}", f"staging and publishing the volume for pod {pod_name}"))
+
+
+def _no_attachment(snap: Snapshot, pod: Obj, pv: Obj, node: str) -> str:
+    pv_name = pv["metadata"]["name"]
+    elsewhere = [va for va in snap.attachments if va["spec"].get("nodeName") != node]
+    if elsewhere and not _multi_attach_allowed(pv):
+        other = elsewhere[0]["spec"].get("nodeName")
+        users = [
+            p["metadata"]["name"]
+            for p in snap.pods
+            if (p.get("spec") or {}).get("nodeName") == other and not pod_terminated(p)
+        ]
+        in_use = f"still in use there by pod {', '.join(users)}" if users else "still reported in use there"
+        return (
+            f"volume {pv_name} is attached to {other} and {in_use}; it can be attached to {node} only "
+            f"once {other} stops reporting it (Multi-Attach: its access modes allow one node)"
+        )
+    failed = _latest(_events(snap, ("FailedAttachVolume",), pod))
+    if failed is not None:
+        return f"no VolumeAttachment for {pv_name} on {node}: {failed.get('message')}"
+    return f"no VolumeAttachment for {pv_name} on {node} yet"
+
+
+# -- expansion and modification ----------------------------------------------------------------------
+
+
+def _expansion(snap: Snapshot, steps: list[Step], waiting: list[Waiting]) -> None:
+    claim = snap.claim
+    spec, status = claim.get("spec") or {}, claim.get("status") or {}
+    wanted = parse_quantity(((spec.get("resources") or {}).get("requests") or {}).get("storage"))
+    has = parse_quantity((status.get("capacity") or {}).get("storage"))
+    started = _events(snap, ("Resizing", "ExternalExpanding"), claim)
+    ended = _events(snap, ("FileSystemResizeSuccessful", "VolumeResizeSuccessful"), claim)
+    if not started and has >= wanted:
+        return
+    begun = event_time(started[0]) if started else None
+    done = event_time(ended[-1]) if ended and has >= wanted else None
+    steps.append(Step("expand", "claim", begun, done))
+    if has >= wanted:
+        return
+    for kind, who in (("ControllerResizeError", "external-resizer"), ("NodeResizeError", "kubelet")):
+        c = _condition(claim, kind)
+        if c is not None:
+            waiting.append(Waiting(who, f"expansion fails: {c.get('message')}"))
+            return
+    failed = _latest(_events(snap, ("VolumeResizeFailed", "FileSystemResizeFailed"), claim))
+    if failed is not None:
+        waiting.append(Waiting(str((failed.get("source") or {}).get("component") or "external-resizer"),
+                               f"expansion fails: {failed.get('message')}"))  # fmt: skip
+        return
+    if _condition(claim, "FileSystemResizePending") is not None:
+        users = [p for p in snap.pods if not pod_terminated(p) and (p.get("spec") or {}).get("nodeName")]
+        if users:
+            node = users[0]["spec"]["nodeName"]
+            waiting.append(
+                Waiting(f"kubelet on {node}", "the volume grew; the node grows its filesystem next")
+            )
+        else:
+            waiting.append(
+                Waiting("kubelet", "the volume grew; its filesystem grows when a pod using the claim starts")
+            )
+        return
+    waiting.append(Waiting("external-resizer", f"expanding to {spec['resources']['requests']['storage']}"))
+
+
+def _modification(snap: Snapshot, steps: list[Step], waiting: list[Waiting]) -> None:
+    claim = snap.claim
+    spec, status = claim.get("spec") or {}, claim.get("status") or {}
+    want = spec.get("volumeAttributesClassName")
+    current = status.get("currentVolumeAttributesClassName")
+    modify = status.get("modifyVolumeStatus") or {}
+    started = _events(snap, ("VolumeModify",), claim)
+    if not started and want == current and not modify:
+        return
+    ended = _events(snap, ("VolumeModifySuccessful",), claim)
+    done = event_time(ended[-1]) if ended and want == current and not modify else None
+    steps.append(Step("modify", "claim", event_time(started[0]) if started else None, done))
+    if want == current and not modify:
+        return
+    failed = _latest(_events(snap, ("VolumeModifyFailed",), claim))
+    detail = f": {failed.get('message')}" if failed is not None else ""
+    state = modify.get("status", "Pending")
+    if state == "Infeasible":
+        reason = f"class {want!r} is infeasible for this volume{detail}; the claim stays on {current!r}"
+    elif state == "InProgress":
+        reason = f"modifying to class {want!r}{detail}"
+    else:
+        reason = f"class {want!r} waits{detail or ' (does the VolumeAttributesClass exist?)'}"
+    waiting.append(Waiting("external-resizer", reason))

@@ -1,0 +1,117 @@
+"""`kubectl-kubeloop`, a kubectl plugin (`kubectl kubeloop ...` once it is on PATH): a claim's whole
+story in one view, and every volume on one line.
+
+    kubectl kubeloop describe pvc NAME [-n NS] [-o json] [--watch]
+    kubectl kubeloop get volumes [-o json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import json
+import os
+import sys
+from collections.abc import Sequence
+
+from controller_runtime.client import ApiClient, ApiError
+
+from . import volumes
+from .diagnose import diagnose
+from .render import describe
+from .snapshot import take
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kubectl kubeloop",
+        description="Why is my volume stuck? Reads a claim and everything its volume's life touches "
+        "(class, PersistentVolume, VolumeAttachments, pods, nodes and all their events) and says which "
+        "component waits for what.",
+    )
+    parser.add_argument(
+        "--kubeconfig",
+        default=os.environ.get("KUBECONFIG", ""),
+        help="kubeconfig to use (default: $KUBECONFIG, else ~/.kube/config, else in-cluster)",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    desc = sub.add_parser("describe", help="describe pvc NAME: the chain, timeline, waits and events")
+    desc.add_argument("kind", choices=["pvc", "persistentvolumeclaim"])
+    desc.add_argument("name")
+    desc.add_argument("-n", "--namespace", default="default")
+    desc.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    desc.add_argument("-w", "--watch", action="store_true", help="print again whenever the story changes")
+    desc.add_argument("--interval", type=float, default=2.0, help="seconds between reads with --watch")
+    get = sub.add_parser("get", help="get volumes: one line per PersistentVolume")
+    get.add_argument("kind", choices=["volumes", "volume", "pv", "pvs"])
+    get.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    return parser
+
+
+def _kubeconfig(path: str) -> str:
+    if path:
+        return path
+    home = os.path.expanduser("~/.kube/config")
+    return home if os.path.exists(home) else ""
+
+
+async def _describe(api: ApiClient, args: argparse.Namespace) -> int:
+    last = ""
+    while True:
+        snap = await take(api, args.namespace, args.name)
+        report = diagnose(snap)
+        if args.output == "json":
+            text = json.dumps(report.to_json(snap.now), indent=2) + "\n"
+        else:
+            text = describe(report, snap.now)
+        # --watch prints when the story changed, not when only the clock moved.
+        story = json.dumps(
+            {**report.to_json(snap.now), "steps": [vars(s) for s in report.steps]}, sort_keys=True
+        )
+        if story != last:
+            if last and args.output == "text":
+                sys.stdout.write(f"--- {dt.datetime.now(dt.UTC).isoformat(timespec='seconds')}\n")
+            sys.stdout.write(text)
+            sys.stdout.flush()
+            last = story
+        if not args.watch:
+            return 0
+        await asyncio.sleep(args.interval)
+
+
+async def _run(args: argparse.Namespace) -> int:
+    api = await ApiClient.from_kubeconfig(
+        _kubeconfig(args.kubeconfig), qps=50, burst=100, user_agent="kubectl-kubeloop"
+    )
+    try:
+        if args.command == "describe":
+            return await _describe(api, args)
+        rows = await volumes.rows(api)
+        if args.output == "json":
+            sys.stdout.write(json.dumps([vars(r) for r in rows], indent=2) + "\n")
+        else:
+            sys.stdout.write(volumes.table(rows))
+        return 0
+    except ApiError as e:
+        if e.not_found and args.command == "describe":
+            # kubectl's words for a claim that is not there.
+            missing = f'persistentvolumeclaims "{args.name}" not found'
+            print(f"Error from server (NotFound): {missing}", file=sys.stderr)
+        else:
+            print(f"error: {e.message}", file=sys.stderr)
+        return 1
+    finally:
+        await api.close()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    try:
+        sys.exit(asyncio.run(_run(args)))
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()
