@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: up test unit integration sanity stress-start bench bench-scaling profile lint deps binaries system-deps python-deps clean \
+.PHONY: up test unit integration sanity stress-start bench bench-scaling profile lint deps binaries prometheus-deps system-deps python-deps clean \
 	docker-deps images wheels compose-test conformance kind-deps helm-deps kind-images kind-up kind-down kind-test e2e-deps \
 	e2e-storage e2e-storage-disruptive chaos
 
@@ -14,7 +14,7 @@ up: deps binaries
 
 # tests/compose (docker-compose end to end) needs docker, docker-compose and debootstrap; tests/kind
 # also kind, containerd, kubelet, kubeadm and external-snapshotter (kind-deps), and e2e.test (e2e-deps).
-test: deps binaries docker-deps kind-deps e2e-deps helm-deps
+test: deps binaries docker-deps kind-deps e2e-deps helm-deps prometheus-deps
 	@# Lint first (ruff, ruff format, mypy strict): a minute, and a type error fails here, not in a test.
 	@$(MAKE) --no-print-directory lint
 	@# The conformance subset (tests/conformance) compares kubeloop with the Go sidecars.
@@ -133,6 +133,11 @@ kind-deps: docker-deps helm-deps
 # `make kind-up KIND_POOLS=separate` installs the chart with.
 helm-deps:
 	@bash tools/build-binaries.sh helm
+
+# Prometheus and promtool (deploy/prometheus): promtool tests the alerting rules in make test;
+# `make up PROMETHEUS=1` runs Prometheus beside the local stack.
+prometheus-deps:
+	@bash tools/build-binaries.sh prometheus
 
 # Kubernetes' e2e.test and agnhost (docs/e2e-storage.md).
 e2e-deps:

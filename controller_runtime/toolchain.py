@@ -45,6 +45,7 @@ class Toolchain:
             "kind": f"kind-{self.versions['KIND_VERSION']}",
             "e2e": f"kubernetes-e2e-{self.versions['KUBERNETES_VERSION']}",
             "helm": f"helm-{self.versions['HELM_VERSION']}",
+            "prometheus": f"prometheus-{self.versions['PROMETHEUS_VERSION']}",
         }
         return self.cache / "bin" / dirs[group]
 
@@ -61,6 +62,8 @@ class Toolchain:
             "e2e.test": "e2e",
             "agnhost": "e2e",
             "helm": "helm",
+            "prometheus": "prometheus",
+            "promtool": "prometheus",
         }[name]
         path = self._dir(group) / name
         if not os.access(path, os.X_OK):

@@ -374,6 +374,7 @@ class AttachDetachController(InformerController):
 
     async def run(self) -> None:
         METRICS.sources.append(self._metric_counts)
+        METRICS.deletions.append(self._deletions)
         workers = asyncio.create_task(run_workers(self.pod_queue, self.sync_pod, self.options.pod_workers))
         try:
             await self.start_informers()
@@ -405,9 +406,17 @@ class AttachDetachController(InformerController):
                 await pacer.next_pass()
         finally:
             METRICS.sources.remove(self._metric_counts)
+            METRICS.deletions.remove(self._deletions)
             workers.cancel()
             await asyncio.gather(workers, self.operations.shutdown(), return_exceptions=True)
             await self.factory.stop()
+
+    def _deletions(self) -> list[str]:
+        return [
+            str(va["metadata"]["deletionTimestamp"])
+            for va in self.vas.store.values()
+            if va["metadata"].get("deletionTimestamp")
+        ]
 
     def _metric_counts(self) -> tuple[int, int]:
         return self._counts
