@@ -9,8 +9,8 @@ PYTEST_ARGS ?=
 	docker-deps images wheels compose-test conformance kind-deps helm-deps kind-images kind-up kind-down kind-test e2e-deps \
 	e2e-storage e2e-storage-disruptive chaos
 
-up: deps binaries
-	$(PY) -m localstack.main up --pools=$(or $(POOLS),shared) --pool-capacity="$(POOL_CAPACITY)"
+up: deps binaries $(if $(PROMETHEUS),prometheus-deps)
+	$(PY) -m localstack.main up --pools=$(or $(POOLS),shared) --pool-capacity="$(POOL_CAPACITY)" $(if $(PROMETHEUS),--prometheus)
 
 # tests/compose (docker-compose end to end) needs docker, docker-compose and debootstrap; tests/kind
 # also kind, containerd, kubelet, kubeadm and external-snapshotter (kind-deps), and e2e.test (e2e-deps).

@@ -33,7 +33,7 @@ from typing import Any
 import yaml
 
 from controller_runtime.logs import get_logger
-from controller_runtime.toolchain import REPO_ROOT
+from controller_runtime.toolchain import REPO_ROOT, Toolchain
 from csi_driver import DRIVER_NAME
 
 from .certs import Identity, service_account_identity
@@ -97,6 +97,8 @@ class Component:
     host_dirs: Callable[[ComponentContext], list[Path]] | None = None
     # CustomResourceDefinitions it needs, applied and waited for (Established) before its manifests.
     crds: Callable[[], list[Path]] | None = None
+    # Files written into its state directory before it starts (a ConfigMap mounted in a Deployment).
+    files: Callable[[ComponentContext], dict[str, str]] | None = None
 
 
 def node_name_env(c: ComponentContext) -> dict[str, str]:
@@ -343,6 +345,44 @@ NODE_LOCAL_REGISTRY: tuple[Component, ...] = (
 )
 
 
+PROMETHEUS_PORT = 19090
+ALERT_RULES = "deploy/prometheus/kubeloop-alerts.yaml"
+
+
+def prometheus(targets: dict[str, int], port: int = PROMETHEUS_PORT) -> Component:
+    """Prometheus (`make up PROMETHEUS=1`) scraping every kubeloop process of the stack (`targets`:
+    instance name -> its --http-endpoint port on 127.0.0.1) every 10 s, with kubeloop's alerting
+    rules loaded; its UI and API on 127.0.0.1:`port`."""
+
+    def config(c: ComponentContext) -> dict[str, str]:
+        doc = {
+            "global": {"scrape_interval": "10s", "evaluation_interval": "10s"},
+            "rule_files": [str(c.repo_root / ALERT_RULES)],
+            "scrape_configs": [
+                {
+                    "job_name": name,
+                    "static_configs": [{"targets": [f"127.0.0.1:{port}"], "labels": {"component": name}}],
+                }
+                for name, port in sorted(targets.items())
+            ],
+        }
+        return {"prometheus.yml": yaml.safe_dump(doc, sort_keys=False)}
+
+    return Component(
+        name="prometheus",
+        argv=lambda c: [
+            str(Toolchain.default().binary("prometheus")),
+            f"--config.file={c.state_dir / 'prometheus.yml'}",
+            f"--storage.tsdb.path={c.state_dir / 'data'}",
+            f"--web.listen-address={c.http_endpoint}",
+            "--storage.tsdb.retention.time=2d",
+        ],
+        http_port=port,
+        health_path="/-/ready",
+        files=config,
+    )
+
+
 def registry(mode: PoolMode) -> tuple[Component, ...]:
     return NODE_LOCAL_REGISTRY if mode == NODE_LOCAL else REGISTRY
 
@@ -560,6 +600,8 @@ class Components:
         ctx.state_dir.mkdir(parents=True, exist_ok=True)
         for path in inst.component.host_dirs(ctx) if inst.component.host_dirs is not None else []:
             path.mkdir(parents=True, exist_ok=True)
+        for name, text in (inst.component.files(ctx) if inst.component.files is not None else {}).items():
+            (ctx.state_dir / name).write_text(text)
         log_path = self.cp.log_path(inst.name)
         if log_path.exists():
             log_path.replace(log_path.with_name(f"{inst.name}.previous.log"))

@@ -23,11 +23,15 @@ from controller_runtime.toolchain import MissingBinaryError, Toolchain
 from controller_runtime.unix_grpc import MAX_SOCKET_PATH
 
 from .components import (
+    PROMETHEUS_PORT,
+    Component,
     ComponentError,
     Components,
     instance_ports,
+    instances,
     longest_socket_path,
     node_names,
+    prometheus,
     registry,
 )
 from .controlplane import ControlPlane, Ports, StackLockedError, default_home
@@ -145,6 +149,18 @@ def build_parser() -> argparse.ArgumentParser:
         "filesystem",
     )
     up.add_argument(
+        "--prometheus",
+        action="store_true",
+        help=f"also run Prometheus on 127.0.0.1:{PROMETHEUS_PORT}, scraping every kubeloop process with "
+        "kubeloop's alerting rules (deploy/prometheus) loaded; needs `make prometheus-deps`",
+    )
+    ports.add_argument(
+        "--prometheus-port",
+        type=int,
+        default=PROMETHEUS_PORT,
+        help=f"Prometheus's port with --prometheus (default: {PROMETHEUS_PORT})",
+    )
+    up.add_argument(
         "--etcd-unsafe-no-fsync",
         action="store_true",
         help="run etcd without fsync: faster, but a crash can lose or corrupt data; for tests",
@@ -163,6 +179,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     process.add_logging_flags(up)
     return parser
+
+
+def stack_components(args: argparse.Namespace) -> list[Component]:
+    """The pool mode's registry, and Prometheus scraping every instance of it with --prometheus."""
+    chosen = list(registry(args.pools))
+    if args.prometheus:
+        targets = instances(chosen, node_names(args.nodes))
+        scraped = {i.name: i.http_port for i in targets if i.http_port is not None}
+        chosen.append(prometheus(scraped, args.prometheus_port))
+    return chosen
 
 
 def _ports(args: argparse.Namespace) -> Ports:
@@ -256,6 +282,8 @@ def preflight(args: argparse.Namespace) -> str | None:
         tc = Toolchain.default()
         for name in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl"):
             tc.binary(name)
+        if args.prometheus:
+            tc.binary("prometheus")
     except MissingBinaryError as e:
         return str(e)
     if args.nodes < 1:
@@ -275,7 +303,7 @@ def preflight(args: argparse.Namespace) -> str | None:
         check_ports_free(
             {
                 **_ports(args).described(),
-                **instance_ports(registry(args.pools), node_names(args.nodes)),
+                **instance_ports(stack_components(args), node_names(args.nodes)),
             }
         )
     except PortInUseError as e:
@@ -307,7 +335,7 @@ async def _up(args: argparse.Namespace, ctx: process.Context) -> None:
 
     components = Components(
         cp,
-        registry(args.pools),
+        stack_components(args),
         node_names(args.nodes),
         startup_timeout=args.startup_timeout,
         stop_timeout=args.stop_timeout,

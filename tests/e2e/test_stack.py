@@ -15,10 +15,13 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -38,6 +41,8 @@ from localstack.proc import ManagedProcess, free_ports, port_is_free
 from localstack.testing import free_stack_ports, start_test_control_plane
 
 READY_LINE = "kubeloop stack is ready"
+# Prometheus of the module's stack: a free port, not the default a developer's `make up` may hold.
+PROMETHEUS_TEST_PORT = free_ports(1)[0]
 START_TIMEOUT = 240.0  # two cores, cold page cache: the apiserver alone can take tens of seconds
 
 
@@ -94,7 +99,7 @@ def _stack_processes(home: Path) -> list[psutil.Process]:
     return found
 
 
-def _launch(home: Path, base: Path) -> RunningStack:
+def _launch(home: Path, base: Path, *extra: str) -> RunningStack:
     """Starts the launcher as `make up` would (plus test ports and no fsync) and waits for ready."""
     tc = toolchain()
     ports = free_stack_ports()
@@ -107,6 +112,7 @@ def _launch(home: Path, base: Path) -> RunningStack:
         f"--kcm-port={ports.kube_controller_manager}",
         f"--scheduler-port={ports.kube_scheduler}",
         "--etcd-unsafe-no-fsync",
+        *extra,
     ]  # fmt: skip
     env = {**os.environ, "KUBELOOP_HOME": str(home)}
     with stdout.open("wb") as out, stderr.open("wb") as err:
@@ -155,7 +161,8 @@ def short_home() -> Iterator[Path]:
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]:
     base = tmp_path_factory.mktemp("stack")
     with short_home() as home:
-        running = _launch(home, base)
+        # With Prometheus (`make up PROMETHEUS=1`), on a free port.
+        running = _launch(home, base, "--prometheus", f"--prometheus-port={PROMETHEUS_TEST_PORT}")
         try:
             yield running
         finally:
@@ -166,12 +173,34 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]:
 def test_ready_and_reports_each_component(stack: RunningStack) -> None:
     out = stack.stdout.read_text()
     control_plane = ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler"]
-    for name in control_plane + [i.name for i in instances(REGISTRY, node_names(1))]:
+    for name in control_plane + [i.name for i in instances(REGISTRY, node_names(1))] + ["prometheus"]:
         assert f"ok  {name}" in out, out
     assert f"export KUBECONFIG={stack.home / 'kubeconfig'}" in out
     names = {p.name() for p in stack.children}
     assert names >= set(control_plane), names
     assert (stack.home / "kubeconfig").stat().st_mode & 0o777 == 0o600
+
+
+def test_prometheus_scrapes_every_component_and_loads_the_alerting_rules(stack: RunningStack) -> None:
+    api = f"http://127.0.0.1:{PROMETHEUS_TEST_PORT}/api/v1"
+
+    def targets() -> list[dict[str, Any]] | None:
+        with urllib.request.urlopen(f"{api}/targets", timeout=10) as r:
+            active = json.load(r)["data"]["activeTargets"]
+        return active if active and all(t["health"] == "up" for t in active) else None
+
+    deadline = time.monotonic() + 60
+    while (active := targets()) is None:
+        assert time.monotonic() < deadline, f"not every target up: {json.dumps(targets(), indent=1)[:3000]}"
+        time.sleep(2)
+    scraped = {t["labels"]["component"] for t in active}
+    assert scraped == {i.name for i in instances(REGISTRY, node_names(2)) if i.http_port is not None}
+    with urllib.request.urlopen(f"{api}/rules", timeout=10) as r:
+        groups = {g["name"] for g in json.load(r)["data"]["groups"]}
+    assert groups == {"kubeloop-volumes", "kubeloop-claims", "kubeloop-operations"}
+    query = urllib.parse.quote("up == 1")
+    with urllib.request.urlopen(f"{api}/query?query={query}", timeout=10) as r:
+        assert len(json.load(r)["data"]["result"]) == len(scraped)
 
 
 def test_readyz_and_pinned_version(stack: RunningStack) -> None:
