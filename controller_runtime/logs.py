@@ -11,6 +11,7 @@ import logging
 import re
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 _FIELDS = "kubeloop_fields"
@@ -96,6 +97,17 @@ class Logger:
 
 def get_logger(name: str) -> Logger:
     return Logger(name)
+
+
+def log_to_file(path: Path) -> None:
+    """Sends the process's log lines to `path` (appended) instead of stderr, formatted as before: for
+    a process whose terminal is for people (`make up` prints its own status lines)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    root = logging.getLogger()
+    formatter = root.handlers[0].formatter if root.handlers else TextFormatter()
+    handler = logging.FileHandler(path)
+    handler.setFormatter(formatter)
+    root.handlers[:] = [handler]
 
 
 def setup_logging(log_format: str = "text", verbosity: int = 0) -> None:

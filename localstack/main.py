@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from controller_runtime import process
-from controller_runtime.logs import get_logger
+from controller_runtime.logs import get_logger, log_to_file
 from controller_runtime.toolchain import MissingBinaryError, Toolchain
 from controller_runtime.unix_grpc import MAX_SOCKET_PATH
 
@@ -177,6 +177,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=15.0,
         help="how long a component may take to exit after SIGTERM before SIGKILL (default: 15s)",
     )
+    up.add_argument(
+        "--verbose",
+        action="store_true",
+        help="also print the launcher's structured log lines on the console (they always go to "
+        "$KUBELOOP_HOME/logs/stack.log); without it the console shows the status lines only",
+    )
     process.add_logging_flags(up)
     return parser
 
@@ -318,6 +324,9 @@ class _Outcome:
 async def _up(args: argparse.Namespace, ctx: process.Context) -> None:
     started = time.monotonic()
     home: Path = args.home.resolve()
+    if not args.verbose:
+        # People read the terminal: the status lines below. The structured lines go to a file.
+        log_to_file(home / "logs" / "stack.log")
     cp = ControlPlane(
         home,
         _ports(args),

@@ -179,6 +179,9 @@ def test_ready_and_reports_each_component(stack: RunningStack) -> None:
     names = {p.name() for p in stack.children}
     assert names >= set(control_plane), names
     assert (stack.home / "kubeconfig").stat().st_mode & 0o777 == 0o600
+    # The console has the status lines only; the launcher's structured lines are in its log file.
+    assert "ts=" not in stack.stderr.read_text() and "ts=" not in out
+    assert "msg=healthy component=pv-controller" in (stack.home / "logs" / "stack.log").read_text()
 
 
 def test_prometheus_scrapes_every_component_and_loads_the_alerting_rules(stack: RunningStack) -> None:
