@@ -204,6 +204,14 @@ def test_prometheus_scrapes_every_component_and_loads_the_alerting_rules(stack: 
     query = urllib.parse.quote("up == 1")
     with urllib.request.urlopen(f"{api}/query?query={query}", timeout=10) as r:
         assert len(json.load(r)["data"]["result"]) == len(scraped)
+    # The Grafana dashboard's queries are ones this Prometheus evaluates (a typo is a 400).
+    dashboard = json.loads((REPO_ROOT / "deploy" / "grafana" / "kubeloop-dashboard.json").read_text())
+    for panel in dashboard["panels"]:
+        for target in panel["targets"]:
+            with urllib.request.urlopen(
+                f"{api}/query?query={urllib.parse.quote(target['expr'])}", timeout=10
+            ) as r:
+                assert json.load(r)["status"] == "success", (panel["title"], target["expr"])
 
 
 def test_readyz_and_pinned_version(stack: RunningStack) -> None:
