@@ -22,6 +22,7 @@ from prometheus_client import Counter
 
 from .client import ApiClient
 from .clock import SYSTEM_CLOCK, Clock
+from .debug import FAILURES
 from .events import EventRecorder
 from .informer import SharedInformerFactory
 from .logs import get_logger
@@ -46,15 +47,18 @@ async def worker(queue: WorkQueue[K], sync: Sync[K]) -> None:
             again = await sync(key)
         except Exception as exc:
             errors.inc()
+            error = str(exc) or type(exc).__name__
+            retries = queue.num_requeues(key)
             log.warning(
                 "sync failed, requeued with backoff",
                 queue=queue.name,
                 key=str(key),
-                retries=queue.num_requeues(key),
-                error=str(exc) or type(exc).__name__,
+                retries=retries,
+                error=error,
             )
-            queue.add_rate_limited(key)
+            FAILURES.failed(queue.name, str(key), error, retries + 1, queue.add_rate_limited(key))
         else:
+            FAILURES.succeeded(queue.name, str(key))
             queue.forget(key)
             if again is not None:
                 queue.add_after(key, again)

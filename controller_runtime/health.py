@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
 
+from .debug import FAILURES
 from .logs import get_logger
 
 log = get_logger("health")
@@ -75,12 +76,16 @@ class HealthServer:
         # 503: not ready is a temporary refusal to serve, not a failure.
         return await self._report({**self._liveness, **self._readiness}, 503)
 
+    async def _queues(self, _: web.Request) -> web.Response:
+        return web.json_response(FAILURES.snapshot())
+
     async def start(self) -> None:
         app = web.Application()
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/livez", self._healthz)
         app.router.add_get("/readyz", self._readyz)
+        app.router.add_get("/debug/queues", self._queues)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)

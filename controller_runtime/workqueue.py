@@ -182,9 +182,12 @@ class WorkQueue(Generic[K]):
         self.add(key)
         self._check_idle()
 
-    def add_rate_limited(self, key: K) -> None:
+    def add_rate_limited(self, key: K) -> float:
+        """Adds `key` after its rate limiter's delay; returns the delay."""
         self._retries.inc()
-        self.add_after(key, self.rate_limiter.when(key))
+        delay = self.rate_limiter.when(key)
+        self.add_after(key, delay)
+        return delay
 
     def forget(self, key: K) -> None:
         self.rate_limiter.forget(key)

@@ -61,6 +61,9 @@ class Report:
     steps: list[Step]
     waiting: list[Waiting]
     events: list[Obj]
+    # What the components' queues are retrying about the chain (kubectl_kubeloop.retries), filled
+    # by the caller: reading it is not this module's business.
+    retries: list[Any] = field(default_factory=list)
 
     def to_json(self, now: dt.datetime) -> dict[str, Any]:
         return {
@@ -70,6 +73,7 @@ class Report:
             "chain": [vars(link) for link in self.chain],
             "steps": [{**vars(s), "seconds": s.seconds(now)} for s in self.steps],
             "waiting": [vars(w) for w in self.waiting],
+            "retries": [vars(r) for r in self.retries],
             "events": [
                 {
                     "time": event_time(e),
@@ -150,6 +154,16 @@ def _provisioner(claim: Obj) -> str:
 
 def _latest(events: list[Obj]) -> Obj | None:
     return events[-1] if events else None
+
+
+def chain_keys(snap: Snapshot) -> set[str]:
+    """The work queue keys the chain's objects may have: claims and pods as namespace/name, PVs and
+    VolumeAttachments by name, and each by UID (the provisioner's claims queue)."""
+    objects = [snap.claim, *snap.pods, *snap.attachments, *([snap.volume] if snap.volume else [])]
+    keys = {str(o["metadata"].get("uid", "")) for o in objects}
+    keys |= {f"{snap.namespace}/{o['metadata']['name']}" for o in [snap.claim, *snap.pods]}
+    keys |= {str(o["metadata"]["name"]) for o in [*snap.attachments, *([snap.volume] if snap.volume else [])]}
+    return keys - {""}
 
 
 def diagnose(snap: Snapshot) -> Report:

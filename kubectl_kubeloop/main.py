@@ -17,8 +17,8 @@ from collections.abc import Sequence
 
 from controller_runtime.client import ApiClient, ApiError
 
-from . import volumes
-from .diagnose import diagnose
+from . import retries, volumes
+from .diagnose import chain_keys, diagnose
 from .render import describe
 from .snapshot import take
 
@@ -61,6 +61,7 @@ async def _describe(api: ApiClient, args: argparse.Namespace) -> int:
     while True:
         snap = await take(api, args.namespace, args.name)
         report = diagnose(snap)
+        report.retries = await retries.gather(api, _kubeconfig(args.kubeconfig), chain_keys(snap))
         if args.output == "json":
             text = json.dumps(report.to_json(snap.now), indent=2) + "\n"
         else:

@@ -40,6 +40,13 @@ def describe(report: Report, now: dt.datetime) -> str:
         lines.append("Waiting:")
         for w in report.waiting:
             lines.append(f"  {w.component}: {w.reason}")
+    if report.retries:
+        lines.append("")
+        lines.append("Retrying:")
+        for r in report.retries:
+            upcoming = _duration(r.next_retry_in)
+            where = f"{r.component} ({r.queue}) {r.key}"
+            lines.append(f"  {where}: attempt {r.retries}, next in {upcoming}: {r.error}")
     lines.append("")
     lines.append("Events:")
     if not report.events:

@@ -640,13 +640,16 @@ class Components:
             raise
 
     def status(self) -> dict[str, dict[str, object]]:
-        """Per instance: pid, running, supervised restarts and the last exit code, for status reports."""
+        """Per instance: pid, running, supervised restarts, the last exit code and its HTTP endpoint
+        (metrics, health, /debug/queues, which `kubectl kubeloop describe` reads), for status reports."""
+        ports = {i.name: i.http_port for i in instances(self.components, self.nodes)}
         return {
             name: {
                 "pid": proc.pid,
                 "running": proc.running,
                 "restarts": proc.restarts,
                 "last_exit_code": proc.last_exit_code,
+                "http_endpoint": f"127.0.0.1:{ports[name]}" if ports.get(name) else "",
             }
             for name, proc in self.processes.items()
         }

@@ -9,8 +9,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -141,7 +143,7 @@ async def test_no_matching_volume_and_nothing_to_provision_from(stack: StorageSt
 
 
 async def test_provisioning_that_fails_names_the_provisioner_and_its_error(
-    stack: StorageStack, namespace: str
+    stack: StorageStack, namespace: str, tmp_path: Path
 ) -> None:
     name = f"bad-{namespace}"
     await stack.api.create(
@@ -157,6 +159,27 @@ async def test_provisioning_that_fails_names_the_provisioner_and_its_error(
         report = await wait_waiting(stack, namespace, "c", "external-provisioner", "provisioning fails")
         assert "ntfs" in report["waiting"][0]["reason"]
         _, text, _ = await plugin(stack, "describe", "pvc", "c", "-n", namespace)
+        # Beside a kubeconfig whose directory has the launcher's status.json (as `make up` writes
+        # it), the plugin reads the components' /debug/queues: the provisioner is retrying the claim.
+        home = tmp_path / "home"
+        home.mkdir()
+        shutil.copy(stack.cp.admin_kubeconfig, home / "kubeconfig")
+        (home / "status.json").write_text(json.dumps({"components": stack.components.status()}))
+        _, out, _ = await plugin(
+            stack,
+            f"--kubeconfig={home / 'kubeconfig'}",
+            "describe",
+            "pvc",
+            "c",
+            "-n",
+            namespace,
+            "-o",
+            "json",
+        )
+        claim_uid = (await stack.api.get(PERSISTENT_VOLUME_CLAIMS, "c", namespace))["metadata"]["uid"]
+        retried = [r for r in json.loads(out)["retries"] if r["key"] == claim_uid]  # its queue's key
+        assert retried and retried[0]["component"] == "external-provisioner" and "ntfs" in retried[0]["error"]
+        assert retried[0]["retries"] >= 1 and retried[0]["next_retry_in"] >= 0
         assert (
             "Status:  STUCK" in text and f"external-provisioner ({DRIVER_NAME}): provisioning fails" in text
         )
