@@ -257,3 +257,30 @@ async def test_an_unknown_volume_attributes_class(stack: StorageStack, namespace
 async def test_a_claim_that_does_not_exist_is_kubectls_not_found(stack: StorageStack, namespace: str) -> None:
     code, _, err = await plugin(stack, "describe", "pvc", "nothing-here", "-n", namespace)
     assert code == 1 and 'persistentvolumeclaims "nothing-here" not found' in err
+
+
+async def test_watch_prints_the_story_again_when_it_changes(
+    stack: StorageStack, namespace: str, tmp_path: Path
+) -> None:
+    await stack.api.create(PERSISTENT_VOLUME_CLAIMS, claim_body("later"), namespace)
+    env = {**os.environ, "KUBECONFIG": str(stack.cp.admin_kubeconfig)}
+    printed = tmp_path / "watch.txt"
+    with printed.open("wb") as out:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "kubectl_kubeloop.main", "describe", "pvc", "later", "-n", namespace,
+            "--watch", "--interval=0.5", stdout=out, env=env, cwd=REPO_ROOT,
+        )  # fmt: skip
+    try:
+
+        async def says(words: str) -> bool:
+            return words in await asyncio.to_thread(printed.read_text)
+
+        await wait_for(lambda: says("Phase:   Bound"), 60, "the claim bound in a description")
+        await stack.pod(namespace, "consumer", "node-a", "later")
+        await wait_for(lambda: says("Pod/consumer: Running, Ready"), 60, "a description with the pod running")
+        text = await asyncio.to_thread(printed.read_text)
+        assert text.count("Claim:   ") >= 2 and "\n--- " in text
+        assert proc.returncode is None, "--watch keeps following the claim"
+    finally:
+        proc.terminate()
+        await asyncio.wait_for(proc.wait(), 10)
