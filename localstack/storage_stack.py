@@ -32,6 +32,7 @@ from controller_runtime.csi_client import CSIConnection
 from controller_runtime.resources import (
     CSI_DRIVERS,
     CSI_NODES,
+    CSI_STORAGE_CAPACITIES,
     EVENTS,
     PERSISTENT_VOLUME_CLAIMS,
     PERSISTENT_VOLUMES,
@@ -42,6 +43,7 @@ from controller_runtime.resources import (
 from controller_runtime.resources import NODES as NODE_OBJECTS
 from controller_runtime.volumes import va_name
 from csi_driver import DRIVER_NAME
+from external_provisioner.names import CAPACITY_LABEL_DRIVER
 from kubeloop_grpc.csi import csi_pb2
 from localstack.components import Component, ComponentContext, Components, Instance, registry
 from localstack.controlplane import ControlPlane
@@ -59,6 +61,7 @@ STORAGE_COMPONENTS = (
     "attach-detach-controller",
 )
 Mode = csi_pb2.VolumeCapability.AccessMode.Mode
+CAPACITY_NAMESPACE = "kube-system"  # where the stack's provisioners publish (their --capacity-namespace)
 
 
 def require_root() -> None:
@@ -209,6 +212,18 @@ class StorageStack:
         except ApiError as exc:
             if not exc.not_found:
                 raise
+        # Nor the CSIStorageCapacity objects its provisioners published: they have no owner here
+        # (--capacity-ownerref-level=-1), and a later stack's scheduler would place pods by them.
+        published = f"{CAPACITY_LABEL_DRIVER}={DRIVER_NAME}"
+        items, _ = await self.api.list_all(
+            CSI_STORAGE_CAPACITIES, CAPACITY_NAMESPACE, labelSelector=published
+        )
+        for item in items:
+            try:
+                await self.api.delete(CSI_STORAGE_CAPACITIES, item["metadata"]["name"], CAPACITY_NAMESPACE)
+            except ApiError as exc:
+                if not exc.not_found:
+                    raise
 
     async def kill9(self, name: str, restart: bool = True) -> None:
         """SIGKILL to the process group, as a crash, then (unless told not to) start it again; a

@@ -90,12 +90,7 @@ async def stack(control_plane: ControlPlane, api: ApiClient) -> AsyncIterator[St
         yield s
     finally:
         await s.stop()
-        await api.delete(STORAGE_CLASSES, XFS)
-        # The capacity objects have no owner here (--capacity-ownerref-level=-1): they would outlive
-        # the nodes and mislead the scheduler in a later module's cluster.
-        items, _ = await api.list_all(CSI_STORAGE_CAPACITIES, CAPACITY_NAMESPACE)
-        for item in items:
-            await api.delete(CSI_STORAGE_CAPACITIES, item["metadata"]["name"], CAPACITY_NAMESPACE)
+        await api.delete(STORAGE_CLASSES, XFS)  # its capacity objects went with the stack
 
 
 # -- helpers -----------------------------------------------------------------------------------------
