@@ -11,7 +11,7 @@ import yaml
 
 from controller_runtime.toolchain import REPO_ROOT
 from localstack.controlplane import ControlPlane
-from localstack.snapshotter import snapshot_crds
+from localstack.snapshotter import snapshot_crds, snapshot_metadata_crd
 
 from .test_provisioner_support import kubectl
 
@@ -27,6 +27,7 @@ VS = "volumesnapshots.snapshot.storage.k8s.io"
 VSC = "volumesnapshotcontents.snapshot.storage.k8s.io"
 VGS = "volumegroupsnapshots.groupsnapshot.storage.k8s.io"
 VGSC = "volumegroupsnapshotcontents.groupsnapshot.storage.k8s.io"
+SMS = "snapshotmetadataservices.cbt.storage.k8s.io"  # external-snapshot-metadata's CRD
 VAC = "volumeattributesclasses.storage.k8s.io"
 
 # What no storage component may ever do.
@@ -145,6 +146,15 @@ MUST_NOT: dict[str, list[Check]] = {
         ("create", "persistentvolumes", ""),
         ("get", "secrets", "kube-system"),
     ],
+    # external-snapshot-metadata's sidecar and its init container: reviews, and snapshots to read.
+    "kubeloop-csi-snapshot-metadata": [
+        ("delete", SMS, ""),
+        ("list", SMS, ""),
+        ("update", VSC, ""),
+        ("create", VS, "default"),
+        ("delete", "persistentvolumes", ""),
+        ("get", "secrets", "kube-system"),
+    ],
 }
 
 MUST: dict[str, list[Check]] = {
@@ -184,6 +194,13 @@ MUST: dict[str, list[Check]] = {
         ("update", VGS, "default"),
     ],
     "kubeloop-csi-snapshotter": [("update", VSC, ""), ("get", LEASES, "kube-system"), ("update", VGSC, "")],
+    "kubeloop-csi-snapshot-metadata": [
+        ("create", "tokenreviews.authentication.k8s.io", ""),
+        ("create", "subjectaccessreviews.authorization.k8s.io", ""),
+        ("get", VS, "default"),
+        ("get", VSC, ""),
+        ("create", SMS, ""),
+    ],
 }
 
 
@@ -214,9 +231,10 @@ async def can_i(cp: ControlPlane, sa: str, check: Check, gate: asyncio.Semaphore
 
 
 async def test_components_cannot_do_what_they_must_not(control_plane: ControlPlane) -> None:
-    for path in [*snapshot_crds(), *sorted((REPO_ROOT / "deploy" / "rbac").glob("*.yaml"))]:
+    crds = [*snapshot_crds(), snapshot_metadata_crd()]
+    for path in [*crds, *sorted((REPO_ROOT / "deploy" / "rbac").glob("*.yaml"))]:
         await kubectl(control_plane, "apply", "-f", str(path))
-    for crd in snapshot_crds():
+    for crd in crds:
         await kubectl(control_plane, "wait", "--for=condition=established", "--timeout=60s", "-f", str(crd))
     # Every ServiceAccount deploy/rbac declares is checked (node-deployment.yaml declares none: it
     # adds node-local mode's rights to the accounts of other files).
