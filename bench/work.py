@@ -11,7 +11,6 @@ counted by the driver (`csi_operations_seconds_count`), which only the side unde
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 from collections import Counter
 from collections.abc import Mapping
@@ -19,21 +18,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
 
 from localstack.controlplane import ControlPlane
 
-_SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)\{(?P<labels>[^}]*)\} (?P<value>\S+)")
-_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
-
 
 def samples(text: str, metric: str) -> list[tuple[dict[str, str], float]]:
-    """The labelled samples of one metric in Prometheus' text format."""
-    out = []
-    for line in text.splitlines():
-        m = _SAMPLE.match(line)
-        if m and m["name"] == metric:
-            out.append((dict(_LABEL.findall(m["labels"])), float(m["value"])))
-    return out
+    """The labelled samples named `metric` in Prometheus' text format (prometheus_client's parser,
+    as `kubectl kubeloop get volumes` reads a node's metrics)."""
+    return [
+        (dict(s.labels), float(s.value))
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == metric
+    ]
 
 
 def api_requests(text: str) -> Counter[str]:
