@@ -39,11 +39,15 @@ def is_temp_name(name: str) -> bool:
     return name.startswith(".") and name.endswith(_TEMP_SUFFIX)
 
 
-def write_atomic(path: str | Path, data: bytes, *, durable: bool = True, mode: int = 0o600) -> None:
+def write_atomic(
+    path: str | Path, data: bytes, *, durable: bool = True, mode: int = 0o600, sync_dir: bool = True
+) -> None:
     """Replaces `path` with `data`: a crash leaves the old content or the new, never a torn file.
 
     The file is created with `mode` (never briefly more open). `durable=False` skips the fsyncs,
-    for content whose loss on power failure is harmless.
+    for content whose loss on power failure is harmless. `sync_dir=False` leaves the directory's
+    fsync (which makes the rename durable) to a caller that writes several files in it and syncs
+    it once for all of them.
     """
     tmp = temp_name(path)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
@@ -61,7 +65,7 @@ def write_atomic(path: str | Path, data: bytes, *, durable: bool = True, mode: i
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
-    if durable:
+    if durable and sync_dir:
         fsync_dir(os.path.dirname(os.path.abspath(path)))
 
 
