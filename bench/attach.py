@@ -92,6 +92,10 @@ class Pass:
     # (the shared node side's included, the same on both sides), in total and by verb and resource.
     api_requests_per_op: float = math.nan
     api_requests: dict[str, float] = dataclasses.field(default_factory=dict)
+    # The apiserver's mean time serving each kind of request (ms): its share of their latency.
+    api_server_ms: dict[str, float] = dataclasses.field(default_factory=dict)
+    # The mean wait for a seat in the apiserver's flow control, by priority level (ms).
+    flow_control_wait_ms: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 def kubeloop_side(qps: float, burst: int) -> list[Component]:
@@ -347,6 +351,8 @@ async def run_side(
         {"mount": t.mount_cpu.spent, "detach": t.detach_cpu.spent},
         counted["api_requests_per_op"],
         counted["api_requests"],
+        counted["api_server_ms"],
+        counted["flow_control_wait_ms"],
     )
 
 

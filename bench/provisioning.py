@@ -108,6 +108,10 @@ class Run:
     csi_calls_per_op: float = math.nan
     api_requests: dict[str, float] = field(default_factory=dict)
     csi_calls: dict[str, float] = field(default_factory=dict)
+    # The apiserver's mean time serving each kind of request (ms): its share of their latency.
+    api_server_ms: dict[str, float] = field(default_factory=dict)
+    # The mean wait for a seat in the apiserver's flow control, by priority level (ms).
+    flow_control_wait_ms: dict[str, float] = field(default_factory=dict)
 
 
 def go_binary() -> Path:

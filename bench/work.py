@@ -34,16 +34,41 @@ def samples(text: str, metric: str) -> list[tuple[dict[str, str], float]]:
     ]
 
 
+def _kind(labels: dict[str, str]) -> str:
+    resource = labels.get("resource", "")
+    if labels.get("subresource"):
+        resource += "/" + labels["subresource"]
+    return f"{labels.get('verb', '?')} {resource or labels.get('path', '?')}"
+
+
 def api_requests(text: str) -> Counter[str]:
     """Requests served, by `VERB resource[/subresource]` (WATCH and LIST apart, as the apiserver
     counts them)."""
     counts: Counter[str] = Counter()
     for labels, value in samples(text, "apiserver_request_total"):
-        resource = labels.get("resource", "")
-        if labels.get("subresource"):
-            resource += "/" + labels["subresource"]
-        counts[f"{labels.get('verb', '?')} {resource or labels.get('path', '?')}"] += int(value)
+        counts[_kind(labels)] += int(value)
     return counts
+
+
+def api_seconds(text: str) -> Counter[str]:
+    """Seconds the apiserver spent serving requests, by the same kinds: the server's share of a
+    request's latency, apart from the client's (its limiter, its connections, its own CPU)."""
+    seconds: Counter[str] = Counter()
+    for labels, value in samples(text, "apiserver_request_duration_seconds_sum"):
+        seconds[_kind(labels)] += value  # type: ignore[assignment]
+    return seconds
+
+
+def flow_control_waits(text: str) -> tuple[Counter[str], Counter[str]]:
+    """Requests and the seconds they waited in API Priority and Fairness' queues before being
+    served, by priority level (an exempt request waits for none)."""
+    waits: Counter[str] = Counter()
+    seconds: Counter[str] = Counter()
+    for labels, value in samples(text, "apiserver_flowcontrol_request_wait_duration_seconds_count"):
+        waits[labels.get("priority_level", "?")] += int(value)
+    for labels, value in samples(text, "apiserver_flowcontrol_request_wait_duration_seconds_sum"):
+        seconds[labels.get("priority_level", "?")] += value  # type: ignore[assignment]
+    return waits, seconds
 
 
 def csi_calls(text: str) -> Counter[str]:
@@ -73,18 +98,38 @@ async def http_metrics(endpoint: str) -> str:
 
 
 @dataclass
+class Reading:
+    """One scrape's counters, all cumulative; `Reading - Reading` is what was served between."""
+
+    api: Counter[str] = field(default_factory=Counter)  # requests by kind
+    api_s: Counter[str] = field(default_factory=Counter)  # seconds serving them, by kind
+    csi: Counter[str] = field(default_factory=Counter)  # driver calls by method
+    waits: Counter[str] = field(default_factory=Counter)  # flow-control waits by priority level
+    waits_s: Counter[str] = field(default_factory=Counter)  # seconds waited, by priority level
+
+    def __sub__(self, before: Reading) -> Reading:
+        return Reading(
+            self.api - before.api,
+            self.api_s - before.api_s,
+            self.csi - before.csi,
+            self.waits - before.waits,
+            self.waits_s - before.waits_s,
+        )
+
+
+@dataclass
 class WorkCounts:
-    """What was served between `start` and `stop`: API requests and CSI calls by kind."""
+    """What was served between `start` and `stop`: API requests and CSI calls by kind, the
+    apiserver's time serving them, and the time they waited for a seat in its flow control."""
 
     cp: ControlPlane
     driver_endpoint: str | None = None
-    api: Counter[str] = field(default_factory=Counter)
-    csi: Counter[str] = field(default_factory=Counter)
+    served: Reading = field(default_factory=Reading)
 
-    async def _read(self) -> tuple[Counter[str], Counter[str]]:
-        api = api_requests(await apiserver_metrics(self.cp))
+    async def _read(self) -> Reading:
+        text = await apiserver_metrics(self.cp)
         csi = csi_calls(await http_metrics(self.driver_endpoint)) if self.driver_endpoint else Counter()
-        return api, csi
+        return Reading(api_requests(text), api_seconds(text), csi, *flow_control_waits(text))
 
     async def start(self) -> None:
         self._before = await self._read()
@@ -95,23 +140,32 @@ class WorkCounts:
         the operation is done (client-go's broadcaster) is then counted as fully as one that
         writes them inline."""
         deadline = time.monotonic() + limit_s
-        api, csi = await self._read()
+        last = await self._read()
         while time.monotonic() < deadline:
             await asyncio.sleep(quiet_s)
-            later, csi = await self._read()
-            if _writes(later) == _writes(api):
+            later = await self._read()
+            settled = _writes(later.api) == _writes(last.api)
+            last = later
+            if settled:
                 break
-            api = later
-        self.api = api - self._before[0]
-        self.csi = csi - self._before[1]
+        self.served = last - self._before
 
     def figures(self, operations: int) -> dict[str, Any]:
         """Totals per operation (figures the method summarises) and the breakdowns behind them."""
+        s = self.served
         return {
-            "api_requests_per_op": round(sum(self.api.values()) / operations, 2),
-            "csi_calls_per_op": round(sum(self.csi.values()) / operations, 2),
-            "api_requests": per_op(self.api, operations),
-            "csi_calls": per_op(self.csi, operations),
+            "api_requests_per_op": round(sum(s.api.values()) / operations, 2),
+            "csi_calls_per_op": round(sum(s.csi.values()) / operations, 2),
+            "api_requests": per_op(s.api, operations),
+            "csi_calls": per_op(s.csi, operations),
+            "api_server_ms": {
+                kind: round(1000 * s.api_s[kind] / s.api[kind], 1)
+                for kind in per_op(s.api, operations)
+                if not kind.startswith("WATCH")  # a watch lasts as long as its client keeps it
+            },
+            "flow_control_wait_ms": {
+                level: round(1000 * s.waits_s[level] / n, 1) for level, n in s.waits.most_common() if n
+            },
         }
 
 
