@@ -6,36 +6,58 @@ from collections import Counter
 
 from bench.work import Reading, WorkCounts, api_requests, api_seconds, csi_calls, flow_control_waits
 
-APISERVER = """\
-# HELP apiserver_request_total Counter of apiserver requests.
-# TYPE apiserver_request_total counter
-apiserver_request_total{code="201",component="apiserver",dry_run="",group="",resource="persistentvolumes",scope="resource",subresource="",verb="POST",version="v1"} 10
-apiserver_request_total{code="409",component="apiserver",dry_run="",group="",resource="persistentvolumes",scope="resource",subresource="",verb="POST",version="v1"} 2
-apiserver_request_total{code="200",component="apiserver",dry_run="",group="",resource="persistentvolumeclaims",scope="resource",subresource="status",verb="PUT",version="v1"} 4
-apiserver_request_total{code="200",component="apiserver",dry_run="",group="",resource="",scope="",subresource="",verb="GET",version="",path="/healthz"} 3
-# HELP apiserver_request_duration_seconds Response latency.
-# TYPE apiserver_request_duration_seconds histogram
-apiserver_request_duration_seconds_bucket{component="apiserver",dry_run="",group="",resource="persistentvolumes",scope="resource",subresource="",verb="POST",version="v1",le="+Inf"} 12
-apiserver_request_duration_seconds_sum{component="apiserver",dry_run="",group="",resource="persistentvolumes",scope="resource",subresource="",verb="POST",version="v1"} 0.24
-apiserver_request_duration_seconds_count{component="apiserver",dry_run="",group="",resource="persistentvolumes",scope="resource",subresource="",verb="POST",version="v1"} 12
-apiserver_request_duration_seconds_sum{component="apiserver",dry_run="",group="",resource="persistentvolumeclaims",scope="resource",subresource="status",verb="PUT",version="v1"} 0.02
-apiserver_request_duration_seconds_count{component="apiserver",dry_run="",group="",resource="persistentvolumeclaims",scope="resource",subresource="status",verb="PUT",version="v1"} 4
-# HELP apiserver_flowcontrol_request_wait_duration_seconds Length of time a request spent waiting in its queue
-# TYPE apiserver_flowcontrol_request_wait_duration_seconds histogram
-apiserver_flowcontrol_request_wait_duration_seconds_bucket{execute="true",flow_schema="service-accounts",priority_level="workload-low",le="+Inf"} 8
-apiserver_flowcontrol_request_wait_duration_seconds_sum{execute="true",flow_schema="service-accounts",priority_level="workload-low"} 0.4
-apiserver_flowcontrol_request_wait_duration_seconds_count{execute="true",flow_schema="service-accounts",priority_level="workload-low"} 8
-apiserver_flowcontrol_request_wait_duration_seconds_sum{execute="false",flow_schema="service-accounts",priority_level="workload-low"} 0.0
-apiserver_flowcontrol_request_wait_duration_seconds_count{execute="false",flow_schema="service-accounts",priority_level="workload-low"} 2
-"""
 
-DRIVER = """\
-# HELP csi_operations_seconds Duration of CSI calls.
-# TYPE csi_operations_seconds histogram
-csi_operations_seconds_count{driver_name="loop.csi.kubeloop.dev",grpc_status_code="OK",method_name="/csi.v1.Controller/CreateVolume"} 10
-csi_operations_seconds_count{driver_name="loop.csi.kubeloop.dev",grpc_status_code="Aborted",method_name="/csi.v1.Controller/CreateVolume"} 1
-csi_operations_seconds_sum{driver_name="loop.csi.kubeloop.dev",grpc_status_code="OK",method_name="/csi.v1.Controller/CreateVolume"} 0.5
-"""
+def line(name: str, value: float, **labels: str) -> str:
+    return name + "{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "} " + str(value)
+
+
+def req(verb: str, resource: str, subresource: str = "", **more: str) -> dict[str, str]:
+    return {"component": "apiserver", "group": "", "resource": resource, "scope": "resource",
+            "subresource": subresource, "verb": verb, "version": "v1", **more}  # fmt: skip
+
+
+PV_POST = req("POST", "persistentvolumes")
+PVC_STATUS = req("PUT", "persistentvolumeclaims", "status")
+HEALTHZ = {"verb": "GET", "resource": "", "subresource": "", "path": "/healthz"}
+WAIT = "apiserver_flowcontrol_request_wait_duration_seconds"
+LOW = {"flow_schema": "service-accounts", "priority_level": "workload-low"}
+APISERVER = (
+    "\n".join(
+        [
+            "# TYPE apiserver_request_total counter",
+            line("apiserver_request_total", 10, code="201", **PV_POST),
+            line("apiserver_request_total", 2, code="409", **PV_POST),
+            line("apiserver_request_total", 4, code="200", **PVC_STATUS),
+            line("apiserver_request_total", 3, code="200", **HEALTHZ),
+            "# TYPE apiserver_request_duration_seconds histogram",
+            line("apiserver_request_duration_seconds_bucket", 12, le="+Inf", **PV_POST),
+            line("apiserver_request_duration_seconds_sum", 0.24, **PV_POST),
+            line("apiserver_request_duration_seconds_count", 12, **PV_POST),
+            line("apiserver_request_duration_seconds_sum", 0.02, **PVC_STATUS),
+            line("apiserver_request_duration_seconds_count", 4, **PVC_STATUS),
+            f"# TYPE {WAIT} histogram",
+            line(f"{WAIT}_bucket", 8, execute="true", le="+Inf", **LOW),
+            line(f"{WAIT}_sum", 0.4, execute="true", **LOW),
+            line(f"{WAIT}_count", 8, execute="true", **LOW),
+            line(f"{WAIT}_sum", 0.0, execute="false", **LOW),
+            line(f"{WAIT}_count", 2, execute="false", **LOW),
+        ]
+    )
+    + "\n"
+)
+
+CREATE = "/csi.v1.Controller/CreateVolume"
+DRIVER = (
+    "\n".join(
+        [
+            "# TYPE csi_operations_seconds histogram",
+            line("csi_operations_seconds_count", 10, grpc_status_code="OK", method_name=CREATE),
+            line("csi_operations_seconds_count", 1, grpc_status_code="Aborted", method_name=CREATE),
+            line("csi_operations_seconds_sum", 0.5, grpc_status_code="OK", method_name=CREATE),
+        ]
+    )
+    + "\n"
+)
 
 
 def test_requests_and_server_time_by_kind() -> None:
