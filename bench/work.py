@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,42 +41,41 @@ def _kind(labels: dict[str, str]) -> str:
     return f"{labels.get('verb', '?')} {resource or labels.get('path', '?')}"
 
 
+def totals(text: str, metric: str, key: Callable[[dict[str, str]], str]) -> Counter[str]:
+    """The samples of `metric` summed by `key` of their labels (counts stay whole numbers)."""
+    sums: Counter[str] = Counter()
+    for labels, value in samples(text, metric):
+        sums[key(labels)] += value  # type: ignore[assignment]  # Counter holds floats as well
+    return sums
+
+
+def _label(name: str) -> Callable[[dict[str, str]], str]:
+    return lambda labels: labels.get(name, "?")
+
+
 def api_requests(text: str) -> Counter[str]:
     """Requests served, by `VERB resource[/subresource]` (WATCH and LIST apart, as the apiserver
     counts them)."""
-    counts: Counter[str] = Counter()
-    for labels, value in samples(text, "apiserver_request_total"):
-        counts[_kind(labels)] += int(value)
-    return counts
+    return totals(text, "apiserver_request_total", _kind)
 
 
 def api_seconds(text: str) -> Counter[str]:
     """Seconds the apiserver spent serving requests, by the same kinds: the server's share of a
     request's latency, apart from the client's (its limiter, its connections, its own CPU)."""
-    seconds: Counter[str] = Counter()
-    for labels, value in samples(text, "apiserver_request_duration_seconds_sum"):
-        seconds[_kind(labels)] += value  # type: ignore[assignment]
-    return seconds
+    return totals(text, "apiserver_request_duration_seconds_sum", _kind)
 
 
 def flow_control_waits(text: str) -> tuple[Counter[str], Counter[str]]:
     """Requests and the seconds they waited in API Priority and Fairness' queues before being
     served, by priority level (an exempt request waits for none)."""
-    waits: Counter[str] = Counter()
-    seconds: Counter[str] = Counter()
-    for labels, value in samples(text, "apiserver_flowcontrol_request_wait_duration_seconds_count"):
-        waits[labels.get("priority_level", "?")] += int(value)
-    for labels, value in samples(text, "apiserver_flowcontrol_request_wait_duration_seconds_sum"):
-        seconds[labels.get("priority_level", "?")] += value  # type: ignore[assignment]
-    return waits, seconds
+    wait = "apiserver_flowcontrol_request_wait_duration_seconds"
+    level = _label("priority_level")
+    return totals(text, f"{wait}_count", level), totals(text, f"{wait}_sum", level)
 
 
 def csi_calls(text: str) -> Counter[str]:
     """Calls the driver served, by method (every status code)."""
-    counts: Counter[str] = Counter()
-    for labels, value in samples(text, "csi_operations_seconds_count"):
-        counts[labels.get("method_name", "?")] += int(value)
-    return counts
+    return totals(text, "csi_operations_seconds_count", _label("method_name"))
 
 
 async def apiserver_metrics(cp: ControlPlane) -> str:
@@ -144,10 +143,9 @@ class WorkCounts:
         while time.monotonic() < deadline:
             await asyncio.sleep(quiet_s)
             later = await self._read()
-            settled = _writes(later.api) == _writes(last.api)
+            if _writes(later.api) == _writes(last.api):
+                break  # settled: the reading before the quiet spell is the count
             last = later
-            if settled:
-                break
         self.served = last - self._before
 
     def figures(self, operations: int) -> dict[str, Any]:
