@@ -12,6 +12,9 @@ Writes that arrive together are committed together (group commit): each caller's
 batch that one thread carries out, in order, with one directory fsync for every durable write in
 it, and each caller returns once its own change is on disk. A burst of 1,000 claims took two
 thread hops and one directory fsync per claim before, 0.37 ms of the provisioner's CPU per claim.
+A change that needs no fsync (a removal, an unsynced update) and finds no batch pending is carried
+out at once on the caller's thread: under the client's QPS limit claims finish one at a time, and
+a thread hop there cost more than the unlink it carried (0.07 ms against tens of microseconds).
 """
 
 from __future__ import annotations
@@ -114,6 +117,14 @@ class Journal:
             await self._commit(_Change(self._path(uid), None, durable=False))
 
     async def _commit(self, change: _Change) -> None:
+        if not change.durable and not self._changes and (self._committing is None or self._committing.done()):
+            # Nothing to wait for and nothing to order behind: an unlink or an unsynced write
+            # takes tens of microseconds, less than the two thread hops of a batch (claims that
+            # come one at a time, as under the client's QPS limit, would each pay them).
+            error = self._carry_out([change])[0]
+            if error is not None:
+                raise error
+            return
         self._changes.append(change)
         if self._committing is None or self._committing.done():
             self._committing = asyncio.get_running_loop().create_task(self._commit_batches())

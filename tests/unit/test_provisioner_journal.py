@@ -101,3 +101,35 @@ async def test_a_cancelled_caller_leaves_its_change_to_the_batch(tmp_path: Path)
         await put
     await journal.put(entry("after"))  # committed after the cancelled caller's batch
     assert sorted(e.uid for e in Journal(tmp_path / "j").load()) == ["after", "c"]
+
+
+async def test_a_lone_removal_skips_the_thread_but_waits_behind_a_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    journal = Journal(tmp_path / "j")
+    journal.load()
+    batches: list[int] = []
+    real = journal._carry_out
+
+    def counting(batch: list[journal_module._Change]) -> list[Exception | None]:
+        batches.append(len(batch))
+        return real(batch)
+
+    monkeypatch.setattr(journal, "_carry_out", counting)
+    hops = 0
+    to_thread = asyncio.to_thread
+
+    async def hop(*args: object) -> object:
+        nonlocal hops
+        hops += 1
+        return await to_thread(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(asyncio, "to_thread", hop)
+    await asyncio.gather(journal.put(entry("a")), journal.put(entry("b")))
+    assert hops == 1  # the durable writes: one batch on the thread
+    await journal.remove("a")  # nothing in flight: carried out right away, no thread hop
+    assert hops == 1 and not (tmp_path / "j" / "a.json").exists()
+    # Behind a pending batch, a removal joins it rather than overtake it.
+    await asyncio.gather(journal.put(entry("c")), journal.remove("b"))
+    assert hops == 2 and batches[-1] == 2
+    assert sorted(e.uid for e in Journal(tmp_path / "j").load()) == ["c"]
