@@ -101,6 +101,11 @@ def _is_managed(node: Obj) -> bool:
     return ANN_CONTROLLER_MANAGED in (node.get("metadata", {}).get("annotations") or {})
 
 
+def _va_state(va: Obj) -> tuple[Any, Any]:
+    """What a pass reads of a VA that can change after it is created: its status and deletion."""
+    return va.get("status"), va["metadata"].get("deletionTimestamp")
+
+
 def _in_use(node: Obj) -> set[str]:
     return set((node.get("status") or {}).get("volumesInUse") or ())
 
@@ -158,11 +163,10 @@ class AttachDetachController(InformerController):
             EventHandler(self._pv_changed, lambda _o, n: self._pv_changed(n), self._pv_changed)
         )
         self.nodes.add_handler(EventHandler(self._node_added, self._node_updated, self._node_deleted))
-        # A VA that became attached or went away changes the node status or unblocks an attach.
+        # A VA that came, became attached, failed or went away changes the node status or
+        # unblocks an attach; the external-attacher's finalizer write changes nothing a pass reads.
         self.vas.add_handler(
-            EventHandler(
-                lambda _o: self._wake.set(), lambda _o, _n: self._wake.set(), lambda _o: self._wake.set()
-            )
+            EventHandler(lambda _o: self._wake.set(), self._va_updated, lambda _o: self._wake.set())
         )
         self._wake = asyncio.Event()
         self.deciding = CpuMeter()  # the CPU a pass spends deciding (paces the passes)
@@ -215,12 +219,26 @@ class AttachDetachController(InformerController):
         self._node_seen(node)
         self._node_changed(node)
 
+    def _va_updated(self, old: Obj, new: Obj) -> None:
+        if _va_state(old) != _va_state(new):
+            self._wake.set()
+
     def _node_updated(self, old: Obj, new: Obj) -> None:
         was_managed = self.desired.node_exists(old["metadata"]["name"])
         self._node_seen(new)
-        if not was_managed and self.desired.node_exists(new["metadata"]["name"]):
+        managed = self.desired.node_exists(new["metadata"]["name"])
+        if not was_managed and managed:
             self._node_changed(new)
-        self._wake.set()  # volumesInUse may have changed: a detach may be possible now
+        # A volume the node stopped using may be detached now, and readiness or the out-of-service
+        # taint decide forced detaches. A volume it started using, or this controller's own
+        # volumesAttached write, allows nothing new: no pass for those (while pods mount, each
+        # node's status changes with every volume).
+        if (
+            was_managed != managed
+            or not _in_use(old) <= _in_use(new)
+            or (node_ready(old), _out_of_service(old)) != (node_ready(new), _out_of_service(new))
+        ):
+            self._wake.set()
 
     def _node_deleted(self, node: Obj) -> None:
         name = node["metadata"]["name"]
@@ -248,15 +266,13 @@ class AttachDetachController(InformerController):
 
     async def sync_pod(self, key: str) -> float | None:
         pod = self.pods.store.get(key)
-        if pod is None or pod_terminated(pod):
-            self.desired.remove_pod(key)
+        node = (pod or {}).get("spec", {}).get("nodeName")
+        if pod is None or pod_terminated(pod) or not node or not self.desired.node_exists(node):
+            changed = self.desired.remove_pod(key)
         else:
-            node = pod.get("spec", {}).get("nodeName")
-            if not node or not self.desired.node_exists(node):
-                self.desired.remove_pod(key)
-            else:
-                self.desired.set_pod(_pod_ref(pod), node, self.pod_volumes(pod))
-        self._wake.set()
+            changed = self.desired.set_pod(_pod_ref(pod), node, self.pod_volumes(pod))
+        if changed:  # most pod updates (its status as it starts) want nothing new: no pass
+            self._wake.set()
         return None
 
     # -- actual state -------------------------------------------------------------------------------

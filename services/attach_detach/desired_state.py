@@ -45,21 +45,25 @@ class DesiredState:
         """kcm's NodeExists: whether the controller manages the node's attachments."""
         return node in self._nodes
 
-    def set_pod(self, pod: PodRef, node: str, volumes: Iterable[DesiredVolume]) -> None:
+    def set_pod(self, pod: PodRef, node: str, volumes: Iterable[DesiredVolume]) -> bool:
         """kcm's AddPod for each of the pod's volumes, at once: `volumes` replace whatever the
-        pod wanted before (none at all removes the pod)."""
+        pod wanted before (none at all removes the pod). True if that changed the desired state."""
         vols = tuple(volumes)
-        if vols:
-            if self.pods.get(pod.key) != (pod, node, vols):
-                self.pods[pod.key] = (pod, node, vols)
-                self._entries = None
-        else:
-            self.remove_pod(pod.key)
+        if not vols:
+            return self.remove_pod(pod.key)
+        if self.pods.get(pod.key) == (pod, node, vols):
+            return False
+        self.pods[pod.key] = (pod, node, vols)
+        self._entries = None
+        return True
 
-    def remove_pod(self, key: str) -> None:
-        """kcm's DeletePod for every volume of the pod with this namespace/name key."""
-        if self.pods.pop(key, None) is not None:
-            self._entries = None
+    def remove_pod(self, key: str) -> bool:
+        """kcm's DeletePod for every volume of the pod with this namespace/name key. True if the
+        pod wanted any."""
+        if self.pods.pop(key, None) is None:
+            return False
+        self._entries = None
+        return True
 
     def get_pods(self) -> list[PodRef]:
         """Every pod that wants a volume (kcm's GetPodToAdd), for the populator's check that each
