@@ -416,3 +416,46 @@ def test_desired_entries_are_grouped_again_only_after_a_change() -> None:
     assert [e.pods for e in state.entries()] == [(PodRef("ns", "p", "u1"), PodRef("ns", "q", "u2"))]
     state.remove_pod("ns/p")
     assert [e.pods for e in state.entries()] == [(PodRef("ns", "q", "u2"),)]
+
+
+def test_a_pass_is_woken_only_by_what_it_decides_on() -> None:
+    async def main() -> None:
+        w = World()
+        w.add_volume("v")
+        w.add_node(node("node-a"))
+        wake = w.c._wake
+
+        def woken() -> bool:
+            was = wake.is_set()
+            wake.clear()
+            return was
+
+        woken()
+        started = pod("p", "node-a", "v")
+        await w.add_pod(started)
+        assert woken(), "a pod that wants a volume"
+        await w.add_pod({**started, "status": {"phase": "Running", "podIP": "10.0.0.7"}})
+        assert not woken(), "its status changed, not what it wants"
+
+        created = va("v", "node-a", attached=False)
+        finalized = {**created, "metadata": {**created["metadata"], "finalizers": ["external-attacher"]}}
+        w.c._va_updated(created, finalized)
+        assert not woken(), "the attacher's finalizer"
+        w.c._va_updated(finalized, va("v", "node-a", attached=True))
+        assert woken(), "attached"
+
+        w.update_node(node("node-a", attached=(unique("v"),)))
+        assert not woken(), "this controller's own volumesAttached write"
+        w.update_node(node("node-a", in_use=(unique("v"),), attached=(unique("v"),)))
+        assert not woken(), "a volume the node started using"
+        w.update_node(node("node-a", attached=(unique("v"),)))
+        assert woken(), "a volume the node stopped using"
+        not_ready = node("node-a", attached=(unique("v"),))
+        not_ready["status"]["conditions"] = [{"type": "Ready", "status": "False"}]
+        w.update_node(not_ready)
+        assert woken(), "readiness"
+
+        await w.delete_pod("p")
+        assert woken(), "the pod went away"
+
+    asyncio.run(main())
