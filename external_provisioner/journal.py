@@ -116,8 +116,12 @@ class Journal:
         if self.entries.pop(uid, None) is not None:
             await self._commit(_Change(self._path(uid), None, durable=False))
 
+    def _idle(self) -> bool:
+        """No batch is being carried out and none waits to be."""
+        return not self._changes and (self._committing is None or self._committing.done())
+
     async def _commit(self, change: _Change) -> None:
-        if not change.durable and not self._changes and (self._committing is None or self._committing.done()):
+        if not change.durable and self._idle():
             # Nothing to wait for and nothing to order behind: an unlink or an unsynced write
             # takes tens of microseconds, less than the two thread hops of a batch (claims that
             # come one at a time, as under the client's QPS limit, would each pay them).
