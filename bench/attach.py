@@ -13,6 +13,13 @@ and records pod deletion → VolumeAttachment gone. The controllers of both side
 client QPS/burst. A first unmeasured pass formats every volume (mkfs runs once per volume), so
 no side pays for it; then the rounds run kubeloop, then Go (bench/method.py). Needs root. Writes
 bench/results/attach.json.
+
+    python -m bench.attach --pods 100 --rounds 2 --isolate
+
+With --isolate, two more scenarios follow the default one, each putting one of kubeloop's two
+controllers beside the other's Go counterpart (kubeloop's attach-detach controller with
+csi-attacher, kcm with kubeloop's external-attacher) against Go's pair: which of the two a gap
+belongs to, when the two sides share one apiserver, etcd and two cores.
 """
 
 from __future__ import annotations
@@ -392,6 +399,22 @@ BENCH = method.Bench(
 )
 
 
+# The Go counterpart of each of kubeloop's two controllers (component names).
+GO_COUNTERPART = {"attach-detach-controller": "go-kcm-attachdetach", "external-attacher": "go-csi-attacher"}
+# Scenario name -> its label; with --isolate the last two run too, each with one kubeloop controller.
+SCENARIOS = {
+    "default": "default",
+    "attach-detach-controller": "kubeloop's attach-detach controller + csi-attacher",
+    "external-attacher": "kcm + kubeloop's external-attacher",
+}
+
+
+def isolating(kubeloop: list[Component], go: list[Component], own: str) -> list[Component]:
+    """Go's side with kubeloop's controller `own` (a component name) in place of its counterpart."""
+    mine = next(c for c in kubeloop if c.name == own)
+    return [mine if c.name == GO_COUNTERPART[own] else c for c in go]
+
+
 def side_components(ses: Session, qps: float, burst: int) -> dict[str, list[Component]]:
     """What each side runs over a session's shared stack (bench.attach, bench.scaling)."""
     return {
@@ -404,12 +427,16 @@ async def collect(args: argparse.Namespace) -> dict[str, list[method.Pair]]:
     async with session(args.pods, args.qps, args.burst, args.timeout) as ses:
         sides = side_components(ses, args.qps, args.burst)
 
-        async def one(side: str, r: int) -> Pass:
-            return await run_side(
-                ses.stack, sides[side], ses.clock, ses.volumes, f"r{r}-{side}", args.timeout
-            )
+        async def one(scenario: str, side: str, r: int) -> Pass:
+            comps, tag = sides[side], f"r{r}-{side}"
+            if scenario != "default":
+                tag = f"r{r}-{'adc' if scenario == 'attach-detach-controller' else 'att'}-{side}"
+                if side == "kubeloop":
+                    comps = isolating(sides["kubeloop"], sides["go"], scenario)
+            return await run_side(ses.stack, comps, ses.clock, ses.volumes, tag, args.timeout)
 
-        return {"default": await method.alternate(args.rounds, one)}
+        names = list(SCENARIOS) if args.isolate else ["default"]
+        return await method.alternate_scenarios({n: SCENARIOS[n] for n in names}, args.rounds, one)
 
 
 def common_components(pods: int) -> list[Component]:
@@ -498,6 +525,11 @@ def main() -> None:
     )
     parser.add_argument("--burst", type=int, default=100, help="client burst of both sides (default: 100)")
     parser.add_argument("--timeout", type=float, default=600.0, help="per pass (default: 600s)")
+    parser.add_argument(
+        "--isolate",
+        action="store_true",
+        help="also run each of kubeloop's two controllers beside the other's Go counterpart",
+    )
     args = parser.parse_args()
     params = {"pods": args.pods, "nodes": len(NODES), "QPS/burst": f"{args.qps:g}/{args.burst}"}
     method.run(BENCH, params, lambda: collect(args))

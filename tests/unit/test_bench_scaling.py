@@ -12,6 +12,7 @@ import pytest
 from bench import attach, binding, memory, provisioning, scaling
 from bench.common import PeakRss
 from controller_runtime.clock_testing import FakeClock
+from localstack.components import Component
 
 
 def test_points_parse_in_order() -> None:
@@ -88,3 +89,18 @@ def test_peak_rss_follows_named_processes_and_skips_gone_ones() -> None:
 
     peaks = asyncio.run(sample())
     assert set(peaks) == {"self"} and peaks["self"] > 1
+
+
+def test_isolating_puts_one_kubeloop_controller_beside_the_other_go_one() -> None:
+    def comp(name: str) -> Component:
+        return Component(name=name, argv=lambda _c: [name])
+
+    kubeloop = [comp("external-attacher"), comp("attach-detach-controller")]
+    go = [comp("go-csi-attacher"), comp("go-kcm-attachdetach")]
+    adc = attach.isolating(kubeloop, go, "attach-detach-controller")
+    assert [c.name for c in adc] == ["go-csi-attacher", "attach-detach-controller"]
+    assert adc[1] is kubeloop[1]
+    att = attach.isolating(kubeloop, go, "external-attacher")
+    assert [c.name for c in att] == ["external-attacher", "go-kcm-attachdetach"]
+    # Every scenario but the default one names a controller that has a Go counterpart.
+    assert set(attach.SCENARIOS) - {"default"} == set(attach.GO_COUNTERPART)
