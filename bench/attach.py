@@ -430,7 +430,7 @@ async def collect(args: argparse.Namespace) -> dict[str, list[method.Pair]]:
         async def one(scenario: str, side: str, r: int) -> Pass:
             comps, tag = sides[side], f"r{r}-{side}"
             if scenario != "default":
-                tag = f"r{r}-{'adc' if scenario == 'attach-detach-controller' else 'att'}-{side}"
+                tag = f"r{r}-{scenario}-{side}"  # pod names `<tag>-<i>` stay far under 63 characters
                 if side == "kubeloop":
                     comps = isolating(sides["kubeloop"], sides["go"], scenario)
             return await run_side(ses.stack, comps, ses.clock, ses.volumes, tag, args.timeout)
