@@ -115,6 +115,12 @@ def kubeloop_side(qps: float, burst: int) -> list[Component]:
     return [with_qps(c) for c in storage_components(("external-attacher", "attach-detach-controller"))]
 
 
+# The Go side's two components, and the kubeloop controller each stands for.
+GO_ATTACHER = "go-csi-attacher"
+GO_KCM = "go-kcm-attachdetach"
+GO_COUNTERPART = {"attach-detach-controller": GO_KCM, "external-attacher": GO_ATTACHER}
+
+
 def go_side(qps: float, burst: int, admin_kubeconfig: str) -> list[Component]:
     try:
         attacher = go_sidecar_binary(ATTACHER)
@@ -137,8 +143,8 @@ def go_side(qps: float, burst: int, admin_kubeconfig: str) -> list[Component]:
         ]
 
     return [
-        Component(name="go-csi-attacher", argv=attacher_argv, health_path=None),
-        Component(name="go-kcm-attachdetach", argv=kcm_side_argv, health_path=None),
+        Component(name=GO_ATTACHER, argv=attacher_argv, health_path=None),
+        Component(name=GO_KCM, argv=kcm_side_argv, health_path=None),
     ]
 
 
@@ -399,8 +405,6 @@ BENCH = method.Bench(
 )
 
 
-# The Go counterpart of each of kubeloop's two controllers (component names).
-GO_COUNTERPART = {"attach-detach-controller": "go-kcm-attachdetach", "external-attacher": "go-csi-attacher"}
 # Scenario name -> its label; with --isolate the last two run too, each with one kubeloop controller.
 SCENARIOS = {
     "default": "default",
