@@ -20,6 +20,14 @@ With --isolate, two more scenarios follow the default one, each putting one of k
 controllers beside the other's Go counterpart (kubeloop's attach-detach controller with
 csi-attacher, kcm with kubeloop's external-attacher) against Go's pair: which of the two a gap
 belongs to, when the two sides share one apiserver, etcd and two cores.
+
+    python -m bench.attach --pods 100 --rounds 3 --floor
+
+With --floor, a last scenario measures what no attach-detach controller or attacher can go
+below: its kubeloop column starts the pods while neither runs, every volume attached and listed by
+its node beforehand (by kubeloop's controllers, for pods made and deleted first), against Go's full
+pass. Its mount figures are the shared parts' alone; "mount: all CPU per pod ms" beside the full
+passes' shows what the attach work adds.
 """
 
 from __future__ import annotations
@@ -31,7 +39,7 @@ import dataclasses
 import math
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,6 +61,7 @@ from .common import CpuUse, PeakRss, control_plane, kcm_argv, percentile
 from .work import WorkCounts
 
 NAMESPACE = "bench-attach"
+PRE_ATTACHED = "pre-attached"
 COMMON = ("pv-controller", "csi-driver-controller", "csi-driver-node", "node-agent")
 NODE_SIDE = ("csi-driver-node", "node-agent")  # name prefixes: one process of each per node
 # Small enough that `make bench` (5 rounds of each side) fits its 30 minutes on 2 cores.
@@ -103,6 +112,12 @@ class Pass:
     api_server_ms: dict[str, float] = dataclasses.field(default_factory=dict)
     # The mean wait for a seat in the apiserver's flow control, by priority level (ms).
     flow_control_wait_ms: dict[str, float] = dataclasses.field(default_factory=dict)
+    # CPU seconds of every process above (side, node side, apiserver, etcd, pv-controller, CSI
+    # controller plugin) while the pods were made Running, per pod (ms): the whole pipeline's cost.
+    mount_cpu_per_pod_ms: float = math.nan
+    # The tails of the first two stages, p99 from the pod's creation.
+    va_created_p99_s: float = math.nan
+    va_attached_p99_s: float = math.nan
 
 
 def kubeloop_side(qps: float, burst: int) -> list[Component]:
@@ -244,6 +259,52 @@ class PassTimes:
     detach_cpu: CpuUse
 
 
+def pod_names(tag: str, volumes: list[tuple[str, str]]) -> dict[str, tuple[str, tuple[str, str]]]:
+    """Pod name -> (its node, (claim, volume handle)): one pod per volume, half per node."""
+    return {f"{tag}-{i}": (NODES[i % len(NODES)], vol) for i, vol in enumerate(volumes)}
+
+
+async def run_pods(
+    stack: StorageStack, clock: Clock, names: dict[str, tuple[str, tuple[str, str]]], timeout: float, tag: str
+) -> dict[str, float]:
+    """Creates the pods at once and waits until all run; returns when each was created."""
+    created: dict[str, float] = {}
+
+    async def create(name: str) -> None:
+        node, (claim, _) = names[name]
+        created[name] = time.monotonic()
+        await stack.pod(NAMESPACE, name, node, claim)
+
+    await asyncio.gather(*(create(n) for n in names))
+    await wait_until(lambda: all(n in clock.running for n in names), timeout, f"{tag}: all pods running")
+    return created
+
+
+async def delete_pods(stack: StorageStack, names: Iterable[str]) -> dict[str, float]:
+    """Deletes the pods at once; returns when each deletion was sent."""
+    deleted: dict[str, float] = {}
+
+    async def delete(name: str) -> None:
+        deleted[name] = time.monotonic()
+        await stack.api.delete(PODS, name, NAMESPACE)
+
+    await asyncio.gather(*(delete(n) for n in names))
+    return deleted
+
+
+async def vas_gone(clock: Clock, vas: Mapping[str, str], timeout: float, tag: str) -> None:
+    await wait_until(lambda: all(v in clock.va_gone for v in vas.values()), timeout, f"{tag}: all VAs gone")
+
+
+def pass_volumes(
+    names: dict[str, tuple[str, tuple[str, str]]],
+) -> tuple[dict[str, str], dict[str, tuple[str, str]]]:
+    """Per pod: its VolumeAttachment's name, and (node, unique volume name) as the node lists it."""
+    vas = {n: va_name(handle, DRIVER_NAME, node) for n, (node, (_, handle)) in names.items()}
+    unique = {n: (node, unique_volume_name(DRIVER_NAME, handle)) for n, (node, (_, handle)) in names.items()}
+    return vas, unique
+
+
 async def one_pass(
     stack: StorageStack,
     clock: Clock,
@@ -255,31 +316,16 @@ async def one_pass(
     """Creates a pod per volume and waits until all run, then deletes them and waits until every
     VolumeAttachment is gone and every pod deleted; the CPU of the processes `pids` names is
     measured over both."""
-    names = {f"{tag}-{i}": (NODES[i % len(NODES)], vol) for i, vol in enumerate(volumes)}
-    created: dict[str, float] = {}
-
-    async def create(name: str) -> None:
-        node, (claim, _) = names[name]
-        created[name] = time.monotonic()
-        await stack.pod(NAMESPACE, name, node, claim)
-
+    names = pod_names(tag, volumes)
     start = time.monotonic()
     with CpuUse(pids) as mount_cpu:
-        await asyncio.gather(*(create(n) for n in names))
-        await wait_until(lambda: all(n in clock.running for n in names), timeout, f"{tag}: all pods running")
+        created = await run_pods(stack, clock, names, timeout, tag)
     mount_total = max(clock.running[n] for n in names) - start
     mount = [clock.running[n] - created[n] for n in names]
-    vas = {n: va_name(handle, DRIVER_NAME, node) for n, (node, (_, handle)) in names.items()}
-    unique = {n: (node, unique_volume_name(DRIVER_NAME, handle)) for n, (node, (_, handle)) in names.items()}
+    vas, unique = pass_volumes(names)
 
     def since_created(marks: dict[Any, float], keys: dict[str, Any]) -> list[float]:
         return [marks[keys[n]] - created[n] for n in names if keys[n] in marks]
-
-    deleted: dict[str, float] = {}
-
-    async def delete(name: str) -> None:
-        deleted[name] = time.monotonic()
-        await stack.api.delete(PODS, name, NAMESPACE)
 
     own = {n: n for n in names}
     stages = (
@@ -291,10 +337,8 @@ async def one_pass(
     clock.watch_unused(set(unique.values()))
     start = time.monotonic()
     with CpuUse(pids) as detach_cpu:
-        await asyncio.gather(*(delete(n) for n in names))
-        await wait_until(
-            lambda: all(v in clock.va_gone for v in vas.values()), timeout, f"{tag}: all VAs gone"
-        )
+        deleted = await delete_pods(stack, names)
+        await vas_gone(clock, vas, timeout, tag)
     detach_total = max(clock.va_gone[v] for v in vas.values()) - start
     detach = [clock.va_gone[vas[n]] - deleted[n] for n in names]
 
@@ -332,8 +376,7 @@ async def run_side(
             return {n: p.pid for n, p in group.processes.items()}
 
         def every() -> dict[str, int | None]:
-            shared = {**stack.cp.processes, **stack.components.processes}
-            return {**{n: p.pid for n, p in shared.items()}, **side()}
+            return {**shared_pids(stack), **side()}
 
         work = WorkCounts(stack.cp)
         async with PeakRss(side) as rss:
@@ -366,6 +409,88 @@ async def run_side(
         counted["api_requests"],
         counted["api_server_ms"],
         counted["flow_control_wait_ms"],
+        per_pod_ms(t.mount_cpu, len(volumes)),
+        round(percentile(t.va_created, 99), 3),
+        round(percentile(t.va_attached, 99), 3),
+    )
+
+
+def shared_pids(stack: StorageStack) -> dict[str, int | None]:
+    """The processes both sides share: the control plane and the storage stack's components."""
+    return {n: p.pid for n, p in {**stack.cp.processes, **stack.components.processes}.items()}
+
+
+def per_pod_ms(cpu: CpuUse, pods: int) -> float:
+    """Every measured process's CPU, per pod, in milliseconds."""
+    return round(1000 * sum(cpu.spent.values()) / pods, 1)
+
+
+async def pre_attached_pass(
+    stack: StorageStack,
+    comps: list[Component],
+    clock: Clock,
+    volumes: list[tuple[str, str]],
+    tag: str,
+    timeout: float,
+) -> Pass:
+    """The floor the shared parts set: the pods start while no attach-detach controller or
+    attacher runs, every volume already attached and listed by its node. `comps` attach the
+    volumes for pods made and deleted first (unmeasured), stop, and detach them again once the
+    measured pods are deleted. Only the mount figures, their CPU and the API requests apply."""
+    holders = pod_names(f"{tag}-hold", volumes)
+    _, unique = pass_volumes(holders)
+    group = ShortHomeComponents(stack.cp, comps, stack.home)
+    await group.start()
+    try:
+        await run_pods(stack, clock, holders, timeout, f"{tag}-hold")
+    finally:
+        await group.stop()
+    # Only once no node reports a volume in use is every volume unmounted and unstaged.
+    clock.watch_unused(set(unique.values()))
+    await delete_pods(stack, holders)
+    await wait_until(
+        lambda: not clock.pods_left() and all(u in clock.unused for u in unique.values()),
+        timeout,
+        f"{tag}: holder pods deleted, volumes unstaged",
+    )
+    names = pod_names(tag, volumes)
+    vas, unique = pass_volumes(names)
+    work = WorkCounts(stack.cp)
+    await work.start()
+    start = time.monotonic()
+    with CpuUse(lambda: shared_pids(stack)) as cpu:
+        created = await run_pods(stack, clock, names, timeout, tag)
+    await work.stop()
+    mount = [clock.running[n] - created[n] for n in names]
+    mount_total = max(clock.running[n] for n in names) - start
+    group = ShortHomeComponents(stack.cp, comps, stack.home)
+    await group.start()
+    try:
+        await delete_pods(stack, names)
+        await vas_gone(clock, vas, timeout, tag)
+        await wait_until(lambda: not clock.pods_left(), timeout, f"{tag}: pods deleted")
+    finally:
+        await group.stop()
+    clock.forget({vas[n]: unique[n] for n in names})
+    counted = work.figures(len(volumes))
+    nan = math.nan
+    return Pass(
+        len(volumes),
+        *(nan, nan, nan),
+        round(percentile(mount, 50), 3),
+        round(percentile(mount, 99), 3),
+        round(mount_total, 3),
+        *(nan, nan, nan, nan, nan),
+        pod_seen_p50_s=round(percentile([clock.pod_seen[n] - created[n] for n in names], 50), 3),
+        mount_side_cpu_s=0.0,
+        mount_node_cpu_s=_shares(cpu, [], [])[1],
+        mount_server_cpu_s=cpu.total(stack.cp.processes),
+        cpu_s={"mount": cpu.spent},
+        api_requests_per_op=counted["api_requests_per_op"],
+        api_requests=counted["api_requests"],
+        api_server_ms=counted["api_server_ms"],
+        flow_control_wait_ms=counted["flow_control_wait_ms"],
+        mount_cpu_per_pod_ms=per_pod_ms(cpu, len(volumes)),
     )
 
 
@@ -383,7 +508,9 @@ BENCH = method.Bench(
     figures=(
         method.Figure("pod_seen_p50_s", "pod created p50 s"),
         method.Figure("va_created_p50_s", "VA created p50 s"),
+        method.Figure("va_created_p99_s", "VA created p99 s"),
         method.Figure("va_attached_p50_s", "VA attached p50 s"),
+        method.Figure("va_attached_p99_s", "VA attached p99 s"),
         method.Figure("node_listed_p50_s", "node lists it p50 s"),
         method.Figure("mount_p50_s", "mount p50 s"),
         method.Figure("mount_p99_s", "mount p99 s"),
@@ -401,16 +528,25 @@ BENCH = method.Bench(
         method.Figure("detach_node_cpu_s", "detach: node side CPU s"),
         method.Figure("detach_server_cpu_s", "detach: apiserver+etcd CPU s"),
         method.Figure("api_requests_per_op", "API requests per pod"),
+        method.Figure("mount_cpu_per_pod_ms", "mount: all CPU per pod ms"),
     ),
 )
 
 
-# Scenario name -> its label; with --isolate the last two run too, each with one kubeloop controller.
+# Scenario name -> its label; with --isolate the two after "default" run too, each with one
+# kubeloop controller, and with --floor the last one.
 SCENARIOS = {
     "default": "default",
     "attach-detach-controller": "kubeloop's attach-detach controller + csi-attacher",
     "external-attacher": "kcm + kubeloop's external-attacher",
+    PRE_ATTACHED: "pre-attached: kubeloop column no attach work at all (the floor), go column Go's pass",
 }
+
+
+def scenario_names(isolate: bool, floor: bool) -> list[str]:
+    """The scenarios a run measures, in SCENARIOS' order."""
+    wanted = {"default"} | ({*GO_COUNTERPART} if isolate else set()) | ({PRE_ATTACHED} if floor else set())
+    return [n for n in SCENARIOS if n in wanted]
 
 
 def isolating(kubeloop: list[Component], go: list[Component], own: str) -> list[Component]:
@@ -435,11 +571,14 @@ async def collect(args: argparse.Namespace) -> dict[str, list[method.Pair]]:
             comps, tag = sides[side], f"r{r}-{side}"
             if scenario != "default":
                 tag = f"r{r}-{scenario}-{side}"  # pod names `<tag>-<i>` stay far under 63 characters
+                if side == "kubeloop" and scenario == PRE_ATTACHED:
+                    floor = pre_attached_pass(ses.stack, comps, ses.clock, ses.volumes, tag, args.timeout)
+                    return await floor
                 if side == "kubeloop":
                     comps = isolating(sides["kubeloop"], sides["go"], scenario)
             return await run_side(ses.stack, comps, ses.clock, ses.volumes, tag, args.timeout)
 
-        names = list(SCENARIOS) if args.isolate else ["default"]
+        names = scenario_names(args.isolate, args.floor)
         return await method.alternate_scenarios({n: SCENARIOS[n] for n in names}, args.rounds, one)
 
 
@@ -533,6 +672,12 @@ def main() -> None:
         "--isolate",
         action="store_true",
         help="also run each of kubeloop's two controllers beside the other's Go counterpart",
+    )
+    parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="also start the pods with every volume attached and listed beforehand and no "
+        "controller running: the mount time and CPU per pod that the shared parts alone set",
     )
     args = parser.parse_args()
     params = {"pods": args.pods, "nodes": len(NODES), "QPS/burst": f"{args.qps:g}/{args.burst}"}

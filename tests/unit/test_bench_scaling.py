@@ -10,7 +10,7 @@ import os
 import pytest
 
 from bench import attach, binding, memory, provisioning, scaling
-from bench.common import PeakRss
+from bench.common import CpuUse, PeakRss
 from controller_runtime.clock_testing import FakeClock
 from localstack.components import Component
 
@@ -102,5 +102,19 @@ def test_isolating_puts_one_kubeloop_controller_beside_the_other_go_one() -> Non
     assert adc[1] is kubeloop[1]
     att = attach.isolating(kubeloop, go, "external-attacher")
     assert [c.name for c in att] == ["external-attacher", "go-kcm-attachdetach"]
-    # Every scenario but the default one names a controller that has a Go counterpart.
-    assert set(attach.SCENARIOS) - {"default"} == set(attach.GO_COUNTERPART)
+    # Every scenario but the default and the pre-attached one names a controller with a Go
+    # counterpart.
+    assert set(attach.SCENARIOS) - {"default", attach.PRE_ATTACHED} == set(attach.GO_COUNTERPART)
+
+
+def test_the_flags_choose_the_scenarios_in_one_order() -> None:
+    assert attach.scenario_names(isolate=False, floor=False) == ["default"]
+    assert attach.scenario_names(isolate=False, floor=True) == ["default", attach.PRE_ATTACHED]
+    assert attach.scenario_names(isolate=True, floor=True) == list(attach.SCENARIOS)
+    assert attach.scenario_names(isolate=True, floor=False)[-1] == "external-attacher"
+
+
+def test_a_pass_counts_every_process_cpu_per_pod() -> None:
+    cpu = CpuUse(dict)
+    cpu.spent = {"kube-apiserver": 1.3, "node-agent-node-a": 0.4, "external-attacher": 0.25}
+    assert attach.per_pod_ms(cpu, 100) == 19.5
