@@ -473,18 +473,25 @@ async def pre_attached_pass(
         await group.stop()
     clock.forget({vas[n]: unique[n] for n in names})
     counted = work.figures(len(volumes))
-    nan = math.nan
+    _, node_cpu, server_cpu = _shares(cpu, [], list(stack.cp.processes))
+    nan = math.nan  # the stages the pass skips, and its detach: not this pass's figures
     return Pass(
-        len(volumes),
-        *(nan, nan, nan),
-        round(percentile(mount, 50), 3),
-        round(percentile(mount, 99), 3),
-        round(mount_total, 3),
-        *(nan, nan, nan, nan, nan),
+        pods=len(volumes),
+        va_created_p50_s=nan,
+        va_attached_p50_s=nan,
+        node_listed_p50_s=nan,
+        mount_p50_s=round(percentile(mount, 50), 3),
+        mount_p99_s=round(percentile(mount, 99), 3),
+        mount_total_s=round(mount_total, 3),
+        node_unused_p50_s=nan,
+        va_deleting_p50_s=nan,
+        detach_p50_s=nan,
+        detach_p99_s=nan,
+        detach_total_s=nan,
         pod_seen_p50_s=round(percentile([clock.pod_seen[n] - created[n] for n in names], 50), 3),
         mount_side_cpu_s=0.0,
-        mount_node_cpu_s=_shares(cpu, [], [])[1],
-        mount_server_cpu_s=cpu.total(stack.cp.processes),
+        mount_node_cpu_s=node_cpu,
+        mount_server_cpu_s=server_cpu,
         cpu_s={"mount": cpu.spent},
         api_requests_per_op=counted["api_requests_per_op"],
         api_requests=counted["api_requests"],
@@ -572,8 +579,9 @@ async def collect(args: argparse.Namespace) -> dict[str, list[method.Pair]]:
             if scenario != "default":
                 tag = f"r{r}-{scenario}-{side}"  # pod names `<tag>-<i>` stay far under 63 characters
                 if side == "kubeloop" and scenario == PRE_ATTACHED:
-                    floor = pre_attached_pass(ses.stack, comps, ses.clock, ses.volumes, tag, args.timeout)
-                    return await floor
+                    return await pre_attached_pass(
+                        ses.stack, comps, ses.clock, ses.volumes, tag, args.timeout
+                    )
                 if side == "kubeloop":
                     comps = isolating(sides["kubeloop"], sides["go"], scenario)
             return await run_side(ses.stack, comps, ses.clock, ses.volumes, tag, args.timeout)
