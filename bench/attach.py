@@ -28,6 +28,14 @@ below: its kubeloop column starts the pods while neither runs, every volume atta
 its node beforehand (by kubeloop's controllers, for pods made and deleted first), against Go's full
 pass. Its mount figures are the shared parts' alone; "mount: all CPU per pod ms" beside the full
 passes' shows what the attach work adds.
+
+    python -m bench.attach --pods 100 --rounds 3 --creation
+
+With --creation, a last scenario measures the first stage alone on both sides: each side's
+attach-detach controller runs by itself until every pod's VolumeAttachment exists, and only then
+does its attacher start (the pods then run and are deleted as in a full pass, unmeasured). Nothing
+downstream shares the cores while the VolumeAttachments are made, so its "VA created" figures are
+the controller's own, beside "pod created" (when the bench's watch saw each pod).
 """
 
 from __future__ import annotations
@@ -62,6 +70,11 @@ from .work import WorkCounts
 
 NAMESPACE = "bench-attach"
 PRE_ATTACHED = "pre-attached"
+CREATION = "creation"
+# After the unmeasured pod: kcm ends its detach of that pod's volume up to half a second after the
+# VolumeAttachment is gone, and the measured pod on the same volume would wait for it (found with
+# the creation scenario: that one pod's VA came 0.5 s after the others').
+WARM_SETTLE_S = 1.0
 COMMON = ("pv-controller", "csi-driver-controller", "csi-driver-node", "node-agent")
 NODE_SIDE = ("csi-driver-node", "node-agent")  # name prefixes: one process of each per node
 # Small enough that `make bench` (5 rounds of each side) fits its 30 minutes on 2 cores.
@@ -118,6 +131,18 @@ class Pass:
     # The tails of the first two stages, p99 from the pod's creation.
     va_created_p99_s: float = math.nan
     va_attached_p99_s: float = math.nan
+    # When the bench's watch saw the last pods: no VolumeAttachment can be made before its pod.
+    pod_seen_p99_s: float = math.nan
+
+    @classmethod
+    def partial(cls, pods: int, **figures: Any) -> Pass:
+        """A pass that measures only `figures` (a scenario that skips stages): the rest are NaN."""
+        unmeasured = {
+            f.name: math.nan
+            for f in dataclasses.fields(cls)
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        }
+        return cls(**{**unmeasured, "pods": pods, **figures})
 
 
 def kubeloop_side(qps: float, burst: int) -> list[Component]:
@@ -264,10 +289,8 @@ def pod_names(tag: str, volumes: list[tuple[str, str]]) -> dict[str, tuple[str, 
     return {f"{tag}-{i}": (NODES[i % len(NODES)], vol) for i, vol in enumerate(volumes)}
 
 
-async def run_pods(
-    stack: StorageStack, clock: Clock, names: dict[str, tuple[str, tuple[str, str]]], timeout: float, tag: str
-) -> dict[str, float]:
-    """Creates the pods at once and waits until all run; returns when each was created."""
+async def create_pods(stack: StorageStack, names: dict[str, tuple[str, tuple[str, str]]]) -> dict[str, float]:
+    """Creates the pods at once; returns when each was created."""
     created: dict[str, float] = {}
 
     async def create(name: str) -> None:
@@ -276,6 +299,14 @@ async def run_pods(
         await stack.pod(NAMESPACE, name, node, claim)
 
     await asyncio.gather(*(create(n) for n in names))
+    return created
+
+
+async def run_pods(
+    stack: StorageStack, clock: Clock, names: dict[str, tuple[str, tuple[str, str]]], timeout: float, tag: str
+) -> dict[str, float]:
+    """Creates the pods at once and waits until all run; returns when each was created."""
+    created = await create_pods(stack, names)
     await wait_until(lambda: all(n in clock.running for n in names), timeout, f"{tag}: all pods running")
     return created
 
@@ -371,6 +402,7 @@ async def run_side(
     try:
         # One pod first, unmeasured: kcm answers before its controllers run.
         await one_pass(stack, clock, volumes[:1], f"{tag}-warm", timeout)
+        await asyncio.sleep(WARM_SETTLE_S)
 
         def side() -> dict[str, int | None]:
             return {n: p.pid for n, p in group.processes.items()}
@@ -412,6 +444,7 @@ async def run_side(
         per_pod_ms(t.mount_cpu, len(volumes)),
         round(percentile(t.va_created, 99), 3),
         round(percentile(t.va_attached, 99), 3),
+        round(percentile(t.pod_seen or [math.nan], 99), 3),
     )
 
 
@@ -473,22 +506,16 @@ async def pre_attached_pass(
         await group.stop()
     clock.forget({vas[n]: unique[n] for n in names})
     counted = work.figures(len(volumes))
+    seen = [clock.pod_seen[n] - created[n] for n in names]
     _, node_cpu, server_cpu = _shares(cpu, [], list(stack.cp.processes))
-    nan = math.nan  # the stages the pass skips, and its detach: not this pass's figures
-    return Pass(
-        pods=len(volumes),
-        va_created_p50_s=nan,
-        va_attached_p50_s=nan,
-        node_listed_p50_s=nan,
+    # The stages the pass skips, and its detach, are not this pass's figures.
+    return Pass.partial(
+        len(volumes),
         mount_p50_s=round(percentile(mount, 50), 3),
         mount_p99_s=round(percentile(mount, 99), 3),
         mount_total_s=round(mount_total, 3),
-        node_unused_p50_s=nan,
-        va_deleting_p50_s=nan,
-        detach_p50_s=nan,
-        detach_p99_s=nan,
-        detach_total_s=nan,
-        pod_seen_p50_s=round(percentile([clock.pod_seen[n] - created[n] for n in names], 50), 3),
+        pod_seen_p50_s=round(percentile(seen, 50), 3),
+        pod_seen_p99_s=round(percentile(seen, 99), 3),
         mount_side_cpu_s=0.0,
         mount_node_cpu_s=node_cpu,
         mount_server_cpu_s=server_cpu,
@@ -498,6 +525,69 @@ async def pre_attached_pass(
         api_server_ms=counted["api_server_ms"],
         flow_control_wait_ms=counted["flow_control_wait_ms"],
         mount_cpu_per_pod_ms=per_pod_ms(cpu, len(volumes)),
+    )
+
+
+async def created_first(
+    stack: StorageStack,
+    clock: Clock,
+    names: dict[str, tuple[str, tuple[str, str]]],
+    downstream: list[Component],
+    timeout: float,
+    tag: str,
+) -> tuple[list[float], list[float]]:
+    """Creates the pods and waits until every one's VolumeAttachment exists; only then starts
+    `downstream`, which attaches them, so that the pods run; then deletes them and waits until
+    every VolumeAttachment and pod is gone. Returns, per pod, when the bench's watch saw it and
+    when its VolumeAttachment appeared, in seconds from its creation."""
+    vas, unique = pass_volumes(names)
+    created = await create_pods(stack, names)
+    made_all = f"{tag}: all VAs created"
+    await wait_until(lambda: all(v in clock.va_created for v in vas.values()), timeout, made_all)
+    seen = [clock.pod_seen[n] - created[n] for n in names]
+    made = [clock.va_created[vas[n]] - created[n] for n in names]
+    group = ShortHomeComponents(stack.cp, downstream, stack.home)
+    await group.start()
+    try:
+        await wait_until(lambda: all(n in clock.running for n in names), timeout, f"{tag}: all pods running")
+        await delete_pods(stack, names)
+        await vas_gone(clock, vas, timeout, tag)
+    finally:
+        await group.stop()
+    clock.forget({vas[n]: unique[n] for n in names})
+    await wait_until(lambda: not clock.pods_left(), timeout, f"{tag}: pods deleted")
+    return seen, made
+
+
+async def creation_pass(
+    stack: StorageStack,
+    comps: list[Component],
+    controller: str,
+    clock: Clock,
+    volumes: list[tuple[str, str]],
+    tag: str,
+    timeout: float,
+) -> Pass:
+    """The first stage alone: `controller` (the side's attach-detach controller, one of `comps`)
+    runs by itself until every pod's VolumeAttachment exists, and the rest of `comps` start only
+    then. Only the figures of pod and VolumeAttachment creation apply."""
+    alone = [c for c in comps if c.name == controller]
+    downstream = [c for c in comps if c.name != controller]
+    group = ShortHomeComponents(stack.cp, alone, stack.home)
+    await group.start()
+    try:
+        # One pod first, unmeasured, as before a full pass.
+        await created_first(stack, clock, pod_names(f"{tag}-warm", volumes[:1]), downstream, timeout, tag)
+        await asyncio.sleep(WARM_SETTLE_S)
+        seen, made = await created_first(stack, clock, pod_names(tag, volumes), downstream, timeout, tag)
+    finally:
+        await group.stop()
+    return Pass.partial(
+        len(volumes),
+        pod_seen_p50_s=round(percentile(seen, 50), 3),
+        pod_seen_p99_s=round(percentile(seen, 99), 3),
+        va_created_p50_s=round(percentile(made, 50), 3),
+        va_created_p99_s=round(percentile(made, 99), 3),
     )
 
 
@@ -514,6 +604,7 @@ BENCH = method.Bench(
     sides={"kubeloop": "kubeloop", "go": "kcm + csi-attacher"},
     figures=(
         method.Figure("pod_seen_p50_s", "pod created p50 s"),
+        method.Figure("pod_seen_p99_s", "pod created p99 s"),
         method.Figure("va_created_p50_s", "VA created p50 s"),
         method.Figure("va_created_p99_s", "VA created p99 s"),
         method.Figure("va_attached_p50_s", "VA attached p50 s"),
@@ -541,18 +632,20 @@ BENCH = method.Bench(
 
 
 # Scenario name -> its label; with --isolate the two after "default" run too, each with one
-# kubeloop controller, and with --floor the last one.
+# kubeloop controller, with --floor the pre-attached one and with --creation the last one.
 SCENARIOS = {
     "default": "default",
     "attach-detach-controller": "kubeloop's attach-detach controller + csi-attacher",
     "external-attacher": "kcm + kubeloop's external-attacher",
     PRE_ATTACHED: "pre-attached: kubeloop column no attach work at all (the floor), go column Go's pass",
+    CREATION: "creation alone: each side's attach-detach controller by itself until every VA exists",
 }
 
 
-def scenario_names(isolate: bool, floor: bool) -> list[str]:
+def scenario_names(isolate: bool, floor: bool, creation: bool) -> list[str]:
     """The scenarios a run measures, in SCENARIOS' order."""
-    wanted = {"default"} | ({*GO_COUNTERPART} if isolate else set()) | ({PRE_ATTACHED} if floor else set())
+    wanted = {"default"} | ({*GO_COUNTERPART} if isolate else set())
+    wanted |= {n for n, chosen in ((PRE_ATTACHED, floor), (CREATION, creation)) if chosen}
     return [n for n in SCENARIOS if n in wanted]
 
 
@@ -578,6 +671,12 @@ async def collect(args: argparse.Namespace) -> dict[str, list[method.Pair]]:
             comps, tag = sides[side], f"r{r}-{side}"
             if scenario != "default":
                 tag = f"r{r}-{scenario}-{side}"  # pod names `<tag>-<i>` stay far under 63 characters
+                if scenario == CREATION:
+                    own = "attach-detach-controller"
+                    controller = own if side == "kubeloop" else GO_COUNTERPART[own]
+                    return await creation_pass(
+                        ses.stack, comps, controller, ses.clock, ses.volumes, tag, args.timeout
+                    )
                 if side == "kubeloop" and scenario == PRE_ATTACHED:
                     return await pre_attached_pass(
                         ses.stack, comps, ses.clock, ses.volumes, tag, args.timeout
@@ -586,7 +685,7 @@ async def collect(args: argparse.Namespace) -> dict[str, list[method.Pair]]:
                     comps = isolating(sides["kubeloop"], sides["go"], scenario)
             return await run_side(ses.stack, comps, ses.clock, ses.volumes, tag, args.timeout)
 
-        names = scenario_names(args.isolate, args.floor)
+        names = scenario_names(args.isolate, args.floor, args.creation)
         return await method.alternate_scenarios({n: SCENARIOS[n] for n in names}, args.rounds, one)
 
 
@@ -686,6 +785,12 @@ def main() -> None:
         action="store_true",
         help="also start the pods with every volume attached and listed beforehand and no "
         "controller running: the mount time and CPU per pod that the shared parts alone set",
+    )
+    parser.add_argument(
+        "--creation",
+        action="store_true",
+        help="also run each side's attach-detach controller alone until every VolumeAttachment "
+        "exists, its attacher started only then: the first stage without anything downstream",
     )
     args = parser.parse_args()
     params = {"pods": args.pods, "nodes": len(NODES), "QPS/burst": f"{args.qps:g}/{args.burst}"}

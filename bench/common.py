@@ -6,6 +6,7 @@ import asyncio
 import compileall
 import contextlib
 import json
+import math
 import os
 import platform
 import signal
@@ -27,10 +28,12 @@ RESULTS_DIR = REPO_ROOT / "bench" / "results"
 
 
 def percentile(values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100) of a non-empty sample."""
+    """Nearest-rank percentile (q in 0..100) of a non-empty sample: the smallest value that at
+    least q % of the sample does not exceed, so p99 of 100 values is the 99th, not the largest."""
     ordered = sorted(values)
-    rank = max(0, min(len(ordered) - 1, round(q / 100 * len(ordered) + 0.5) - 1))
-    return ordered[rank]
+    # Rounded before the ceiling so that 99 % of 100 is 99, whatever the float product's last bit.
+    rank = math.ceil(round(q * len(ordered) / 100, 9))
+    return ordered[max(1, min(len(ordered), rank)) - 1]
 
 
 def median(values: Sequence[float]) -> float:

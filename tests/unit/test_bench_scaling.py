@@ -5,12 +5,13 @@ peak-RSS sampler on this process."""
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 
 import pytest
 
 from bench import attach, binding, memory, provisioning, scaling
-from bench.common import CpuUse, PeakRss
+from bench.common import CpuUse, PeakRss, percentile
 from controller_runtime.clock_testing import FakeClock
 from localstack.components import Component
 
@@ -102,19 +103,42 @@ def test_isolating_puts_one_kubeloop_controller_beside_the_other_go_one() -> Non
     assert adc[1] is kubeloop[1]
     att = attach.isolating(kubeloop, go, "external-attacher")
     assert [c.name for c in att] == ["external-attacher", "go-kcm-attachdetach"]
-    # Every scenario but the default and the pre-attached one names a controller with a Go
-    # counterpart.
-    assert set(attach.SCENARIOS) - {"default", attach.PRE_ATTACHED} == set(attach.GO_COUNTERPART)
+    # Every scenario but the default, the pre-attached and the creation one names a controller
+    # with a Go counterpart.
+    assert set(attach.SCENARIOS) - {"default", attach.PRE_ATTACHED, attach.CREATION} == set(
+        attach.GO_COUNTERPART
+    )
 
 
 def test_the_flags_choose_the_scenarios_in_one_order() -> None:
-    assert attach.scenario_names(isolate=False, floor=False) == ["default"]
-    assert attach.scenario_names(isolate=False, floor=True) == ["default", attach.PRE_ATTACHED]
-    assert attach.scenario_names(isolate=True, floor=True) == list(attach.SCENARIOS)
-    assert attach.scenario_names(isolate=True, floor=False)[-1] == "external-attacher"
+    names = attach.scenario_names
+    assert names(isolate=False, floor=False, creation=False) == ["default"]
+    assert names(isolate=False, floor=True, creation=False) == ["default", attach.PRE_ATTACHED]
+    assert names(isolate=False, floor=False, creation=True) == ["default", attach.CREATION]
+    assert names(isolate=True, floor=True, creation=True) == list(attach.SCENARIOS)
+    assert names(isolate=True, floor=False, creation=False)[-1] == "external-attacher"
+
+
+def test_a_partial_pass_leaves_what_it_did_not_measure_unset() -> None:
+    p = attach.Pass.partial(100, va_created_p50_s=0.2, va_created_p99_s=0.3)
+    assert (p.pods, p.va_created_p50_s, p.va_created_p99_s) == (100, 0.2, 0.3)
+    assert math.isnan(p.mount_p50_s) and math.isnan(p.detach_total_s) and math.isnan(p.pod_seen_p99_s)
+    assert p.api_requests == {} and p.cpu_s == {}
 
 
 def test_a_pass_counts_every_process_cpu_per_pod() -> None:
     cpu = CpuUse(dict)
     cpu.spent = {"kube-apiserver": 1.3, "node-agent-node-a": 0.4, "external-attacher": 0.25}
     assert attach.per_pod_ms(cpu, 100) == 19.5
+
+
+def test_percentiles_are_nearest_rank() -> None:
+    hundred = [float(v) for v in range(100, 0, -1)]
+    assert percentile(hundred, 50) == 50.0
+    assert percentile(hundred, 99) == 99.0  # the 99th of 100, not the largest
+    assert percentile(hundred, 100) == 100.0
+    assert percentile(hundred, 0) == 1.0
+    assert percentile([float(v) for v in range(1, 501)], 99) == 495.0
+    assert percentile([float(v) for v in range(1, 1001)], 99) == 990.0
+    assert percentile([3.0, 1.0, 2.0], 50) == 2.0
+    assert percentile([7.0], 99) == 7.0
