@@ -33,9 +33,10 @@ passes' shows what the attach work adds.
 
 With --creation, a last scenario measures the first stage alone on both sides: each side's
 attach-detach controller runs by itself until every pod's VolumeAttachment exists, and only then
-does its attacher start (the pods then run and are deleted as in a full pass, unmeasured). Nothing
-downstream shares the cores while the VolumeAttachments are made, so its "VA created" figures are
-the controller's own, beside "pod created" (when the bench's watch saw each pod).
+does its attacher start (the pods then run and are deleted as in a full pass, unmeasured). No
+attacher writes and the node side has nothing to mount while the VolumeAttachments are made, so its
+"VA created" figures are the controller's own, beside "pod created" (when the bench's watch saw
+each pod).
 """
 
 from __future__ import annotations
@@ -136,7 +137,8 @@ class Pass:
 
     @classmethod
     def partial(cls, pods: int, **figures: Any) -> Pass:
-        """A pass that measures only `figures` (a scenario that skips stages): the rest are NaN."""
+        """A pass that measures only `figures` (a scenario that skips stages): the other figures
+        are NaN, the other records empty."""
         unmeasured = {
             f.name: math.nan
             for f in dataclasses.fields(cls)
@@ -542,8 +544,12 @@ async def created_first(
     when its VolumeAttachment appeared, in seconds from its creation."""
     vas, unique = pass_volumes(names)
     created = await create_pods(stack, names)
-    made_all = f"{tag}: all VAs created"
-    await wait_until(lambda: all(v in clock.va_created for v in vas.values()), timeout, made_all)
+    # The pods and the VolumeAttachments come on two watches: a VA may be seen before its pod.
+    await wait_until(
+        lambda: all(v in clock.va_created for v in vas.values()) and all(n in clock.pod_seen for n in names),
+        timeout,
+        f"{tag}: all pods seen and their VAs created",
+    )
     seen = [clock.pod_seen[n] - created[n] for n in names]
     made = [clock.va_created[vas[n]] - created[n] for n in names]
     group = ShortHomeComponents(stack.cp, downstream, stack.home)
@@ -572,12 +578,15 @@ async def creation_pass(
     runs by itself until every pod's VolumeAttachment exists, and the rest of `comps` start only
     then. Only the figures of pod and VolumeAttachment creation apply."""
     alone = [c for c in comps if c.name == controller]
+    if len(alone) != 1:
+        raise ValueError(f"{controller!r} is not one of the side's components {[c.name for c in comps]}")
     downstream = [c for c in comps if c.name != controller]
     group = ShortHomeComponents(stack.cp, alone, stack.home)
     await group.start()
     try:
         # One pod first, unmeasured, as before a full pass.
-        await created_first(stack, clock, pod_names(f"{tag}-warm", volumes[:1]), downstream, timeout, tag)
+        warm = f"{tag}-warm"
+        await created_first(stack, clock, pod_names(warm, volumes[:1]), downstream, timeout, warm)
         await asyncio.sleep(WARM_SETTLE_S)
         seen, made = await created_first(stack, clock, pod_names(tag, volumes), downstream, timeout, tag)
     finally:
@@ -790,7 +799,7 @@ def main() -> None:
         "--creation",
         action="store_true",
         help="also run each side's attach-detach controller alone until every VolumeAttachment "
-        "exists, its attacher started only then: the first stage without anything downstream",
+        "exists, its attacher started only then: the first stage with no attacher at work",
     )
     args = parser.parse_args()
     params = {"pods": args.pods, "nodes": len(NODES), "QPS/burst": f"{args.qps:g}/{args.burst}"}
