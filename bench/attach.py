@@ -329,6 +329,18 @@ async def vas_gone(clock: Clock, vas: Mapping[str, str], timeout: float, tag: st
     await wait_until(lambda: all(v in clock.va_gone for v in vas.values()), timeout, f"{tag}: all VAs gone")
 
 
+async def clear_pass(
+    stack: StorageStack, clock: Clock, names: dict[str, tuple[str, tuple[str, str]]], timeout: float, tag: str
+) -> None:
+    """The end of a pass whose detach is not measured: deletes its pods, waits until their
+    VolumeAttachments and the pods are gone, and drops the pass's marks from the clock."""
+    vas, unique = pass_volumes(names)
+    await delete_pods(stack, names)
+    await vas_gone(clock, vas, timeout, tag)
+    await wait_until(lambda: not clock.pods_left(), timeout, f"{tag}: pods deleted")
+    clock.forget({vas[n]: unique[n] for n in names})
+
+
 def pass_volumes(
     names: dict[str, tuple[str, tuple[str, str]]],
 ) -> tuple[dict[str, str], dict[str, tuple[str, str]]]:
@@ -489,7 +501,6 @@ async def pre_attached_pass(
         f"{tag}: holder pods deleted, volumes unstaged",
     )
     names = pod_names(tag, volumes)
-    vas, unique = pass_volumes(names)
     work = WorkCounts(stack.cp)
     await work.start()
     start = time.monotonic()
@@ -501,12 +512,9 @@ async def pre_attached_pass(
     group = ShortHomeComponents(stack.cp, comps, stack.home)
     await group.start()
     try:
-        await delete_pods(stack, names)
-        await vas_gone(clock, vas, timeout, tag)
-        await wait_until(lambda: not clock.pods_left(), timeout, f"{tag}: pods deleted")
+        await clear_pass(stack, clock, names, timeout, tag)
     finally:
         await group.stop()
-    clock.forget({vas[n]: unique[n] for n in names})
     counted = work.figures(len(volumes))
     seen = [clock.pod_seen[n] - created[n] for n in names]
     _, node_cpu, server_cpu = _shares(cpu, [], list(stack.cp.processes))
@@ -542,7 +550,7 @@ async def created_first(
     `downstream`, which attaches them, so that the pods run; then deletes them and waits until
     every VolumeAttachment and pod is gone. Returns, per pod, when the bench's watch saw it and
     when its VolumeAttachment appeared, in seconds from its creation."""
-    vas, unique = pass_volumes(names)
+    vas, _ = pass_volumes(names)
     created = await create_pods(stack, names)
     # The pods and the VolumeAttachments come on two watches: a VA may be seen before its pod.
     await wait_until(
@@ -556,12 +564,9 @@ async def created_first(
     await group.start()
     try:
         await wait_until(lambda: all(n in clock.running for n in names), timeout, f"{tag}: all pods running")
-        await delete_pods(stack, names)
-        await vas_gone(clock, vas, timeout, tag)
+        await clear_pass(stack, clock, names, timeout, tag)
     finally:
         await group.stop()
-    clock.forget({vas[n]: unique[n] for n in names})
-    await wait_until(lambda: not clock.pods_left(), timeout, f"{tag}: pods deleted")
     return seen, made
 
 
