@@ -7,8 +7,11 @@ kube-controller-manager) plus the storage side:
   attach-detach and expander included) and the Go external-provisioner, -attacher and -resizer;
 - `kubeloop`: kcm without those three and every kubeloop component `make up` starts.
 
-Both share the node side (kubeloop's CSI driver, one node plugin and one node agent per node) and
-the objects of deploy/ (the CSIDriver and StorageClasses). Scenarios of one mode share its stack,
+Both share the node side (kubeloop's CSI driver, one node plugin and one node agent per node),
+external-snapshotter's snapshot-controller and csi-snapshotter (upstream's Go binaries in both, with
+the snapshot CRDs, as every run mode of kubeloop has them) and the objects of deploy/ (the CSIDriver
+and StorageClasses). The suite compares two modes only when their apiservers served the same API
+surface (surface.py). Scenarios of one mode share its stack,
 each in its own namespace with its cluster-scoped names prefixed (model.py); those that kill
 components or touch nodes run alone, after the rest.
 """
@@ -73,10 +76,19 @@ from .model import (
     Step,
     Wait,
 )
+from .surface import api_surface
 
 MODES = ("go", "kubeloop")
 WORK_DIR = REPO_ROOT / ".kubeloop" / "conformance"
-NODE_SIDE = ("csi-driver-controller", "csi-driver-node", "node-agent")
+# What the go mode runs of kubeloop's registry: the node side and external-snapshotter's two, so
+# both modes' clusters serve the snapshot API (the kubeloop mode runs the whole registry).
+NODE_SIDE = (
+    "csi-driver-controller",
+    "csi-driver-node",
+    "node-agent",
+    "snapshot-controller",
+    "csi-snapshotter",
+)
 DEPLOY_MANIFESTS = ("deploy/csidriver.yaml", "deploy/storageclasses.yaml")
 SHARED_CLASSES = ("", "kubeloop", "kubeloop-wffc")  # deploy/'s classes: never prefixed
 # After the settle time: how long a scenario must be still before its final snapshot, and the most
@@ -198,6 +210,7 @@ class ModeStack:
     storage: StorageStack
     extra: ShortHomeComponents | None
     recorder: Recorder
+    surface: list[str]  # what the apiserver served once every component had started (surface.py)
 
     def process(self, role: str) -> ManagedProcess:
         name = ROLE_PROCESSES[self.mode][role]
@@ -232,7 +245,7 @@ async def start_mode(mode: str, home: Path) -> ModeStack:
         recorder = Recorder(api)
         await recorder.start()
         await _wait_nodes_ready(recorder, api)
-        return ModeStack(mode, cp, api, storage, extra, recorder)
+        return ModeStack(mode, cp, api, storage, extra, recorder, await api_surface(api))
     except BaseException:
         if extra is not None:
             await extra.stop()
@@ -715,14 +728,20 @@ def lane(scn: Scenario) -> str:
     return "pool" if pool else "parallel"
 
 
+@dataclass(frozen=True)
+class ModeRun:
+    outcomes: dict[str, RawOutcome]  # by scenario name
+    startup: float  # seconds the stack took to start
+    surface: list[str]  # the API surface the scenarios ran against (surface.py)
+
+
 async def run_mode(
     mode: str,
     scenarios: list[tuple[int, Scenario]],
     parallel: int = 8,
     on_done: Callable[[str, Scenario, float], None] | None = None,
-) -> tuple[dict[str, RawOutcome], float]:
-    """Every scenario in one mode on one fresh stack; returns the raw outcomes by scenario name and
-    the seconds the stack took to start."""
+) -> ModeRun:
+    """Every scenario in one mode on one fresh stack."""
     started = time.monotonic()
     ms = await start_mode(mode, WORK_DIR / mode)
     startup = time.monotonic() - started
@@ -747,4 +766,4 @@ async def run_mode(
         await in_turn(lanes["exclusive"])
     finally:
         await stop_mode(ms)
-    return out, startup
+    return ModeRun(out, startup, ms.surface)

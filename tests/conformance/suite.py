@@ -23,6 +23,7 @@ from .compare import RawOutcome, Verdict, compare, normalise
 from .model import Scenario
 from .runner import MODES, WORK_DIR, run_mode
 from .scenarios import ALL
+from .surface import SurfaceMismatch, check_same_surface, load_surface, save_surface
 
 REPORT = WORK_DIR / "report.json"
 
@@ -78,6 +79,7 @@ def select(subset: bool, pattern: str = "") -> list[tuple[int, Scenario]]:
 
 async def run_suite(chosen: list[tuple[int, Scenario]], parallel: int = 8, verbose: bool = True) -> Report:
     raw = {}
+    surfaces = {}
     seconds: dict[str, float] = {}
 
     def done(mode: str, scn: Scenario, took: float) -> None:
@@ -88,11 +90,14 @@ async def run_suite(chosen: list[tuple[int, Scenario]], parallel: int = 8, verbo
         t0 = time.monotonic()
         if verbose:
             print(f"== {mode} mode: {len(chosen)} scenarios", flush=True)
-        raw[mode], startup = await run_mode(mode, chosen, parallel, done)
-        seconds[f"{mode}_startup"] = round(startup, 1)
+        run = await run_mode(mode, chosen, parallel, done)
+        raw[mode], surfaces[mode] = run.outcomes, run.surface
+        seconds[f"{mode}_startup"] = round(run.startup, 1)
         seconds[mode] = round(time.monotonic() - t0, 1)
         save_raw(mode, raw[mode])
+        save_surface(WORK_DIR, mode, run.surface)
     seconds["total"] = round(sum(seconds[m] for m in MODES), 1)
+    check_same_surface(surfaces)
     return judge(chosen, raw, seconds)
 
 
@@ -148,11 +153,18 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit("no scenario selected")
     if args.renormalise:
         raw = {mode: load_raw(mode) for mode in MODES}
+        try:
+            check_same_surface({mode: load_surface(WORK_DIR, mode) for mode in MODES})
+        except SurfaceMismatch as e:
+            sys.exit(f"conformance: {e}")
         chosen = [(i, s) for i, s in chosen if all(s.name in raw[m] for m in MODES)]
         previous = json.loads(args.report.read_text()).get("seconds", {}) if args.report.exists() else {}
         report = judge(chosen, raw, previous)
     else:
-        report = asyncio.run(run_suite(chosen, args.parallel))
+        try:
+            report = asyncio.run(run_suite(chosen, args.parallel))
+        except SurfaceMismatch as e:
+            sys.exit(f"conformance: {e}")
     print_report(report)
     print(f"report: {report.write(args.report)}")
     _n, _same, differ, expected = report.counts()

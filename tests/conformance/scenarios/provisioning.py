@@ -182,16 +182,20 @@ SCENARIOS: tuple[Scenario, ...] = (
         ),
     ),
     Scenario(
-        "provision-snapshot-source",
-        f"{EP}: a VolumeSnapshot dataSource without the snapshot API",
+        "provision-snapshot-source-missing",
+        f"{EP}: a restore from a VolumeSnapshot that does not exist",
         (
             pvc(
                 "claim1",
                 sc="kubeloop",
                 source={"apiGroup": "snapshot.storage.k8s.io", "kind": "VolumeSnapshot", "name": "snap"},
             ),
-            sleep(8),
+            wait(event("pvc", "claim1", "ProvisioningFailed"), timeout=30),
+            sleep(2),
         ),
+        # In make test's subset: its message is the first to differ when one mode's cluster lacks
+        # the snapshot API (issue 44), beside the surface check that refuses such a comparison.
+        subset=True,
     ),
     Scenario(
         "provision-secrets",
