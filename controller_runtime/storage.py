@@ -21,6 +21,10 @@ ANN_SELECTED_NODE = "volume.kubernetes.io/selected-node"
 ANN_BETA_STORAGE_CLASS = "volume.beta.kubernetes.io/storage-class"
 ANN_DEFAULT_CLASS = "storageclass.kubernetes.io/is-default-class"
 ANN_BETA_DEFAULT_CLASS = "storageclass.beta.kubernetes.io/is-default-class"
+# On a VolumeSnapshotContent, set by an admin: a claim restored from it may have another volumeMode
+# than the snapshotted volume (KEP-3141, external-provisioner's --prevent-volume-mode-conversion).
+# kubeloop's provisioner passes the grant on to the driver as a CreateVolume parameter of this key.
+ANN_ALLOW_VOLUME_MODE_CHANGE = "snapshot.storage.kubernetes.io/allow-volume-mode-change"
 NO_PROVISIONER = "kubernetes.io/no-provisioner"  # a StorageClass provisioner: no dynamic provisioning
 YES = "yes"  # the value of bind-completed and bound-by-controller
 

@@ -1,6 +1,7 @@
 """The content a clone or a restore starts from: the source claim's volume handle, or the
 VolumeSnapshot's snapshot handle, that CreateVolume's volume_content_source names, with the Go
-sidecar's reasons for refusing a source (they are the ProvisioningFailed event's text)."""
+sidecar's reasons for refusing a source (they are the ProvisioningFailed event's text). The checks
+that need no I/O (volume modes) are decide's."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from controller_runtime.storage import is_deleting
 from controller_runtime.store import Store
 
 from . import names
-from .decide import DataSource
+from .decide import DataSource, clone_mode_error, mode_change_granted, restore_mode_error
 from .request import ProvisionError, go_quote
 
 log = get_logger("external-provisioner")
@@ -32,6 +33,9 @@ log = get_logger("external-provisioner")
 class Content:
     volume: str = ""  # a clone's: the source claim's volume handle
     snapshot: str = ""  # a restore's: the snapshot's handle
+    # A restore's: the VolumeSnapshotContent lets the claim have another volume mode (its
+    # allow-volume-mode-change annotation), a grant CreateVolume passes on to the driver.
+    mode_change_granted: bool = False
 
 
 def _claim_status(claim: Obj) -> str:
@@ -44,17 +48,19 @@ def _claim_status(claim: Obj) -> str:
 
 class ContentSources:
     """Reads a claim's data source: the source claim from the claims cache (the provisioning
-    controller's), its PV, the VolumeSnapshot and its content from the API."""
+    controller's), its PV, the VolumeSnapshot and its content from the API. `prevent_mode_conversion`
+    is --prevent-volume-mode-conversion."""
 
-    def __init__(self, client: ApiClient, claims: Store) -> None:
+    def __init__(self, client: ApiClient, claims: Store, prevent_mode_conversion: bool = True) -> None:
         self.client = client
         self.claims = claims
+        self.prevent_mode_conversion = prevent_mode_conversion
 
     async def content(self, claim: Obj, storage_class: Obj, source: DataSource) -> Content:
         try:
             if source.clone:
                 return Content(volume=await self._clone_source(claim, storage_class, source))
-            return Content(snapshot=await self._snapshot_source(claim, storage_class, source))
+            return await self._snapshot_source(claim, storage_class, source)
         except ProvisionError as exc:
             raise ProvisionError(
                 f"error getting handle for DataSource Type {source.kind} by Name {source.name}: {exc}"
@@ -105,21 +111,11 @@ class ContentSources:
         ):
             log.warning("the source claim's volume does not back it", volume=volume_name, claim=key_of(src))
             raise ProvisionError("claim in dataSource not bound or invalid")
-        source_block = pv["spec"].get("volumeMode") == "Block"
-        if claim["spec"].get("volumeMode") == "Block":
-            if not source_block:
-                raise ProvisionError(
-                    "the source PVC and destination PVCs must have the same volume mode for cloning.  "
-                    "Source is Filesystem, but new PVC requested Block"
-                )
-        elif pv["spec"].get("volumeMode") not in (None, "Filesystem"):
-            raise ProvisionError(
-                "the source PVC and destination PVCs must have the same volume mode for cloning.  "
-                "Source is Block, but new PVC requested Filesystem"
-            )
+        if (problem := clone_mode_error(claim, pv)) is not None:
+            raise ProvisionError(problem)
         return str(csi["volumeHandle"])
 
-    async def _snapshot_source(self, claim: Obj, storage_class: Obj, source: DataSource) -> str:
+    async def _snapshot_source(self, claim: Obj, storage_class: Obj, source: DataSource) -> Content:
         name = source.name
         try:
             snap = await self.client.get(VOLUME_SNAPSHOTS, name, source.namespace)
@@ -162,4 +158,6 @@ class ContentSources:
                     f"requested volume size {want} is less than the size {have} "
                     f"for the source snapshot {name}"
                 )
-        return str(handle)
+        if (problem := restore_mode_error(claim, content, prevent=self.prevent_mode_conversion)) is not None:
+            raise ProvisionError(problem)
+        return Content(snapshot=str(handle), mode_change_granted=mode_change_granted(content))

@@ -1,7 +1,8 @@
 """The provisioner's decisions that depend only on objects and the driver's capabilities, kept
 apart from the I/O so each can be tested on its own: which data source a claim names and whether
-the driver can provision it, which PVs are this provisioner's to finalize and delete, which secret
-DeleteVolume gets, and when a clone source's protection may go. Each follows the Go sidecar
+the driver can provision it, whether a clone or restore may have the claim's volume mode, which
+PVs are this provisioner's to finalize and delete, which secret DeleteVolume gets, and when a clone
+source's protection may go. Each follows the Go sidecar
 (kubernetes-csi/external-provisioner v6 with sig-storage-lib-external-provisioner v13); the
 messages are its messages, since they reach events."""
 
@@ -17,7 +18,7 @@ from controller_runtime.storage import is_deleting, volume_class
 from kubeloop_grpc.csi import csi_pb2
 
 from . import names
-from .request import ProvisionError, SecretRef, secret_reference
+from .request import ProvisionError, SecretRef, go_quote, secret_reference
 
 RPC = csi_pb2.ControllerServiceCapability.RPC
 SERVICE = csi_pb2.PluginCapability.Service
@@ -236,6 +237,77 @@ def pending_restores(claims: Iterable[Obj]) -> set[str]:
         if key is not None:
             found.add(key)
     return found
+
+
+# -- the volume mode of a copy ----------------------------------------------------------------------
+
+FILESYSTEM, BLOCK = "Filesystem", "Block"
+_CLONE_MODES = "the source PVC and destination PVCs must have the same volume mode for cloning.  "
+_GO_TRUE = ("1", "t", "T", "TRUE", "true", "True")
+_GO_FALSE = ("0", "f", "F", "FALSE", "false", "False")
+
+
+def go_parse_bool(text: str) -> bool:
+    """Go's strconv.ParseBool, whose error text reaches the event."""
+    if text in _GO_TRUE:
+        return True
+    if text in _GO_FALSE:
+        return False
+    raise ValueError(f"strconv.ParseBool: parsing {go_quote(text)}: invalid syntax")
+
+
+def clone_mode_error(claim: Obj, source_pv: Obj) -> str | None:
+    """Why a clone cannot have the claim's volumeMode, else None. A clone keeps its source's mode,
+    always: upstream's getPVCSource checks it whatever --prevent-volume-mode-conversion says, and no
+    annotation lifts it. A missing mode is Filesystem on either side."""
+    want = claim.get("spec", {}).get("volumeMode")
+    have = source_pv.get("spec", {}).get("volumeMode")
+    if (want is None or want == FILESYSTEM) and have is not None and have != FILESYSTEM:
+        return _CLONE_MODES + "Source is Block, but new PVC requested Filesystem"
+    if want == BLOCK and have != BLOCK:
+        return _CLONE_MODES + "Source is Filesystem, but new PVC requested Block"
+    return None
+
+
+def restore_mode_error(claim: Obj, content: Obj, *, prevent: bool) -> str | None:
+    """Why a claim may not be restored from a VolumeSnapshotContent in another volume mode than the
+    snapshotted volume's, else None: upstream's --prevent-volume-mode-conversion (on by default).
+    The modes are compared only when both are set, as upstream does: a content without
+    `spec.sourceVolumeMode` (a pre-provisioned one, or one a snapshot-controller made with its own
+    --prevent-volume-mode-conversion off) is let through, and so is a claim without a mode, which
+    the apiserver never stores. A change needs the content's allow-volume-mode-change annotation."""
+    source_mode = content.get("spec", {}).get("sourceVolumeMode")
+    claim_mode = claim.get("spec", {}).get("volumeMode")
+    if not prevent or source_mode is None or claim_mode is None or source_mode == claim_mode:
+        return None
+    md, name, key = claim["metadata"], content["metadata"]["name"], storage.ANN_ALLOW_VOLUME_MODE_CHANGE
+    refused = (
+        f"requested volume {md['namespace']}/{md['name']} modifies the mode of the source volume but "
+        "does not have permission to do so. "
+    )
+    value = _annotations(content).get(key)
+    if value is None:
+        return refused + f"{key} annotation is not present on snapshotcontent {name}"
+    try:
+        allowed = go_parse_bool(value)
+    except ValueError as exc:
+        return refused + f"failed to convert {key} annotation value to boolean with error: {exc}"
+    if not allowed:
+        return refused + f"{key} is set to false on snapshotcontent {name}"
+    return None
+
+
+def mode_change_granted(content: Obj) -> bool:
+    """Whether an admin allowed claims restored from this VolumeSnapshotContent another volume
+    mode (its annotation reads true as Go's ParseBool reads it). kubeloop's provisioner passes the
+    grant on to the driver, which refuses a mode change it is not told about (docs/contracts.md)."""
+    value = _annotations(content).get(storage.ANN_ALLOW_VOLUME_MODE_CHANGE)
+    if value is None:
+        return False
+    try:
+        return go_parse_bool(value)
+    except ValueError:
+        return False
 
 
 # -- infeasible requests ---------------------------------------------------------------------------

@@ -83,6 +83,14 @@ def build_parser() -> argparse.ArgumentParser:
         "immediate binding: pass every segment where the driver runs to CreateVolume (true) or no "
         "topology requirement (false)",
     )
+    process.add_bool_flag(
+        parser,
+        "--prevent-volume-mode-conversion",
+        True,
+        "refuse to restore a VolumeSnapshot into a claim of another volumeMode than the snapshotted "
+        "volume's unless its VolumeSnapshotContent carries "
+        'snapshot.storage.kubernetes.io/allow-volume-mode-change: "true"',
+    )
     parser.add_argument(
         "--state-dir",
         default="/var/lib/kubeloop/external-provisioner",
@@ -193,6 +201,7 @@ def controller_options(args: argparse.Namespace, driver: str, node: NodeDeployme
         snapshot_sweep_interval=args.snapshot_orphan_sweep_interval,
         strict_topology=args.strict_topology,
         immediate_topology=args.immediate_topology,
+        prevent_mode_conversion=args.prevent_volume_mode_conversion,
         node_deployment=node,
     )
 

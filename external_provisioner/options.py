@@ -24,5 +24,8 @@ class Options:
     # --strict-topology / --immediate-topology: what CreateVolume's accessibility requirements hold.
     strict_topology: bool = False
     immediate_topology: bool = True
+    # --prevent-volume-mode-conversion: a restore keeps the snapshotted volume's mode unless its
+    # VolumeSnapshotContent allows a change.
+    prevent_mode_conversion: bool = True
     # --node-deployment: this provisioner serves its own node's claims and volumes only.
     node_deployment: NodeDeployment | None = None

@@ -135,7 +135,7 @@ class ProvisioningController(SidecarController):
         self.claims.add_handler(
             EventHandler(self._claim_changed, lambda _o, c: self._claim_changed(c), self._claim_deleted)
         )
-        self.sources = ContentSources(self.client, self.claims.store)
+        self.sources = ContentSources(self.client, self.claims.store, self.options.prevent_mode_conversion)
 
     # -- handlers: decide only whether a key is worth a sync ------------------------------------------
 
@@ -432,6 +432,7 @@ class ProvisioningController(SidecarController):
             topology=topology,
             source_volume=content.volume,
             source_snapshot=content.snapshot,
+            mode_change_granted=content.mode_change_granted,
             mutable_parameters=mutable_parameters,
         )
 

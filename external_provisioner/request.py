@@ -512,8 +512,13 @@ def volume_spec(
     topology: Topology | None,
     source_volume: str = "",
     source_snapshot: str = "",
+    mode_change_granted: bool = False,
     mutable_parameters: Mapping[str, str] | None = None,
 ) -> VolumeSpec:
+    """The CreateVolume request for a claim. `mode_change_granted` (a restore whose
+    VolumeSnapshotContent allows another volume mode) adds the grant to the driver's parameters
+    under the annotation's own key: kubeloop's extension, for a driver that refuses a mode change
+    it is not told about (docs/contracts.md)."""
     md = claim["metadata"]
     modes = list(claim.get("spec", {}).get("accessModes") or [])
     if not modes:
@@ -527,6 +532,8 @@ def volume_spec(
                 names.PARAM_PV_NAME: pv_name,
             }
         )
+    if mode_change_granted:
+        driver_params[storage.ANN_ALLOW_VOLUME_MODE_CHANGE] = "true"
     block = is_block(claim)
     return VolumeSpec(
         name=pv_name,
