@@ -30,7 +30,7 @@ from .freeze import FreezeWatcher
 from .group_controller import GroupControllerServer
 from .identity import IdentityServer
 from .node import NodeConfig, NodeServer
-from .pool_kinds import parse_capacity, pool_capacity
+from .pool_kinds import capacity_of_node, parse_capacity, pool_capacity
 from .server import CsiInterceptor
 from .snapshot_metadata import SnapshotMetadataServer
 from .state import DriverState, NodeInfo
@@ -62,6 +62,14 @@ class _Parser(argparse.ArgumentParser):
 
     def parse_args(self, args: Sequence[str] | None = None, namespace: None = None) -> argparse.Namespace:  # type: ignore[override]
         parsed = super().parse_args(args, namespace)
+        parsed.capacity_from = "--capacity"
+        if parsed.capacity_per_node is not None:
+            try:
+                own = capacity_of_node(parsed.capacity_per_node.read_text(), parsed.node_id)
+            except (OSError, ValueError) as e:
+                self.error(f"--capacity-per-node {parsed.capacity_per_node}: {e}")
+            if own is not None:
+                parsed.capacity, parsed.capacity_from = own, str(parsed.capacity_per_node)
         try:
             parsed.capacity = pool_capacity(parsed.capacity)
         except ValueError as e:
@@ -134,6 +142,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="capacity the pool offers, e.g. 50Gi; 0 reports the pool filesystem's free space "
         "(default: 0). KIND=SIZE (repeatable, e.g. --capacity fast=100Gi --capacity slow=1Ti) "
         "splits the pool into kinds that a StorageClass chooses with the parameter kind",
+    )
+    parser.add_argument(
+        "--capacity-per-node",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help='a JSON object of node id to a list of [KIND=]SIZE, e.g. {"node-a": ["50Gi"]}: '
+        "this node's entry (--node-id), when the file has one, replaces the --capacity flags "
+        "(read at start; the Helm chart's capacityPerNode)",
     )
     parser.add_argument(
         "--max-volumes-per-node",
@@ -266,6 +283,8 @@ async def _serve(
             node_local=args.node_local,
             node=args.node_id if node_mode else "",
             endpoint=path,
+            capacity=args.capacity.total or dict(args.capacity.kinds) or "free space",
+            capacity_from=args.capacity_from,
         )
         if registration is None:
             # Not server.wait_for_termination(): cancelling that (SIGTERM) cancels grpc's own

@@ -4,6 +4,7 @@ values and the choice a request makes; the controller counts what each kind hold
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -50,6 +51,29 @@ def pool_capacity(values: Sequence[tuple[str, int]]) -> PoolCapacity:
     if kinds and unnamed:
         raise ValueError("--capacity SIZE and --capacity KIND=SIZE do not mix; give every size a kind")
     return PoolCapacity(total=unnamed[-1] if unnamed else 0, kinds=kinds)
+
+
+def capacity_of_node(table: str, node: str) -> list[tuple[str, int]] | None:
+    """This node's entry in a `--capacity-per-node` file: the `--capacity` values its pool offers
+    instead of the flags', or None when the file names no such node (the flags then hold). The
+    file is a JSON object of node name to a list of `[KIND=]SIZE` (the Helm chart's
+    capacityPerNode, in a ConfigMap every node plugin mounts). Only this node's entry is read, so
+    a mistake in another node's stops that node alone. ValueError says what is wrong."""
+    try:
+        nodes = json.loads(table)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"not JSON ({e})") from e
+    if not isinstance(nodes, dict):
+        raise ValueError("must be a JSON object of node name to a list of [KIND=]SIZE")
+    entry = nodes.get(node)
+    if entry is None:
+        return None
+    if not isinstance(entry, list) or not entry or not all(isinstance(v, str) for v in entry):
+        raise ValueError(f"node {node!r}: must be a non-empty list of [KIND=]SIZE strings, not {entry!r}")
+    try:
+        return [parse_capacity(v) for v in entry]
+    except ValueError as e:
+        raise ValueError(f"node {node!r}: {e}") from e
 
 
 def known_kinds(capacity: PoolCapacity) -> str:

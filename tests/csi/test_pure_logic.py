@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import grpc
 import pytest
 from hypothesis import given
@@ -10,7 +12,8 @@ from hypothesis import strategies as st
 from controller_runtime.mounts import parse_mountinfo
 from controller_runtime.unix_grpc import socket_path
 from csi_driver.errors import CsiError
-from csi_driver.pool_kinds import PoolCapacity, chosen_kind, parse_capacity, pool_capacity
+from csi_driver.main import build_parser
+from csi_driver.pool_kinds import PoolCapacity, capacity_of_node, chosen_kind, parse_capacity, pool_capacity
 from csi_driver.topology import local_topology, names_node, node_segment
 from csi_driver.validation import (
     GiB,
@@ -208,6 +211,44 @@ def test_a_node_local_volume_is_accessible_from_its_node_only() -> None:
             local_topology(reqs, "n1")
         assert info.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED and "n1" in info.value.message
     assert names_node(own, "n1") and not names_node(other, "n1") and not names_node({}, "n1")
+
+
+def test_capacity_per_node_file_gives_this_nodes_entry() -> None:
+    table = '{"node-a": ["50Gi"], "node-b": ["fast=1Gi", "slow=2Gi"], "node-c": ["lots"]}'
+    assert capacity_of_node(table, "node-a") == [("", 50 * GiB)]
+    assert capacity_of_node(table, "node-b") == [("fast", GiB), ("slow", 2 * GiB)]
+    assert capacity_of_node(table, "node-d") is None  # not named: the --capacity flags hold
+    for bad, words in (
+        ("{", "not JSON"),
+        ('["50Gi"]', "JSON object"),
+        ('{"node-a": "50Gi"}', "node 'node-a': must be a non-empty list"),
+        ('{"node-a": []}', "non-empty list"),
+        ('{"node-a": [50]}', "strings"),
+    ):
+        with pytest.raises(ValueError, match=words):
+            capacity_of_node(bad, "node-a")
+    with pytest.raises(ValueError, match="node 'node-c': invalid size 'lots'"):
+        capacity_of_node(table, "node-c")  # only this node's entry is read: node-a's stays usable
+
+
+def test_driver_takes_its_nodes_capacity_from_the_file_at_start(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    table = tmp_path / "capacity.json"
+    table.write_text('{"node-a": ["fast=1Gi", "slow=2Gi"], "node-c": ["lots"]}')
+    parse = build_parser().parse_args
+    own = parse(["--node-id", "node-a", "--capacity", "5Gi", "--capacity-per-node", str(table)])
+    assert own.capacity == PoolCapacity(kinds={"fast": GiB, "slow": 2 * GiB})
+    assert own.capacity_from == str(table)
+    other = parse(["--node-id", "node-b", "--capacity", "5Gi", "--capacity-per-node", str(table)])
+    assert other.capacity == PoolCapacity(total=5 * GiB) and other.capacity_from == "--capacity"
+    for argv, words in (
+        (["--node-id", "node-c", "--capacity-per-node", str(table)], "invalid size 'lots'"),
+        (["--node-id", "node-a", "--capacity-per-node", str(tmp_path / "missing")], "No such file"),
+    ):
+        with pytest.raises(SystemExit) as exited:
+            parse(argv)
+        assert exited.value.code == 2 and words in capsys.readouterr().err
 
 
 def test_capacity_flags_and_the_kind_a_request_chooses() -> None:
