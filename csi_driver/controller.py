@@ -10,7 +10,7 @@ import errno
 import os
 import stat
 import uuid
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass
 
 import grpc
@@ -18,6 +18,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from controller_runtime.files import is_temp_name
 from controller_runtime.logs import get_logger
+from controller_runtime.storage import ANN_ALLOW_VOLUME_MODE_CHANGE
 from kubeloop_grpc.csi import csi_pb2, csi_pb2_grpc
 
 from . import TOPOLOGY_KEY, mutable
@@ -81,6 +82,10 @@ CAPABILITIES = (
 PUBLISHING = frozenset({RPC.PUBLISH_UNPUBLISH_VOLUME, RPC.LIST_VOLUMES_PUBLISHED_NODES, RPC.PUBLISH_READONLY})
 
 FSTYPE_PARAMETERS = ("csi.storage.k8s.io/fstype", "fsType")
+# A copy (restore or clone) may have another access type than its source only when the request
+# says so with this parameter, "true": kubeloop's external-provisioner passes it from the
+# VolumeSnapshotContent's annotation of the same key; an admin may set it in a StorageClass.
+MODE_CHANGE_PARAMETER = ANN_ALLOW_VOLUME_MODE_CHANGE
 # external-provisioner passes its own metadata (pvc name, namespace, ...) under this prefix.
 PROVISIONER_PREFIX = "csi.storage.k8s.io/"
 
@@ -119,12 +124,24 @@ class _Source:
     fs_type: str = ""
 
 
-def _incompatible_source(source: _Source, access_type: str, fs_type: str) -> str | None:
-    """Why a volume of `access_type`/`fs_type` cannot be made from `source`, else None. A
-    filesystem may become a block volume (its image, read as a device); raw block data never
-    becomes a filesystem volume, whose stage would format over it or refuse it."""
-    if source.access_type == "block" and access_type == "mount":
-        return "holds raw block data, not a filesystem; restore it as a block volume"
+def _mode_change_granted(params: Mapping[str, str]) -> bool:
+    value = params.get(MODE_CHANGE_PARAMETER, "false")
+    if value not in ("true", "false"):
+        raise invalid(f'parameter {MODE_CHANGE_PARAMETER} must be "true" or "false", not {value!r}')
+    return value == "true"
+
+
+def _incompatible_source(source: _Source, access_type: str, fs_type: str, mode_change: bool) -> str | None:
+    """Why a volume of `access_type`/`fs_type` cannot be made from `source`, else None. A copy
+    keeps its source's access type unless the request grants a change (`mode_change`): a
+    filesystem read as a raw device shows every byte of it, deleted files and metadata included,
+    and raw block data mounted as a filesystem hands the node's kernel an image its user wrote
+    (KEP-3141). A source recorded before access types were ("") is let through."""
+    grant = f'; the request may change it only with the parameter {MODE_CHANGE_PARAMETER}: "true"'
+    if source.access_type == "mount" and access_type == "block" and not mode_change:
+        return f"holds a filesystem ({source.fs_type or 'of unknown type'}), not a block volume{grant}"
+    if source.access_type == "block" and access_type == "mount" and not mode_change:
+        return f"holds raw block data, not a filesystem; restore it as a block volume{grant}"
     if (
         source.access_type == "mount"
         and access_type == "mount"
@@ -290,7 +307,7 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
 
     def _fs_type(self, params: dict[str, str], caps: list[Capability]) -> str:
         """The filesystem a request names (parameters or capabilities); "" when it names none."""
-        accepted = (*FSTYPE_PARAMETERS, KIND_PARAMETER)
+        accepted = (*FSTYPE_PARAMETERS, KIND_PARAMETER, MODE_CHANGE_PARAMETER)
         unknown = sorted(k for k in params if k not in accepted and not k.startswith(PROVISIONER_PREFIX))
         if unknown:
             raise invalid(
@@ -465,7 +482,8 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
         # copy cannot be: the node would refuse to stage it, so the create refuses it now.
         mount = access_type == "mount"
         fs_type = requested_fs or (source.fs_type if mount else "") or (DEFAULT_FS if mount else "")
-        if (reason := _incompatible_source(source, access_type, fs_type)) is not None:
+        mode_change = _mode_change_granted(req.parameters)
+        if (reason := _incompatible_source(source, access_type, fs_type, mode_change)) is not None:
             raise invalid(f"the {source.kind} {source.id} {reason}")
         if source.size and not required and not limit:
             size = source.size
