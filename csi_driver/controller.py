@@ -194,9 +194,10 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
         self.state = state
         self.config = config
         # A record is what reserves room in the pool. The room check and the write of the record
-        # that takes the room run under this one lock, so concurrent creates, clones, snapshots
-        # and expansions can never each count the same free bytes.
-        self._space = asyncio.Lock()
+        # that takes the room run under the pool's budget (csi_driver.budget: a lock shared with
+        # the node plugins, whose inline volumes take from the same --capacity), so concurrent
+        # creates, clones, snapshots, expansions and inline volumes never count the same free bytes.
+        state.budget.serve(config.capacity)
 
     # --- start-up -------------------------------------------------------------------------------
     async def reconcile(self) -> None:
@@ -233,6 +234,9 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
         ]
         for record in half_made:
             await self._roll_back(record)
+        # Tells the node plugins on this pool the --capacity and what the records hold, before any
+        # of them counts on a budget file a previous controller (maybe with other flags) wrote.
+        await self.state.budget.publish()
         volume_files, snapshot_files = await asyncio.to_thread(scan)
         for vol in self.state.list_volumes():
             if vol.volume_id not in volume_files:
@@ -272,26 +276,19 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
     def _pool_owner(self) -> str:
         return f"the pool of node {self.config.local_node_id}" if self.config.node_local else "the pool"
 
-    async def _available(self, kind: str) -> int:
-        """The room left for a volume of `kind` ("" on a pool without kinds)."""
-        capacity = self.config.capacity
-        if capacity.kinds:
-            # A kind no longer configured (the flags changed since the volume was made) has none.
-            return max(0, capacity.kinds.get(kind, 0) - self.state.allocated_bytes(kind))
-        if capacity.total:
-            return max(0, capacity.total - self.state.allocated_bytes())
-        return await asyncio.to_thread(files.free_bytes, str(self.state.pool_dir))
-
     @contextlib.asynccontextmanager
     async def _reserving(self, size: int, kind: str) -> AsyncIterator[None]:
-        """Checks that `size` more bytes of `kind` fit, and holds the pool's space while the
+        """Checks that `size` more bytes of `kind` fit, and holds the pool's budget while the
         caller writes the record that takes them."""
-        async with self._space:
+        budget = self.state.budget
+        async with budget.deciding():
             await self._check_room(size, kind)
-            yield
+            async with budget.holding(size, kind):
+                yield
 
     async def _check_room(self, size: int, kind: str) -> None:
-        available = await self._available(kind)
+        room = await self.state.budget.room(kind)
+        available = room.left
         if size > available:
             if self.config.capacity.kinds and kind not in self.config.capacity.kinds:
                 where = f"pool kind {kind or '(none)'}, which --capacity no longer configures"
@@ -301,6 +298,8 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
                 where = "configured --capacity"
             else:
                 where = f"pool filesystem {self.state.pool_dir}"
+            if room.inline:
+                where += f" (inline ephemeral volumes hold {format_size(room.inline)} of it)"
             raise exhausted(
                 f"not enough space for {format_size(size)}: {available} bytes are free in the {where}"
             )
@@ -725,7 +724,7 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
             # Another node's segment (a node-local pool holds nothing for it), or a pool that
             # cannot hold any volume: the scheduler must not count on room here.
             return csi_pb2.GetCapacityResponse(available_capacity=0)
-        available = await self._available(kind)
+        available = (await self.state.budget.room(kind)).left
         # CreateVolume rounds a size up to whole MiB where it may: the largest size a create can
         # be asked for and succeed is the available room rounded down to that unit.
         largest = round_down(min(available, self.config.max_volume_size), SIZE_UNIT)

@@ -10,6 +10,9 @@ plugin makes the volume in its pool at the first publish and removes it at the u
     volumeAttributes:
       size: 256Mi        # a Kubernetes quantity; 100Mi when not given (hostpath's size)
       fsType: xfs        # ext4 (the default), xfs, ext3 or ext2; or the inline source's fsType
+      kind: fast         # the pool kind whose --capacity it takes from (a pool split into kinds)
+
+Its size comes out of the pool's --capacity, as a persistent volume's does (csi_driver.budget).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from controller_runtime.quantity import parse_quantity
 
 from .backend.fs import DEFAULT_FS, SUPPORTED
 from .errors import invalid, out_of_range
+from .pool_kinds import KIND_PARAMETER
 from .validation import SIZE_UNIT, MiB, format_size, round_up
 
 EPHEMERAL_KEY = "csi.storage.k8s.io/ephemeral"
@@ -29,6 +33,7 @@ EPHEMERAL_KEY = "csi.storage.k8s.io/ephemeral"
 KUBELET_PREFIX = "csi.storage.k8s.io/"
 SIZE = "size"
 FS_TYPE = "fsType"
+KIND = KIND_PARAMETER  # as a StorageClass names it (and hostpath's inline volumes)
 DEFAULT_SIZE = 100 * MiB
 # mkfs.xfs refuses filesystems smaller than this.
 XFS_MIN = 300 * MiB
@@ -43,18 +48,19 @@ def is_ephemeral(volume_context: Mapping[str, str]) -> bool:
 class InlineVolume:
     size: int
     fs_type: str
+    kind: str = ""  # checked against the pool's kinds where the budget is decided
 
 
 def inline_volume(volume_context: Mapping[str, str], capability_fs_type: str, max_size: int) -> InlineVolume:
     """The volume an inline `csi:` source asks for, or INVALID_ARGUMENT (OUT_OF_RANGE for a size
     over --max-volume-size) saying what is wrong with the pod's volumeAttributes."""
     unknown = sorted(
-        k for k in volume_context if k not in (SIZE, FS_TYPE) and not k.startswith(KUBELET_PREFIX)
+        k for k in volume_context if k not in (SIZE, FS_TYPE, KIND) and not k.startswith(KUBELET_PREFIX)
     )
     if unknown:
         raise invalid(
             f"unknown volumeAttributes {', '.join(unknown)} for an inline volume; it takes {SIZE} (a "
-            f"quantity such as 256Mi) and {FS_TYPE} ({', '.join(SUPPORTED)})"
+            f"quantity such as 256Mi), {FS_TYPE} ({', '.join(SUPPORTED)}) and {KIND} (a pool kind)"
         )
     text = volume_context.get(SIZE, "").strip()
     if text and not _QUANTITY.match(text):
@@ -80,4 +86,4 @@ def inline_volume(volume_context: Mapping[str, str], capability_fs_type: str, ma
         raise invalid(
             f"an xfs volume must hold at least {format_size(XFS_MIN)}; {SIZE} is {format_size(size)}"
         )
-    return InlineVolume(size, fs_type)
+    return InlineVolume(size, fs_type, volume_context.get(KIND, ""))

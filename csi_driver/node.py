@@ -19,6 +19,7 @@ from kubeloop_grpc.csi import csi_pb2, csi_pb2_grpc
 
 from . import DRIVER_NAME, TOPOLOGY_KEY
 from .backend import files, fs, loop, mounts
+from .budget import Reservation
 from .capabilities import Capability, Mode, parse_capability, require_capability
 from .controller import CTX_ACCESS_TYPE, CTX_BACKING_FILE, CTX_FS_TYPE, CTX_READONLY, publish_context
 from .ephemeral import inline_volume, is_ephemeral
@@ -33,7 +34,7 @@ from .errors import (
 )
 from .paths import KubeletDir, fd_path
 from .state import DriverState, StagingRecord
-from .validation import check_id, fits, format_size
+from .validation import check_id, fits
 
 log = get_logger("csi.node")
 
@@ -206,6 +207,43 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
                     volume=rec.volume_id,
                     staging=rec.staging_path,
                 )
+        if not await asyncio.to_thread(self.state.pool_problem):
+            await self._settle_inline_volumes()
+
+    async def _settle_inline_volumes(self) -> None:
+        """Squares this node's inline volumes with the pool's budget after a restart, under it:
+        temporary files killed writers left in ephemeral/ go; a staging whose backing file does not
+        exist, with no device, target or mount (a publish killed before it made the file, or an
+        unpublish killed after it removed it) is finished, its reservation and record removed, so
+        no room stays held for a volume that is not there (kubelet's next publish reserves again,
+        its unpublish finds nothing to undo); a reservation of this node that no staging and no
+        file stand for goes; and a backing file made before inline volumes were counted is
+        counted now."""
+        budget, node = self.state.budget, self.config.node_id
+        async with budget.deciding():
+            for name in await asyncio.to_thread(budget.sweep):
+                log.info("removed a temporary file of a killed inline volume publish", file=name)
+            reservations = await asyncio.to_thread(budget.reservations)
+            stagings = {r.volume_id: r for r in self.state.list_stagings() if r.ephemeral}
+            for rec in stagings.values():
+                try:
+                    size = (await asyncio.to_thread(os.lstat, self.state.backing_file(rec))).st_size
+                except FileNotFoundError:
+                    size = -1
+                in_use = rec.device or rec.ro_device or rec.targets or is_mounted(rec.staging_path)
+                if size < 0 and not in_use:
+                    await asyncio.to_thread(budget.release, rec.volume_id)
+                    await self.state.delete_staging(rec.volume_id)
+                    log.info("finished an inline volume a killed call left", volume=rec.volume_id)
+                elif size >= 0 and rec.volume_id not in reservations:
+                    await asyncio.to_thread(budget.reserve, Reservation(rec.volume_id, size, "", node))
+                    log.info("counted an inline volume made before they were counted", volume=rec.volume_id)
+            for r in reservations.values():
+                if r.node != node or r.volume_id in stagings:
+                    continue
+                if not await asyncio.to_thread(os.path.lexists, self.state.ephemeral_file(r.volume_id)):
+                    await asyncio.to_thread(budget.release, r.volume_id)
+                    log.info("released the reservation of an inline volume that is gone", volume=r.volume_id)
 
     # --- helpers --------------------------------------------------------------------------------
     def _publish_context(self, volume_id: str, given: Mapping[str, str]) -> dict[str, str]:
@@ -632,12 +670,6 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
             if rec is None:
                 if problem := await asyncio.to_thread(self.state.pool_problem):
                     raise exhausted(f"node {self.config.node_id} cannot hold an inline volume: {problem}")
-                free = await asyncio.to_thread(files.free_bytes, str(self.state.pool_dir))
-                if wanted.size > free:
-                    raise exhausted(
-                        f"node {self.config.node_id} has {format_size(free)} free in its pool, less than "
-                        f"the {format_size(wanted.size)} the inline volume asks for"
-                    )
                 rec = StagingRecord(
                     volume_id=volume_id,
                     staging_path=staging,
@@ -649,7 +681,12 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
                 await self._add_staging(rec)  # intent first: after a crash it says what to remove
             try:
                 if not await asyncio.to_thread(os.path.lexists, backing):
-                    await asyncio.to_thread(files.create_sparse, backing, wanted.size)
+                    # The room first (the pool's budget, shared with the controller side and every
+                    # node plugin on the pool), the file while the budget is held.
+                    async with self.state.budget.reserving_inline(
+                        volume_id, wanted.size, wanted.kind, self.config.node_id
+                    ):
+                        await asyncio.to_thread(files.create_sparse, backing, wanted.size)
                 device = await self._ensure_device(rec, backing)
                 if not is_mounted(staging):
                     fs_type = await self._ensure_filesystem(rec, device, backing, wanted.fs_type)
@@ -689,6 +726,7 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
         with contextlib.suppress(OSError):
             await asyncio.to_thread(self.kubelet.remove, rec.staging_path, "staging_target_path")
         await asyncio.to_thread(files.remove, backing)
+        await asyncio.to_thread(self.state.budget.release, rec.volume_id)  # once the file is gone
         await self.state.delete_staging(rec.volume_id)
         log.info("removed inline volume", volume=rec.volume_id)
 

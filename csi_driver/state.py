@@ -15,6 +15,9 @@ Pool directory (--pool-dir, shared by the controller and every node plugin that 
     volumes/<volume-id>.img       sparse backing file
     snapshots/<snapshot-id>.img   sparse copy taken by CreateSnapshot
     ephemeral/<volume-id>.img     an inline ephemeral volume, made and removed by a node plugin
+    ephemeral/<volume-id>.json    its reservation in the pool's budget (csi_driver.budget)
+    budget.json, .budget.lock     the pool's --capacity budget, shared by every process on the
+                                  pool (csi_driver.budget)
     freezes/                      requests to freeze staged filesystems for a group snapshot
                                   (csi_driver.freeze)
     nodes/<node-id>.json          written by each node plugin at start so the controller knows it
@@ -44,6 +47,7 @@ from controller_runtime.files import FileLock
 from controller_runtime.logs import get_logger
 
 from .backend.store import RecordStore, write_json_atomic
+from .budget import PoolBudget
 from .errors import CsiError
 from .validation import check_id
 
@@ -176,6 +180,9 @@ class DriverState:
         self.not_ready_reason = "state not loaded yet"
         self._state_lock = FileLock(self.state_dir / ".lock")
         self._controller_lock = FileLock(self.pool_dir / ".controller.lock")
+        # What every process on the pool takes room from: this one's records and the inline
+        # volumes of every node plugin.
+        self.budget = PoolBudget(self.pool_dir, self.allocated_bytes)
 
     # --- layout ---------------------------------------------------------------------------------
     @property
@@ -356,6 +363,7 @@ class DriverState:
     async def delete_volume(self, volume_id: str) -> None:
         await self.volume_store.delete(volume_id)
         self._volumes.pop(volume_id, None)
+        await self.budget.publish()  # the room it held is the pool's again
 
     # --- snapshots ------------------------------------------------------------------------------
     def snapshot(self, snapshot_id: str) -> SnapshotRecord | None:
@@ -378,6 +386,7 @@ class DriverState:
     async def delete_snapshot(self, snapshot_id: str) -> None:
         await self.snapshot_store.delete(snapshot_id)
         self._snapshots.pop(snapshot_id, None)
+        await self.budget.publish()
 
     # --- stagings (node) ------------------------------------------------------------------------
     def staging(self, volume_id: str) -> StagingRecord | None:

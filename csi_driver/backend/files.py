@@ -56,7 +56,12 @@ def open_regular(path: str, flags: int) -> int:
 def lock_exclusive(path: str) -> int:
     """Opens a pool file and takes an exclusive flock on it, waiting for whoever holds it (another
     process sharing the pool); returns the descriptor, whose close releases the lock."""
-    fd = open_regular(path, os.O_RDONLY)
+    return flocked(open_regular(path, os.O_RDONLY))
+
+
+def flocked(fd: int) -> int:
+    """Takes an exclusive flock on an open descriptor, waiting for whoever holds it; returns the
+    descriptor, whose close releases the lock (closed here when the wait fails)."""
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
     except BaseException:

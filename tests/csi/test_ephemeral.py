@@ -66,6 +66,27 @@ def unpublish(client: Client, driver: Driver, name: str) -> None:
     )
 
 
+def publish_killed(driver: Driver, name: str, given: dict[str, str], delay: float) -> None:
+    """Publishes on a client of its own, kills the driver -9 `delay` seconds in (wherever the
+    publish then is), and starts it again."""
+
+    def run() -> None:
+        client = Client(driver.endpoint)
+        try:
+            publish_with(client, driver, name, given, timeout=20)
+        except grpc.RpcError:
+            pass  # killed before it answered
+        finally:
+            client.close()
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    time.sleep(delay)
+    driver.kill9()
+    worker.join()
+    driver.start()
+
+
 def nothing_left(driver: Driver) -> None:
     assert not list((driver.pool / "ephemeral").iterdir()), "a backing file is left"
     assert not list((driver.state / "staging").glob("*.json")), "a staging record is left"
@@ -167,20 +188,7 @@ def test_kill9_during_publish_leaves_nothing_after_the_unpublish(
     """kill -9 while the publish makes the file, attaches, formats and mounts; after the restart
     the pod is gone, and kubelet's unpublish (it always unpublishes a volume whose setup it is
     unsure of) removes whatever the killed publish made."""
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            publish(client, driver, "crashy", timeout=20, size="64Mi")
-        except grpc.RpcError as e:
-            errors.append(e)
-
-    worker = threading.Thread(target=run)
-    worker.start()
-    time.sleep(delay)
-    driver.kill9()
-    worker.join()
-    driver.start()
+    publish_killed(driver, "crashy", {"size": "64Mi"}, delay)
     again = Client(driver.endpoint)
     try:
         unpublish(again, driver, "crashy")

@@ -42,7 +42,9 @@ def test_controller_and_node_drivers_started_together_all_become_ready(csi_root:
     assert not failures, "\n".join(failures)
     # Nothing with a shared fixed name is left in the pool, and no temporary file either.
     assert sorted(p.name for p in pool.iterdir()) == [
+        ".budget.lock",
         ".controller.lock",
+        "budget.json",
         "ephemeral",
         "freezes",
         "nodes",

@@ -431,7 +431,9 @@ def test_any_other_unicode_name_up_to_128_bytes_is_accepted(sc: Client, shared: 
     snap = snapshot(sc, vol.volume_id, name)
     assert snapshot(sc, vol.volume_id, name).snapshot_id == snap.snapshot_id
     assert {p.name for p in shared.pool.iterdir()} <= {
+        ".budget.lock",
         ".controller.lock",
+        "budget.json",
         "nodes",
         "snapshots",
         "volumes",
