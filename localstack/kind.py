@@ -231,10 +231,12 @@ class Cluster:
                     f"meta.helm.sh/release-name={HELM_RELEASE}", "meta.helm.sh/release-namespace=kube-system",
                 )  # fmt: skip
             # The chart in node-local mode proves it installs on real kubelets; upgrade --install
-            # makes a second `up` on a kept cluster apply what changed.
+            # makes a second `up` on a kept cluster apply what changed. kind's kube-controller-manager
+            # runs with its storage controllers off (deploy/kind/cluster.yaml): kubeloop's run.
             self.helm(
                 "upgrade", "--install", HELM_RELEASE, str(HELM_CHART), "--namespace", "kube-system",
-                "--set", "mode=node-local", "--set", f"capacity={SEPARATE_CAPACITY}",
+                "--set", "mode=node-local", "--set", "storageControllers=kubeloop",
+                "--set", f"capacity={SEPARATE_CAPACITY}",
             )  # fmt: skip
         else:
             self.kubectl("apply", "-k", str(REPO_ROOT / "deploy"))

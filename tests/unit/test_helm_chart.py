@@ -1,14 +1,20 @@
 """The Helm chart deploy/helm/kubeloop, linted and rendered by the pinned helm (tools/build-binaries.sh
-helm; the test fails, never skips, when it is missing): in shared mode it renders exactly the objects
-of `kubectl kustomize deploy/`; in node-local mode it renders the contract of issue 31 (the whole
-driver and the per-node sidecars in one DaemonSet, no attacher, the node finalizer), its RBAC is
-deploy/rbac's, and deploy/node-local/kubeloop.yaml is what it renders (tools/render-node-local.sh)."""
+helm; the test fails, never skips, when it is missing): by default kubeloop's three
+kube-controller-manager replacements are left out (storageControllers: cluster); with
+storageControllers=kubeloop, shared mode renders exactly the objects of `kubectl kustomize deploy/`
+and node-local mode the contract of issue 31 (the whole driver and the per-node sidecars in one
+DaemonSet, no attacher, the node finalizer), deploy/node-local/kubeloop.yaml being what it renders
+(tools/render-node-local.sh); its RBAC is deploy/rbac's. Every value of issue 45 changes what it
+should (kubelet's directory, placement, images, pool sizes per node and kind, classes, snapshots,
+the Prometheus Operator's objects), and a bad value fails with a message naming it."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 from collections.abc import Sequence
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,10 +24,17 @@ from controller_runtime.toolchain import REPO_ROOT, MissingBinaryError, Toolchai
 
 CHART = REPO_ROOT / "deploy" / "helm" / "kubeloop"
 DEPLOY = REPO_ROOT / "deploy"
+KUBELOOP = "storageControllers=kubeloop"
+# kubeloop's replacements for kube-controller-manager's storage controllers.
+KCM_REPLACEMENTS = {
+    "kubeloop-pv-controller", "kubeloop-attach-detach-controller", "kubeloop-volume-expand-controller",
+}  # fmt: skip
 NAMESPACE = "kube-system"
 DRIVER = "loop.csi.kubeloop.dev"
 
 Key = tuple[str, str, str]
+# A mode and what the chart renders in it with every value set.
+Every = tuple[str, dict[Key, dict[str, Any]]]
 
 
 def tool(name: str) -> str:
@@ -40,10 +53,17 @@ def run(args: Sequence[str], check: bool = True) -> subprocess.CompletedProcess[
     return result
 
 
-def helm_template(*values: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    sets = [a for v in values for a in ("--set", v)]
+def helm_template(
+    *values: str,
+    check: bool = True,
+    files: Sequence[Path] = (),
+    chart: Path = CHART,
+    flags: Sequence[str] = (),
+) -> subprocess.CompletedProcess[str]:
+    args = [a for f in files for a in ("--values", str(f))] + [a for v in values for a in ("--set", v)]
     return run(
-        [tool("helm"), "template", "kubeloop", str(CHART), "--namespace", NAMESPACE, *sets], check=check
+        [tool("helm"), "template", "kubeloop", str(chart), "--namespace", NAMESPACE, *flags, *args],
+        check=check,
     )
 
 
@@ -58,8 +78,8 @@ def objects(text: str) -> dict[Key, dict[str, Any]]:
 
 
 @cache
-def rendered(mode: str) -> dict[Key, dict[str, Any]]:
-    return objects(helm_template(f"mode={mode}").stdout)
+def rendered(mode: str, *values: str) -> dict[Key, dict[str, Any]]:
+    return objects(helm_template(f"mode={mode}", *values).stdout)
 
 
 def pod_spec(objs: dict[Key, dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
@@ -72,16 +92,28 @@ def containers(objs: dict[Key, dict[str, Any]], kind: str, name: str) -> dict[st
 
 
 @pytest.mark.parametrize("mode", ["shared", "node-local"])
-def test_helm_lint_is_clean(mode: str) -> None:
+@pytest.mark.parametrize("every_value", [False, True])
+def test_helm_lint_is_clean(mode: str, every_value: bool, tmp_path: Path) -> None:
+    files = ["--values", str(every_value_file(tmp_path, mode))] if every_value else []
     result = run(
-        [tool("helm"), "lint", "--strict", str(CHART), "--namespace", NAMESPACE, "--set", f"mode={mode}"]
+        [
+            tool("helm"),
+            "lint",
+            "--strict",
+            str(CHART),
+            "--namespace",
+            NAMESPACE,
+            *files,
+            "--set",
+            f"mode={mode}",
+        ]
     )
     assert "1 chart(s) linted, 0 chart(s) failed" in result.stdout
 
 
 def test_shared_mode_renders_exactly_what_kustomize_applies() -> None:
     kustomized = objects(run([tool("kubectl"), "kustomize", str(DEPLOY)]).stdout)
-    chart = rendered("shared")
+    chart = rendered("shared", KUBELOOP)
     assert set(chart) == set(kustomized)
     for key, obj in chart.items():
         assert obj == kustomized[key], f"{key} differs between the chart and deploy/"
@@ -89,24 +121,27 @@ def test_shared_mode_renders_exactly_what_kustomize_applies() -> None:
 
 def test_node_local_kustomization_is_what_the_chart_renders() -> None:
     """deploy/node-local/kubeloop.yaml is generated (a base cannot contain its overlay in kustomize)."""
-    header = "# Generated by tools/render-node-local.sh from deploy/helm/kubeloop (mode: node-local);"
-    header += " do not edit."
-    expected = header + "\n" + helm_template("mode=node-local").stdout
+    header = "# Generated by tools/render-node-local.sh from deploy/helm/kubeloop (mode: node-local,"
+    header += " storageControllers: kubeloop); do not edit."
+    expected = header + "\n" + helm_template("mode=node-local", KUBELOOP).stdout
     actual = (DEPLOY / "node-local" / "kubeloop.yaml").read_text()
     assert actual == expected, "deploy/node-local/kubeloop.yaml is stale: run tools/render-node-local.sh"
     applied = objects(run([tool("kubectl"), "kustomize", str(DEPLOY / "node-local")]).stdout)
-    assert set(applied) == set(rendered("node-local"))
+    assert set(applied) == set(rendered("node-local", KUBELOOP))
 
 
 @pytest.mark.parametrize("mode", ["shared", "node-local"])
-def test_rbac_is_deploy_rbacs(mode: str) -> None:
+@pytest.mark.parametrize("controllers", ["cluster", "kubeloop"])
+def test_rbac_is_deploy_rbacs(mode: str, controllers: str) -> None:
     """Every RBAC object and ServiceAccount the chart renders is the one in deploy/rbac/ (the local
     stack binds its processes to those files), except the pods' own accounts, which have no rights."""
     from_files: dict[Key, dict[str, Any]] = {}
     for path in sorted((DEPLOY / "rbac").glob("*.yaml")):
         from_files.update(objects(path.read_text()))
     rbac_kinds = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
-    chart = {k: o for k, o in rendered(mode).items() if k[0] in rbac_kinds}
+    chart = {
+        k: o for k, o in rendered(mode, f"storageControllers={controllers}").items() if k[0] in rbac_kinds
+    }
     own_accounts = {
         ("ServiceAccount", NAMESPACE, "kubeloop-csi-node"),
         ("ServiceAccount", NAMESPACE, "kubeloop-csi-controller"),
@@ -132,7 +167,7 @@ def test_node_local_csidriver_attaches_nothing_and_publishes_capacity() -> None:
 
 
 def test_node_local_has_no_controller_pod_and_no_attacher() -> None:
-    objs = rendered("node-local")
+    objs = rendered("node-local", KUBELOOP)
     names = {name for _, _, name in objs}
     assert "kubeloop-csi-controller" not in names
     assert not [n for n in names if "attacher" in n]
@@ -188,7 +223,7 @@ def test_node_local_daemonset_holds_the_driver_and_the_per_node_sidecars() -> No
 
 def test_every_sidecar_that_talks_to_the_api_mounts_its_own_token() -> None:
     for mode in ("shared", "node-local"):
-        objs = rendered(mode)
+        objs = rendered(mode, KUBELOOP)
         for kind, _, name in [k for k in objs if k[0] in ("Deployment", "DaemonSet")]:
             spec = pod_spec(objs, kind, name)
             secrets = {v["name"]: v["secret"]["secretName"] for v in spec.get("volumes", []) if "secret" in v}
@@ -231,6 +266,15 @@ def test_values_choose_pool_capacity_image_classes_and_resources() -> None:
     assert "--capacity=5Gi" not in str(rendered("node-local"))
 
 
+# A pool of one kind, and one class choosing it (--set replaces the whole list of classes).
+ONE_KIND = [
+    "mode=node-local",
+    "poolKinds.fast=1Gi",
+    "storageClasses[0].name=fast",
+    "storageClasses[0].kind=fast",
+]
+
+
 @pytest.mark.parametrize(
     "values,message",
     [
@@ -247,9 +291,408 @@ def test_values_choose_pool_capacity_image_classes_and_resources() -> None:
             ["mode=node-local", "capacity=fast=1Gi"],
             'capacity must be a size such as 100Gi, 512Mi or a number of bytes, not "fast=1Gi"',
         ),
+        (["storageControllers=kcm"], "storageControllers must be cluster (the cluster"),
+        (["storageControllers=kcm"], "or kubeloop (kubeloop"),
+        (
+            ["kubeletDir=var/lib/kubelet"],
+            'kubeletDir must be an absolute path on the nodes, not "var/lib/kubelet"',
+        ),
+        (["hostDir=kubeloop"], 'hostDir must be an absolute path on the nodes, not "kubeloop"'),
+        (["mode=node-local", "poolKinds.fast=lots"], "poolKinds.fast must be a size such as 100Gi"),
+        (["mode=node-local", "poolKinds.-x=1Gi"], 'poolKinds: kind "-x" must be 1-63 letters'),
+        (["mode=node-local", "capacity=1Gi", "poolKinds.fast=1Gi"], "capacity and poolKinds do not mix"),
+        (
+            ["mode=shared", "capacityPerNode.node-a=1Gi"],
+            "capacityPerNode (pool sizes by node) applies to mode node-local only",
+        ),
+        (
+            ["mode=node-local", "capacityPerNode.node-a=lots"],
+            'capacityPerNode.node-a must be a size such as 100Gi, 512Mi or a number of bytes, not "lots"',
+        ),
+        (
+            [*ONE_KIND, "capacityPerNode.node-a.slow=1Gi"],
+            'capacityPerNode.node-a: kind "slow" is not in poolKinds (fast)',
+        ),
+        (
+            [*ONE_KIND, "capacityPerNode.node-a=2Gi"],
+            'capacityPerNode.node-a must be a map of pool kind to size (poolKinds is set), not "2Gi"',
+        ),
+        (
+            [*ONE_KIND, "storageClasses[1].name=slow", "storageClasses[1].kind=slow"],
+            'storageClasses[1] (slow): kind "slow" is not in poolKinds (fast)',
+        ),
+        (
+            ["storageClasses[0].name=fast", "storageClasses[0].parameters.kind=fast"],
+            'storageClasses[0] (fast): kind "fast" is not in poolKinds (empty)',
+        ),
+        (
+            [*ONE_KIND, "storageClasses[1].name=plain"],
+            "storageClasses[1] (plain) must choose a kind of poolKinds (fast)",
+        ),
+        (
+            ["node.updateStrategy.type=Sometimes"],
+            'node.updateStrategy.type must be RollingUpdate or OnDelete, not "Sometimes"',
+        ),
+        (["storageClasses[0].kind=fast"], "storageClasses[0] needs a name"),
+        (["snapshots.installCRDs=true"], "snapshots.installCRDs: this chart carries no VolumeSnapshot CRDs"),
     ],
 )
 def test_bad_values_fail_with_a_clear_message(values: list[str], message: str) -> None:
     result = helm_template(*values, check=False)
     assert result.returncode != 0
     assert message in result.stderr
+
+
+# Every value of values.yaml set to something other than its default (shared mode drops the
+# node-local ones), for `helm lint --strict` and the rendering tests below.
+K0S_KUBELET = "/var/lib/k0s/kubelet"
+REGISTRY = "registry.example.com/team"
+NODE_PLACEMENT: dict[str, Any] = {
+    "tolerations": [{"operator": "Exists"}],
+    "nodeSelector": {"kubeloop.dev/storage": "true"},
+    "affinity": {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]}]}
+                ]
+            }
+        }
+    },
+    "priorityClassName": "storage-node",
+}
+CONTROLLER_PLACEMENT: dict[str, Any] = {
+    "tolerations": [
+        {"key": "node-role.kubernetes.io/control-plane", "operator": "Exists", "effect": "NoSchedule"}
+    ],
+    "nodeSelector": {"node-role.kubernetes.io/control-plane": ""},
+    "affinity": {"podAntiAffinity": {}},
+    "priorityClassName": "storage-controllers",
+}
+
+
+QUARTER_AT_A_TIME = {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "25%"}}
+
+
+def image(repository: str, tag: str) -> dict[str, str]:
+    return {"repository": repository, "tag": tag, "pullPolicy": "Always"}
+
+
+def every_value(mode: str) -> dict[str, Any]:
+    node_local = mode == "node-local"
+    return {
+        "mode": mode,
+        "storageControllers": "kubeloop",
+        "kubeletDir": K0S_KUBELET + "/",
+        "registry": REGISTRY + "/",
+        "imagePullSecrets": ["regcred", {"name": "mirror"}],
+        "image": image("kubeloop/kubeloop", "1.2.3"),
+        "snapshotter": {"image": image("sig-storage/csi-snapshotter", "v8.7.0")},
+        "snapshotMetadata": {"image": image("sig-storage/csi-snapshot-metadata", "v1.1.0")},
+        "snapshots": {
+            "installCRDs": False,
+            "controller": {
+                "enabled": True,
+                "image": image("sig-storage/snapshot-controller", "v8.7.0"),
+            },
+        },
+        "hostDir": "/srv/kubeloop",
+        "nodeStateDir": "/srv/kubeloop-node/state",
+        "capacity": "",
+        # A size as a YAML number reaches the templates as a float: it must still print as digits.
+        "poolKinds": {"fast": "100Gi", "slow": 1099511627776},
+        "capacityPerNode": (
+            {"node-a": {"fast": "50Gi"}, "big.example.com": {"slow": "4Ti"}} if node_local else {}
+        ),
+        "storageClasses": [
+            {
+                "name": "fast",
+                "default": True,
+                "kind": "fast",
+                "volumeBindingMode": "WaitForFirstConsumer",
+                "reclaimPolicy": "Retain",
+                "allowVolumeExpansion": True,
+                "fsType": "xfs",
+                "parameters": {
+                    "csi.storage.k8s.io/provisioner-secret-name": "loop",
+                    "example.com/count": 4096,
+                },
+                "mountOptions": ["noatime"],
+            },
+            {"name": "slow", "parameters": {"kind": "slow"}},
+        ],
+        "volumeSnapshotClass": {"create": False},
+        "node": {**NODE_PLACEMENT, "updateStrategy": QUARTER_AT_A_TIME},
+        "controller": CONTROLLER_PLACEMENT,
+        "metrics": {
+            "serviceMonitor": {"enabled": True, "interval": "15s", "labels": {"release": "prometheus"}},
+            "prometheusRule": {"enabled": True, "labels": {"release": "prometheus"}},
+        },
+        "logLevel": 5,
+        "resources": {"plugin": {"requests": {"memory": "64Mi"}}, "controllers": {"limits": {"cpu": "1"}}},
+    }
+
+
+def every_value_file(directory: Path, mode: str) -> Path:
+    path = directory / f"every-value-{mode}.yaml"
+    path.write_text(yaml.safe_dump(every_value(mode)))
+    return path
+
+
+@cache
+def rendered_with_every_value(mode: str, tmp: str) -> dict[Key, dict[str, Any]]:
+    return objects(helm_template(files=[every_value_file(Path(tmp), mode)]).stdout)
+
+
+@pytest.fixture(params=["shared", "node-local"])
+def every(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Every:
+    mode: str = request.param
+    return mode, rendered_with_every_value(mode, str(tmp_path_factory.getbasetemp()))
+
+
+def pods(objs: dict[Key, dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(k, n): pod_spec(objs, k, n) for k, _, n in objs if k in ("Deployment", "DaemonSet")}
+
+
+def workload_names(objs: dict[Key, dict[str, Any]]) -> set[str]:
+    return {n for k, _, n in objs if k in ("Deployment", "DaemonSet")}
+
+
+@pytest.mark.parametrize("mode", ["shared", "node-local"])
+def test_by_default_the_clusters_controllers_bind_attach_and_expand(mode: str) -> None:
+    """storageControllers: cluster (the default): none of kubeloop's three kcm replacements, nor their
+    accounts and roles; the CSI driver, its sidecars and the rest as with kubeloop's."""
+    default = rendered(mode)
+    assert not workload_names(default) & KCM_REPLACEMENTS
+    for account in ("kubeloop-pv-controller", "kubeloop-attach-detach", "kubeloop-volume-expand"):
+        assert ("ServiceAccount", NAMESPACE, account) not in default
+    for role in (
+        "kubeloop:pv-controller",
+        "kubeloop:attach-detach-controller",
+        "kubeloop:volume-expand-controller",
+    ):
+        assert ("ClusterRole", "", role) not in default and ("ClusterRoleBinding", "", role) not in default
+    with_kubeloop = rendered(mode, KUBELOOP)
+    assert workload_names(with_kubeloop) == workload_names(default) | KCM_REPLACEMENTS
+    assert set(default) < set(with_kubeloop)
+    for key, obj in default.items():
+        assert obj == with_kubeloop[key], f"{key} depends on storageControllers"
+    if mode == "shared":
+        # kcm's attach-detach controller makes the VolumeAttachments; kubeloop's external-attacher
+        # (CSIDriver attachRequired, as with kubeloop's) carries them out.
+        assert default[("CSIDriver", "", DRIVER)]["spec"]["attachRequired"] is True
+        assert "csi-attacher" in containers(default, "Deployment", "kubeloop-csi-controller")
+    else:
+        assert "kubeloop-node-finalizer" in workload_names(default)  # not a kcm replacement
+
+
+def test_every_value_kubelet_dir_is_every_kubelet_path(every: Every) -> None:
+    _, objs = every
+    text = yaml.safe_dump_all(objs.values())
+    assert "/var/lib/kubelet" not in text
+    spec = pod_spec(objs, "DaemonSet", "kubeloop-csi-node")
+    host_paths = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+    assert host_paths["kubelet-dir"] == K0S_KUBELET
+    assert host_paths["plugin-dir"] == f"{K0S_KUBELET}/plugins/{DRIVER}"
+    assert host_paths["registration-dir"] == f"{K0S_KUBELET}/plugins_registry"
+    for name, path in host_paths.items():
+        assert path == "/dev" or path.startswith(("/srv/", K0S_KUBELET)), (name, path)
+    found = containers(objs, "DaemonSet", "kubeloop-csi-node")
+    plugin = found["kubeloop-plugin"]
+    assert f"--kubelet-dir={K0S_KUBELET}" in plugin["args"]
+    mounts = {m["name"]: m for m in plugin["volumeMounts"]}
+    # kubelet passes host paths: the plugin sees its directory at the same path.
+    assert mounts["kubelet-dir"] == {
+        "name": "kubelet-dir",
+        "mountPath": K0S_KUBELET,
+        "mountPropagation": "Bidirectional",
+    }
+    registrar = found["node-driver-registrar"]["args"]
+    assert f"--kubelet-registration-path={K0S_KUBELET}/plugins/{DRIVER}/csi.sock" in registrar
+
+
+def test_every_value_places_every_pod_and_pulls_from_the_registry(
+    every: Every,
+) -> None:
+    mode, objs = every
+    assert workload_names(objs) >= KCM_REPLACEMENTS | {"kubeloop-csi-node", "kubeloop-snapshot-controller"}
+    for (kind, name), spec in pods(objs).items():
+        where = NODE_PLACEMENT if kind == "DaemonSet" else CONTROLLER_PLACEMENT
+        for field in ("tolerations", "nodeSelector", "affinity", "priorityClassName"):
+            assert spec[field] == where[field], (name, field)
+        assert spec["imagePullSecrets"] == [{"name": "regcred"}, {"name": "mirror"}], name
+        for c in spec["containers"] + spec.get("initContainers", []):
+            assert c["image"].startswith(REGISTRY + "/") and "//" not in c["image"], (name, c["image"])
+            assert c["imagePullPolicy"] == "Always", (name, c["name"])
+    daemonset = objs[("DaemonSet", NAMESPACE, "kubeloop-csi-node")]["spec"]
+    assert daemonset["updateStrategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxUnavailable": "25%"},
+    }
+    images = {c["name"]: c["image"] for spec in pods(objs).values() for c in spec["containers"]}
+    assert images["snapshot-controller"] == f"{REGISTRY}/sig-storage/snapshot-controller:v8.7.0"
+    assert images["csi-snapshotter"] == f"{REGISTRY}/sig-storage/csi-snapshotter:v8.7.0"
+    assert images["kubeloop-plugin"] == f"{REGISTRY}/kubeloop/kubeloop:1.2.3"
+    if mode == "shared":
+        assert images["csi-snapshot-metadata"] == f"{REGISTRY}/sig-storage/csi-snapshot-metadata:v1.1.0"
+
+
+def test_default_placement_is_the_critical_priority_classes_and_no_tolerations() -> None:
+    for mode in ("shared", "node-local"):
+        for (kind, name), spec in pods(rendered(mode, KUBELOOP)).items():
+            critical = "system-node-critical" if kind == "DaemonSet" else "system-cluster-critical"
+            assert spec["priorityClassName"] == critical, name
+            assert not {"tolerations", "nodeSelector", "affinity", "imagePullSecrets"} & set(spec), name
+    on_delete = objects(helm_template("node.updateStrategy.type=OnDelete").stdout)
+    assert on_delete[("DaemonSet", NAMESPACE, "kubeloop-csi-node")]["spec"]["updateStrategy"] == {
+        "type": "OnDelete"
+    }
+    unset = objects(helm_template("node.priorityClassName=", "controller.priorityClassName=").stdout)
+    assert not [n for n, spec in pods(unset).items() if "priorityClassName" in spec]
+
+
+def test_every_value_pool_kinds_per_node_sizes_and_classes(
+    every: Every,
+) -> None:
+    mode, objs = every
+    kinds = ["--capacity=fast=100Gi", "--capacity=slow=1099511627776"]
+    if mode == "shared":
+        plugin = containers(objs, "Deployment", "kubeloop-csi-controller")["kubeloop-plugin"]
+        assert [a for a in plugin["args"] if a.startswith("--capacity")] == kinds
+        assert not [k for k in objs if k[0] == "ConfigMap"]
+    else:
+        plugin = containers(objs, "DaemonSet", "kubeloop-csi-node")["kubeloop-plugin"]
+        path = "/etc/kubeloop/capacity/capacity-per-node.json"
+        assert [a for a in plugin["args"] if a.startswith("--capacity")] == [
+            *kinds,
+            f"--capacity-per-node={path}",
+        ]
+        table = objs[("ConfigMap", NAMESPACE, "kubeloop-capacity-per-node")]["data"]["capacity-per-node.json"]
+        # Each node's map over poolKinds: the kinds it names take its sizes, the others poolKinds'.
+        assert yaml.safe_load(table) == {
+            "node-a": ["fast=50Gi", "slow=1099511627776"],
+            "big.example.com": ["fast=100Gi", "slow=4Ti"],
+        }
+        mounts = {m["name"]: m["mountPath"] for m in plugin["volumeMounts"]}
+        assert mounts["capacity-per-node"] == "/etc/kubeloop/capacity"
+        template = objs[("DaemonSet", NAMESPACE, "kubeloop-csi-node")]["spec"]["template"]
+        assert template["metadata"]["annotations"]["kubeloop.dev/capacity-per-node"]
+    fast, slow = objs[("StorageClass", "", "fast")], objs[("StorageClass", "", "slow")]
+    assert fast["parameters"] == {
+        "csi.storage.k8s.io/fstype": "xfs", "kind": "fast",
+        "csi.storage.k8s.io/provisioner-secret-name": "loop", "example.com/count": "4096",
+    }  # fmt: skip
+    assert (fast["reclaimPolicy"], fast["mountOptions"]) == ("Retain", ["noatime"])
+    assert fast["metadata"]["annotations"] == {"storageclass.kubernetes.io/is-default-class": "true"}
+    assert slow["parameters"] == {"csi.storage.k8s.io/fstype": "ext4", "kind": "slow"}
+    assert ("VolumeSnapshotClass", "", "kubeloop") not in objs
+
+
+def test_per_node_capacity_without_kinds_and_its_change_rolls_the_daemonset() -> None:
+    def render(*values: str) -> dict[Key, dict[str, Any]]:
+        return objects(helm_template("mode=node-local", "capacity=10Gi", *values).stdout)
+
+    objs = render("capacityPerNode.node-a=50Gi", "capacityPerNode.node-b=1073741824")
+    table = objs[("ConfigMap", NAMESPACE, "kubeloop-capacity-per-node")]["data"]["capacity-per-node.json"]
+    assert yaml.safe_load(table) == {"node-a": ["50Gi"], "node-b": ["1073741824"]}
+    plugin = containers(objs, "DaemonSet", "kubeloop-csi-node")["kubeloop-plugin"]
+    assert "--capacity=10Gi" in plugin["args"]  # every node the map does not name
+    annotation = "kubeloop.dev/capacity-per-node"
+
+    def rollout_mark(o: dict[Key, dict[str, Any]]) -> str:
+        mark: str = o[("DaemonSet", NAMESPACE, "kubeloop-csi-node")]["spec"]["template"]["metadata"][
+            "annotations"
+        ][annotation]
+        return mark
+
+    assert rollout_mark(objs) != rollout_mark(
+        render("capacityPerNode.node-a=60Gi", "capacityPerNode.node-b=1073741824")
+    )
+    default = render()
+    assert ("ConfigMap", NAMESPACE, "kubeloop-capacity-per-node") not in default
+    assert (
+        "annotations"
+        not in default[("DaemonSet", NAMESPACE, "kubeloop-csi-node")]["spec"]["template"]["metadata"]
+    )
+
+
+def metrics_ports(spec: dict[str, Any]) -> set[str]:
+    return {p["name"] for c in spec["containers"] for p in c.get("ports", [])}
+
+
+def test_every_value_service_monitor_scrapes_every_process(
+    every: Every,
+) -> None:
+    _, objs = every
+    monitor = objs[("ServiceMonitor", NAMESPACE, "kubeloop")]
+    assert monitor["metadata"]["labels"]["release"] == "prometheus"
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    services = [
+        o for (k, _, _), o in objs.items()
+        if k == "Service" and selector.items() <= o["metadata"]["labels"].items()
+    ]  # fmt: skip
+    scraped = {e["port"] for e in monitor["spec"]["endpoints"]}
+    assert all(e["interval"] == "15s" and e["honorLabels"] for e in monitor["spec"]["endpoints"])
+    covered: set[str] = set()
+    for (kind, name), spec in pods(objs).items():
+        labels = objs[(kind, NAMESPACE, name)]["spec"]["template"]["metadata"]["labels"]
+        [service] = [s for s in services if s["spec"]["selector"].items() <= labels.items()]
+        assert service["spec"]["clusterIP"] == "None"
+        ports = {p["name"] for p in service["spec"]["ports"]}
+        # Every http-* port (each a process's /metrics) and the livenessprobe's, each one on the pod.
+        assert ports == {p for p in metrics_ports(spec) if p.startswith("http") or p == "healthz"}, name
+        assert ports <= scraped
+        covered.add(name)
+    assert covered == workload_names(objs)
+
+
+def test_every_value_prometheus_rule_is_deploy_prometheus_rules(
+    every: Every,
+) -> None:
+    _, objs = every
+    rule = objs[("PrometheusRule", NAMESPACE, "kubeloop")]
+    assert rule["metadata"]["labels"]["release"] == "prometheus"
+    assert rule["spec"] == yaml.safe_load((DEPLOY / "prometheus" / "kubeloop-alerts.yaml").read_text())
+    for mode in ("shared", "node-local"):
+        assert not [k for k in rendered(mode) if k[0] in ("ServiceMonitor", "PrometheusRule")]
+
+
+def test_the_charts_rules_are_a_copy_of_deploy_prometheus() -> None:
+    """One source: deploy/prometheus/kubeloop-alerts.yaml (promtool tests it); the chart's is its copy."""
+    header = (
+        "# Copied by tools/render-chart-rules.sh from deploy/prometheus/kubeloop-alerts.yaml; do not edit.\n"
+    )
+    expected = header + (DEPLOY / "prometheus" / "kubeloop-alerts.yaml").read_text()
+    actual = (CHART / "files" / "kubeloop-alerts.yaml").read_text()
+    assert actual == expected, (
+        "deploy/helm/kubeloop/files/kubeloop-alerts.yaml is stale: run tools/render-chart-rules.sh"
+    )
+
+
+@pytest.mark.parametrize("mode", ["shared", "node-local"])
+def test_without_the_snapshot_controller(mode: str) -> None:
+    """snapshots.controller.enabled=false, for a cluster that runs its own: no Deployment, account
+    or rights of it; the csi-snapshotter stays."""
+    objs = rendered(mode, "snapshots.controller.enabled=false")
+    assert not [k for k in objs if "snapshot-controller" in k[2]]
+    names = {c for spec in pods(objs).values() for c in metrics_ports(spec)}
+    assert "http-snapshot" in names
+    if mode == "node-local":
+        binding = objs[("ClusterRoleBinding", "", "kubeloop:node-deployment:nodes")]
+        assert [s["name"] for s in binding["subjects"]] == ["kubeloop-external-resizer"]
+
+
+def test_install_crds_takes_the_crds_a_packaged_chart_carries(tmp_path: Path) -> None:
+    """A chart whose crds/ holds the CRDs (copied in before `helm package`) accepts installCRDs; Helm
+    installs crds/ itself, before the templates."""
+    chart = tmp_path / "kubeloop"
+    shutil.copytree(CHART, chart)
+    (chart / "crds").mkdir()
+    (chart / "crds" / "snapshot.storage.k8s.io_volumesnapshots.yaml").write_text(
+        "apiVersion: apiextensions.k8s.io/v1\nkind: CustomResourceDefinition\n"
+        "metadata: {name: volumesnapshots.snapshot.storage.k8s.io}\n"
+    )
+    result = helm_template("snapshots.installCRDs=true", chart=chart, flags=["--include-crds"])
+    assert ("CustomResourceDefinition", "", "volumesnapshots.snapshot.storage.k8s.io") in objects(
+        result.stdout
+    )
