@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import copy
 from collections.abc import Awaitable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import grpc
 
@@ -63,11 +63,21 @@ PV_FINALIZER_TRIES = 5
 class Options(SidecarOptions):
     timeout: float = 15.0
     reconcile_sync: float = 60.0
+    # --default-fstype: the fsType passed to ControllerPublishVolume for a filesystem PV naming none.
+    default_fstype: str = ""
+    # The MutableCSINodeAllocatableCount gate (on by default, GA): a failed ControllerPublishVolume's
+    # attachError carries its gRPC code as errorCode, which kubelet reads (ResourceExhausted).
+    error_code: bool = True
     pv_workers: int = 4
 
 
 class AttachError(Exception):
-    """An attach or detach that failed; its text goes to the VA's attachError or detachError."""
+    """An attach or detach that failed; its text goes to the VA's attachError or detachError, and
+    the gRPC code of a failed call (`code`) to attachError's errorCode."""
+
+    def __init__(self, message: str, code: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 def call_failed(method: str, va: str, exc: grpc.aio.AioRpcError) -> AttachError:
@@ -78,7 +88,7 @@ def call_failed(method: str, va: str, exc: grpc.aio.AioRpcError) -> AttachError:
     the driver is no refusal."""
     state = classify(PUBLISH_VOLUME, exc.code())
     log.info(f"{method} failed", va=va, state=state.value, error=error_text(exc))
-    return AttachError(error_text(exc))
+    return AttachError(error_text(exc), code=exc.code().value[0])
 
 
 def va_pv_name(va: Obj) -> str:
@@ -193,7 +203,8 @@ class Attacher(SidecarController):
         try:
             await work
         except AttachError as exc:
-            await self._set_error(va, error_field, str(exc))
+            code = exc.code if error_field == "attachError" and self.options.error_code else None
+            await self._set_error(va, error_field, str(exc), code)
             raise
 
     def _node_id_from_csinode(self, node: str) -> str:
@@ -243,6 +254,8 @@ class Attacher(SidecarController):
         try:
             # csi-attacher's order: the source, the capability, the Secret, the node id.
             vol = self._csi_source(pv)
+            if not vol.fs_type and not vol.block and self.options.default_fstype:
+                vol = replace(vol, fs_type=self.options.default_fstype)
             try:
                 capability = pv_capability(vol, self.single_node_multi_writer)
             except ValueError as exc:
@@ -382,8 +395,11 @@ class Attacher(SidecarController):
             except ApiError as exc:
                 raise AttachError(f"could not add PersistentVolume finalizer: {exc.message}") from exc
 
-    async def _set_error(self, va: Obj, field: str, message: str) -> None:
-        status = {field: {"time": now_rfc3339(), "message": message}}
+    async def _set_error(self, va: Obj, field: str, message: str, code: int | None = None) -> None:
+        error: Obj = {"time": now_rfc3339(), "message": message}
+        if code is not None:
+            error["errorCode"] = code
+        status = {field: error}
         try:
             await self.client.patch(
                 VOLUME_ATTACHMENTS, va["metadata"]["name"], {"status": status}, subresource="status"

@@ -21,7 +21,7 @@ from controller_runtime.events import EventRecorder
 from controller_runtime.informer import SharedInformerFactory
 from controller_runtime.resources import Obj, Resource
 from controller_runtime.volumes import attacher_finalizer
-from external_attacher.controller import ANN_VA_NODE_ID, Attacher, AttachError, ControllerRPC
+from external_attacher.controller import ANN_VA_NODE_ID, Attacher, AttachError, ControllerRPC, Options
 from kubeloop_grpc.csi import csi_pb2
 
 DRIVER = "loop.csi.kubeloop.dev"
@@ -435,5 +435,71 @@ def test_a_cached_deletion_wins_over_our_write_whatever_the_versions_say() -> No
         a.vas.store.upsert(deleted(writes.held, "3"))
         await a.sync_va("va-1")
         assert [c[0] for c in driver.calls] == ["publish", "unpublish"]
+
+    asyncio.run(main())
+
+
+def error_codes(writes: Writes) -> list[tuple[str, int | None]]:
+    return [
+        (name, b["status"][name].get("errorCode"))
+        for b in writes.of("patch", "volumeattachments")
+        for name in ("attachError", "detachError")
+        if b["status"].get(name)
+    ]
+
+
+@pytest.mark.parametrize("gate", [True, False])
+def test_a_failed_publish_carries_its_grpc_code_with_the_mutable_allocatable_count_gate(gate: bool) -> None:
+    """csi-attacher's MutableCSINodeAllocatableCount (GA, on): attachError.errorCode is the failed
+    call's gRPC code (kubelet reads ResourceExhausted); an error of no call, and every detach
+    error, carry none."""
+
+    async def main() -> None:
+        a, driver, writes = make()
+        a.options = Options(error_code=gate)
+        a.pvs.store.upsert(pv())
+        a.vas.store.upsert(va())
+        with pytest.raises(AttachError):
+            await a.sync_va("va-1")  # no CSINode: not the driver's answer
+        a.csinodes.store.upsert(csinode())
+        driver.fail = rpc_error(grpc.StatusCode.RESOURCE_EXHAUSTED, "too many volumes")
+        with pytest.raises(AttachError):
+            await a.sync_va("va-1")
+        a.vas.store.upsert(va(attached=True, deleting=True, finalizers=(FINALIZER,)))
+        with pytest.raises(AttachError):
+            await a.sync_va("va-1")
+        code = grpc.StatusCode.RESOURCE_EXHAUSTED.value[0] if gate else None
+        assert error_codes(writes) == [("attachError", None), ("attachError", code), ("detachError", None)]
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize(
+    ("fs_type", "block", "want"), [("", False, "ext4"), ("xfs", False, "xfs"), ("", True, None)]
+)
+def test_default_fstype_fills_a_filesystem_pv_naming_none(
+    fs_type: str, block: bool, want: str | None
+) -> None:
+    async def main() -> None:
+        a, driver, _writes = make()
+        a.options = Options(default_fstype="ext4")
+        seen: list[Any] = []
+        publish = driver.ControllerPublishVolume
+
+        async def recording(req: Any, timeout: float) -> Any:
+            seen.append(req.volume_capability)
+            return await publish(req, timeout)
+
+        driver.ControllerPublishVolume = recording  # type: ignore[method-assign]
+        volume = pv()
+        volume["spec"]["csi"]["fsType"] = fs_type
+        if block:
+            volume["spec"]["volumeMode"] = "Block"
+        a.pvs.store.upsert(volume)
+        a.csinodes.store.upsert(csinode())
+        a.vas.store.upsert(va())
+        await a.sync_va("va-1")
+        [cap] = seen
+        assert (cap.mount.fs_type if cap.HasField("mount") else None) == want
 
     asyncio.run(main())
