@@ -6,7 +6,7 @@ import argparse
 from collections.abc import Sequence
 from functools import partial
 
-from controller_runtime import process
+from controller_runtime import goflags, process
 from controller_runtime.component import serve_controller
 from controller_runtime.csi_client import CSIConnection
 from controller_runtime.logs import get_logger
@@ -18,26 +18,69 @@ log = get_logger("external-attacher")
 NAME = "kubeloop-external-attacher"  # its prog and user agent
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog=NAME,
-        description="Attaches and detaches CSI volumes for VolumeAttachments "
-        "(kubernetes-csi external-attacher).",
+# The counterpart whose command line this one takes (tools/versions.env's EXTERNAL_ATTACHER_VERSION).
+UPSTREAM = "external-attacher v4.13.0"
+
+
+def build_parser() -> goflags.FlagSet:
+    """Every flag of upstream's csi-attacher, parsed as Go's flag package does (docs/sidecar-flags.md)."""
+    flags = goflags.controller_sidecar(
+        NAME,
+        "Attaches and detaches CSI volumes for VolumeAttachments (kubernetes-csi external-attacher).",
+        goflags.Syntax.GO,
+        UPSTREAM,
     )
-    process.add_csi_flags(parser, timeout=15.0)
-    parser.add_argument(
-        "--worker-threads", type=int, default=10, help="concurrent VolumeAttachment syncs (default: 10)"
+    Flag, S = goflags.Flag, goflags.Support
+    flags.add(
+        *goflags.retry_flags(),
+        Flag(
+            "timeout",
+            "duration",
+            "15s",
+            "timeout of each ControllerPublishVolume and ControllerUnpublishVolume",
+        ),
+        Flag("worker-threads", "uint", "10", "concurrent VolumeAttachment syncs"),
+        Flag("resync", "duration", "10m0s", "informer resync period", dest="resync_period"),
+        Flag(
+            "reconcile-sync",
+            "duration",
+            "1m0s",
+            "how often ListVolumes' published nodes are compared with the VolumeAttachments; 0 disables",
+        ),
+        Flag(
+            "default-fstype",
+            "string",
+            "",
+            "filesystem type passed to ControllerPublishVolume for a filesystem volume whose PV names none",
+        ),
+        Flag(
+            "max-entries",
+            "int",
+            "0",
+            "entries per ListVolumes page; 0 lets the driver choose",
+            S.IGNORED,
+            "kubeloop's reconciler reads every page ListVolumes returns, whatever their size",
+        ),
+        Flag(
+            "max-grpc-log-length",
+            "int",
+            "-1",
+            "characters of each gRPC response logged",
+            S.IGNORED,
+            "kubeloop does not log gRPC responses",
+        ),
     )
-    process.add_retry_flags(parser)
-    parser.add_argument(
-        "--reconcile-sync",
-        type=process.duration,
-        default=60.0,
-        help="how often ListVolumes' published nodes are compared with the VolumeAttachments; "
-        "0 disables (default: 1m)",
+    flags.add_gates(
+        goflags.Gate(
+            "MutableCSINodeAllocatableCount",
+            True,
+            "GA",
+            why="on: a failed attach's attachError carries the gRPC code (errorCode), which kubelet reads",
+        ),
+        goflags.RELEASE_ON_EXIT,
+        *goflags.apiserver_gates("v0.37"),
     )
-    process.add_controller_flags(parser)
-    return parser
+    return flags
 
 
 async def run(args: argparse.Namespace, ctx: process.Context) -> None:
@@ -47,6 +90,8 @@ async def run(args: argparse.Namespace, ctx: process.Context) -> None:
         retry_start=args.retry_interval_start,
         retry_max=args.retry_interval_max,
         reconcile_sync=args.reconcile_sync,
+        default_fstype=args.default_fstype,
+        error_code=args.gates["MutableCSINodeAllocatableCount"],
     )
     async with await CSIConnection.connect(args.csi_address, timeout=args.timeout) as csi:
         # One lease per driver, named like the Go sidecar's (driver with dots replaced).
@@ -58,7 +103,7 @@ async def run(args: argparse.Namespace, ctx: process.Context) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    process.main(build_parser(), run, argv)
+    goflags.main(build_parser(), run, argv)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import grpc
 
-from controller_runtime import process
+from controller_runtime import goflags, process
 from controller_runtime.client import ApiClient
 from controller_runtime.component import Controller, api_client, run_elected
 from controller_runtime.controller import ControllerContext
@@ -39,143 +39,203 @@ from .snapshot_protection import SnapshotProtectionController
 log = get_logger("external-provisioner")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="kubeloop-external-provisioner",
-        description="Provisions and deletes volumes of a CSI driver for PersistentVolumeClaims.",
+# The counterpart whose command line this one takes (tools/versions.env's EXTERNAL_PROVISIONER_VERSION).
+UPSTREAM = "external-provisioner v6.3.0"
+
+
+def build_parser() -> goflags.FlagSet:
+    """Every flag of upstream's csi-provisioner, parsed as its spf13/pflag does, and kubeloop's own
+    (docs/sidecar-flags.md)."""
+    flags = goflags.controller_sidecar(
+        "kubeloop-external-provisioner",
+        "Provisions and deletes volumes of a CSI driver for PersistentVolumeClaims "
+        "(kubernetes-csi external-provisioner).",
+        goflags.Syntax.PFLAG,
+        UPSTREAM,
     )
-    parser.add_argument(
-        "--csi-address", default="/run/csi/socket", help="the CSI driver's socket (default: %(default)s)"
+    Flag, S = goflags.Flag, goflags.Support
+    flags.add(
+        goflags.PPROF,
+        goflags.MASTER,
+        *goflags.retry_flags(),
+        Flag("timeout", "duration", "10s", "timeout of each CSI call"),
+        Flag("worker-threads", "uint", "100", "concurrent provisioning and deletion syncs"),
+        Flag("volume-name-prefix", "string", "pvc", "prefix of PV and CreateVolume names"),
+        Flag(
+            "volume-name-uuid-length",
+            "int",
+            "-1",
+            "cut the claim UID in volume names to this many characters, dashes removed",
+            S.REFUSED,
+            "kubeloop names every volume <prefix>-<claim UID>",
+        ),
+        Flag("default-fstype", "string", "", "filesystem when the class sets no csi.storage.k8s.io/fstype"),
+        Flag(
+            "extra-create-metadata",
+            "bool",
+            "false",
+            "pass csi.storage.k8s.io/pvc/name, pvc/namespace and pv/name to CreateVolume",
+        ),
+        Flag(
+            "strict-topology",
+            "bool",
+            "false",
+            "late binding: pass only the selected node's topology to CreateVolume, not every segment of "
+            "the cluster with the selected node's first",
+        ),
+        Flag(
+            "immediate-topology",
+            "bool",
+            "true",
+            "immediate binding: pass every segment where the driver runs to CreateVolume (true) or no "
+            "topology requirement (false)",
+        ),
+        Flag(
+            "prevent-volume-mode-conversion",
+            "bool",
+            "true",
+            "refuse to restore a VolumeSnapshot into a claim of another volumeMode than the snapshotted "
+            "volume's unless its VolumeSnapshotContent carries "
+            'snapshot.storage.kubernetes.io/allow-volume-mode-change: "true"',
+        ),
+        Flag(
+            "controller-publish-readonly",
+            "bool",
+            "false",
+            "mark the PV's CSI source readOnly when the claim asks for ReadOnlyMany alone",
+            S.REFUSED,
+            "kubeloop's PVs are never marked readOnly for ControllerPublishVolume",
+        ),
+        Flag(
+            "snapshot-orphan-sweep-interval",
+            "duration",
+            "5m0s",
+            "how often snapshots no pending claim restores from lose their source protection; 0 disables",
+        ),
+        Flag(
+            "cloning-protection-threads",
+            "uint",
+            "1",
+            "concurrent removals of the clone source finalizer",
+            S.IGNORED,
+            "kubeloop's clone protection removes finalizers in one pass per claim event",
+        ),
+        # Distributed provisioning.
+        Flag(
+            "node-deployment",
+            "bool",
+            "false",
+            "run beside the driver on every node (node name from $NODE_NAME) and serve that node's "
+            "claims and volumes only",
+        ),
+        Flag(
+            "node-deployment-immediate-binding",
+            "bool",
+            "true",
+            "in node deployment, let the nodes' provisioners elect one of them for claims with "
+            "Immediate binding",
+        ),
+        Flag(
+            "node-deployment-base-delay",
+            "duration",
+            "20s",
+            "in node deployment, the first wait (0 to this, at random) before trying to own an "
+            "Immediate claim",
+        ),
+        Flag(
+            "node-deployment-max-delay",
+            "duration",
+            "1m0s",
+            "in node deployment, the longest wait before trying to own an Immediate claim",
+        ),
+        # Storage capacity.
+        Flag("enable-capacity", "bool", "false", "publish CSIStorageCapacity objects"),
+        Flag("capacity-poll-interval", "duration", "1m0s", "GetCapacity period"),
+        # Upstream gives capacity publishing a client of its own, rate-limited apart: its writes (a
+        # round per new class or node) must not queue in front of provisioning and its events.
+        Flag(
+            "kube-api-capacity-qps",
+            "float32",
+            "1",
+            "QPS of the client that writes CSIStorageCapacity objects",
+        ),
+        Flag(
+            "kube-api-capacity-burst",
+            "int",
+            "5",
+            "burst of the client that writes CSIStorageCapacity objects",
+        ),
+        Flag(
+            "capacity-for-immediate-binding",
+            "bool",
+            "false",
+            "also publish capacity for classes with Immediate binding",
+        ),
+        Flag(
+            "capacity-threads",
+            "uint",
+            "1",
+            "concurrent CSIStorageCapacity updates",
+            S.IGNORED,
+            "kubeloop's publisher writes its objects in one loop",
+        ),
+        Flag(
+            "capacity-ownerref-level",
+            "int",
+            "1",
+            "the owner of the CSIStorageCapacity objects, counted up from the pod named by $POD_NAME in "
+            "$NAMESPACE: -1 none, 0 the pod, 1 its DaemonSet or StatefulSet, 2 a Deployment",
+        ),
+        # kubeloop's own.
+        Flag(
+            "capacity-namespace",
+            "string",
+            os.environ.get("NAMESPACE", "kube-system"),
+            "namespace of the CSIStorageCapacity objects (upstream's is $NAMESPACE; kubeloop's default is "
+            "$NAMESPACE or kube-system)",
+            S.OWN,
+        ),
+        Flag(
+            "state-dir",
+            "string",
+            "/var/lib/kubeloop/external-provisioner",
+            "where the intent journal lives; keep it with the driver's state",
+            S.OWN,
+        ),
+        Flag(
+            "resync-period",
+            "duration",
+            "15m0s",
+            "how often every claim and volume is looked at again (upstream's is fixed at 15m)",
+            S.OWN,
+        ),
     )
-    parser.add_argument(
-        "--timeout", type=process.duration, default=10.0, help="timeout of each CSI call (default: 10s)"
+    flags.add_gates(
+        goflags.Gate(
+            "Topology",
+            True,
+            "GA",
+            kubeloop=True,
+            why="kubeloop's provisioner always passes the topology of where the driver runs",
+        ),
+        goflags.Gate(
+            "VolumeAttributesClass",
+            True,
+            "GA",
+            kubeloop=True,
+            why="kubeloop's provisioner always passes a claim's VolumeAttributesClass parameters",
+        ),
+        goflags.Gate(
+            "CrossNamespaceVolumeDataSource",
+            False,
+            "ALPHA",
+            kubeloop=False,
+            why="kubeloop provisions from data sources in the claim's own namespace only",
+        ),
+        goflags.RELEASE_ON_EXIT,
+        *goflags.apiserver_gates("v0.36"),
     )
-    parser.add_argument(
-        "--worker-threads",
-        type=int,
-        default=100,
-        help="concurrent provisioning and deletion syncs (default: 100)",
-    )
-    process.add_retry_flags(parser)
-    parser.add_argument(
-        "--volume-name-prefix", default="pvc", help="prefix of PV and CreateVolume names (default: pvc)"
-    )
-    parser.add_argument(
-        "--default-fstype", default="", help="filesystem when the class sets no csi.storage.k8s.io/fstype"
-    )
-    process.add_bool_flag(
-        parser,
-        "--extra-create-metadata",
-        False,
-        "pass csi.storage.k8s.io/pvc/name, pvc/namespace and pv/name to CreateVolume",
-    )
-    process.add_bool_flag(
-        parser,
-        "--strict-topology",
-        False,
-        "late binding: pass only the selected node's topology to CreateVolume, not every segment of "
-        "the cluster with the selected node's first",
-    )
-    process.add_bool_flag(
-        parser,
-        "--immediate-topology",
-        True,
-        "immediate binding: pass every segment where the driver runs to CreateVolume (true) or no "
-        "topology requirement (false)",
-    )
-    process.add_bool_flag(
-        parser,
-        "--prevent-volume-mode-conversion",
-        True,
-        "refuse to restore a VolumeSnapshot into a claim of another volumeMode than the snapshotted "
-        "volume's unless its VolumeSnapshotContent carries "
-        'snapshot.storage.kubernetes.io/allow-volume-mode-change: "true"',
-    )
-    parser.add_argument(
-        "--state-dir",
-        default="/var/lib/kubeloop/external-provisioner",
-        help="where the intent journal lives; keep it with the driver's state (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--snapshot-orphan-sweep-interval",
-        type=process.duration,
-        default=300.0,
-        help="how often snapshots no pending claim restores from lose their source protection; 0 disables "
-        "(default: 5m)",
-    )
-    node = parser.add_argument_group("distributed provisioning")
-    process.add_bool_flag(
-        node,
-        "--node-deployment",
-        False,
-        "run beside the driver on every node (node name from $NODE_NAME) and serve that node's "
-        "claims and volumes only",
-    )
-    process.add_bool_flag(
-        node,
-        "--node-deployment-immediate-binding",
-        True,
-        "in node deployment, let the nodes' provisioners elect one of them for claims with Immediate binding",
-    )
-    node.add_argument(
-        "--node-deployment-base-delay",
-        type=process.duration,
-        default=20.0,
-        help="in node deployment, the first wait (0 to this, at random) before trying to own an "
-        "Immediate claim (default: 20s)",
-    )
-    node.add_argument(
-        "--node-deployment-max-delay",
-        type=process.duration,
-        default=60.0,
-        help="in node deployment, the longest wait before trying to own an Immediate claim (default: 1m)",
-    )
-    cap = parser.add_argument_group("storage capacity")
-    process.add_bool_flag(cap, "--enable-capacity", False, "publish CSIStorageCapacity objects")
-    cap.add_argument(
-        "--capacity-poll-interval",
-        type=process.duration,
-        default=60.0,
-        help="GetCapacity period (default: 1m)",
-    )
-    cap.add_argument(
-        "--capacity-namespace",
-        default=os.environ.get("NAMESPACE", "kube-system"),
-        help="namespace of the CSIStorageCapacity objects (default: $NAMESPACE or kube-system)",
-    )
-    # Upstream gives capacity publishing a client of its own, rate-limited apart: its writes (a
-    # round per new class or node) must not queue in front of provisioning and its events.
-    cap.add_argument(
-        "--kube-api-capacity-qps",
-        type=float,
-        default=1.0,
-        help="QPS of the client that writes CSIStorageCapacity objects (default: %(default)s)",
-    )
-    cap.add_argument(
-        "--kube-api-capacity-burst",
-        type=int,
-        default=5,
-        help="burst of the client that writes CSIStorageCapacity objects (default: %(default)s)",
-    )
-    process.add_bool_flag(
-        cap,
-        "--capacity-for-immediate-binding",
-        False,
-        "also publish capacity for classes with Immediate binding",
-    )
-    cap.add_argument(
-        "--capacity-ownerref-level",
-        type=int,
-        default=1,
-        help="the owner of the CSIStorageCapacity objects, counted up from the pod named by $POD_NAME "
-        "in $NAMESPACE: -1 none, 0 the pod, 1 its DaemonSet or StatefulSet, 2 a Deployment (default: 1)",
-    )
-    process.add_controller_flags(
-        parser,
-        resync_period=900.0,
-        resync_help="how often every claim and volume is looked at again (default: 15m)",
-    )
-    return parser
+    return flags
 
 
 def provisioner_identity(driver: str) -> str:
@@ -428,7 +488,7 @@ async def run(args: argparse.Namespace, ctx: process.Context) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    process.main(build_parser(), run, argv)
+    goflags.main(build_parser(), run, argv)
 
 
 if __name__ == "__main__":

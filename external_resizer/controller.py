@@ -71,6 +71,9 @@ CLAIMS_BY_POD = "claims"
 
 @dataclass(frozen=True)
 class Options(SidecarOptions):
+    # `timeout` (SidecarOptions) is ControllerExpandVolume's (--resize-timeout); this is
+    # ControllerModifyVolume's (--modify-timeout). An explicit --timeout sets both.
+    modify_timeout: float = 10.0
     handle_volume_in_use_error: bool = True
     extra_modify_metadata: bool = False  # --extra-modify-metadata (the modify controller)
     # --node-deployment: this resizer's node (NODE_NAME); it serves only the PVs whose node
@@ -503,7 +506,7 @@ class ResizerProcess:
                 volume_view=self.resizer.volume_view,
                 serves=self.resizer.serves,
                 workers=options.workers,
-                timeout=options.timeout,
+                timeout=options.modify_timeout,
                 retry_start=options.retry_start,
                 retry_max=options.retry_max,
                 extra_metadata=options.extra_modify_metadata,

@@ -7,7 +7,7 @@ import os
 from collections.abc import Sequence
 from functools import partial
 
-from controller_runtime import process
+from controller_runtime import goflags, process
 from controller_runtime.component import serve_controller
 from controller_runtime.csi_client import CSIConnection
 
@@ -16,54 +16,103 @@ from .controller import Options, ResizerProcess, lease_name
 NAME = "kubeloop-external-resizer"  # its prog and user agent
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog=NAME,
-        description="Expands CSI volumes whose PersistentVolumeClaim asks for more storage "
+# The counterpart whose command line this one takes (tools/versions.env's EXTERNAL_RESIZER_VERSION).
+UPSTREAM = "external-resizer v2.3.0"
+RETRY_MAX_HELP = "longest retry delay; an infeasible size is retried once per this interval"
+
+
+def build_parser() -> goflags.FlagSet:
+    """Every flag of upstream's csi-resizer, parsed as Go's flag package does, and kubeloop's own
+    --node-deployment (docs/sidecar-flags.md)."""
+    flags = goflags.controller_sidecar(
+        NAME,
+        "Expands CSI volumes whose PersistentVolumeClaim asks for more storage "
         "(kubernetes-csi external-resizer): ControllerExpandVolume, the PV's capacity, and the "
         "claim's resize status, leaving a filesystem to grow to the node when the driver says so. "
         "When the driver can modify volumes (MODIFY_VOLUME), also applies a claim's new "
         "VolumeAttributesClass: ControllerModifyVolume, the PV's class and the claim's "
         "currentVolumeAttributesClassName and modifyVolumeStatus.",
+        goflags.Syntax.GO,
+        UPSTREAM,
     )
-    process.add_csi_flags(parser, timeout=10.0)
-    parser.add_argument("--workers", type=int, default=10, help="concurrent claim syncs (default: 10)")
-    parser.add_argument(
-        "--retry-interval-start",
-        type=process.duration,
-        default=1.0,
-        help="first retry delay after a failed resize (default: 1s)",
+    Flag, S = goflags.Flag, goflags.Support
+    flags.add(
+        goflags.MASTER,
+        *goflags.retry_flags("first retry delay after a failed resize", RETRY_MAX_HELP),
+        Flag(
+            "timeout",
+            "duration",
+            "10s",
+            "timeout of the calls to the driver; given, it is also the timeout of ControllerExpandVolume "
+            "and ControllerModifyVolume, whatever --resize-timeout and --modify-timeout say",
+        ),
+        Flag(
+            "resize-timeout",
+            "duration",
+            "10s",
+            "timeout of ControllerExpandVolume, unless --timeout is given",
+        ),
+        Flag(
+            "modify-timeout",
+            "duration",
+            "10s",
+            "timeout of ControllerModifyVolume, unless --timeout is given",
+        ),
+        Flag("workers", "int", "10", "concurrent claim syncs"),
+        Flag("resync-period", "duration", "10m0s", "informer resync period"),
+        Flag(
+            "handle-volume-inuse-error",
+            "bool",
+            "true",
+            "after the driver answers FAILED_PRECONDITION (volume in use), wait until no running pod uses "
+            "the claim before trying again; watches pods",
+        ),
+        Flag(
+            "extra-modify-metadata",
+            "bool",
+            "false",
+            "add the claim's name and namespace and the PV's name to the parameters ControllerModifyVolume "
+            "gets (csi.storage.k8s.io/pvc/name, .../pvc/namespace, .../pv/name)",
+        ),
+        Flag(
+            "node-deployment",
+            "bool",
+            "false",
+            "run beside the driver on every node (node name from $NODE_NAME) and expand only the volumes "
+            "whose node affinity that Node's labels satisfy (node-local volumes are reachable from their "
+            "node's driver only); excludes --leader-election",
+            S.OWN,
+        ),
     )
-    parser.add_argument(
-        "--retry-interval-max",
-        type=process.duration,
-        default=300.0,
-        help="longest retry delay; an infeasible size is retried once per this interval (default: 5m)",
+    flags.add_gates(
+        goflags.Gate(
+            "AnnotateFsResize",
+            True,
+            "BETA",
+            kubeloop=True,
+            why="kubeloop's resizer always keeps the size before a resize that the node finishes in the "
+            "PV's volume.alpha.kubernetes.io/pre-resize-capacity annotation",
+        ),
+        goflags.Gate(
+            "VolumeAttributesClass",
+            True,
+            "GA",
+            kubeloop=True,
+            why="kubeloop's resizer always applies a claim's VolumeAttributesClass when the driver can "
+            "modify volumes",
+        ),
+        goflags.RELEASE_ON_EXIT,
+        *goflags.apiserver_gates("v0.37"),
     )
-    process.add_bool_flag(
-        parser,
-        "--handle-volume-inuse-error",
-        True,
-        "after the driver answers FAILED_PRECONDITION (volume in use), wait until no running pod uses "
-        "the claim before trying again; watches pods",
-    )
-    process.add_bool_flag(
-        parser,
-        "--extra-modify-metadata",
-        False,
-        "add the claim's name and namespace and the PV's name to the parameters ControllerModifyVolume "
-        "gets (csi.storage.k8s.io/pvc/name, .../pvc/namespace, .../pv/name)",
-    )
-    process.add_bool_flag(
-        parser,
-        "--node-deployment",
-        False,
-        "run beside the driver on every node (node name from $NODE_NAME) and expand only the volumes "
-        "whose node affinity that Node's labels satisfy (a kubeloop extension: node-local volumes "
-        "are reachable from their node's driver only); excludes --leader-election",
-    )
-    process.add_controller_flags(parser)
-    return parser
+    return flags
+
+
+def operation_timeouts(args: argparse.Namespace) -> tuple[float, float]:
+    """ControllerExpandVolume's and ControllerModifyVolume's timeouts: --timeout when it is given,
+    else --resize-timeout and --modify-timeout (upstream's resolveOperationTimeouts)."""
+    if "timeout" in args.given:
+        return args.timeout, args.timeout
+    return args.resize_timeout, args.modify_timeout
 
 
 def node_name(args: argparse.Namespace) -> str | None:
@@ -86,9 +135,11 @@ def node_name(args: argparse.Namespace) -> str | None:
 
 
 async def run(args: argparse.Namespace, ctx: process.Context) -> None:
+    resize_timeout, modify_timeout = operation_timeouts(args)
     options = Options(
         workers=max(1, args.workers),
-        timeout=args.timeout,
+        timeout=resize_timeout,
+        modify_timeout=modify_timeout,
         retry_start=args.retry_interval_start,
         retry_max=args.retry_interval_max,
         handle_volume_in_use_error=args.handle_volume_inuse_error,
@@ -102,7 +153,7 @@ async def run(args: argparse.Namespace, ctx: process.Context) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    process.main(build_parser(), run, argv)
+    goflags.main(build_parser(), run, argv)
 
 
 if __name__ == "__main__":

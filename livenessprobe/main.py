@@ -16,8 +16,9 @@ from dataclasses import dataclass
 
 import grpc
 
-from controller_runtime import process
+from controller_runtime import goflags, process
 from controller_runtime.csi_client import CSIConnection, error_text, probe_ready
+from controller_runtime.health import HealthServer
 from controller_runtime.logs import get_logger
 from kubeloop_grpc.csi import csi_pb2
 
@@ -26,21 +27,63 @@ log = get_logger("livenessprobe")
 NAME = "kubeloop-livenessprobe"
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog=NAME,
-        description="Serves /healthz by calling a CSI driver's Probe (kubernetes-csi livenessprobe).",
+# The counterpart whose command line this one takes (tools/versions.env's LIVENESSPROBE_VERSION).
+UPSTREAM = "livenessprobe v2.19.0"
+HEALTH_PORT = "9808"
+
+
+def build_parser() -> goflags.FlagSet:
+    """Every flag of upstream's livenessprobe, parsed as Go's flag package does (docs/sidecar-flags.md)."""
+    flags = goflags.node_sidecar(
+        NAME,
+        "Serves /healthz by calling a CSI driver's Probe (kubernetes-csi livenessprobe).",
+        UPSTREAM,
     )
-    process.add_csi_flags(parser, timeout=None)
-    parser.add_argument(
-        "--probe-timeout",
-        type=process.duration,
-        default=1.0,
-        help="how long each Probe may take before /healthz fails (default: 1s)",
+    Flag, S = goflags.Flag, goflags.Support
+    flags.add(
+        Flag("csi-address", "string", "/run/csi/socket", "the CSI driver's socket"),
+        Flag("probe-timeout", "duration", "3s", "how long each Probe may take before /healthz fails"),
+        Flag(
+            "health-port",
+            "string",
+            HEALTH_PORT,
+            "(deprecated) port serving /healthz on every IPv4 interface when --http-endpoint is empty; "
+            "set to another value, not together with --http-endpoint",
+        ),
+        Flag(
+            "http-endpoint",
+            "string",
+            "",
+            "host:port serving /healthz and /metrics; an empty host (:9808) listens on every interface",
+        ),
+        Flag(
+            "metrics-address",
+            "string",
+            "",
+            "(deprecated) host:port serving /metrics apart; not together with --http-endpoint",
+        ),
+        Flag(
+            "metrics-path",
+            "string",
+            "/metrics",
+            "the HTTP path of the Prometheus metrics",
+            S.REFUSED,
+            "kubeloop serves its metrics at /metrics only",
+        ),
     )
-    process.add_http_flags(parser, default=":9808", health_port=True)
-    process.add_logging_flags(parser)
-    return parser
+    flags.settle.append(settle)
+    return flags
+
+
+def settle(args: argparse.Namespace) -> None:
+    """The address /healthz is served on, as upstream picks it."""
+    if args.health_port != HEALTH_PORT and args.http_endpoint:
+        raise goflags.FlagError("Only one of `--health-port` and `--http-endpoint` can be explicitly set")
+    if args.metrics_address and args.http_endpoint:
+        raise goflags.FlagError("Only one of `--metrics-address` and `--http-endpoint` can be explicitly set")
+    if not args.http_endpoint:
+        # Go listens on 0.0.0.0 as on an empty host: every interface, IPv6 as well.
+        args.http_endpoint = f":{args.health_port}"
 
 
 @dataclass
@@ -75,16 +118,24 @@ async def run(args: argparse.Namespace, ctx: process.Context) -> None:
         ctx.health.add_liveness_check("csi", probe.check)
     # /healthz answers from the start (failing while the driver is away); the name only labels
     # the metrics, so it is learnt alongside, however long the driver takes.
-    csi = CSIConnection.open(args.csi_address, timeout=args.probe_timeout)
+    # The deprecated --metrics-address serves /metrics on a server of its own.
+    metrics = HealthServer(args.metrics_address) if args.metrics_address else None
+    if metrics is not None:
+        await metrics.start()
     try:
-        probe.driver_name = await csi.wait_driver_name()
+        csi = CSIConnection.open(args.csi_address, timeout=args.probe_timeout)
+        try:
+            probe.driver_name = await csi.wait_driver_name()
+        finally:
+            await csi.close()
+        await asyncio.get_running_loop().create_future()  # serve until SIGTERM
     finally:
-        await csi.close()
-    await asyncio.get_running_loop().create_future()  # serve until SIGTERM
+        if metrics is not None:
+            await metrics.stop()
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    process.main(build_parser(), run, argv)
+    goflags.main(build_parser(), run, argv)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from controller_runtime import process
+from controller_runtime import goflags, process
 from controller_runtime.csi_client import CSIConnection, error_text
 from controller_runtime.logs import get_logger
 from controller_runtime.plugin_registration import RegistrationServer
@@ -30,27 +30,80 @@ log = get_logger("node-driver-registrar")
 NAME = "kubeloop-node-driver-registrar"
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog=NAME,
-        description="Registers a CSI driver with kubelet's plugin watcher "
-        "(kubernetes-csi node-driver-registrar).",
+# The counterpart whose command line this one takes (tools/versions.env's NODE_DRIVER_REGISTRAR_VERSION).
+UPSTREAM = "node-driver-registrar v2.17.0"
+PROBE_MODE = "kubelet-registration-probe"
+
+
+def build_parser() -> goflags.FlagSet:
+    """Every flag of upstream's csi-node-driver-registrar, parsed as Go's flag package does
+    (docs/sidecar-flags.md)."""
+    flags = goflags.node_sidecar(
+        NAME,
+        "Registers a CSI driver with kubelet's plugin watcher (kubernetes-csi node-driver-registrar).",
+        UPSTREAM,
     )
-    process.add_csi_flags(parser, timeout=1.0)
-    parser.add_argument(
-        "--kubelet-registration-path",
-        required=True,
-        help="the CSI driver's socket as kubelet on the host sees it, handed to kubelet by GetInfo",
+    Flag = goflags.Flag
+    flags.add(
+        goflags.PPROF,
+        Flag("version", "bool", "false", "print the version and exit"),
+        Flag("csi-address", "string", "/run/csi/socket", "the CSI driver's socket in this container"),
+        Flag("timeout", "duration", "1s", "timeout of each GetPluginInfo and health-check call"),
+        Flag(
+            "kubelet-registration-path",
+            "string",
+            "",
+            "the CSI driver's socket as kubelet on the host sees it, handed to kubelet by GetInfo (required)",
+        ),
+        Flag(
+            "plugin-registration-path",
+            "string",
+            "/registration",
+            "kubelet's plugin registration directory as this container sees it; the socket "
+            "<driver>-reg.sock is served there",
+        ),
+        Flag(
+            "http-endpoint",
+            "string",
+            "",
+            "host:port serving /healthz (the registration socket is in place and kubelet took the "
+            "plugin), /readyz and /metrics; an empty host (:9809) listens on every interface",
+        ),
+        Flag(
+            "health-port",
+            "int",
+            "0",
+            "(deprecated) a port above 0 means --http-endpoint :PORT; not together with --http-endpoint",
+        ),
+        Flag(
+            "mode",
+            "string",
+            "",
+            "(deprecated) kubelet-registration-probe exits 0 at once, registering nothing",
+        ),
+        Flag(
+            "connection-timeout",
+            "duration",
+            "0s",
+            "(deprecated) no effect; a value other than 0 is logged as such",
+        ),
     )
-    parser.add_argument(
-        "--plugin-registration-path",
-        default="/registration",
-        help="kubelet's plugin registration directory as this container sees it; the socket "
-        "<driver>-reg.sock is served there (default: /registration)",
-    )
-    process.add_http_flags(parser, health_port=True)
-    process.add_logging_flags(parser)
-    return parser
+    flags.settle += [goflags.settle_version(NAME), settle]
+    return flags
+
+
+def settle(args: argparse.Namespace) -> None:
+    """What upstream checks after parsing, in its order."""
+    if not args.kubelet_registration_path:
+        raise goflags.FlagError("kubelet-registration-path is a required parameter")
+    if args.mode == PROBE_MODE:
+        raise SystemExit(0)  # upstream's probe mode, no longer needed, succeeds as a no-op
+    if args.health_port > 0 and args.http_endpoint:
+        raise goflags.FlagError("Only one of `--health-port` and `--http-endpoint` can be set")
+    if args.health_port > 0:
+        args.http_endpoint = f":{args.health_port}"
+    if args.connection_timeout:
+        args.flag_warnings.append("--connection-timeout is deprecated and will have no effect")
 
 
 @dataclass
@@ -107,7 +160,7 @@ async def run(args: argparse.Namespace, ctx: process.Context) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    process.main(build_parser(), run, argv)
+    goflags.main(build_parser(), run, argv)
 
 
 if __name__ == "__main__":

@@ -220,6 +220,9 @@ def chaos_components(replicas: int = 1) -> list[Component]:
     `replicas` copies (`<name>-standby<i>` after the first) competing for one Lease."""
     lease = (
         "--leader-election",
+        # Where deploy/rbac lets them hold Leases (the sidecars' own default is the pod's namespace,
+        # which a process of the local stack does not have).
+        "--leader-election-namespace=kube-system",
         f"--leader-election-lease-duration={LEASE_SECONDS:g}s",
         f"--leader-election-renew-deadline={LEASE_SECONDS * 0.75:g}s",
         f"--leader-election-retry-period={LEASE_SECONDS / 4:g}s",
