@@ -43,7 +43,9 @@ ENV PATH=/opt/kubeloop/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sb
     PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 LABEL org.opencontainers.image.title=kubeloop \
       org.opencontainers.image.description="The Kubernetes storage control plane in Python asyncio"
-# The controllers run as this user; the CSI driver, its sidecars and the node agent as root (compose).
-USER 65532:65532
+# No USER: like upstream's sidecar images (distroless, no USER), the image runs as root unless the
+# pod says otherwise, so kubeloop's sidecars reach a driver socket only root may open in manifests
+# written for upstream's images. kubeloop's own manifests say who each container runs as: the
+# controllers, and the sidecars that need no root, as the user `nonroot` made above (65532).
 WORKDIR /opt/kubeloop
 CMD ["kubeloop-stack", "--help"]

@@ -72,7 +72,10 @@ async def start_unix_server(
     path: str,
     register: Callable[[grpc.aio.Server], None],
     interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+    group: int | None = None,
 ) -> UnixServer:
+    """Serves gRPC on a unix socket at `path`, 0600 to its owner, or 0660 with `group` its group (a
+    sidecar running as another user of that group may connect)."""
     if len(path.encode()) > MAX_SOCKET_PATH:
         raise ValueError(
             f"socket path {path} is {len(path.encode())} bytes; unix sockets allow {MAX_SOCKET_PATH}"
@@ -92,13 +95,17 @@ async def start_unix_server(
             raise ValueError(f"socket directory {directory} is too long to bind a socket in it")
         server.add_insecure_port(f"unix://{bound}")
         await server.start()
-        os.chmod(bound, 0o600)
+        if group is None:
+            os.chmod(bound, 0o600)
+        else:
+            os.chown(bound, -1, group)
+            os.chmod(bound, 0o660)
         os.rename(bound, path)
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(os.path.join(private, "s"))
         os.rmdir(private)
-    log.info("serving gRPC", socket=path)
+    log.info("serving gRPC", socket=path, **({"group": group} if group is not None else {}))
     return UnixServer(server, path, os.lstat(path).st_ino)
 
 

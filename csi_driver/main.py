@@ -190,6 +190,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="the CSI socket path as kubelet sees it, reported by GetInfo (default: the --endpoint path)",
     )
     parser.add_argument(
+        "--socket-group",
+        type=int,
+        default=None,
+        help="a group id given the CSI socket, made 0660 instead of 0600: sidecars running as another "
+        "user of that group may connect (kubeloop's manifests run theirs as 65532; default: none)",
+    )
+    parser.add_argument(
         "--grace-period",
         type=process.duration,
         default=10.0,
@@ -265,7 +272,7 @@ async def _serve(
             csi_pb2_grpc.add_NodeServicer_to_server(node, server)
 
     path = socket_path(args.endpoint)
-    server = await start_unix_server(path, register, [CsiInterceptor()])
+    server = await start_unix_server(path, register, [CsiInterceptor()], group=args.socket_group)
     reg_server = None
     registration: RegistrationServer | None = None
     try:

@@ -54,7 +54,7 @@ CONFIG = Path("/etc/kubeloop")  # the `config` volume: pki/, kubeconfigs/, kubec
 TOOLS = Path("/kubeloop-tools")  # the `tools` volume: kubectl, for the control plane's healthchecks
 OUT = Path("/out")  # the host directory that receives the admin kubeconfig
 MANIFESTS = Path("/usr/share/kubeloop")  # deploy/ is copied to /usr/share/kubeloop/deploy
-NONROOT = 65532  # the image's default user
+NONROOT = 65532  # the image's non-root user (the image itself runs as root, as upstream's sidecars do)
 
 # Host ports (host networking), apart from `make up`'s so both can run on one machine.
 PORTS = Ports(
@@ -73,8 +73,9 @@ NODE_AGENT_STOP_GRACE = "15s"
 KUBELOOP_IMAGE = "kubeloop/kubeloop:0.1.0"
 DEFAULT_BASE_IMAGE = "debian:bookworm-slim"
 
-# Components whose process needs nothing root has: they run as the image's non-root user. The CSI
-# driver attaches loop devices and mounts (node plugin, privileged); its controller service shares
+# Components whose process needs nothing root has: they run as the image's non-root user (each
+# service names its user; the image's default is root). The CSI driver attaches loop devices and
+# mounts (node plugin, privileged); its controller service shares
 # the pool with the node plugins, whose files are root's 0600; the sidecars and the node agent talk to
 # the driver's root-owned 0600 sockets. Those run as root, with capabilities dropped where they can.
 NON_ROOT = frozenset(
