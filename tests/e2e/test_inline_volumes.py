@@ -1,7 +1,8 @@
 """CSI ephemeral inline volumes end to end: a pod with a `csi:` volume on the real apiserver, the
 node agent doing what kubelet does for it (NodePublishVolume with the pod's information, no
 attach, no stage), the real driver making the volume in the node's pool; the pod's data lives on
-a real filesystem, and once the pod is gone so is the backing file."""
+a real filesystem, and once the pod is gone so is the backing file. The pool offers 1Gi
+(`--capacity`), which inline volumes take from as persistent volumes do."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from controller_runtime.client import ApiClient
 from controller_runtime.resources import NODES, PODS, VOLUME_ATTACHMENTS, Obj
 from csi_driver import DRIVER_NAME
 from localstack.controlplane import ControlPlane
+from localstack.pools import PoolCapacity
 from localstack.storage_stack import STORAGE_COMPONENTS, StorageStack, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.root]
@@ -25,7 +27,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.root]
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def stack(control_plane: ControlPlane, api: ApiClient) -> AsyncIterator[StorageStack]:
-    s = StorageStack(control_plane, api, STORAGE_COMPONENTS)
+    s = StorageStack(control_plane, api, STORAGE_COMPONENTS, pool_capacity=PoolCapacity(default="1Gi"))
     try:
         await s.start()
         yield s
@@ -96,11 +98,7 @@ async def test_an_inline_volume_the_node_cannot_hold_fails_the_mount_and_leaves_
 ) -> None:
     pod = await inline_pod(stack, namespace, "greedy", {"size": "900Ti"})
 
-    async def failed_mount() -> list[Obj] | None:
-        events = await stack.events(namespace, "FailedMount")
-        return [e for e in events if e["involvedObject"]["name"] == "greedy"] or None
-
-    (event, *_) = await wait_for(failed_mount, 60, "a FailedMount event")
+    (event, *_) = await wait_for(lambda: failed_mount(stack, namespace, "greedy"), 60, "a FailedMount event")
     assert event["type"] == "Warning"
     assert event["message"].startswith('MountVolume.SetUp failed for volume "scratch" : rpc error: code = ')
     assert "maximum volume size" in event["message"] or "free in its pool" in event["message"]
@@ -108,4 +106,32 @@ async def test_an_inline_volume_the_node_cannot_hold_fails_the_mount_and_leaves_
     assert current["status"].get("phase") == "Pending"
     await stack.delete_pod(namespace, "greedy")
     assert not backing_file(stack, pod).exists()
+    assert not list((stack.pool / "ephemeral").iterdir())
+
+
+async def failed_mount(stack: StorageStack, namespace: str, pod: str) -> list[Obj] | None:
+    events = await stack.events(namespace, "FailedMount")
+    return [e for e in events if e["involvedObject"]["name"] == pod] or None
+
+
+async def test_an_inline_volume_outside_the_capacity_waits_with_a_clear_event_until_room_is_freed(
+    stack: StorageStack, namespace: str
+) -> None:
+    pvc, pv, handle = await stack.volume(namespace, size_mi=768)
+    pod = await inline_pod(stack, namespace, "crowded", {"size": "384Mi"})
+    (event, *_) = await wait_for(lambda: failed_mount(stack, namespace, "crowded"), 60, "a FailedMount event")
+    assert event["type"] == "Warning"
+    assert event["message"] == (
+        'MountVolume.SetUp failed for volume "scratch" : rpc error: code = ResourceExhausted desc = '
+        "node node-a cannot make an inline volume of 384Mi: the pool's --capacity 1Gi has 256Mi left "
+        "(768Mi held by persistent volumes and snapshots, 0B by inline volumes)"
+    )
+    assert (await stack.api.get(PODS, "crowded", namespace))["status"].get("phase") == "Pending"
+    assert not backing_file(stack, pod).exists()
+    # The persistent volume goes: the node agent's next try finds the room.
+    await stack.delete_volume(namespace, pvc, pv, handle)
+    await stack.wait_running(namespace, "crowded", timeout=150)
+    assert backing_file(stack, pod).stat().st_size == 384 << 20
+    await stack.delete_pod(namespace, "crowded")
+    await wait_for(lambda: _gone(backing_file(stack, pod)), 30, "the inline volume's backing file removed")
     assert not list((stack.pool / "ephemeral").iterdir())
