@@ -185,6 +185,11 @@ def _check_names(method: str, name: str | None, namespace: str | None) -> None:
         raise InvalidNameError("resource name", name, problems, method)
 
 
+class WritesStoppedError(Exception):
+    """A write refused in the process, never sent: the client's writes were stopped
+    (ApiClient.stop_writes), as a controller's are once it stands down for its kcm counterpart."""
+
+
 class WatchExpiredError(Exception):
     """The watch's resourceVersion is older than what etcd still has (410 Gone): re-list."""
 
@@ -219,6 +224,13 @@ class ApiClient:
         self._requests: dict[tuple[int, str], Any] = {}
         self._timeouts: dict[float, aiohttp.ClientTimeout] = {}
         self._static_auth: dict[str, str] | None = None
+        self._writes_stopped: str | None = None
+
+    def stop_writes(self, reason: str) -> None:
+        """From now on every request but a GET (a create, update, patch or delete, Events
+        included) fails with WritesStoppedError before it is sent; reads and watches go on. For
+        good: nothing turns writes on again. Clients made by with_own_limiter are not affected."""
+        self._writes_stopped = reason or "writes stopped"
 
     def with_own_limiter(self) -> ApiClient:
         """A client of the same server and credentials whose requests wait in a rate limiter of their
@@ -347,6 +359,9 @@ class ApiClient:
         if data is not None:
             headers["Content-Type"] = content_type
         for attempt in range(MAX_RETRIES + 1):
+            # Checked with no await between it and the send (after the limiter's and a retry's waits).
+            if self._writes_stopped is not None and method != "GET":
+                raise WritesStoppedError(f"{method} {path}: not sent: {self._writes_stopped}")
             start = time.perf_counter()
             async with self.session.request(
                 method, self._url(path, params), data=data, headers=headers, timeout=self._timeout(timeout)

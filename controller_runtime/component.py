@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 from .client import ApiClient
 from .controller import ControllerContext
+from .counterpart import Counterpart, CounterpartGuard
 from .events import EventRecorder
 from .informer import SharedInformerFactory
 from .leaderelection import LeaderElectionConfig, LeaderElector
@@ -69,19 +70,29 @@ async def serve_controller(
     user_agent: str,
     event_source: str,
     lease_name: str,
+    counterpart: Counterpart | None = None,
 ) -> None:
     """Builds the controller once leading, from an informer factory resyncing every
     --resync-period (see process.add_controller_flags), and runs it until cancelled. /readyz fails
-    until its caches are synced; a standby waiting for the Lease counts as ready (it serves nothing)."""
+    until its caches are synced; a standby waiting for the Lease counts as ready (it serves nothing).
+
+    With `counterpart` (kcm's controller this one replaces), a CounterpartGuard watches for it
+    while leading; once kcm's is seen writing, the controller's client writes nothing more, the
+    controller and its informers stop, and the process stays up, live but not ready, holding its
+    Lease (so no standby takes over and writes either) until it is stopped."""
     client = await api_client(args, user_agent)
     recorder = EventRecorder(client, event_source)
     leading = asyncio.Event()
     running: list[Controller] = []
+    guard = CounterpartGuard(counterpart, user_agent, client) if counterpart is not None else None
 
     def ready() -> str | None:
+        if guard is not None and guard.reason is not None:
+            return guard.reason
         if getattr(args, "leader_election", False) and not leading.is_set():
             return None
-        return None if running and running[0].synced else "caches not synced"
+        synced = running and running[0].synced and (guard is None or guard.synced)
+        return None if synced else "caches not synced"
 
     if ctx.health is not None:
         ctx.health.add_liveness_check("ping", lambda: None)
@@ -93,10 +104,40 @@ async def serve_controller(
         built = build(ControllerContext(client, factory, recorder))
         controller = await built if isinstance(built, Awaitable) else built
         running.append(controller)
-        await controller.run()
+        if guard is None:
+            await controller.run()
+            return
+        guard.watch(factory)
+        guard.start()
+        await _run_guarded(controller, factory, guard)
 
     try:
         await run_elected(args, client, lease_name, lead)
     finally:
+        if guard is not None:
+            await guard.close()
         await recorder.close()
         await client.close()
+
+
+async def _run_guarded(
+    controller: Controller, factory: SharedInformerFactory, guard: CounterpartGuard
+) -> None:
+    """Runs the controller until it ends or the guard trips; then stops it and its informers and
+    waits, writing nothing, until cancelled (the process's stop)."""
+    work = asyncio.ensure_future(controller.run())
+    tripped = asyncio.ensure_future(guard.tripped.wait())
+    try:
+        await asyncio.wait({work, tripped}, return_when=asyncio.FIRST_COMPLETED)
+        if not guard.tripped.is_set():
+            await work  # it ended on its own: its result or its error
+            return
+        work.cancel()
+        # Whatever the controller says on its way out (a write refused) changes nothing now.
+        await asyncio.gather(work, return_exceptions=True)
+        await asyncio.gather(factory.stop(), guard.stop())
+        await asyncio.Event().wait()  # stand down until the process stops
+    finally:
+        for task in (work, tripped):
+            task.cancel()
+        await asyncio.gather(work, tripped, return_exceptions=True)

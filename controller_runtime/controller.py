@@ -20,7 +20,7 @@ from typing import TypeVar
 
 from prometheus_client import Counter
 
-from .client import ApiClient
+from .client import ApiClient, WritesStoppedError
 from .clock import SYSTEM_CLOCK, Clock
 from .debug import FAILURES
 from .events import EventRecorder
@@ -45,6 +45,10 @@ async def worker(queue: WorkQueue[K], sync: Sync[K]) -> None:
             return
         try:
             again = await sync(key)
+        except WritesStoppedError:
+            # The process stopped writing (it stands down for kcm's counterpart, which the log and
+            # /readyz say): no retry of any key can succeed, so the worker ends without one.
+            return
         except Exception as exc:
             errors.inc()
             error = str(exc) or type(exc).__name__

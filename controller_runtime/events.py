@@ -16,7 +16,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from .client import ApiClient, ApiError
+from .client import ApiClient, ApiError, WritesStoppedError
 from .clock import now_rfc3339
 from .logs import get_logger
 from .resources import EVENTS, Obj
@@ -156,6 +156,8 @@ class EventRecorder:
             event = await self._queue.get()
             try:
                 await self.write(event)
+            except WritesStoppedError:
+                log.debug("event not written: writes stopped", reason=event["reason"])
             except Exception as exc:  # events are best effort, as in client-go
                 log.warning("could not write event", reason=event["reason"], error=str(exc))
             finally:

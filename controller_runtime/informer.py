@@ -59,6 +59,9 @@ def compact(obj: Obj) -> Obj:
     return obj
 
 
+RawObserver = Callable[[Obj | None, Obj], None]
+
+
 @dataclass
 class EventHandler:
     on_add: Callable[[Obj], None] | None = None
@@ -81,6 +84,7 @@ class SharedInformer(Handler):
         self.store = Store()
         self.resync_period = resync_period
         self._handlers: list[EventHandler] = []
+        self._raw_observers: list[RawObserver] = []
         self._synced = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._detector = (
@@ -93,7 +97,7 @@ class SharedInformer(Handler):
             namespace=namespace,
             label_selector=label_selector,
             field_selector=field_selector,
-            transform=compact,
+            transform=self._admit,
         )
 
     # -- registration -------------------------------------------------------------------------
@@ -104,6 +108,24 @@ class SharedInformer(Handler):
         if self._synced.is_set() and handler.on_add is not None:
             for obj in self.store.values():
                 handler.on_add(obj)
+
+    def observe_raw(self, observer: RawObserver) -> None:
+        """Registers `observer(old, new)` for what the reflector delivers once the cache has
+        synced: `new` as the API served it, managedFields included, before `compact` drops them;
+        `old` the cached copy it replaces (None for an object new to the cache). The first list is
+        not observed. Every object of a watch event or a re-list passes, deletions included; like a
+        handler, an observer must stay cheap and must not change either object."""
+        self._raw_observers.append(observer)
+
+    def _admit(self, obj: Obj) -> Obj:
+        if self._raw_observers and self._synced.is_set():
+            old = self.store.get(self.store.key(obj))
+            for observe in self._raw_observers:
+                try:
+                    observe(old, obj)
+                except Exception:
+                    log.exception("raw observer failed", resource=self.resource.plural)
+        return compact(obj)
 
     def add_index(self, name: str, func: IndexFunc) -> None:
         if not self.store.has_index(name):

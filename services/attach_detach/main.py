@@ -8,6 +8,7 @@ from functools import partial
 
 from controller_runtime import process
 from controller_runtime.component import serve_controller
+from controller_runtime.counterpart import ATTACH_DETACH
 from controller_runtime.logs import get_logger
 
 from .controller import AttachDetachController, Options
@@ -60,7 +61,9 @@ async def run(args: argparse.Namespace, ctx: process.Context) -> None:
         sync_states_period=args.attach_detach_reconcile_sync_period,
     )
     build = partial(AttachDetachController, options=options)
-    await serve_controller(args, ctx, build, user_agent=NAME, event_source=COMPONENT, lease_name=NAME)
+    await serve_controller(
+        args, ctx, build, user_agent=NAME, event_source=COMPONENT, lease_name=NAME, counterpart=ATTACH_DETACH
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -8,6 +8,7 @@ from functools import partial
 
 from controller_runtime import process
 from controller_runtime.component import serve_controller
+from controller_runtime.counterpart import BINDER
 from controller_runtime.logs import get_logger
 
 from . import names
@@ -54,7 +55,9 @@ async def run(args: argparse.Namespace, ctx: process.Context) -> None:
         binds_in_flight=max(1, args.binds_in_flight),
     )
     build = partial(PVController, options=options)
-    await serve_controller(args, ctx, build, user_agent=NAME, event_source=names.COMPONENT, lease_name=NAME)
+    await serve_controller(
+        args, ctx, build, user_agent=NAME, event_source=names.COMPONENT, lease_name=NAME, counterpart=BINDER
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> None:

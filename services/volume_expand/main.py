@@ -9,6 +9,7 @@ from functools import partial
 
 from controller_runtime import process
 from controller_runtime.component import serve_controller
+from controller_runtime.counterpart import EXPANDER
 
 from .controller import COMPONENT, ExpandController, Options
 
@@ -40,7 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 async def run(args: argparse.Namespace, ctx: process.Context) -> None:
     build = partial(ExpandController, options=Options(workers=max(1, args.workers)))
-    await serve_controller(args, ctx, build, user_agent=NAME, event_source=COMPONENT, lease_name=NAME)
+    await serve_controller(
+        args, ctx, build, user_agent=NAME, event_source=COMPONENT, lease_name=NAME, counterpart=EXPANDER
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -5,14 +5,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import uuid
 
 import pytest
 
 from controller_runtime import process
+from controller_runtime.client import ApiClient
 from controller_runtime.component import serve_controller
 from controller_runtime.controller import ControllerContext
+from controller_runtime.counterpart import Counterpart
+from controller_runtime.events import EventRecorder
 from controller_runtime.health import HealthServer
+from controller_runtime.resources import LEASES
 from localstack.controlplane import ControlPlane
 
 pytestmark = pytest.mark.integration
@@ -76,3 +81,61 @@ async def test_serve_controller_readiness_and_election(control_plane: ControlPla
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
     assert len(built) == 1
+
+
+async def test_a_guarded_controller_stands_down_and_keeps_its_lease(control_plane: ControlPlane) -> None:
+    """With a Counterpart, kcm's first Event of that counterpart's source (written here under
+    kcm's field manager) stops the controller; the process stays live, not ready, still leading."""
+    lease = f"test-{uuid.uuid4().hex[:8]}"
+    source = f"test-kcm-{uuid.uuid4().hex[:8]}"  # no other test's Events share it
+    args = parse(control_plane, "--leader-election", "--leader-election-namespace=default")
+    ctx = process.Context(health=HealthServer("127.0.0.1:0"))
+    stopped = asyncio.Event()
+
+    class Guarded(Dummy):
+        async def run(self) -> None:
+            try:
+                await super().run()
+            finally:
+                stopped.set()
+
+    dummy = Guarded()
+    task = asyncio.create_task(
+        serve_controller(
+            args,
+            ctx,
+            lambda _context: dummy,
+            user_agent="kubeloop-test",
+            event_source="test",
+            lease_name=lease,
+            counterpart=Counterpart("test-controller", source),
+        )
+    )
+    kcm = await ApiClient.from_kubeconfig(
+        str(control_plane.admin_kubeconfig), qps=0, burst=1, user_agent="kube-controller-manager/v1.36.3"
+    )
+    try:
+        await asyncio.wait_for(dummy.started.wait(), 30)
+        # Ready once the guard's Events informer has listed too: what comes after is news.
+        for _ in range(600):
+            if readiness(ctx) is None:
+                break
+            await asyncio.sleep(0.05)
+        assert readiness(ctx) is None
+        recorder = EventRecorder(kcm, source)
+        recorder.normal(
+            {"kind": "Node", "apiVersion": "v1", "metadata": {"name": "n", "uid": "u"}}, "Seen", "x"
+        )
+        await recorder.flush()
+        await asyncio.wait_for(stopped.wait(), 30)
+        reason = readiness(ctx)
+        assert reason is not None and reason.startswith(
+            "standing down: kube-controller-manager's test-controller"
+        )
+        assert ctx.health is not None and not task.done()
+        held = await kcm.get(LEASES, lease, "default")
+        assert held["spec"]["holderIdentity"].endswith(f"_{os.getpid()}")
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await kcm.close()
