@@ -13,8 +13,16 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any
 
+from controller_runtime import counterpart
 from controller_runtime.quantity import parse_quantity
-from controller_runtime.resources import Obj
+from controller_runtime.resources import (
+    NODES,
+    PERSISTENT_VOLUME_CLAIMS,
+    PERSISTENT_VOLUMES,
+    VOLUME_ATTACHMENTS,
+    Obj,
+    Resource,
+)
 from controller_runtime.storage import (
     ANN_BETA_STORAGE_PROVISIONER,
     ANN_SELECTED_NODE,
@@ -64,6 +72,9 @@ class Report:
     # What the components' queues are retrying about the chain (kubectl_kubeloop.retries), filled
     # by the caller: reading it is not this module's business.
     retries: list[Any] = field(default_factory=list)
+    # kube-controller-manager and kubeloop's controllers on the same job: a kubeloop controller
+    # that stood down for its kcm counterpart, or both seen writing the chain's objects.
+    control_plane: list[Waiting] = field(default_factory=list)
 
     def to_json(self, now: dt.datetime) -> dict[str, Any]:
         return {
@@ -74,6 +85,7 @@ class Report:
             "steps": [{**vars(s), "seconds": s.seconds(now)} for s in self.steps],
             "waiting": [vars(w) for w in self.waiting],
             "retries": [vars(r) for r in self.retries],
+            "control_plane": [vars(c) for c in self.control_plane],
             "events": [
                 {
                     "time": event_time(e),
@@ -199,7 +211,54 @@ def diagnose(snap: Snapshot) -> Report:
                 _pod_steps(snap, pod, pv, steps, waiting)
         _expansion(snap, steps, waiting)
         _modification(snap, steps, waiting)
-    return Report(f"{md['namespace']}/{md['name']}", phase, chain, steps, waiting, snap.events)
+    report = Report(f"{md['namespace']}/{md['name']}", phase, chain, steps, waiting, snap.events)
+    report.control_plane = _control_plane(snap)
+    return report
+
+
+# -- kube-controller-manager beside kubeloop's controllers -------------------------------------------
+
+
+def _control_plane(snap: Snapshot) -> list[Waiting]:
+    """Each kubeloop controller that stood down (its newest KubeControllerManagerActive Warning),
+    then each of kcm's storage controllers that wrote the chain's objects beside the kubeloop
+    controller replacing it (their fields in managedFields: controller_runtime.counterpart)."""
+    out: list[Waiting] = []
+    newest: dict[str, Obj] = {}
+    for e in snap.stand_downs:
+        newest[str((e.get("source") or {}).get("component") or e.get("reportingComponent") or "")] = e
+    for who, e in sorted(newest.items()):
+        out.append(Waiting(who or "kubeloop", f"stands down since {event_time(e)}: {e.get('message', '')}"))
+    chain: list[tuple[counterpart.Counterpart, Resource, Obj | None]] = [
+        (counterpart.BINDER, PERSISTENT_VOLUME_CLAIMS, snap.claim),
+        (counterpart.BINDER, PERSISTENT_VOLUMES, snap.volume),
+        *((counterpart.ATTACH_DETACH, VOLUME_ATTACHMENTS, va) for va in snap.attachments),
+        *((counterpart.ATTACH_DETACH, NODES, node) for node in snap.nodes.values()),
+    ]
+    for cp in (counterpart.BINDER, counterpart.ATTACH_DETACH):
+        wrote: dict[str, list[str]] = {}
+        for of, resource, obj in chain:
+            if of is not cp or obj is None:
+                continue
+            name = obj["metadata"]["name"]
+            subject = (
+                f"{resource.kind} {obj['metadata']['namespace']}/{name}"
+                if resource.namespaced
+                else f"{resource.kind} {name}"
+            )
+            for manager, fields in counterpart.writers(cp, resource, obj).items():
+                wrote.setdefault(manager, []).append(f"{subject} {', '.join(fields)}")
+        ours = sorted(m for m in wrote if m.startswith("kubeloop-"))
+        if counterpart.KCM_MANAGER in wrote and ours:
+            told = "; ".join(f"{m}: {', '.join(wrote[m])}" for m in (counterpart.KCM_MANAGER, *ours))
+            out.append(
+                Waiting(
+                    f"kube-controller-manager's {cp.controller} and {', '.join(ours)}",
+                    f"both wrote this claim's objects ({told}): run one of the two, kcm's turns off "
+                    f"with {cp.flag}",
+                )
+            )
+    return out
 
 
 # -- the claim: class, provisioning, binding -----------------------------------------------------------

@@ -40,6 +40,11 @@ def describe(report: Report, now: dt.datetime) -> str:
         lines.append("Waiting:")
         for w in report.waiting:
             lines.append(f"  {w.component}: {w.reason}")
+    if report.control_plane:
+        lines.append("")
+        lines.append("Control plane:")
+        for c in report.control_plane:
+            lines.append(f"  {c.component}: {c.reason}")
     if report.retries:
         lines.append("")
         lines.append("Retrying:")

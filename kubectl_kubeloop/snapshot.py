@@ -7,6 +7,7 @@ import asyncio
 import datetime as dt
 from dataclasses import dataclass, field
 
+from controller_runtime import counterpart
 from controller_runtime.client import ApiClient, ApiError
 from controller_runtime.resources import (
     CSI_DRIVERS,
@@ -33,6 +34,9 @@ class Snapshot:
     nodes: dict[str, Obj] = field(default_factory=dict)  # the pods' and attachments' nodes
     csi_driver: Obj | None = None
     events: list[Obj] = field(default_factory=list)  # of all the above, oldest first
+    # Every KubeControllerManagerActive Warning in the cluster: a kubeloop controller that stood
+    # down for its kcm counterpart (controller_runtime.counterpart), whatever object it was seen on.
+    stand_downs: list[Obj] = field(default_factory=list)
     now: dt.datetime = field(default_factory=lambda: dt.datetime.now(dt.UTC))
 
     @property
@@ -108,4 +112,11 @@ async def take(api: ApiClient, namespace: str, name: str) -> Snapshot:
     about = [claim, *([volume] if volume else []), *snap.attachments, *snap.pods]
     lists = await asyncio.gather(*(_events_of(api, o) for o in about))
     snap.events = sorted((e for events in lists for e in events), key=event_time)
+    try:
+        page = await api.list_page(EVENTS, None, fieldSelector=f"reason={counterpart.REASON}")
+    except ApiError as e:
+        if not e.forbidden:  # a role that may read only the claim's namespace: nothing to add
+            raise
+    else:
+        snap.stand_downs = sorted(page.get("items") or [], key=event_time)
     return snap

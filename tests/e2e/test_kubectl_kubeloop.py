@@ -108,6 +108,8 @@ async def test_a_healthy_claim_lists_every_step_with_its_duration(
     await stack.wait_running(namespace, "app")
     report = await described(stack, namespace, "data")
     assert report["stuck"] is False and report["waiting"] == [], report["waiting"]
+    # kcm runs with its storage controllers off: kubeloop's never stand down, and nobody else binds.
+    assert report["control_plane"] == [], report["control_plane"]
     steps = {s["name"]: s for s in report["steps"]}
     assert set(steps) == {"provision", "bind", "attach", "mount"}, steps
     for step in steps.values():

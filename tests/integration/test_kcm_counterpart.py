@@ -13,11 +13,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import os
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -37,6 +41,7 @@ from controller_runtime.resources import (
     Obj,
     Resource,
 )
+from controller_runtime.toolchain import REPO_ROOT
 from localstack.components import Components
 from localstack.controlplane import KCM_CONTROLLERS, ControlPlane
 from localstack.storage_stack import storage_components
@@ -364,6 +369,12 @@ async def test_the_pv_controller_stands_down_for_kcms_binder(side_by_side: SideB
         assert PV_CONTROLLER.manager not in managers(final)
     assert not [w for w in env.stream.seen[mark:] if warning_of(PV_CONTROLLER)(w) and w.obj is not warning]
 
+    # kubectl kubeloop says it.
+    report = await describe(env, ns, "st-1")
+    (said,) = [c for c in report["control_plane"] if c["component"] == PV_CONTROLLER.manager]
+    assert said["reason"].startswith("stands down since ")
+    assert BINDER.flag in said["reason"]
+
 
 async def test_the_attach_detach_controller_stands_down_for_kcms(side_by_side: SideBySide) -> None:
     env, ns = side_by_side, side_by_side.namespace
@@ -421,6 +432,18 @@ async def test_the_volume_expand_controller_stands_down_for_kcms_expander(side_b
     )
     # The expander writes nothing but Events: none of its own about exp-2, nor any other.
     assert written_by(env, VOLUME_EXPAND_CONTROLLER, after) == []
+
+
+async def describe(env: SideBySide, namespace: str, name: str) -> dict[str, Any]:
+    """`kubectl kubeloop describe pvc -o json`, the plugin as its console script runs it."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "kubectl_kubeloop.main", "describe", "pvc", name, "-n", namespace, "-o", "json",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=REPO_ROOT,
+        env={**os.environ, "KUBECONFIG": str(env.cp.admin_kubeconfig)},
+    )  # fmt: skip
+    out, err = await proc.communicate()
+    assert proc.returncode == 0, err.decode()
+    return dict(json.loads(out))
 
 
 async def test_kubeloops_own_mode_never_stands_down(kubeloops_own: SideBySide) -> None:

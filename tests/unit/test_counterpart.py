@@ -40,6 +40,9 @@ from controller_runtime.resources import (
     Obj,
 )
 from controller_runtime.workqueue import WorkQueue, default_rate_limiter
+from kubectl_kubeloop.diagnose import diagnose, parse_time
+from kubectl_kubeloop.render import describe
+from kubectl_kubeloop.snapshot import Snapshot
 from tests.unit.test_client_requests import serve
 
 T0, T1 = "2026-11-28T13:34:23Z", "2026-11-28T13:34:43Z"
@@ -609,6 +612,43 @@ async def test_a_stopped_client_sends_no_write_and_still_reads() -> None:
         finally:
             await other.close()
     assert seen == ["POST", "GET", "POST"]
+
+
+# -- kubectl kubeloop: who else is on the job ----------------------------------------------------------
+
+
+def test_describe_names_a_stand_down_and_both_binders_on_the_claim() -> None:
+    fought = claim(
+        CLAIM_CREATED,
+        CLAIM_PROVISIONER_BY_KCM,
+        entry("kubeloop-pv-controller", {"f:status": {"f:phase": {}}}, "status"),
+        annotations=HANDED,
+    )
+    fought["metadata"]["creationTimestamp"] = T0
+    warning = event("kubeloop-attach-detach-controller", "kubeloop-attach-detach-controller", REASON)
+    warning["message"] = "kube-controller-manager's persistentvolume-attach-detach-controller is active (...)"
+    report = diagnose(Snapshot(fought, stand_downs=[warning]))
+    stand_down, both = report.control_plane
+    assert stand_down.component == "kubeloop-attach-detach-controller"
+    assert stand_down.reason == f"stands down since {T1}: {warning['message']}"
+    assert (
+        both.component
+        == "kube-controller-manager's persistentvolume-binder-controller and kubeloop-pv-controller"
+    )
+    assert both.reason == (
+        "both wrote this claim's objects (kube-controller-manager: PersistentVolumeClaim default/st "
+        "metadata.annotations.volume.kubernetes.io/storage-provisioner, "
+        "metadata.annotations.volume.beta.kubernetes.io/storage-provisioner; kubeloop-pv-controller: "
+        "PersistentVolumeClaim default/st status.phase): run one of the two, kcm's turns off with "
+        "--controllers=*,-persistentvolume-binder-controller"
+    )
+    assert report.to_json(parse_time(T1))["control_plane"][0]["component"] == stand_down.component
+    text = describe(report, parse_time(T1))
+    assert "\nControl plane:\n  kubeloop-attach-detach-controller: stands down since" in text
+    # kcm alone, or kubeloop alone, on the claim: nothing to say.
+    alone = claim(CLAIM_CREATED, CLAIM_BOUND_BY_KCM, CLAIM_STATUS_BY_KCM, annotations=BOUND, volume="pv1")
+    alone["metadata"]["creationTimestamp"] = T0
+    assert diagnose(Snapshot(alone)).control_plane == []
 
 
 async def test_a_worker_whose_writes_stopped_ends_without_a_retry() -> None:
