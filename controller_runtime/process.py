@@ -1,10 +1,16 @@
 """Process entry shared by every kubeloop binary: common flags, logging, uvloop, metrics/health
-server, and graceful shutdown on SIGTERM/SIGINT.
+server, and graceful shutdown on SIGTERM, SIGINT or SIGHUP.
 
 A component writes `async def run(args, ctx)` and calls `process.main(...)` from its console script.
-On SIGTERM or SIGINT the task running `run` is cancelled, so `finally:` blocks and `async with`
-exits do the clean-up (stop workers, release the leader lease, close sockets) before the process
-exits 0. A second signal exits at once.
+On SIGTERM, SIGINT or SIGHUP the task running `run` is cancelled, so `finally:` blocks and `async
+with` exits do the clean-up (stop workers, release the leader lease, close sockets) before the
+process exits 0. SIGHUP is a stop like the others, even when the process inherited it ignored: the
+terminal of a process run by hand (`make up`) is gone, and nobody is left there to stop it.
+
+A second Ctrl-C (SIGINT) exits at once. A further SIGTERM or SIGHUP during the clean-up is only
+logged: those are repeated by the processes in between, not by a person in a hurry (make passes
+its SIGTERM on to its child, so `kill -TERM -PGID` of `make up` delivers two; shells and sudo pass a
+hang-up on), and an exit there would skip the very clean-up the first one started.
 """
 
 from __future__ import annotations
@@ -230,6 +236,10 @@ def add_controller_flags(
     add_logging_flags(parser)
 
 
+# The signals that stop a process in order (see the module's docstring).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
 @dataclass
 class Context:
     """What the entry helper hands to a component's run coroutine."""
@@ -246,22 +256,23 @@ async def _serve(run: Run, args: argparse.Namespace) -> int:
     ctx = Context(health=HealthServer(args.http_endpoint) if getattr(args, "http_endpoint", "") else None)
     task = asyncio.current_task()
     assert task is not None
-    signals = 0
 
     def on_signal(signum: int) -> None:
-        nonlocal signals
-        signals += 1
-        if signals > 1:
-            log.warning("second signal, exiting now", signal=signal.Signals(signum).name)
-            os._exit(1)
-        log.info("shutting down", signal=signal.Signals(signum).name)
+        name = signal.Signals(signum).name
+        if ctx.stopping.is_set():
+            if signum == signal.SIGINT:
+                log.warning("second Ctrl-C, exiting now", signal=name)
+                os._exit(1)
+            log.info("already shutting down", signal=name)
+            return
+        log.info("shutting down", signal=name)
         ctx.stopping.set()
         main_task.cancel()
 
     if ctx.health is not None:
         await ctx.health.start()
     main_task = asyncio.ensure_future(run(args, ctx))
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in STOP_SIGNALS:
         loop.add_signal_handler(sig, on_signal, sig)
     try:
         await main_task
@@ -272,7 +283,7 @@ async def _serve(run: Run, args: argparse.Namespace) -> int:
         log.exception("fatal error")
         return 1
     finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in STOP_SIGNALS:
             loop.remove_signal_handler(sig)
         if ctx.health is not None:
             with contextlib.suppress(Exception):

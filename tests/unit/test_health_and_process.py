@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import socket
 import sys
@@ -109,7 +110,7 @@ async def test_an_empty_host_serves_every_interface() -> None:
 
 
 COMPONENT = textwrap.dedent("""
-    import argparse, asyncio, sys
+    import argparse, asyncio, os, sys
     from controller_runtime import process
 
     async def run(args, ctx):
@@ -117,6 +118,7 @@ COMPONENT = textwrap.dedent("""
         try:
             await asyncio.Event().wait()
         finally:
+            await asyncio.sleep(float(os.environ.get("CLEANUP_SECONDS", "0")))
             print("cleaned up", flush=True)
 
     parser = argparse.ArgumentParser(prog="demo", description="a demo component")
@@ -128,7 +130,10 @@ COMPONENT = textwrap.dedent("""
 """)
 
 
-async def start_component(tmp_path: Path, *args: str) -> asyncio.subprocess.Process:
+async def start_component(
+    tmp_path: Path, *args: str, cleanup_seconds: float = 0, hangup: signal.Handlers = signal.SIG_DFL
+) -> asyncio.subprocess.Process:
+    """The demo component, its clean-up taking `cleanup_seconds`, started with SIGHUP at `hangup`."""
     script = tmp_path / "component.py"
     script.write_text(COMPONENT)
     return await asyncio.create_subprocess_exec(
@@ -136,20 +141,58 @@ async def start_component(tmp_path: Path, *args: str) -> asyncio.subprocess.Proc
         str(script),
         *args,
         cwd=REPO_ROOT,
+        env={**os.environ, "CLEANUP_SECONDS": str(cleanup_seconds)},
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
+        preexec_fn=lambda: signal.signal(signal.SIGHUP, hangup),
     )
 
 
-async def test_sigterm_runs_cleanup_and_exits_zero(tmp_path: Path) -> None:
-    proc = await start_component(tmp_path, "--log-format=json")
+@pytest.mark.parametrize(
+    ("stop", "hangup"),
+    [
+        pytest.param(signal.SIGTERM, signal.SIG_DFL, id="SIGTERM"),
+        # A hang-up (the terminal of `make up` closed) is a stop, also for a process started with
+        # SIGHUP ignored, as `nohup` or a harness may start it.
+        pytest.param(signal.SIGHUP, signal.SIG_IGN, id="SIGHUP-started-ignored"),
+    ],
+)
+async def test_a_stop_signal_runs_cleanup_and_exits_zero(
+    tmp_path: Path, stop: signal.Signals, hangup: signal.Handlers
+) -> None:
+    proc = await start_component(tmp_path, "--log-format=json", hangup=hangup)
     assert proc.stdout is not None
     assert await asyncio.wait_for(proc.stdout.readline(), 30) == b"started\n"
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(stop)
     out, err = await asyncio.wait_for(proc.communicate(), 30)
     assert proc.returncode == 0, err.decode()
     assert b"cleaned up" in out
-    assert b'"msg": "shutting down"' in err, "json logs"
+    assert f'"msg": "shutting down", "signal": "{stop.name}"'.encode() in err, "json logs"
+
+
+@pytest.mark.parametrize(
+    ("repeat", "code", "cleaned_up"),
+    [
+        pytest.param(signal.SIGTERM, 0, True, id="SIGTERM"),
+        pytest.param(signal.SIGHUP, 0, True, id="SIGHUP"),
+        pytest.param(signal.SIGINT, 1, False, id="SIGINT"),
+    ],
+)
+async def test_a_repeated_signal_waits_for_the_clean_up_but_a_second_ctrl_c_exits_at_once(
+    tmp_path: Path, repeat: signal.Signals, code: int, cleaned_up: bool
+) -> None:
+    """make passes its SIGTERM on to its child, shells and sudo a hang-up: a repeat must not cut the
+    clean-up short. A person pressing Ctrl-C again means it."""
+    proc = await start_component(tmp_path, cleanup_seconds=1.5)
+    assert proc.stdout is not None and proc.stderr is not None
+    assert await asyncio.wait_for(proc.stdout.readline(), 30) == b"started\n"
+    proc.send_signal(signal.SIGTERM)
+    while b"shutting down" not in (line := await asyncio.wait_for(proc.stderr.readline(), 30)):
+        assert line, "stderr ended before the component logged its shutdown"
+    proc.send_signal(repeat)
+    out, err = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == code, err.decode()
+    assert (b"cleaned up" in out) == cleaned_up, out
 
 
 async def test_help_explains_the_common_flags(tmp_path: Path) -> None:
