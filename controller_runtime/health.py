@@ -19,6 +19,10 @@ Check = Callable[[], str | Awaitable[str | None] | None]
 """A check returns None when healthy, or a short reason when not. It may be a coroutine function:
 a sidecar's liveness is a call to its driver."""
 
+Refresh = Callable[[], Awaitable[None]]
+"""Awaited before every /metrics answer: a collector whose values come from disk reads them there,
+off the event loop (`collect`, which `generate_latest` calls on it, cannot await)."""
+
 
 def parse_endpoint(endpoint: str) -> tuple[str | None, int]:
     """Parses `host:port` as the kubernetes-csi sidecars read --http-endpoint: an empty host
@@ -36,6 +40,7 @@ class HealthServer:
         self._registry = registry
         self._liveness: dict[str, Check] = {}
         self._readiness: dict[str, Check] = {}
+        self._refreshes: list[Refresh] = []
         self._runner: web.AppRunner | None = None
 
     def add_liveness_check(self, name: str, check: Check) -> None:
@@ -43,6 +48,9 @@ class HealthServer:
 
     def add_readiness_check(self, name: str, check: Check) -> None:
         self._readiness[name] = check
+
+    def add_metrics_refresh(self, refresh: Refresh) -> None:
+        self._refreshes.append(refresh)
 
     @staticmethod
     async def _reason(check: Check) -> str | None:
@@ -63,6 +71,11 @@ class HealthServer:
         return web.Response(status=failure_status, text=body + "\n")
 
     async def _metrics(self, _: web.Request) -> web.Response:
+        for refresh in self._refreshes:
+            try:
+                await refresh()
+            except Exception:  # its collector serves what it had; the other metrics are served
+                log.exception("refreshing metrics failed")
         return web.Response(
             body=generate_latest(self._registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
         )

@@ -198,6 +198,7 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
         # the node plugins, whose inline volumes take from the same --capacity), so concurrent
         # creates, clones, snapshots, expansions and inline volumes never count the same free bytes.
         state.budget.serve(config.capacity)
+        self.holds_pool = False  # whether reconcile took the pool's controller side
 
     # --- start-up -------------------------------------------------------------------------------
     async def reconcile(self) -> None:
@@ -210,6 +211,7 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
             log.error("the pool is unusable; no volume can be created", problem=problem)
             return
         await self.state.take_controller_side()
+        self.holds_pool = True
 
         def scan() -> tuple[set[str], set[str]]:
             names: dict[str, set[str]] = {"volumes": set(), "snapshots": set()}

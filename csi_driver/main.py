@@ -17,8 +17,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import grpc
+from prometheus_client import REGISTRY
 
 from controller_runtime import process
+from controller_runtime.health import HealthServer
 from controller_runtime.logs import get_logger
 from controller_runtime.plugin_registration import RegistrationServer
 from controller_runtime.unix_grpc import socket_path, start_unix_server, stop_unix_server
@@ -31,6 +33,7 @@ from .group_controller import GroupControllerServer
 from .identity import IdentityServer
 from .node import NodeConfig, NodeServer
 from .pool_kinds import capacity_of_node, parse_capacity, pool_capacity
+from .pool_metrics import PoolMetrics
 from .server import CsiInterceptor
 from .snapshot_metadata import SnapshotMetadataServer
 from .state import DriverState, NodeInfo
@@ -219,13 +222,17 @@ async def run(args: argparse.Namespace, ctx: process.Context) -> None:
         ctx.health.add_readiness_check("driver", state.health_problem)
     try:
         await state.load()
-        await _serve(args, state, controller_mode, node_mode)
+        await _serve(args, state, controller_mode, node_mode, ctx.health)
     finally:
         state.close()
 
 
 async def _serve(
-    args: argparse.Namespace, state: DriverState, controller_mode: bool, node_mode: bool
+    args: argparse.Namespace,
+    state: DriverState,
+    controller_mode: bool,
+    node_mode: bool,
+    health: HealthServer | None,
 ) -> None:
     identity = IdentityServer(state, controller=controller_mode)
     controller = node = None
@@ -243,6 +250,12 @@ async def _serve(
         )
         await controller.reconcile()
         group = GroupControllerServer(controller)
+        if controller.holds_pool and health is not None:
+            # The one process with the pool's controller side exports its gauges (a shared
+            # pool's node plugins none): docs/observability.md, "The pool's gauges".
+            pool_metrics = PoolMetrics(state, args.capacity, args.node_id if args.node_local else "")
+            REGISTRY.register(pool_metrics)
+            health.add_metrics_refresh(pool_metrics.refresh)
     if node_mode:
         node = NodeServer(
             state,
