@@ -200,10 +200,15 @@ def test_prometheus_scrapes_every_component_and_loads_the_alerting_rules(stack: 
     assert scraped == {i.name for i in instances(REGISTRY, node_names(2)) if i.http_port is not None}
     with urllib.request.urlopen(f"{api}/rules", timeout=10) as r:
         groups = {g["name"] for g in json.load(r)["data"]["groups"]}
-    assert groups == {"kubeloop-volumes", "kubeloop-claims", "kubeloop-operations"}
+    assert groups == {"kubeloop-volumes", "kubeloop-claims", "kubeloop-operations", "kubeloop-pools"}
     query = urllib.parse.quote("up == 1")
     with urllib.request.urlopen(f"{api}/query?query={query}", timeout=10) as r:
         assert len(json.load(r)["data"]["result"]) == len(scraped)
+    # The stack's shared pool is exported once, by the controller-mode driver (csi_driver.pool_metrics).
+    query = urllib.parse.quote("kubeloop_pool_filesystem_size_bytes")
+    with urllib.request.urlopen(f"{api}/query?query={query}", timeout=10) as r:
+        exporters = [s["metric"]["component"] for s in json.load(r)["data"]["result"]]
+    assert exporters == ["csi-driver-controller"]
     # The Grafana dashboard's queries are ones this Prometheus evaluates (a typo is a 400).
     dashboard = json.loads((REPO_ROOT / "deploy" / "grafana" / "kubeloop-dashboard.json").read_text())
     for panel in dashboard["panels"]:
