@@ -99,15 +99,16 @@ def get_logger(name: str) -> Logger:
     return Logger(name)
 
 
-def log_to_file(path: Path) -> None:
+def log_to_file(path: Path, *, keep_stderr: bool = False) -> None:
     """Sends the process's log lines to `path` (appended) instead of stderr, formatted as before: for
-    a process whose terminal is for people (`make up` prints its own status lines)."""
+    a process whose terminal is for people (`make up` prints its own status lines). `keep_stderr`:
+    to the file and to stderr as before (`make up --verbose`)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     root = logging.getLogger()
     formatter = root.handlers[0].formatter if root.handlers else TextFormatter()
     handler = logging.FileHandler(path)
     handler.setFormatter(formatter)
-    root.handlers[:] = [handler]
+    root.handlers[:] = [handler, *(root.handlers if keep_stderr else [])]
 
 
 def setup_logging(log_format: str = "text", verbosity: int = 0) -> None:

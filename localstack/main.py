@@ -2,9 +2,11 @@
 
 It starts etcd, kube-apiserver, kube-controller-manager (storage controllers off) and kube-scheduler
 on 127.0.0.1, then the kubeloop components of localstack/components.py, prints a line as each
-becomes healthy and how to use kubectl, and runs until Ctrl-C or SIGTERM, which stop everything.
-The kubeloop components are supervised: one that crashes is restarted with exponential backoff
-(RestartPolicy), each restart printed and counted in $KUBELOOP_HOME/status.json.
+becomes healthy and how to use kubectl, and runs until Ctrl-C, SIGTERM or SIGHUP (its terminal
+closed), which stop everything in order. The kubeloop components are supervised: one that crashes
+is restarted with exponential backoff (RestartPolicy), each restart printed and counted in
+$KUBELOOP_HOME/status.json. The console may go away first (localstack/console.py): its lines then
+go to the log, and the stop is the same.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from controller_runtime.logs import get_logger, log_to_file
 from controller_runtime.toolchain import MissingBinaryError, Toolchain
 from controller_runtime.unix_grpc import MAX_SOCKET_PATH
 
+from . import console
 from .components import (
     PROMETHEUS_PORT,
     Component,
@@ -324,9 +327,9 @@ class _Outcome:
 async def _up(args: argparse.Namespace, ctx: process.Context) -> None:
     started = time.monotonic()
     home: Path = args.home.resolve()
-    if not args.verbose:
-        # People read the terminal: the status lines below. The structured lines go to a file.
-        log_to_file(home / "logs" / "stack.log")
+    # People read the terminal: the status lines below. The structured lines go to a file (and,
+    # with --verbose, to the terminal too).
+    log_to_file(home / "logs" / "stack.log", keep_stderr=args.verbose)
     cp = ControlPlane(
         home,
         _ports(args),
@@ -385,6 +388,8 @@ async def _up(args: argparse.Namespace, ctx: process.Context) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    # First of all: no console write may end the launcher (localstack/console.py).
+    console.install()
     parser = build_parser()
     args = parser.parse_args(argv)
     problem = preflight(args)

@@ -18,7 +18,7 @@ import time
 import urllib.parse
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -82,7 +82,11 @@ class RunningStack:
         return res.stdout if res.returncode == 0 else res.stderr
 
     def output(self) -> str:
-        return f"--- stdout\n{self.stdout.read_text()}\n--- stderr (end)\n{self.stderr.read_text()[-6000:]}"
+        log = self.home / "logs" / "stack.log"
+        return (
+            f"--- stdout\n{self.stdout.read_text()}\n--- stderr (end)\n{self.stderr.read_text()[-6000:]}"
+            f"\n--- stack.log (end)\n{log.read_text()[-4000:] if log.exists() else ''}"
+        )
 
 
 def _stack_processes(home: Path) -> list[psutil.Process]:
@@ -99,7 +103,18 @@ def _stack_processes(home: Path) -> list[psutil.Process]:
     return found
 
 
-def _launch(home: Path, base: Path, *extra: str) -> RunningStack:
+# Starts the launcher's argv with its environment, its console ending up in the two files (read
+# for the ready line and for a failure's message).
+Spawn = Callable[[list[str], dict[str, str], Path, Path], "subprocess.Popen[bytes]"]
+
+
+def to_files(argv: list[str], env: dict[str, str], stdout: Path, stderr: Path) -> subprocess.Popen[bytes]:
+    """The launcher's stdout and stderr straight into the files."""
+    with stdout.open("wb") as out, stderr.open("wb") as err:
+        return subprocess.Popen(argv, cwd=REPO_ROOT, env=env, stdout=out, stderr=err)
+
+
+def _launch(home: Path, base: Path, *extra: str, spawn: Spawn = to_files) -> RunningStack:
     """Starts the launcher as `make up` would (plus test ports and no fsync) and waits for ready."""
     tc = toolchain()
     ports = free_stack_ports()
@@ -114,9 +129,7 @@ def _launch(home: Path, base: Path, *extra: str) -> RunningStack:
         "--etcd-unsafe-no-fsync",
         *extra,
     ]  # fmt: skip
-    env = {**os.environ, "KUBELOOP_HOME": str(home)}
-    with stdout.open("wb") as out, stderr.open("wb") as err:
-        proc = subprocess.Popen(argv, cwd=REPO_ROOT, env=env, stdout=out, stderr=err)
+    proc = spawn(argv, {**os.environ, "KUBELOOP_HOME": str(home)}, stdout, stderr)
     running = RunningStack(
         proc, home, f"https://127.0.0.1:{ports.apiserver}", stdout, stderr, tc.binary("kubectl"), []
     )

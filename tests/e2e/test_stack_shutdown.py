@@ -3,22 +3,32 @@ mount or loop device behind, and the next start must mount the pod's volume agai
 A launcher killed with SIGKILL cannot clean up: its volumes stay mounted until the next start takes
 them over (mounted once, not twice), and that start's stop unmounts them.
 
-Runs the real launcher (`python -m localstack.main up`) on one home three times; the pod and its
-claim live in etcd, which the home keeps across runs."""
+The same stop whatever became of the console (issue 44, part 1): Ctrl-C after the `tee` of
+`make up 2>&1 | tee` has gone, and the terminal closed (a hang-up).
+
+Runs the real launcher (`python -m localstack.main up`); the pod and its claim live in etcd, which
+the home keeps across runs."""
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
+import select
 import signal
+import subprocess
+import termios
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import psutil
 
+from controller_runtime.toolchain import REPO_ROOT
 from localstack.leftovers import find_leftovers, force_cleanup, loop_devices_under, mounts_under
 
-from .test_stack import RunningStack, _cleanup, _launch, _stack_processes, short_home
+from .test_stack import RunningStack, Spawn, _cleanup, _launch, _stack_processes, short_home, to_files
 
 NODE = "node-a"
 DATA = "written before the stop"
@@ -71,12 +81,17 @@ def _mounted(path: Path) -> int:
     return sum(1 for p in mounts_under(path.parent) if p == str(path))
 
 
-def _sigterm(stack: RunningStack) -> None:
-    stack.proc.send_signal(signal.SIGTERM)
+def _stopped(stack: RunningStack) -> None:
+    """The launcher has exited 0 after its stop, and none of its processes is left."""
     code = stack.proc.wait(120)
     assert code == 0, stack.output()
     _gone, alive = psutil.wait_procs(stack.children, timeout=10)
     assert not alive and _stack_processes(stack.home) == [], f"left running: {alive}"
+
+
+def _sigterm(stack: RunningStack) -> None:
+    stack.proc.send_signal(signal.SIGTERM)
+    _stopped(stack)
 
 
 def _assert_nothing_left(stack: RunningStack) -> None:
@@ -96,10 +111,10 @@ def test_stop_with_a_mounted_volume_leaves_nothing_and_next_start_mounts_again(t
             force_cleanup(home)
 
 
-def _launch_run(home: Path, tmp_path: Path, run: str) -> RunningStack:
+def _launch_run(home: Path, tmp_path: Path, run: str, spawn: Spawn = to_files) -> RunningStack:
     base = tmp_path / run
     base.mkdir()
-    return _launch(home, base)
+    return _launch(home, base, spawn=spawn)
 
 
 def _stop_and_start_again(home: Path, tmp_path: Path) -> None:
@@ -143,3 +158,142 @@ def _stop_and_start_again(home: Path, tmp_path: Path) -> None:
         _assert_nothing_left(third)
     finally:
         _cleanup(third)
+
+
+class _Console:
+    """The launcher's stdout and stderr on one console, which a thread copies into stdout.txt (what
+    the person sees) until close() takes the console away."""
+
+    def __init__(self) -> None:
+        self._fd = -1
+        self._closing = threading.Event()
+        self._copier: threading.Thread | None = None
+
+    def _follow(self, fd: int, stdout: Path, stderr: Path) -> None:
+        self._fd = fd
+        stdout.write_bytes(b"")
+        stderr.write_bytes(b"")  # stderr is on the same console, so in stdout.txt
+        self._copier = threading.Thread(target=self._copy, args=(stdout,), daemon=True)
+        self._copier.start()
+
+    def _copy(self, into: Path) -> None:
+        with into.open("ab") as out:
+            while not self._closing.is_set():
+                if not select.select([self._fd], [], [], 0.2)[0]:
+                    continue
+                try:
+                    data = os.read(self._fd, 65536)
+                except OSError:  # EIO: nothing has the terminal open any more
+                    return
+                if not data:
+                    return
+                out.write(data)
+                out.flush()
+
+    def close(self) -> None:
+        self._closing.set()
+        if self._copier is not None:
+            self._copier.join(10)
+        os.close(self._fd)
+
+
+class PipeConsole(_Console):
+    """`make up 2>&1 | tee stdout.txt`; close() is `tee` ending with the Ctrl-C that reaches it too."""
+
+    def spawn(
+        self, argv: list[str], env: dict[str, str], stdout: Path, stderr: Path
+    ) -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen(
+            argv, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        )
+        assert proc.stdout is not None
+        self._follow(os.dup(proc.stdout.fileno()), stdout, stderr)
+        proc.stdout.close()
+        return proc
+
+
+def _take_the_terminal() -> None:
+    """In the child, after setsid: its pty becomes the session's controlling terminal, and SIGHUP is
+    at its default, as under a login shell."""
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
+class TerminalConsole(_Console):
+    """`make up` in a terminal: the launcher leads a session on a pty. close() is the terminal going
+    away (an ssh session dropped, a tmux window killed): the master's last close hangs the pty up,
+    and the kernel sends SIGHUP to the session's leader; the launcher's writes fail with EIO."""
+
+    def spawn(
+        self, argv: list[str], env: dict[str, str], stdout: Path, stderr: Path
+    ) -> subprocess.Popen[bytes]:
+        master, pty = os.openpty()
+        try:
+            proc = subprocess.Popen(
+                argv, cwd=REPO_ROOT, env=env, stdin=pty, stdout=pty, stderr=pty,
+                start_new_session=True, preexec_fn=_take_the_terminal,
+            )  # fmt: skip
+        finally:
+            os.close(pty)
+        self._follow(master, stdout, stderr)
+        return proc
+
+
+def _stop_with_a_mounted_volume(
+    home: Path, tmp_path: Path, stop: Callable[[RunningStack], None], spawn: Spawn = to_files
+) -> RunningStack:
+    """A stack with a pod's volume mounted (two mounts, a loop device), stopped by `stop`: the
+    launcher exits 0 and nothing of it is left."""
+    stack = _launch_run(home, tmp_path, "1", spawn)
+    try:
+        mount = _create_pod_with_claim(stack, tmp_path / "1")
+        _eventually(lambda: _mounted(mount) == 1, f"{mount} mounted", stack)
+        assert loop_devices_under(home), "the volume's loop device is attached"
+        stop(stack)
+        _stopped(stack)
+        _assert_nothing_left(stack)
+    finally:
+        _cleanup(stack)
+    return stack
+
+
+def _stack_log(stack: RunningStack) -> str:
+    return (stack.home / "logs" / "stack.log").read_text()
+
+
+def _lost_console_kept_in_the_log(stack: RunningStack) -> None:
+    log = _stack_log(stack)
+    assert "fatal error" not in log, log[-4000:]
+    assert "is gone" in log and "kubeloop: stopped" in log, "the console's last lines are in the log"
+
+
+def test_ctrl_c_after_the_console_pipe_closed_stops_in_order(tmp_path: Path) -> None:
+    """`make up 2>&1 | tee up.log`, then Ctrl-C: tee ends first, the launcher's writes get EPIPE."""
+    console = PipeConsole()
+
+    def ctrl_c(stack: RunningStack) -> None:
+        console.close()
+        stack.proc.send_signal(signal.SIGINT)
+
+    with short_home() as home:
+        try:
+            stack = _stop_with_a_mounted_volume(home, tmp_path, ctrl_c, console.spawn)
+            _lost_console_kept_in_the_log(stack)
+        finally:
+            force_cleanup(home)
+
+
+def test_terminal_hang_up_stops_in_order(tmp_path: Path) -> None:
+    """`make up` in a terminal that is closed: SIGHUP, then EIO on every write to the console."""
+    console = TerminalConsole()
+
+    def hang_up(stack: RunningStack) -> None:
+        console.close()
+
+    with short_home() as home:
+        try:
+            stack = _stop_with_a_mounted_volume(home, tmp_path, hang_up, console.spawn)
+            _lost_console_kept_in_the_log(stack)
+            assert 'msg="shutting down" signal=SIGHUP' in _stack_log(stack)
+        finally:
+            force_cleanup(home)

@@ -1,0 +1,46 @@
+"""The launcher's console going away (localstack/console.py)."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import pytest
+
+from localstack.console import ConsoleStream
+
+
+def test_a_write_to_a_pipe_without_reader_is_dropped_and_logged(caplog: pytest.LogCaptureFixture) -> None:
+    read, write = os.pipe()
+    stream = ConsoleStream(write, "<stdout>")
+    try:
+        print("kubeloop: starting", file=stream, flush=True)
+        assert os.read(read, 100) == b"kubeloop: starting\n"
+        os.close(read)  # the `tee` of `make up | tee` has ended
+        with caplog.at_level(logging.INFO):
+            print("kubeloop: stopping the stack", file=stream, flush=True)
+            print("kubeloop: stopped", file=stream, flush=True)
+    finally:
+        os.close(write)
+    assert isinstance(stream.lost, BrokenPipeError)
+    messages = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert messages[0][0] == "WARNING" and "the console's <stdout> is gone" in messages[0][1]
+    dropped = [getattr(r, "kubeloop_fields", {}).get("text") for r in caplog.records[1:]]
+    assert dropped == ["kubeloop: stopping the stack", "kubeloop: stopped"]
+
+
+def test_a_lost_console_under_its_own_log_handler_drops_the_line() -> None:
+    """--verbose: the log also goes to the console's stderr; a line about the lost stream must not
+    come back to it without end."""
+    read, write = os.pipe()
+    os.close(read)
+    stream = ConsoleStream(write, "<stderr>")
+    handler = logging.StreamHandler(stream)
+    root = logging.getLogger()
+    root.addHandler(handler)
+    try:
+        stream.write("!!! pv-controller exited with code 1\n")
+    finally:
+        root.removeHandler(handler)
+        os.close(write)
+    assert stream.lost is not None
