@@ -5,12 +5,19 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: up test unit integration sanity stress-start bench bench-scaling profile lint deps binaries prometheus-deps system-deps python-deps clean \
+.PHONY: up down test unit integration sanity stress-start bench bench-scaling profile lint deps binaries prometheus-deps system-deps python-deps clean \
 	docker-deps images wheels compose-test conformance kind-deps helm-deps kind-images kind-up kind-down kind-test e2e-deps \
 	e2e-storage e2e-storage-disruptive chaos
 
+# exec: the launcher is make's own child, not a shell's (bash execs a lone command anyway; this keeps
+# it so), so the SIGTERM make passes on to its child reaches the launcher, which stops in order.
 up: deps binaries $(if $(PROMETHEUS),prometheus-deps)
-	$(PY) -m localstack.main up --pools=$(or $(POOLS),shared) --pool-capacity="$(POOL_CAPACITY)" $(if $(PROMETHEUS),--prometheus)
+	exec $(PY) -m localstack.main up --pools=$(or $(POOLS),shared) --pool-capacity="$(POOL_CAPACITY)" $(if $(PROMETHEUS),--prometheus)
+
+# Stops the stack of `make up` (the one on $KUBELOOP_HOME) from another terminal, in order, and
+# checks that it left no mount or loop device behind.
+down: python-deps
+	$(PY) -m localstack.main down
 
 # tests/compose (docker-compose end to end) needs docker, docker-compose and debootstrap; tests/kind
 # also kind, containerd, kubelet, kubeadm and external-snapshotter (kind-deps), and e2e.test (e2e-deps).

@@ -442,6 +442,31 @@ class ControlPlane:
             self._lock_file = None
 
 
+def running_stack_pid(home: Path, settle: float = 2.0) -> int | None:
+    """The pid of the launcher running on `home` (the one holding its stack.lock), None when none
+    does. Probing the lock takes it shared for an instant; a launcher that holds it has written its
+    pid into it right after taking it, and empties it right before letting it go, so an empty file
+    under a held lock is waited out (up to `settle` seconds)."""
+    deadline = time.monotonic() + settle
+    while True:
+        try:
+            f = (home / "stack.lock").open()
+        except FileNotFoundError:
+            return None
+        with f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                text = f.read().strip()
+                if text.isdigit():
+                    return int(text)
+            else:
+                return None  # closing the file lets the probe's lock go
+        if time.monotonic() > deadline:
+            raise StackLockedError(f"{home / 'stack.lock'} is held, but names no process")
+        time.sleep(0.05)
+
+
 def _rotate(log_path: Path) -> None:
     """Keeps the previous run's log beside the new one: a crash is often explained by the run before."""
     if log_path.exists():
@@ -465,4 +490,5 @@ __all__ = [
     "StackLockedError",
     "UnhealthyError",
     "default_home",
+    "running_stack_pid",
 ]

@@ -1,10 +1,11 @@
-"""`kubeloop-stack up` (what `make up` runs): the local Kubernetes storage stack in the foreground.
+"""`kubeloop-stack up` (what `make up` runs): the local Kubernetes storage stack in the foreground;
+`kubeloop-stack down` (`make down`): stops the one running on a home from anywhere else.
 
-It starts etcd, kube-apiserver, kube-controller-manager (storage controllers off) and kube-scheduler
-on 127.0.0.1, then the kubeloop components of localstack/components.py, prints a line as each
-becomes healthy and how to use kubectl, and runs until Ctrl-C, SIGTERM or SIGHUP (its terminal
-closed), which stop everything in order. The kubeloop components are supervised: one that crashes
-is restarted with exponential backoff (RestartPolicy), each restart printed and counted in
+`up` starts etcd, kube-apiserver, kube-controller-manager (storage controllers off) and
+kube-scheduler on 127.0.0.1, then the kubeloop components of localstack/components.py, prints a
+line as each becomes healthy and how to use kubectl, and runs until Ctrl-C, SIGTERM or SIGHUP (its
+terminal closed), which stop everything in order. The kubeloop components are supervised: one that
+crashes is restarted with exponential backoff (RestartPolicy), each restart printed and counted in
 $KUBELOOP_HOME/status.json. The console may go away first (localstack/console.py): its lines then
 go to the log, and the stop is the same.
 """
@@ -13,14 +14,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
+import select
+import signal
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from controller_runtime import process
-from controller_runtime.logs import get_logger, log_to_file
+from controller_runtime.logs import get_logger, log_to_file, setup_logging
 from controller_runtime.toolchain import MissingBinaryError, Toolchain
 from controller_runtime.unix_grpc import MAX_SOCKET_PATH
 
@@ -37,7 +41,7 @@ from .components import (
     prometheus,
     registry,
 )
-from .controlplane import ControlPlane, Ports, StackLockedError, default_home
+from .controlplane import ControlPlane, Ports, StackLockedError, default_home, running_stack_pid
 from .leftovers import find_leftovers
 from .pools import NODE_LOCAL, POOL_MODES, SHARED, PoolCapacity, PoolOptionError, parse_pool_capacity
 from .proc import (
@@ -55,6 +59,10 @@ log = get_logger("stack")
 # Errors with a message written for the person at the terminal: print it, no traceback.
 _EXPECTED = (MissingBinaryError, PortInUseError, StackLockedError, UnhealthyError, ComponentError)
 
+# How long `down` waits for the launcher to exit. A stop takes seconds; each process gets up to
+# --stop-timeout (15 s) before SIGKILL, one after the other, so a slow one is still well inside.
+DOWN_TIMEOUT = 120.0
+
 
 def build_parser() -> argparse.ArgumentParser:
     defaults = Ports()
@@ -63,7 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
         description=(
             "Runs the kubeloop local storage stack on this machine: etcd, kube-apiserver, "
             "kube-controller-manager (its storage controllers switched off), kube-scheduler, and the "
-            "kubeloop components, all on 127.0.0.1 and in the foreground. Ctrl-C stops everything."
+            "kubeloop components, all on 127.0.0.1 and in the foreground. Ctrl-C stops everything, "
+            "and so does `down` from another terminal."
         ),
         epilog=(
             "State (certificates, kubeconfigs, etcd data, logs) lives in $KUBELOOP_HOME "
@@ -74,14 +83,30 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     up = sub.add_parser(
         "up",
-        help="start the stack and keep it running until Ctrl-C / SIGTERM",
-        description="Start the stack in the foreground; Ctrl-C or SIGTERM stops every process it started.",
+        help="start the stack and keep it running until Ctrl-C / SIGTERM / SIGHUP",
+        description="Start the stack in the foreground; Ctrl-C, SIGTERM or SIGHUP (its terminal "
+        "closed) stops every process it started, in order.",
     )
-    up.add_argument(
-        "--home",
-        type=Path,
-        default=default_home(),
-        help="state directory (default: $KUBELOOP_HOME, else .kubeloop/ in the checkout)",
+    down = sub.add_parser(
+        "down",
+        help="stop the stack running on a home (from another terminal)",
+        description="Send SIGTERM to the launcher running on the home, wait for its ordered stop, then "
+        "look for mounts and loop devices left under the home. Exits 0 when the stack stopped (or none "
+        "ran) and nothing is left, 1 otherwise.",
+    )
+    for command in (up, down):
+        command.add_argument(
+            "--home",
+            type=Path,
+            default=default_home(),
+            help="state directory (default: $KUBELOOP_HOME, else .kubeloop/ in the checkout)",
+        )
+    down.add_argument(
+        "--timeout",
+        type=process.duration,
+        default=DOWN_TIMEOUT,
+        help=f"how long to wait for the stack to exit (default: {DOWN_TIMEOUT:g}s); it goes on "
+        "stopping after that",
     )
     up.add_argument(
         "--restart-backoff",
@@ -257,23 +282,29 @@ def _died(proc: ManagedProcess, code: int) -> None:
     )
 
 
-def _report_leftovers(home: Path) -> None:
+_WHY_AFTER_A_STOP = "The node agents' logs say why."
+_WHY_WITHOUT_A_STACK = "No stack runs: a stack killed without its stop (kill -9, a crash) left them."
+
+
+def _report_leftovers(home: Path, why: str = _WHY_AFTER_A_STOP) -> bool:
     """Says what the node agents could not unmount (a plugin that had died, an agent killed at its
-    stop timeout): the README promises nothing is left, so anything that is must be seen."""
+    stop timeout): the README promises nothing is left, so anything that is must be seen. Returns
+    whether anything is left."""
     left = find_leftovers(home)
     if not left:
-        return
+        return False
     devices = [f"{dev} ({back})" for dev, back in left.loop_devices]
     log.error("LEFT BEHIND after the stop", mounts=",".join(left.mounts), loop_devices=",".join(devices))
     print(
         f"\n!!! left behind under {home}:\n"
         + "".join(f"!!!   mount {m}\n" for m in left.mounts)
         + "".join(f"!!!   loop device {d}\n" for d in devices)
-        + "!!! The node agents' logs say why. The next start takes them over and its stop unmounts\n"
+        + f"!!! {why} The next start takes them over and its stop unmounts\n"
         '!!! them (docs/local-stack.md, "Stopping").\n',
         file=sys.stderr,
         flush=True,
     )
+    return True
 
 
 def pool_capacity(args: argparse.Namespace) -> PoolCapacity:
@@ -372,7 +403,7 @@ async def _up(args: argparse.Namespace, ctx: process.Context) -> None:
             f"  export PATH={kubectl.parent}:$PATH   # kubectl {cp.toolchain.kubernetes_version}\n"
             "  kubectl get --raw /readyz\n"
             f"Crashed kubeloop components are restarted; pids and restart counts: {status_path}\n"
-            "Press Ctrl-C to stop the stack."
+            "Press Ctrl-C to stop the stack (or run `make down` in another terminal)."
         )
         await ctx.stopping.wait()
     except _EXPECTED as e:
@@ -387,11 +418,68 @@ async def _up(args: argparse.Namespace, ctx: process.Context) -> None:
         _say("kubeloop: stopped")
 
 
+def down(args: argparse.Namespace) -> int:
+    """`kubeloop-stack down`: SIGTERM to the launcher holding the home's lock, the wait for its exit
+    (its ordered stop, as after Ctrl-C), then the launcher's own leftovers check."""
+    home: Path = args.home.resolve()
+    setup_logging()
+    if (home / "logs").is_dir():
+        # What it finds is in the stack's log too, after the launcher's own lines.
+        log_to_file(home / "logs" / "stack.log")
+    else:
+        logging.getLogger().handlers[:] = [logging.NullHandler()]
+    pid = running_stack_pid(home)
+    if pid is None:
+        _say(f"kubeloop: no stack is running in {home}")
+        return 1 if _report_leftovers(home, _WHY_WITHOUT_A_STACK) else 0
+    try:
+        # A pidfd names this process and no later one with its pid: the signal and the wait below
+        # cannot reach another process, even if the launcher has exited in the meantime.
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        pidfd = None
+    try:
+        if pidfd is not None and running_stack_pid(home) == pid:
+            _say(f"kubeloop: stopping the stack in {home} (pid {pid}), waiting up to {args.timeout:g}s")
+            try:
+                signal.pidfd_send_signal(pidfd, signal.SIGTERM)
+            except PermissionError:
+                print(
+                    f"kubeloop-stack: not allowed to signal the stack's launcher (pid {pid}): run "
+                    "`down` as the user that started it (`sudo make down` for `sudo make up`)",
+                    file=sys.stderr,
+                )
+                return 1
+            poller = select.poll()
+            poller.register(pidfd, select.POLLIN)  # readable once the process has exited
+            if not poller.poll(int(args.timeout * 1000)):
+                print(
+                    f"kubeloop-stack: the stack (pid {pid}) is still stopping after {args.timeout:g}s; "
+                    f"it goes on (see {home / 'logs' / 'stack.log'}). Run `make down` again to wait "
+                    "for it.",
+                    file=sys.stderr,
+                )
+                return 1
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+    if _report_leftovers(home):
+        return 1
+    _say("kubeloop: stopped")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     # First of all: no console write may end the launcher (localstack/console.py).
     console.install()
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "down":
+        try:
+            sys.exit(down(args))
+        except StackLockedError as e:
+            print(f"kubeloop-stack: {e}", file=sys.stderr)
+            sys.exit(1)
     problem = preflight(args)
     if problem is not None:
         print(f"kubeloop-stack: {problem}", file=sys.stderr)

@@ -4,7 +4,7 @@ A launcher killed with SIGKILL cannot clean up: its volumes stay mounted until t
 them over (mounted once, not twice), and that start's stop unmounts them.
 
 The same stop whatever became of the console (issue 44, part 1): Ctrl-C after the `tee` of
-`make up 2>&1 | tee` has gone, and the terminal closed (a hang-up).
+`make up 2>&1 | tee` has gone, the terminal closed (a hang-up), and `make down` from elsewhere.
 
 Runs the real launcher (`python -m localstack.main up`); the pod and its claim live in etcd, which
 the home keeps across runs."""
@@ -17,6 +17,7 @@ import os
 import select
 import signal
 import subprocess
+import sys
 import termios
 import threading
 import time
@@ -295,5 +296,32 @@ def test_terminal_hang_up_stops_in_order(tmp_path: Path) -> None:
             stack = _stop_with_a_mounted_volume(home, tmp_path, hang_up, console.spawn)
             _lost_console_kept_in_the_log(stack)
             assert 'msg="shutting down" signal=SIGHUP' in _stack_log(stack)
+        finally:
+            force_cleanup(home)
+
+
+def _down(home: Path) -> subprocess.CompletedProcess[str]:
+    """`make down` for the stack on `home`, from another process."""
+    return subprocess.run(
+        [sys.executable, "-m", "localstack.main", "down"],
+        cwd=REPO_ROOT, env={**os.environ, "KUBELOOP_HOME": str(home)}, capture_output=True, text=True,
+        timeout=180,
+    )  # fmt: skip
+
+
+def test_down_stops_the_running_stack_in_order(tmp_path: Path) -> None:
+    def down(stack: RunningStack) -> None:
+        res = _down(stack.home)
+        assert res.returncode == 0, f"{res.stdout}{res.stderr}\n{stack.output()}"
+        assert f"stopping the stack in {stack.home} (pid {stack.proc.pid})" in res.stdout, res.stdout
+        assert res.stdout.rstrip().endswith("kubeloop: stopped"), res.stdout
+        assert stack.proc.poll() is not None, "down returns once the launcher has exited"
+
+    with short_home() as home:
+        try:
+            _stop_with_a_mounted_volume(home, tmp_path, down)
+            again = _down(home)
+            assert again.returncode == 0 and again.stderr == "", again
+            assert again.stdout == f"kubeloop: no stack is running in {home}\n"
         finally:
             force_cleanup(home)

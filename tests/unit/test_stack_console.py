@@ -1,13 +1,17 @@
-"""The launcher's console going away (localstack/console.py)."""
+"""The launcher's console going away (localstack/console.py) and how `down` finds the running
+launcher (localstack.controlplane.running_stack_pid)."""
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
+from pathlib import Path
 
 import pytest
 
 from localstack.console import ConsoleStream
+from localstack.controlplane import StackLockedError, running_stack_pid
 
 
 def test_a_write_to_a_pipe_without_reader_is_dropped_and_logged(caplog: pytest.LogCaptureFixture) -> None:
@@ -44,3 +48,29 @@ def test_a_lost_console_under_its_own_log_handler_drops_the_line() -> None:
         root.removeHandler(handler)
         os.close(write)
     assert stream.lost is not None
+
+
+def _hold(lock: Path, content: str) -> int:
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.write(fd, content.encode())
+    return fd
+
+
+def test_running_stack_pid_is_the_lock_holders(tmp_path: Path) -> None:
+    assert running_stack_pid(tmp_path) is None, "no lock file: no stack"
+    fd = _hold(tmp_path / "stack.lock", "4242\n")
+    try:
+        assert running_stack_pid(tmp_path) == 4242
+    finally:
+        os.close(fd)
+    assert running_stack_pid(tmp_path) is None, "a pid in a lock nobody holds: a stack that is gone"
+
+
+def test_a_held_lock_that_names_no_process_is_an_error(tmp_path: Path) -> None:
+    fd = _hold(tmp_path / "stack.lock", "")
+    try:
+        with pytest.raises(StackLockedError, match="names no process"):
+            running_stack_pid(tmp_path, settle=0.2)
+    finally:
+        os.close(fd)
