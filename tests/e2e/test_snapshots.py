@@ -2,7 +2,8 @@
 snapshot-controller and csi-snapshotter (Go binaries at the pinned version, their CRDs applied by
 the launcher) beside kubeloop's provisioner and driver, on the real apiserver. A claim's data is
 snapshotted and restored into a new claim, read back by a pod on the other node; two claims in use
-by running pods are snapshotted as a group and both restored."""
+by running pods are snapshotted as a group and both restored; a filesystem's snapshot is restored
+as a raw block volume only once an admin allows it on its VolumeSnapshotContent (issue 44)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import pytest_asyncio
 from controller_runtime.client import ApiClient, ApiError
 from controller_runtime.resources import (
     PERSISTENT_VOLUME_CLAIMS,
+    PERSISTENT_VOLUMES,
     STORAGE_CLASSES,
     VOLUME_SNAPSHOT_CONTENTS,
     VOLUME_SNAPSHOTS,
@@ -50,7 +52,7 @@ async def stack(control_plane: ControlPlane, api: ApiClient) -> AsyncIterator[St
         await api.delete(STORAGE_CLASSES, CLASS)
 
 
-async def claim(stack: StorageStack, namespace: str, source: Obj | None = None) -> str:
+async def claim(stack: StorageStack, namespace: str, source: Obj | None = None, mode: str = "") -> str:
     name = f"c-{uuid.uuid4().hex[:6]}"
     spec: Obj = {
         "accessModes": ["ReadWriteOnce"],
@@ -59,6 +61,8 @@ async def claim(stack: StorageStack, namespace: str, source: Obj | None = None) 
     }
     if source is not None:
         spec["dataSource"] = source
+    if mode:
+        spec["volumeMode"] = mode
     await stack.api.create(PERSISTENT_VOLUME_CLAIMS, {"metadata": {"name": name}, "spec": spec}, namespace)
     return name
 
@@ -211,3 +215,67 @@ async def test_a_group_snapshot_of_two_claims_in_use_restores_both(
 
     await wait_for(members_gone, 60, "the group's member VolumeSnapshots deleted with it")
     await api.delete(VGS_CLASSES, GROUP_CLASS)
+
+
+async def failed(stack: StorageStack, namespace: str, name: str) -> str:
+    """The provisioner's first ProvisioningFailed message on the claim."""
+
+    async def found() -> str | None:
+        for event in await stack.events(namespace, "ProvisioningFailed"):
+            if event["involvedObject"].get("name") == name:
+                return str(event["message"])
+        return None
+
+    message: str = await wait_for(found, 60, f"ProvisioningFailed on {name}")
+    return message
+
+
+async def test_a_filesystem_snapshot_becomes_a_block_volume_only_once_allowed(
+    stack: StorageStack, namespace: str
+) -> None:
+    """KEP-3141 on the real stack: the snapshot-controller records the source's volume mode on the
+    content, the provisioner refuses a Block restore of it with upstream's event text (and a Block
+    clone of the filesystem claim, which nothing can allow), and the same claim is provisioned once
+    an admin annotates the content: its raw device holds the filesystem, file contents included."""
+    source = await claim(stack, namespace)
+    pv = (await bound(stack, namespace, source))["spec"]["volumeName"]
+    pod = await stack.pod(namespace, "writer", "node-a", source)
+    await stack.wait_running(namespace, "writer")
+    write(stack.mount_path("node-a", pod, pv), "kubeloop secret of the filesystem")
+    await stack.delete_pod(namespace, "writer")
+    snap = await snapshot(stack, namespace, source)
+    snap_name, content_name = snap["metadata"]["name"], snap["status"]["boundVolumeSnapshotContentName"]
+    content = await stack.api.get(VOLUME_SNAPSHOT_CONTENTS, content_name)
+    assert content["spec"].get("sourceVolumeMode") == "Filesystem", content["spec"]
+
+    ref = {"apiGroup": "snapshot.storage.k8s.io", "kind": "VolumeSnapshot", "name": snap_name}
+    raw = await claim(stack, namespace, ref, mode="Block")
+    assert await failed(stack, namespace, raw) == (
+        f"error getting handle for DataSource Type VolumeSnapshot by Name {snap_name}: requested volume "
+        f"{namespace}/{raw} modifies the mode of the source volume but does not have permission to do so. "
+        "snapshot.storage.kubernetes.io/allow-volume-mode-change annotation is not present on "
+        f"snapshotcontent {content_name}"
+    )
+    clone = await claim(stack, namespace, {"kind": "PersistentVolumeClaim", "name": source}, mode="Block")
+    assert await failed(stack, namespace, clone) == (
+        f"error getting handle for DataSource Type PersistentVolumeClaim by Name {source}: the source PVC "
+        "and destination PVCs must have the same volume mode for cloning.  Source is Filesystem, but new "
+        "PVC requested Block"
+    )
+    pending = await stack.api.get(PERSISTENT_VOLUME_CLAIMS, raw, namespace)
+    assert pending["status"].get("phase") == "Pending" and not pending["spec"].get("volumeName")
+
+    allow = {"metadata": {"annotations": {"snapshot.storage.kubernetes.io/allow-volume-mode-change": "true"}}}
+    await stack.api.patch(VOLUME_SNAPSHOT_CONTENTS, content_name, allow)
+    raw_pv = (await bound(stack, namespace, raw))["spec"]["volumeName"]
+    assert (await stack.api.get(PERSISTENT_VOLUMES, raw_pv))["spec"]["volumeMode"] == "Block"
+    reader = await stack.pod(namespace, "reader", "node-b", raw, block=True)
+    await stack.wait_running(namespace, "reader")
+    image = stack.device_path("node-b", reader, raw_pv).read_bytes()
+    assert int.from_bytes(image[1080:1082], "little") == 0xEF53, "no ext4 superblock on the raw device"
+    assert b"kubeloop secret of the filesystem" in image
+    await stack.delete_pod(namespace, "reader")
+    clone_claim = await stack.api.get(PERSISTENT_VOLUME_CLAIMS, clone, namespace)
+    assert clone_claim["status"].get("phase") == "Pending", "a clone's mode change is never allowed"
+    for name in (raw, clone, source):
+        await stack.api.delete(PERSISTENT_VOLUME_CLAIMS, name, namespace)
