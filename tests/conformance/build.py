@@ -164,6 +164,18 @@ def secret(name: str, **data: str) -> Create:
     return Create({"kind": "Secret", "metadata": {"name": name}, "stringData": data})
 
 
+def snapshot(name: str, claim: str, snapshot_class: str = "kubeloop") -> Create:
+    """A VolumeSnapshot of `claim` (the VolumeSnapshotClass `kubeloop` comes with the stack's
+    csi-snapshotter); its content is `snapshot:<name>` in steps."""
+    spec = {"volumeSnapshotClassName": snapshot_class, "source": {"persistentVolumeClaimName": claim}}
+    return Create({"kind": "VolumeSnapshot", "metadata": {"name": name}, "spec": spec})
+
+
+def snapshot_source(name: str) -> Obj:
+    """A claim's dataSource naming the VolumeSnapshot `name`."""
+    return {"apiGroup": "snapshot.storage.k8s.io", "kind": "VolumeSnapshot", "name": name}
+
+
 def phase(kind: str, name: str, value: str) -> Condition:
     return Condition(kind, name, "status.phase", value)
 

@@ -169,6 +169,8 @@ _VIEWS: dict[str, tuple[str, ...]] = {
         "status.detachError.message",
     ),
     "Pod": ("spec.nodeName", "status.phase"),
+    # The provisioner's source-protection finalizer comes and goes on a restore's snapshot.
+    "VolumeSnapshot": ("metadata.finalizers", "status.readyToUse"),
 }
 
 

@@ -23,6 +23,9 @@ KINDS = {
     "va": "VolumeAttachment",
     "node": "Node",
     "secret": "Secret",
+    "vs": "VolumeSnapshot",
+    # Named `snapshot:<VolumeSnapshot>` in steps: the content the snapshot-controller bound to it.
+    "vsc": "VolumeSnapshotContent",
 }
 # Components a step can kill or restart, by role. In go mode the three kcm controllers are one
 # process (kube-controller-manager), so killing one role kills all three there.

@@ -46,6 +46,8 @@ from controller_runtime.resources import (
     SECRETS,
     STORAGE_CLASSES,
     VOLUME_ATTACHMENTS,
+    VOLUME_SNAPSHOT_CONTENTS,
+    VOLUME_SNAPSHOTS,
     Resource,
 )
 from controller_runtime.toolchain import REPO_ROOT
@@ -103,10 +105,12 @@ RESOURCES: dict[str, Resource] = {
     "VolumeAttachment": VOLUME_ATTACHMENTS,
     "Node": NODES,
     "Event": EVENTS,
+    "VolumeSnapshot": VOLUME_SNAPSHOTS,
+    "VolumeSnapshotContent": VOLUME_SNAPSHOT_CONTENTS,
 }
 # Created by steps but never watched.
 CREATE_ONLY: dict[str, Resource] = {"Secret": SECRETS}
-NAMESPACED = {"PersistentVolumeClaim", "Pod", "Event", "Secret"}
+NAMESPACED = {"PersistentVolumeClaim", "Pod", "Event", "Secret", "VolumeSnapshot"}
 KCM = "kube-controller-manager"
 ROLE_PROCESSES: dict[str, dict[str, str]] = {
     "kubeloop": {
@@ -338,6 +342,11 @@ class ScenarioRun:
             return (kind, None, va_name(handle, DRIVER_NAME, node)) if handle else None
         if kind == "StorageClass":
             return kind, None, self.cluster_name(name)
+        if kind == "VolumeSnapshotContent":
+            # Only dynamic contents: named after their VolumeSnapshot's UID by the snapshot-controller.
+            snap = self.rec.get("VolumeSnapshot", name.removeprefix("snapshot:"), self.namespace)
+            content = ((snap or {}).get("status") or {}).get("boundVolumeSnapshotContentName")
+            return (kind, None, content) if content else None
         if kind == "Node":
             return kind, None, name
         return kind, self.namespace, name
@@ -573,7 +582,7 @@ class ScenarioRun:
 
     def snapshot(self, label: str) -> None:
         uids = self._claim_uids()
-        objs = [o for k in ("PersistentVolumeClaim", "Pod") for o in self.rec.all(k)]
+        objs = [o for k in ("PersistentVolumeClaim", "Pod", "VolumeSnapshot") for o in self.rec.all(k)]
         objs = [o for o in objs if o["metadata"].get("namespace") == self.namespace]
         pvs = [pv for pv in self.rec.all("PersistentVolume") if self._mine_pv(pv, uids)]
         pv_names = {pv["metadata"]["name"] for pv in pvs}

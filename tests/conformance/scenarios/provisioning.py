@@ -13,7 +13,9 @@ from ..build import (
     bound,
     delete,
     event,
+    field,
     gone,
+    patch,
     pod,
     pv,
     pvc,
@@ -21,14 +23,29 @@ from ..build import (
     sc,
     secret,
     sleep,
+    snapshot,
+    snapshot_source,
     wait,
 )
-from ..model import DriverVolume, Scenario
+from ..model import DriverVolume, Scenario, Step
 
 PT = "provision_test.go"
 EP = "external-provisioner controller_test.go"
 PENDING = 4.0
 WFFC = "kubeloop-wffc"
+ALLOW_MODE_CHANGE = "snapshot.storage.kubernetes.io/allow-volume-mode-change"
+
+
+def snapshotted_source(storage_class: str) -> tuple[Step, ...]:
+    """A filesystem claim `src` of the class, bound, and its ready VolumeSnapshot `snap`."""
+    return (
+        pvc("src", sc=storage_class),
+        wait(bound("src")),
+        snapshot("snap", "src"),
+        wait(field("vs", "snap", "status.readyToUse", True), timeout=60),
+    )
+
+
 SECRET_PARAMS = {
     "csi.storage.k8s.io/provisioner-secret-name": "creds",
     "csi.storage.k8s.io/provisioner-secret-namespace": "${pvc.namespace}",
@@ -196,6 +213,41 @@ SCENARIOS: tuple[Scenario, ...] = (
         # In make test's subset: its message is the first to differ when one mode's cluster lacks
         # the snapshot API (issue 44), beside the surface check that refuses such a comparison.
         subset=True,
+    ),
+    Scenario(
+        "provision-restore-other-volume-mode",
+        f"{EP} / KEP-3141: a Block claim restored from a filesystem's VolumeSnapshot, whose content "
+        "does not allow a volume-mode change",
+        (
+            *snapshotted_source("kubeloop"),
+            pvc("raw", sc="kubeloop", block=True, source=snapshot_source("snap")),
+            wait(event("pvc", "raw", "ProvisioningFailed"), timeout=30),
+            sleep(2),
+        ),
+        subset=True,
+    ),
+    Scenario(
+        "provision-restore-other-volume-mode-allowed",
+        f"{EP} / KEP-3141: the same restore once the content carries {ALLOW_MODE_CHANGE}, in a class "
+        "that passes the driver the grant (Go's sidecar passes none of its own)",
+        (
+            sc("grant", params={ALLOW_MODE_CHANGE: "true"}),
+            *snapshotted_source("grant"),
+            patch("vsc", "snapshot:snap", {"metadata": {"annotations": {ALLOW_MODE_CHANGE: "true"}}}),
+            pvc("raw", sc="grant", block=True, source=snapshot_source("snap")),
+            wait(bound("raw"), timeout=60),
+        ),
+    ),
+    Scenario(
+        "provision-clone-other-volume-mode",
+        f"{EP}: a Block clone of a filesystem claim (no annotation allows it)",
+        (
+            pvc("src", sc="kubeloop"),
+            wait(bound("src")),
+            pvc("clone", sc="kubeloop", block=True, source={"kind": "PersistentVolumeClaim", "name": "src"}),
+            wait(event("pvc", "clone", "ProvisioningFailed"), timeout=30),
+            sleep(2),
+        ),
     ),
     Scenario(
         "provision-secrets",
