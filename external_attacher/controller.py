@@ -18,7 +18,6 @@ status.attached disagrees, either way, even if its status says nothing is left t
 from __future__ import annotations
 
 import asyncio
-import copy
 from collections.abc import Awaitable
 from dataclasses import dataclass, replace
 
@@ -38,6 +37,7 @@ from controller_runtime.resources import (
     SECRETS,
     VOLUME_ATTACHMENTS,
     Obj,
+    Resource,
 )
 from controller_runtime.secrets import SecretNotSendable, csi_secrets
 from controller_runtime.volumes import CSIVolume, attacher_finalizer, csi_volume, pv_capability
@@ -338,10 +338,8 @@ class Attacher(SidecarController):
         finalizers = va["metadata"].get("finalizers") or []
         remaining = [f for f in finalizers if f != self.finalizer]
         if self.finalizer in finalizers:
-            fresh = copy.deepcopy(va)
-            fresh["metadata"]["finalizers"] = remaining
             try:
-                await self.client.update(VOLUME_ATTACHMENTS, fresh)
+                await self._patch_metadata(VOLUME_ATTACHMENTS, va, {"finalizers": remaining})
             except ApiError as exc:
                 if not exc.not_found:
                     raise
@@ -362,12 +360,11 @@ class Attacher(SidecarController):
         annotations = va["metadata"].get("annotations") or {}
         if self.finalizer in finalizers and annotations.get(ANN_VA_NODE_ID) == node_id:
             return va
-        fresh = copy.deepcopy(va)
+        change: Obj = {"annotations": {ANN_VA_NODE_ID: node_id}}
         if self.finalizer not in finalizers:
-            fresh["metadata"]["finalizers"] = [*finalizers, self.finalizer]
-        fresh["metadata"]["annotations"] = {**annotations, ANN_VA_NODE_ID: node_id}
+            change["finalizers"] = [*finalizers, self.finalizer]
         try:
-            saved = await self.client.update(VOLUME_ATTACHMENTS, fresh)  # 409 → requeue
+            saved = await self._patch_metadata(VOLUME_ATTACHMENTS, va, change)  # 409 → requeue
         except ApiError as exc:
             raise AttachError(f"could not save VolumeAttachment: {exc.message}") from exc
         self.va_view.mutated(saved)
@@ -376,16 +373,15 @@ class Attacher(SidecarController):
     async def _ensure_pv_finalizer(self, pv: Obj) -> None:
         # Several VAs of one PV (ReadOnlyMany on two nodes) race to add the same finalizer. A 409
         # means someone else wrote the PV first: read it again rather than report a failed attach.
-        # (csi-attacher sends a merge patch of the whole list, which can drop a finalizer added
-        # meanwhile; an update on the fresh object cannot.)
+        # (The patch names the resourceVersion read, so it cannot drop a finalizer added meanwhile.)
         for attempt in range(PV_FINALIZER_TRIES):
             finalizers = pv["metadata"].get("finalizers") or []
             if self.finalizer in finalizers:
                 return
-            fresh = copy.deepcopy(pv)
-            fresh["metadata"]["finalizers"] = [*finalizers, self.finalizer]
             try:
-                await self.client.update(PERSISTENT_VOLUMES, fresh)
+                await self._patch_metadata(
+                    PERSISTENT_VOLUMES, pv, {"finalizers": [*finalizers, self.finalizer]}
+                )
                 return
             except ApiError as exc:
                 if not exc.conflict or attempt == PV_FINALIZER_TRIES - 1:
@@ -394,6 +390,15 @@ class Attacher(SidecarController):
                 pv = await self.client.get(PERSISTENT_VOLUMES, pv["metadata"]["name"])
             except ApiError as exc:
                 raise AttachError(f"could not add PersistentVolume finalizer: {exc.message}") from exc
+
+    async def _patch_metadata(self, res: Resource, obj: Obj, change: Obj) -> Obj:
+        """Writes `change` into the object's metadata with a merge patch (csi-attacher patches PVs
+        and VolumeAttachments; its published RBAC grants `patch`, not `update`). The patch carries
+        the resourceVersion read, which the apiserver enforces: a stale one fails with 409 as an
+        update would, so a finalizer list written whole never drops one added meanwhile."""
+        md = obj["metadata"]
+        version = {"resourceVersion": md["resourceVersion"]} if md.get("resourceVersion") else {}
+        return await self.client.patch(res, md["name"], {"metadata": {**change, **version}})
 
     async def _set_error(self, va: Obj, field: str, message: str, code: int | None = None) -> None:
         error: Obj = {"time": now_rfc3339(), "message": message}
@@ -426,10 +431,9 @@ class Attacher(SidecarController):
         items = await self._vas_listed_after(checked)
         if any(va_pv_name(va) == name for va in items):
             return None
-        fresh = copy.deepcopy(pv)
-        fresh["metadata"]["finalizers"] = [f for f in pv["metadata"]["finalizers"] if f != self.finalizer]
+        remaining = [f for f in pv["metadata"]["finalizers"] if f != self.finalizer]
         try:
-            await self.client.update(PERSISTENT_VOLUMES, fresh)
+            await self._patch_metadata(PERSISTENT_VOLUMES, pv, {"finalizers": remaining})
         except ApiError as exc:
             if not exc.not_found:
                 raise

@@ -77,16 +77,33 @@ class Connection(CSIConnection):
         return self.fake
 
 
+def merged_metadata(obj: Obj, patch: Obj) -> Obj:
+    """`obj` with a merge patch of its metadata applied (finalizers whole, annotations by key)."""
+    out = copy.deepcopy(obj)
+    md, change = out["metadata"], patch["metadata"]
+    if "finalizers" in change:
+        md["finalizers"] = list(change["finalizers"])
+    if "annotations" in change:
+        md["annotations"] = {**(md.get("annotations") or {}), **change["annotations"]}
+    return out
+
+
 @dataclass
 class Writes:
     calls: list[tuple[str, str, Obj]] = field(default_factory=list)
     listed: list[Obj] = field(default_factory=list)
+    stores: dict[str, Any] = field(default_factory=dict)
 
     async def update(self, res: Resource, body: Obj, **_: Any) -> Obj:
         self.calls.append(("update", res.plural, body))
         return body
 
-    async def patch(self, res: Resource, name: str, body: Obj, **_: Any) -> Obj:
+    async def patch(self, res: Resource, name: str, body: Obj, **kw: Any) -> Obj:
+        if kw.get("subresource") != "status":
+            # A merge patch of metadata (finalizers, annotations), recorded as "meta"; the API
+            # answers with the whole object patched.
+            self.calls.append(("meta", res.plural, body))
+            return merged_metadata(self.stores[res.plural].get(name) or {"metadata": {"name": name}}, body)
         self.calls.append(("patch", res.plural, body))
         # The API answers with the object, which names itself (no resourceVersion here: any
         # cached copy counts as newer).
@@ -106,7 +123,9 @@ def make(capabilities: set[int] = PUBLISHING) -> tuple[Attacher, Driver, Writes]
     conn.fake = driver
     client = cast(ApiClient, writes)
     context = ControllerContext(client, SharedInformerFactory(client), cast(EventRecorder, None))
-    return Attacher(context, conn), driver, writes
+    attacher = Attacher(context, conn)
+    writes.stores = {"volumeattachments": attacher.vas.store, "persistentvolumes": attacher.pvs.store}
+    return attacher, driver, writes
 
 
 def pv(deleting: bool = False, finalizers: tuple[str, ...] = (), read_only: bool = False) -> Obj:
@@ -157,12 +176,12 @@ def test_not_found_from_unpublish_is_an_error_to_retry() -> None:
         with pytest.raises(AttachError):
             await a.sync_va("va-1")
         assert errors(writes, "detachError") == ["rpc error: code = NotFound desc = no volume vol-1"]
-        assert not writes.of("update", "volumeattachments"), "the finalizer stays"
+        assert not writes.of("meta", "volumeattachments"), "the finalizer stays"
 
         driver.fail = None
         patches = len(writes.of("patch", "volumeattachments"))
         await a.sync_va("va-1")
-        [update] = writes.of("update", "volumeattachments")
+        [update] = writes.of("meta", "volumeattachments")
         assert update["metadata"]["finalizers"] == []
         # Its last finalizer gone, the deleted VA is gone too: no status write after it
         # (csi-attacher sends one and ignores its 404).
@@ -208,7 +227,7 @@ def test_a_detached_va_another_finalizer_holds_says_so_in_its_status() -> None:
         a.csinodes.store.upsert(csinode())
         a.vas.store.upsert(va(attached=True, deleting=True, finalizers=("example.com/other", FINALIZER)))
         await a.sync_va("va-1")
-        [update] = writes.of("update", "volumeattachments")
+        [update] = writes.of("meta", "volumeattachments")
         assert update["metadata"]["finalizers"] == ["example.com/other"]
         assert writes.of("patch", "volumeattachments")[-1]["status"] == {
             "attached": False,
@@ -246,8 +265,8 @@ def test_attach_records_node_id_and_needs_a_csinode() -> None:
         with pytest.raises(AttachError):
             await a.sync_va("va-1")
         assert errors(writes, "attachError") == ['csinode.storage.k8s.io "node-a" not found']
-        assert [b["metadata"]["name"] for b in writes.of("update", "persistentvolumes")] == ["pv-1"]
-        assert not writes.of("update", "volumeattachments"), "no VA finalizer without a node id"
+        assert [b["metadata"]["finalizers"] for b in writes.of("meta", "persistentvolumes")] == [[FINALIZER]]
+        assert not writes.of("meta", "volumeattachments"), "no VA finalizer without a node id"
 
         a.csinodes.store.upsert({"metadata": {"name": "node-a"}, "spec": {"drivers": []}})
         with pytest.raises(AttachError):
@@ -257,7 +276,7 @@ def test_attach_records_node_id_and_needs_a_csinode() -> None:
         a.csinodes.store.upsert(csinode())
         writes.calls.clear()
         await a.sync_va("va-1")
-        [update] = writes.of("update", "volumeattachments")
+        [update] = writes.of("meta", "volumeattachments")
         assert update["metadata"]["finalizers"] == [FINALIZER]
         assert update["metadata"]["annotations"] == {ANN_VA_NODE_ID: "id-a"}
         assert driver.calls[-1] == ("publish", "vol-1", "id-a")
@@ -298,7 +317,7 @@ def test_pv_finalizer_is_kept_until_the_pv_is_deleted() -> None:
         assert not writes.calls, "a VA of any driver still names it"
         a.vas.store.delete("va-1")
         await a.sync_pv("pv-1")
-        [update] = writes.of("update", "persistentvolumes")
+        [update] = writes.of("meta", "persistentvolumes")
         assert update["metadata"]["finalizers"] == []
 
     asyncio.run(main())
@@ -329,8 +348,9 @@ def test_list_volumes_resyncs_attachments_out_of_step_both_ways() -> None:
 
 
 def test_a_lost_race_for_the_pv_finalizer_is_no_attach_error() -> None:
-    """ReadOnlyMany on two nodes: both VAs add the same PV finalizer at once, one PUT gets 409. The
-    loser reads the PV again and finds the finalizer there; no attachError, the attach goes on."""
+    """ReadOnlyMany on two nodes: both VAs add the same PV finalizer at once, one patch (naming the
+    resourceVersion read) gets 409. The loser reads the PV again and finds the finalizer there; no
+    attachError, the attach goes on."""
 
     async def main() -> None:
         a, driver, writes = make()
@@ -339,22 +359,24 @@ def test_a_lost_race_for_the_pv_finalizer_is_no_attach_error() -> None:
         a.vas.store.upsert(va())
         won_by_other = pv(finalizers=(FINALIZER,))
 
-        async def update(res: Resource, body: Obj, **_: Any) -> Obj:
-            writes.calls.append(("update", res.plural, body))
+        patch = writes.patch
+
+        async def conflicting(res: Resource, name: str, body: Obj, **kw: Any) -> Obj:
             if res.plural == "persistentvolumes":
+                writes.calls.append(("meta", res.plural, body))
                 raise ApiError(409, {"message": 'Operation cannot be fulfilled on persistentvolumes "pv-1"'})
-            return body
+            return await patch(res, name, body, **kw)
 
         async def get(res: Resource, name: str, namespace: str | None = None) -> Obj:
             return won_by_other
 
-        writes.update = update  # type: ignore[method-assign]
+        writes.patch = conflicting  # type: ignore[method-assign]
         writes.get = get  # type: ignore[attr-defined]
         await a.sync_va("va-1")
         [marked] = writes.of("patch", "volumeattachments")
         assert marked["status"]["attached"] is True and marked["status"]["attachError"] is None
         assert driver.calls == [("publish", "vol-1", "id-a")]
-        assert len(writes.of("update", "persistentvolumes")) == 1
+        assert len(writes.of("meta", "persistentvolumes")) == 1
 
     asyncio.run(main())
 
@@ -371,11 +393,11 @@ class Versioned(Writes):
         self.held = copy.deepcopy(obj)
         return obj
 
-    async def update(self, res: Resource, body: Obj, **kw: Any) -> Obj:
-        await super().update(res, body, **kw)
-        return self._next(copy.deepcopy(body)) if res.plural == "volumeattachments" else body
-
     async def patch(self, res: Resource, name: str, body: Obj, **kw: Any) -> Obj:
+        if kw.get("subresource") != "status":
+            written = self._next(merged_metadata(self.held, body))
+            self.calls.append(("meta", res.plural, copy.deepcopy(written)))  # the object it left
+            return written
         await super().patch(res, name, body, **kw)
         obj = copy.deepcopy(self.held)
         obj["status"] = {**obj.get("status", {}), **body["status"]}
@@ -412,7 +434,7 @@ def test_a_sync_from_a_cache_behind_our_own_writes_does_not_attach_again() -> No
     async def main() -> None:
         a, driver, writes = await attached_through_versioned_writes()
         assert [c[0] for c in driver.calls] == ["publish"]
-        [finalizer_written] = writes.of("update", "volumeattachments")
+        [finalizer_written] = writes.of("meta", "volumeattachments")
 
         a.vas.store.upsert(finalizer_written)  # the cache at the finalizer write, not the status's
         await a.sync_va("va-1")
