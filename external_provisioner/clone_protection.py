@@ -19,6 +19,7 @@ from controller_runtime.workqueue import ItemExponentialRateLimiter, WorkQueue
 from kubeloop_grpc.csi import csi_pb2
 
 from . import decide, names
+from .claims import update_claim_metadata
 from .decide import DataSource
 from .options import Options
 from .request import ProvisionError
@@ -64,8 +65,8 @@ class CloneProtectionController(SidecarController):
 
     async def protect(self, source: DataSource) -> None:
         """Puts the finalizer on the source claim before the first CreateVolume that copies it, so
-        the source cannot vanish while the driver copies. A merge patch carrying the
-        resourceVersion: a stale cache is a conflict, reported and retried."""
+        the source cannot vanish while the driver copies. An update of the cached claim, as
+        csi-provisioner's: a stale cache is a conflict, reported and retried."""
         src = self.claim_view.get(object_key(source.namespace, source.name))
         if src is None:
             raise ProvisionError(f'persistentvolumeclaim "{source.name}" not found')
@@ -74,9 +75,8 @@ class CloneProtectionController(SidecarController):
         if names.CLONE_FINALIZER in finalizers:
             return
         finalizers.append(names.CLONE_FINALIZER)
-        patch = {"metadata": {"resourceVersion": md["resourceVersion"], "finalizers": finalizers}}
         try:
-            saved = await self.client.patch(PERSISTENT_VOLUME_CLAIMS, md["name"], patch, md["namespace"])
+            saved = await update_claim_metadata(self.client, src, finalizers=finalizers)
         except ApiError as exc:
             raise ProvisionError(exc.message) from exc
         self.claim_view.mutated(saved)  # a second clone of it in this round must not patch again
@@ -93,9 +93,8 @@ class CloneProtectionController(SidecarController):
             raise ClonesPending(f"PVC '{pending[0]}' is in 'Pending' state, cloning in progress")
         md = src["metadata"]
         rest = [f for f in md.get("finalizers") or [] if f != names.CLONE_FINALIZER]
-        patch = {"metadata": {"resourceVersion": md["resourceVersion"], "finalizers": rest or None}}
         try:
-            await self.client.patch(PERSISTENT_VOLUME_CLAIMS, md["name"], patch, md["namespace"])
+            await update_claim_metadata(self.client, src, finalizers=rest)
         except ApiError as exc:
             if not exc.not_found:
                 raise

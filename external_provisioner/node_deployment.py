@@ -24,12 +24,13 @@ from controller_runtime.client import ApiClient, ApiError
 from controller_runtime.clock import Clock
 from controller_runtime.csi_client import CSIConnection
 from controller_runtime.logs import get_logger
-from controller_runtime.resources import PERSISTENT_VOLUME_CLAIMS, Obj, object_key
+from controller_runtime.resources import Obj, object_key
 from controller_runtime.storage import claim_request
 from controller_runtime.store import Store
 from controller_runtime.workqueue import ItemExponentialRateLimiter
 from kubeloop_grpc.csi import csi_pb2
 
+from .claims import update_claim_metadata
 from .request import ProvisionError, Segment, Topology, split_parameters, volume_capabilities
 
 log = get_logger("external-provisioner.node-deployment")
@@ -183,17 +184,11 @@ class OwnerElection:
             md = current["metadata"]
             if (md.get("annotations") or {}).get(storage.ANN_SELECTED_NODE) == self.node.node_name:
                 return Ownership.OWNED
-            # Upstream updates the whole claim; a merge patch carrying the resourceVersion read is
-            # the same optimistic write (a stale one is a conflict) within the sidecar's RBAC,
-            # which lets it patch claims (the reschedule) but not update them.
-            patch = {
-                "metadata": {
-                    "resourceVersion": md["resourceVersion"],
-                    "annotations": {storage.ANN_SELECTED_NODE: self.node.node_name},
-                }
-            }
+            # An update of the claim read, as upstream's (a stale one is a conflict).
             try:
-                await self.client.patch(PERSISTENT_VOLUME_CLAIMS, md["name"], patch, md["namespace"])
+                await update_claim_metadata(
+                    self.client, current, annotations={storage.ANN_SELECTED_NODE: self.node.node_name}
+                )
             except ApiError as exc:
                 if not exc.conflict:
                     raise ClaimChanged(

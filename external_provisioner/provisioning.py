@@ -40,6 +40,7 @@ from controller_runtime.workqueue import ItemExponentialRateLimiter, WorkQueue
 from kubeloop_grpc.csi import csi_pb2
 
 from . import decide, failpoints, names
+from .claims import update_claim_metadata
 from .clone_protection import CloneProtectionController
 from .content_source import Content, ContentSources
 from .decide import DataSource
@@ -398,16 +399,9 @@ class ProvisioningController(SidecarController):
 
     async def _reschedule(self, claim: Obj) -> None:
         """Removes selected-node so the scheduler picks again (a full pool, a vanished node)."""
-        md = claim["metadata"]
         log.info("asking the scheduler for another node", claim=key_of(claim))
-        patch = {
-            "metadata": {
-                "resourceVersion": md["resourceVersion"],
-                "annotations": {storage.ANN_SELECTED_NODE: None},
-            }
-        }
         with contextlib.suppress(ApiError):  # a conflict: the next sync sees the newer claim
-            await self.client.patch(PERSISTENT_VOLUME_CLAIMS, md["name"], patch, md["namespace"])
+            await update_claim_metadata(self.client, claim, annotations={storage.ANN_SELECTED_NODE: None})
 
     def _new_spec(
         self,

@@ -73,9 +73,10 @@ class Setup:
         self.tasks: list[asyncio.Task[None]] = []
         self.closers: list[Callable[[], Awaitable[None]]] = []
 
-    async def start_attacher(self) -> tuple[Attacher, CSIConnection]:
+    async def start_attacher(self, kubeconfig: Path | None = None) -> tuple[Attacher, CSIConnection]:
+        """The attacher, as the admin or as the identity of `kubeconfig`."""
         csi = await CSIConnection.connect(self.driver.endpoint, timeout=10)
-        client = await ApiClient.from_kubeconfig(str(self.cp.admin_kubeconfig), qps=0, burst=1)
+        client = await ApiClient.from_kubeconfig(str(kubeconfig or self.cp.admin_kubeconfig), qps=0, burst=1)
         recorder = EventRecorder(client, "csi-attacher")
         self.closers += [csi.close, recorder.close, client.close]
         factory = SharedInformerFactory(client)
@@ -125,6 +126,13 @@ class Setup:
         )
         return handle
 
+    async def create_va(self, handle: str) -> str:
+        """The VolumeAttachment of the volume to the node, as the attach-detach controller makes it."""
+        name = va_name(handle, DRIVER_NAME, self.node)
+        spec = {"attacher": DRIVER_NAME, "nodeName": self.node, "source": {"persistentVolumeName": self.pv}}
+        await self.api.create(VOLUME_ATTACHMENTS, {"metadata": {"name": name}, "spec": spec})
+        return name
+
     async def published(self, csi: CSIConnection, handle: str) -> list[str]:
         resp = await csi.controller.ListVolumes(csi_pb2.ListVolumesRequest(), timeout=10)
         return [n for e in resp.entries if e.volume.volume_id == handle for n in e.status.published_node_ids]
@@ -159,9 +167,7 @@ async def test_attach_detach_and_list_volumes_as_csi_attacher(setup: Setup) -> N
     s, api = setup, setup.api
     attacher, csi = await s.start_attacher()
     handle = await s.objects(csi)
-    name = va_name(handle, DRIVER_NAME, s.node)
-    spec = {"attacher": DRIVER_NAME, "nodeName": s.node, "source": {"persistentVolumeName": s.pv}}
-    await api.create(VOLUME_ATTACHMENTS, {"metadata": {"name": name}, "spec": spec})
+    name = await s.create_va(handle)
 
     async def attached() -> bool:
         va = await get(api, VOLUME_ATTACHMENTS, name)

@@ -99,10 +99,11 @@ class Setup:
         self.tasks: list[asyncio.Task[None]] = []
         self.closers: list[Callable[[], Awaitable[None]]] = []
 
-    async def start_resizer(self) -> Recording:
+    async def start_resizer(self, kubeconfig: Path | None = None) -> Recording:
+        """The resizer, as the admin or as the identity of `kubeconfig`."""
         csi = await Recording.connect(self.driver.endpoint, timeout=10)
         assert isinstance(csi, Recording)
-        client = await ApiClient.from_kubeconfig(str(self.cp.admin_kubeconfig), qps=0, burst=1)
+        client = await ApiClient.from_kubeconfig(str(kubeconfig or self.cp.admin_kubeconfig), qps=0, burst=1)
         recorder = EventRecorder(client, "external-resizer")
         self.closers += [csi.close, recorder.close, client.close]
         factory = SharedInformerFactory(client)

@@ -81,6 +81,9 @@ class Harness:
         self._pv_task: asyncio.Task[None] | None = None
         self._pv_client: ApiClient | None = None
         self._pv_recorder: EventRecorder | None = None
+        # The RBAC applied for the provisioner, and the identity it runs as (kubeloop's by default).
+        self.rbac = REPO_ROOT / "deploy/rbac/external-provisioner.yaml"
+        self.kubeconfig: Path | None = None
 
     # -- processes ---------------------------------------------------------------------------------
 
@@ -101,7 +104,7 @@ class Harness:
         self, *extra: str, failpoints: Sequence[str] = (), wait_ready: bool = True
     ) -> asyncio.subprocess.Process:
         assert self.driver is not None
-        await kubectl(self.cp, "apply", "-f", str(REPO_ROOT / "deploy/rbac/external-provisioner.yaml"))
+        await kubectl(self.cp, "apply", "-f", str(self.rbac))
         (port,) = free_ports(1)
         self.port = port
         # Failpoints exist only in the test-only entry module; the shipped one cannot arm them.
@@ -114,7 +117,7 @@ class Harness:
             sys.executable,
             "-m",
             *entry,
-            f"--kubeconfig={self.cp.kubeconfig_for(IDENTITY)}",
+            f"--kubeconfig={self.kubeconfig or self.cp.kubeconfig_for(IDENTITY)}",
             f"--csi-address={self.driver.endpoint}",
             f"--state-dir={self.root / 'provisioner'}",
             f"--http-endpoint=127.0.0.1:{port}",
@@ -336,9 +339,13 @@ async def harness(
     driver_args: Sequence[str] = (),
     provisioner_args: Sequence[str] = (),
     provisioner: bool = True,
+    rbac: Path | None = None,
+    kubeconfig: Path | None = None,
 ) -> AsyncIterator[Harness]:
-    """Driver, pv-controller and provisioner running; everything torn down afterwards."""
+    """Driver, pv-controller and provisioner running; everything torn down afterwards. The
+    provisioner runs under `rbac` as `kubeconfig`'s identity, by default kubeloop's own."""
     h = Harness(cp, api, namespace)
+    h.rbac, h.kubeconfig = rbac or h.rbac, kubeconfig
     try:
         h.start_driver(*driver_args)
         await h.start_pv_controller()
