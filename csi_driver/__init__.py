@@ -12,8 +12,9 @@ from importlib import metadata
 # grpc is imported, hence here.
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
-DRIVER_NAME = "loop.csi.kubeloop.dev"
-TOPOLOGY_KEY = "topology.loop.csi.kubeloop.dev/node"
+# The names live in the shared layer, for the processes that deploy or register the driver.
+from controller_runtime.driver_names import DRIVER_NAME as DRIVER_NAME
+from controller_runtime.driver_names import TOPOLOGY_KEY as TOPOLOGY_KEY
 
 
 def driver_version() -> str:

@@ -1,37 +1,25 @@
 """The local stack's PKI: one CA, serving certificates, the service-account signing key pair, a
 client certificate per identity and a kubeconfig with embedded data for each.
 
-Everything lives in one directory (mode 0700, files 0600). Generation is idempotent: a file that
-exists, parses, is signed by the CA, matches its key and its expected subject/SANs and is not close
-to expiry is reused, so restarting `make up` keeps the tokens and kubeconfigs users already hold.
-ECDSA P-256 keeps generation in the milliseconds; every Kubernetes component accepts it.
+Everything lives in one directory (mode 0700, files 0600). Generation is idempotent (the shared
+layer's controller_runtime.certs does the CA and the leaves): restarting `make up` keeps the tokens
+and kubeconfigs users already hold.
 """
 
 from __future__ import annotations
 
 import base64
-import datetime as dt
-import ipaddress
 import os
-import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
-from cryptography import x509
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from cryptography.hazmat.primitives import serialization
 
+from controller_runtime import certs
+from controller_runtime.certs import Identity, KeyPair
 from controller_runtime.files import write_atomic
-
-CA_VALIDITY = dt.timedelta(days=3650)
-LEAF_VALIDITY = dt.timedelta(days=365)
-# A certificate closer than this to its end is replaced rather than reused, so a long-running stack
-# started from a reused certificate does not hit expiry mid-session.
-RENEW_BEFORE = dt.timedelta(days=7)
 
 # The apiserver's names as seen from the host and from (future) in-cluster clients. 10.0.0.1 is the
 # first address of --service-cluster-ip-range: present as a SAN only, nothing ever dials it.
@@ -45,19 +33,6 @@ APISERVER_DNS_NAMES = (
 APISERVER_IPS = ("127.0.0.1", "10.0.0.1")
 LOOPBACK_DNS_NAMES = ("localhost",)
 LOOPBACK_IPS = ("127.0.0.1",)
-
-
-@dataclass(frozen=True)
-class Identity:
-    """A user the API server authenticates from a client certificate (CN = user, O = groups)."""
-
-    user: str
-    groups: tuple[str, ...] = ()
-
-    @property
-    def file_stem(self) -> str:
-        # `system:serviceaccount:kube-system:x` -> `system-serviceaccount-kube-system-x`
-        return re.sub(r"[^A-Za-z0-9._-]+", "-", self.user).strip("-") or "user"
 
 
 ADMIN = Identity("kubeloop-admin", ("system:masters",))
@@ -75,89 +50,9 @@ def service_account_identity(name: str, namespace: str = "kube-system") -> Ident
     )
 
 
-@dataclass(frozen=True)
-class KeyPair:
-    cert: Path
-    key: Path
-
-
-def _now() -> dt.datetime:
-    return dt.datetime.now(dt.UTC)
-
-
-def _new_key() -> ec.EllipticCurvePrivateKey:
-    return ec.generate_private_key(ec.SECP256R1())
-
-
-def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    )
-
-
-def _load_key(path: Path) -> ec.EllipticCurvePrivateKey | None:
-    try:
-        key = serialization.load_pem_private_key(path.read_bytes(), password=None)
-    except (OSError, ValueError, TypeError):
-        return None
-    return key if isinstance(key, ec.EllipticCurvePrivateKey) else None
-
-
-def _load_cert(path: Path) -> x509.Certificate | None:
-    try:
-        return x509.load_pem_x509_certificate(path.read_bytes())
-    except (OSError, ValueError):
-        return None
-
-
-def _name(common_name: str, organizations: Sequence[str] = ()) -> x509.Name:
-    attrs = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, o) for o in organizations]
-    attrs.append(x509.NameAttribute(NameOID.COMMON_NAME, common_name))
-    return x509.Name(attrs)
-
-
-def _subject_of(cert: x509.Certificate) -> tuple[str, tuple[str, ...]]:
-    cn = [str(a.value) for a in cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)]
-    orgs = tuple(str(a.value) for a in cert.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME))
-    return (cn[0] if cn else "", orgs)
-
-
-def _sans_of(cert: x509.Certificate) -> tuple[set[str], set[str]]:
-    try:
-        ext = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    except x509.ExtensionNotFound:
-        return set(), set()
-    dns = set(ext.get_values_for_type(x509.DNSName))
-    ips = {str(ip) for ip in ext.get_values_for_type(x509.IPAddress)}
-    return dns, ips
-
-
-@dataclass(frozen=True)
-class _LeafSpec:
-    common_name: str
-    organizations: tuple[str, ...] = ()
-    dns_names: tuple[str, ...] = ()
-    ips: tuple[str, ...] = ()
-    server: bool = False
-    client: bool = False
-
-
-@dataclass
-class PKI:
-    """The certificate directory of one stack. Each `ensure_*` reuses valid files or (re)creates them."""
-
-    directory: Path
-    ca_name: str = "kubeloop-ca"
-    _ca_key: ec.EllipticCurvePrivateKey | None = field(default=None, repr=False)
-    _ca_cert: x509.Certificate | None = field(default=None, repr=False)
-
-    def __post_init__(self) -> None:
-        self.directory.mkdir(parents=True, exist_ok=True)
-        os.chmod(self.directory, 0o700)
-
-    @property
-    def ca(self) -> KeyPair:
-        return KeyPair(self.directory / "ca.crt", self.directory / "ca.key")
+class PKI(certs.PKI):
+    """The certificate directory of one stack: the shared PKI with the API server's serving
+    certificate, the service-account signing keys and a kubeconfig per identity."""
 
     @property
     def service_account_key(self) -> Path:
@@ -167,148 +62,15 @@ class PKI:
     def service_account_pub(self) -> Path:
         return self.directory / "sa.pub"
 
-    # --- CA -------------------------------------------------------------------------------------
-
-    def ensure_ca(self) -> KeyPair:
-        if self._ca_cert is not None:
-            return self.ca
-        key, cert = _load_key(self.ca.key), _load_cert(self.ca.cert)
-        if key is None or cert is None or not self._ca_usable(key, cert):
-            key = _new_key()
-            name = _name(self.ca_name, ("kubeloop",))
-            now = _now()
-            cert = (
-                x509.CertificateBuilder()
-                .subject_name(name)
-                .issuer_name(name)
-                .public_key(key.public_key())
-                .serial_number(x509.random_serial_number())
-                .not_valid_before(now - dt.timedelta(minutes=5))
-                .not_valid_after(now + CA_VALIDITY)
-                .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-                .add_extension(
-                    x509.KeyUsage(
-                        digital_signature=True,
-                        content_commitment=False,
-                        key_encipherment=False,
-                        data_encipherment=False,
-                        key_agreement=False,
-                        key_cert_sign=True,
-                        crl_sign=True,
-                        encipher_only=False,
-                        decipher_only=False,
-                    ),
-                    critical=True,
-                )
-                .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-                .sign(key, hashes.SHA256())
-            )
-            write_atomic(self.ca.key, _key_pem(key))
-            write_atomic(self.ca.cert, cert.public_bytes(serialization.Encoding.PEM))
-        self._ca_key, self._ca_cert = key, cert
-        return self.ca
-
-    def _ca_usable(self, key: ec.EllipticCurvePrivateKey, cert: x509.Certificate) -> bool:
-        if cert.public_key() != key.public_key() or _subject_of(cert)[0] != self.ca_name:
-            return False
-        if cert.not_valid_after_utc - _now() < RENEW_BEFORE:
-            return False
-        try:
-            return bool(cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca)
-        except x509.ExtensionNotFound:
-            return False
-
-    # --- leaves ---------------------------------------------------------------------------------
-
-    def _leaf_usable(self, spec: _LeafSpec, key: ec.EllipticCurvePrivateKey, cert: x509.Certificate) -> bool:
-        assert self._ca_cert is not None
-        ca_pub = self._ca_cert.public_key()
-        assert isinstance(ca_pub, ec.EllipticCurvePublicKey)
-        try:
-            ca_pub.verify(cert.signature, cert.tbs_certificate_bytes, ec.ECDSA(hashes.SHA256()))
-        except (InvalidSignature, ValueError):
-            return False
-        if cert.issuer != self._ca_cert.subject or cert.public_key() != key.public_key():
-            return False
-        if cert.not_valid_after_utc - _now() < RENEW_BEFORE:
-            return False
-        if _subject_of(cert) != (spec.common_name, spec.organizations):
-            return False
-        return _sans_of(cert) == (set(spec.dns_names), set(spec.ips))
-
-    def _ensure_leaf(self, stem: str, spec: _LeafSpec) -> KeyPair:
-        self.ensure_ca()
-        assert self._ca_key is not None and self._ca_cert is not None
-        pair = KeyPair(self.directory / f"{stem}.crt", self.directory / f"{stem}.key")
-        key, cert = _load_key(pair.key), _load_cert(pair.cert)
-        if key is not None and cert is not None and self._leaf_usable(spec, key, cert):
-            return pair
-        key = _new_key()
-        now = _now()
-        usages = []
-        if spec.server:
-            usages.append(ExtendedKeyUsageOID.SERVER_AUTH)
-        if spec.client:
-            usages.append(ExtendedKeyUsageOID.CLIENT_AUTH)
-        builder = (
-            x509.CertificateBuilder()
-            .subject_name(_name(spec.common_name, spec.organizations))
-            .issuer_name(self._ca_cert.subject)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - dt.timedelta(minutes=5))
-            .not_valid_after(now + LEAF_VALIDITY)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True,
-                    content_commitment=False,
-                    key_encipherment=False,
-                    data_encipherment=False,
-                    key_agreement=False,
-                    key_cert_sign=False,
-                    crl_sign=False,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
-            )
-            .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
-            .add_extension(
-                x509.AuthorityKeyIdentifier.from_issuer_public_key(self._ca_key.public_key()), critical=False
-            )
-        )
-        if spec.dns_names or spec.ips:
-            names: list[x509.GeneralName] = [x509.DNSName(d) for d in spec.dns_names]
-            names += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in spec.ips]
-            builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
-        cert = builder.sign(self._ca_key, hashes.SHA256())
-        write_atomic(pair.key, _key_pem(key))
-        write_atomic(pair.cert, cert.public_bytes(serialization.Encoding.PEM))
-        return pair
-
-    def ensure_serving(
-        self, stem: str, common_name: str, dns_names: Sequence[str], ips: Sequence[str]
-    ) -> KeyPair:
-        return self._ensure_leaf(
-            stem, _LeafSpec(common_name, dns_names=tuple(dns_names), ips=tuple(ips), server=True)
-        )
-
     def ensure_apiserver(self) -> KeyPair:
         return self.ensure_serving("apiserver", "kube-apiserver", APISERVER_DNS_NAMES, APISERVER_IPS)
 
-    def ensure_client(self, identity: Identity) -> KeyPair:
-        return self._ensure_leaf(
-            f"client-{identity.file_stem}",
-            _LeafSpec(identity.user, tuple(identity.groups), client=True),
-        )
-
     def ensure_service_account_keys(self) -> tuple[Path, Path]:
         """The key pair the apiserver signs ServiceAccount tokens with (and kcm's token controller)."""
-        key = _load_key(self.service_account_key)
+        key = certs.load_key(self.service_account_key)
         if key is None:
-            key = _new_key()
-            write_atomic(self.service_account_key, _key_pem(key))
+            key = certs.new_key()
+            write_atomic(self.service_account_key, certs.key_pem(key))
         pub = key.public_key().public_bytes(
             serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
         )

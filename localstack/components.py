@@ -32,11 +32,12 @@ from typing import Any
 
 import yaml
 
+from controller_runtime.certs import Identity
 from controller_runtime.logs import get_logger
 from controller_runtime.toolchain import REPO_ROOT, Toolchain
 from csi_driver import DRIVER_NAME
 
-from .certs import Identity, service_account_identity
+from .certs import service_account_identity
 from .controlplane import ControlPlane, Ports, StatusCallback, UnexpectedExitCallback, log_unexpected_exit
 from .pools import (
     CSIDRIVER_KIND,

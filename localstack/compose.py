@@ -28,10 +28,10 @@ from typing import Any
 
 import yaml
 
+from controller_runtime.certs import Identity
 from csi_driver import DRIVER_NAME
 
 from . import certs
-from .certs import Identity
 from .components import Component, ComponentContext, Instance, instances, node_names, registry
 from .controlplane import KCM_CONTROLLERS, SERVICE_ACCOUNT_ISSUER, SERVICE_CLUSTER_IP_RANGE, Ports
 from .pools import (

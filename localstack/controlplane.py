@@ -24,11 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from controller_runtime.certs import Identity
 from controller_runtime.logs import get_logger
 from controller_runtime.toolchain import REPO_ROOT, Toolchain
 
 from . import certs
-from .certs import Identity
 from .proc import ManagedProcess, UnhealthyError, check_ports_free, client_ssl_context, tail, wait_healthy
 
 log = get_logger("stack")

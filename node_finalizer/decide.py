@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 
+from controller_runtime.driver_names import DRIVER_NAME as DRIVER_NAME
+from controller_runtime.driver_names import TOPOLOGY_KEY as TOPOLOGY_KEY
 from controller_runtime.node_affinity import required_affinity
 from controller_runtime.resources import Obj
 from controller_runtime.storage import (
@@ -23,11 +25,8 @@ from controller_runtime.storage import (
     is_deleting,
 )
 
-# The driver's contract (csi_driver.DRIVER_NAME and TOPOLOGY_KEY, and the external-provisioner's
-# PV finalizer): a process package imports no other, so the names are repeated here and a unit test
-# holds them equal.
-DRIVER_NAME = "loop.csi.kubeloop.dev"
-TOPOLOGY_KEY = "topology.loop.csi.kubeloop.dev/node"
+# The external-provisioner's PV finalizer: a process package imports no other, so the name is
+# repeated here and a unit test holds them equal (the driver's names come from the shared layer).
 PROVISIONER_FINALIZER = "external-provisioner.volume.kubernetes.io/finalizer"
 # This controller's finalizer on every Node.
 FINALIZER = "loop.csi.kubeloop.dev/node"

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from controller_runtime import process
 from controller_runtime.client import ApiClient, ApiError
+from controller_runtime.driver_names import DRIVER_NAME
 from controller_runtime.logs import get_logger, setup_logging
-from csi_driver import DRIVER_NAME
 
 from .service import SNAPSHOT_METADATA_SERVICES, Endpoint, desired_object, serving_certificate
 

@@ -15,8 +15,8 @@ import base64
 from dataclasses import dataclass
 from pathlib import Path
 
+from controller_runtime.certs import PKI, KeyPair
 from controller_runtime.resources import Obj, Resource
-from localstack.certs import PKI, KeyPair
 
 SNAPSHOT_METADATA_SERVICES = Resource(
     "cbt.storage.k8s.io", "v1beta1", "snapshotmetadataservices", "SnapshotMetadataService", False

@@ -26,8 +26,9 @@ from typing import Any
 import psutil
 import pytest
 
+from controller_runtime.certs import Identity
 from controller_runtime.toolchain import REPO_ROOT, MissingBinaryError, Toolchain
-from localstack.certs import PKI, Identity, service_account_identity
+from localstack.certs import PKI, service_account_identity
 from localstack.components import (
     REGISTRY,
     Component,

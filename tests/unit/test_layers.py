@@ -1,8 +1,10 @@
 """The dependency rule between the repository's layers, checked on every .py file's imports.
 
-- A process package (one per Kubernetes component) imports only itself, `controller_runtime`,
-  `kubeloop_grpc`, the standard library and third-party libraries: never another process package,
-  `localstack`, `tests` or `bench`.
+- A process package (one per Kubernetes component or binary: every top-level package but
+  `controller_runtime`, `kubeloop_grpc` and the tools on top, `localstack`, `tests` and `bench`;
+  each subpackage of `services/`) imports only itself, `controller_runtime`, `kubeloop_grpc`, the
+  standard library and third-party libraries: never another process package, `localstack`, `tests`
+  or `bench`. The packages are found in the tree, so a new one is checked the day it appears.
 - `controller_runtime` imports none of the process packages, `localstack`, `tests` or `bench`.
 - `bench` and `localstack` never import `tests`.
 
@@ -20,32 +22,34 @@ from pathlib import Path
 
 from controller_runtime.toolchain import REPO_ROOT
 
-CANDIDATE_PROCESS_PACKAGES = (
-    "csi_driver",
-    "external_provisioner",
-    "external_attacher",
-    "external_resizer",
-    "node_driver_registrar",
-    "livenessprobe",
-    "node_finalizer",
-    "services.pv_controller",
-    "services.attach_detach",
-    "services.node_agent",
-    "services.volume_expand",
-)
 SHARED = "controller_runtime"
 GENERATED = "kubeloop_grpc"
-# What stands above the shared layer besides the process packages (services/ holds some of them).
-ABOVE_SHARED = frozenset({"services", "localstack", "tests", "bench"})
+# The tools on top: they may import every layer below them (docs/architecture.md, "Layers").
+ON_TOP = frozenset({"localstack", "tests", "bench"})
+# A folder of process packages rather than one: each of its subpackages is a process package.
+CONTAINERS = frozenset({"services"})
+# What stands above the shared layer besides the process packages.
+ABOVE_SHARED = CONTAINERS | ON_TOP
 SKIPPED_DIRS = {".git", ".venv", ".kubeloop", GENERATED, "build", "dist", "__pycache__", "node_modules"}
 
 
-def _is_package(root: Path, dotted: str) -> bool:
-    return (root.joinpath(*dotted.split(".")) / "__init__.py").is_file()
+def _packages(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir() if p.is_dir() and (p / "__init__.py").is_file())
 
 
 def process_packages(root: Path) -> tuple[str, ...]:
-    return tuple(p for p in CANDIDATE_PROCESS_PACKAGES if _is_package(root, p))
+    """Every top-level package but the shared layer, the generated stubs and the tools on top, and
+    every subpackage of a container (services/): found in the tree, as import-boss inherits its
+    rules by directory, so a package is checked the day it appears, with no list to update."""
+    out: list[str] = []
+    for top in _packages(root):
+        if top in (SHARED, GENERATED) or top in ON_TOP:
+            continue
+        if top in CONTAINERS:
+            out += [f"{top}.{sub}" for sub in _packages(root / top)]
+        else:
+            out.append(top)
+    return tuple(out)
 
 
 def first_party(root: Path) -> frozenset[str]:
@@ -165,8 +169,45 @@ def test_imports_follow_the_layers() -> None:
 
 def test_the_rule_sees_the_packages() -> None:
     layers = Layers(process_packages(REPO_ROOT), first_party(REPO_ROOT))
-    assert {"csi_driver", "external_provisioner", "services.pv_controller"} <= set(layers.processes)
+    assert {
+        "csi_driver",
+        "external_provisioner",
+        "node_finalizer",
+        "snapshot_metadata_setup",
+        "kubectl_kubeloop",
+        "services.pv_controller",
+        "services.attach_detach",
+        "services.volume_expand",
+        "services.node_agent",
+    } <= set(layers.processes)
+    assert not {SHARED, GENERATED, "services", *ON_TOP} & set(layers.processes)
     assert {SHARED, "localstack", "tests", "bench"} <= layers.first_party
+
+
+def test_a_new_package_is_checked_with_no_list_to_update(tmp_path: Path) -> None:
+    files = {
+        "controller_runtime/__init__.py": "",
+        "controller_runtime/names.py": "",
+        "csi_driver/__init__.py": "DRIVER_NAME = 'x'\n",
+        "services/__init__.py": "",
+        "services/pv_controller/__init__.py": "",
+        "localstack/__init__.py": "from csi_driver import DRIVER_NAME\n",
+        # Two packages nobody listed anywhere: a new top-level one and a new service.
+        "brand_new/__init__.py": "",
+        "brand_new/main.py": "from controller_runtime import names\nfrom csi_driver import DRIVER_NAME\n",
+        "services/new_service/__init__.py": "",
+        "services/new_service/loop.py": "from brand_new import main\nfrom ..pv_controller import x\n",
+    }
+    for path, text in files.items():
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(text)
+    assert "brand_new" in process_packages(tmp_path)
+    assert "services.new_service" in process_packages(tmp_path)
+    assert [(v.file, v.line, v.module) for v in violations(tmp_path)] == [
+        ("brand_new/main.py", 2, "csi_driver.DRIVER_NAME"),
+        ("services/new_service/loop.py", 1, "brand_new.main"),
+        ("services/new_service/loop.py", 2, "services.pv_controller.x"),
+    ]
 
 
 # -- the checker itself, on made-up files -------------------------------------------------------
