@@ -8,7 +8,7 @@ instead (a VA is the truth, so a restart at any point starts from it), and this 
 what the cache cannot say: creates the cache does not show yet, volumes a node listed at start
 without a VA, the attaches and detaches this run has under way, when each detach was first
 wanted, the "mounted by node" set of each node, which attach outcomes the pods were told, and the
-node status lists last written. It decides nothing: `state.decide` does, from what it returns.
+node status lists last written. It decides nothing: `decide.decide` does, from what it returns.
 """
 
 from __future__ import annotations

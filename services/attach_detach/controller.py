@@ -2,13 +2,13 @@
 with the pods scheduled on nodes that let the controller manage their attachments.
 
 Pods go through a workqueue whose sync recomputes that pod's contribution to the desired state
-(`state.DesiredState`: PVC → bound PV → spec.csi); a populator pass every minute drops pods the
-events missed and every three minutes re-queues them all, as kcm's. The actual state
+(`desired_state.DesiredState`: PVC → bound PV → spec.csi); a populator pass every minute drops
+pods the events missed and every three minutes re-queues them all, as kcm's. The actual state
 (`actual_state.ActualState`) is the VolumeAttachment cache itself, read on every pass, plus what
 the cache cannot say: creates still in flight, what the nodes' status.volumesAttached listed
 without a VA at start, operations under way and each node's "mounted by node" set. So a restart at
 any point starts from the truth: VA names are deterministic, so nothing is ever attached twice. A
-reconcile pass every `loop_period` turns both into a plan (`state.decide`, pure) and carries out
+reconcile pass every `loop_period` turns both into a plan (`decide.decide`, pure) and carries out
 its writes, one operation per VolumeAttachment at a time, telling both states what it did.
 """
 

@@ -1,7 +1,7 @@
 """The volume manager, kubelet's part that mounts volumes: the desired state (the CSI volumes of
 the pods on this node), the actual state (publishes and stagings begun, from vol_data.json at
 start, and which of them are confirmed mounted), and a reconcile pass that runs, in kubelet's
-order from the pure `plan.plan_volumes`, unpublish → stage+publish → unstage, and reports
+order from the pure `decide.plan_volumes`, unpublish → stage+publish → unstage, and reports
 volumesInUse before anything is mounted and until it is unstaged.
 
 Every operation runs on one OperationExecutor keyed by (driver, volume handle): one operation per
