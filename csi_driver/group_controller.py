@@ -147,10 +147,12 @@ class GroupControllerServer(csi_pb2_grpc.GroupControllerServicer):  # type: igno
             if vol is not None
         ]
         budgeted = self.controller.config.capacity.budgeted
-        for snap in members:  # records first: a crash leaves them for the next start to roll back
-            async with self.controller._reserving(snap.size if budgeted else 0, snap.kind):
-                await self.state.put_snapshot(snap)
+        recorded: list[SnapshotRecord] = []
         try:
+            for snap in members:  # records first: a crash leaves them for the next start to roll back
+                async with self.controller._reserving(snap.size if budgeted else 0, snap.kind):
+                    await self.state.put_snapshot(snap)
+                recorded.append(snap)
             # The volumes' locks keep them from being deleted or grown while they are copied.
             async with held(self.state, ids), quiesced(self.state, group_id, self._staged_on(ids)):
                 for snap in members:
@@ -163,7 +165,9 @@ class GroupControllerServer(csi_pb2_grpc.GroupControllerServicer):  # type: igno
                 snap.ready = True
                 await self.state.put_snapshot(snap)
         except BaseException:
-            for snap in members:
+            # A member that does not fit gives back the room of those recorded before it at once,
+            # as a failed CreateSnapshot does, instead of holding it until the next start.
+            for snap in recorded:
                 await self.controller._roll_back(snap)
             raise
         return members

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import select
 import sys
 from collections.abc import Callable
 
@@ -62,7 +63,13 @@ class ConsoleStream(io.TextIOBase):
             data = text.encode(self._encoding, errors="replace")
             try:
                 while data:
-                    data = data[os.write(self._fd, data) :]
+                    try:
+                        data = data[os.write(self._fd, data) :]
+                    except BlockingIOError:
+                        # A terminal another program left non-blocking is full for a moment, not
+                        # gone: wait until it takes more (a second at most, then it counts as gone).
+                        if not select.select([], [self._fd], [], 1.0)[1]:
+                            raise
                 return len(text)
             except OSError as e:
                 self.lost = e

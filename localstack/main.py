@@ -418,6 +418,60 @@ async def _up(args: argparse.Namespace, ctx: process.Context) -> None:
         _say("kubeloop: stopped")
 
 
+class _Launcher:
+    """The running launcher `down` stops, named so that neither the signal nor the wait can reach a
+    later process that took its pid: by a pidfd where the kernel gives one, else (a kernel before
+    5.3, a seccomp profile that refuses pidfd_open) by its pid and its start time in /proc."""
+
+    def __init__(self, pid: int, pidfd: int | None, started: str | None) -> None:
+        self.pid, self.pidfd, self.started = pid, pidfd, started
+
+    @classmethod
+    def of(cls, pid: int) -> _Launcher | None:
+        """None when the process is already gone."""
+        try:
+            return cls(pid, os.pidfd_open(pid), None)
+        except ProcessLookupError:
+            return None
+        except OSError:  # ENOSYS, EPERM from a seccomp filter: fall back to the start time
+            started = _start_time(pid)
+            return None if started is None else cls(pid, None, started)
+
+    def terminate(self) -> None:
+        if self.pidfd is not None:
+            signal.pidfd_send_signal(self.pidfd, signal.SIGTERM)
+        elif _start_time(self.pid) == self.started:
+            os.kill(self.pid, signal.SIGTERM)
+
+    def wait(self, timeout: float) -> bool:
+        """Whether it exited within `timeout` seconds."""
+        if self.pidfd is not None:
+            poller = select.poll()
+            poller.register(self.pidfd, select.POLLIN)  # readable once the process has exited
+            return bool(poller.poll(int(timeout * 1000)))
+        deadline = time.monotonic() + timeout
+        while _start_time(self.pid) == self.started:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.1)
+        return True
+
+    def close(self) -> None:
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+
+
+def _start_time(pid: int) -> str | None:
+    """A process's start time (field 22 of /proc/PID/stat, after the parenthesised name, which may
+    hold spaces); None once it has exited, a zombie included."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return None if fields[0] == "Z" else fields[19]
+
+
 def down(args: argparse.Namespace) -> int:
     """`kubeloop-stack down`: SIGTERM to the launcher holding the home's lock, the wait for its exit
     (its ordered stop, as after Ctrl-C), then the launcher's own leftovers check."""
@@ -432,17 +486,14 @@ def down(args: argparse.Namespace) -> int:
     if pid is None:
         _say(f"kubeloop: no stack is running in {home}")
         return 1 if _report_leftovers(home, _WHY_WITHOUT_A_STACK) else 0
+    launcher = _Launcher.of(pid)
+    if launcher is None:  # gone between the lock's answer and now
+        return 1 if _report_leftovers(home) else 0
     try:
-        # A pidfd names this process and no later one with its pid: the signal and the wait below
-        # cannot reach another process, even if the launcher has exited in the meantime.
-        pidfd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        pidfd = None
-    try:
-        if pidfd is not None and running_stack_pid(home) == pid:
+        if running_stack_pid(home) == pid:
             _say(f"kubeloop: stopping the stack in {home} (pid {pid}), waiting up to {args.timeout:g}s")
             try:
-                signal.pidfd_send_signal(pidfd, signal.SIGTERM)
+                launcher.terminate()
             except PermissionError:
                 print(
                     f"kubeloop-stack: not allowed to signal the stack's launcher (pid {pid}): run "
@@ -450,9 +501,7 @@ def down(args: argparse.Namespace) -> int:
                     file=sys.stderr,
                 )
                 return 1
-            poller = select.poll()
-            poller.register(pidfd, select.POLLIN)  # readable once the process has exited
-            if not poller.poll(int(args.timeout * 1000)):
+            if not launcher.wait(args.timeout):
                 print(
                     f"kubeloop-stack: the stack (pid {pid}) is still stopping after {args.timeout:g}s; "
                     f"it goes on (see {home / 'logs' / 'stack.log'}). Run `make down` again to wait "
@@ -461,8 +510,7 @@ def down(args: argparse.Namespace) -> int:
                 )
                 return 1
     finally:
-        if pidfd is not None:
-            os.close(pidfd)
+        launcher.close()
     if _report_leftovers(home):
         return 1
     _say("kubeloop: stopped")

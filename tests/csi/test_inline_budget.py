@@ -21,7 +21,7 @@ import grpc
 import pytest
 
 from csi_driver.budget import PoolBudget, Reservation
-from kubeloop_grpc.csi import csi_pb2
+from kubeloop_grpc.csi import csi_pb2, csi_pb2_grpc
 
 from .conftest import Client, Driver, stop_and_clean
 from .test_driver import create
@@ -365,3 +365,27 @@ def test_an_inline_volume_made_before_volumes_were_counted_is_counted_at_start(b
         nothing_left(budgeted)
     finally:
         client.close()
+
+
+def test_a_group_snapshot_whose_last_member_does_not_fit_gives_all_its_room_back(budgeted: Driver) -> None:
+    """The members are recorded one by one, each taking its room: when one does not fit, those
+    recorded before it go at once (as a failed CreateSnapshot's), not at the driver's next start,
+    so neither persistent nor inline volumes are refused for room nothing holds."""
+    client = Client(budgeted.endpoint)
+    small, large = create(client, "small", 300 * MiB), create(client, "large", 400 * MiB)
+    before = left(client)
+    assert before == GiB - 700 * MiB
+    group = csi_pb2_grpc.GroupControllerStub(client.channel)
+    err = refusal(
+        lambda: group.CreateVolumeGroupSnapshot(
+            csi_pb2.CreateVolumeGroupSnapshotRequest(
+                name="both", source_volume_ids=[small.volume_id, large.volume_id]
+            ),
+            timeout=60,
+        )
+    )
+    assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert left(client) == before
+    assert made(budgeted.pool) == 700 * MiB
+    assert not any(p.suffix == ".json" for p in (budgeted.pool / "snapshots").iterdir())
+    client.close()

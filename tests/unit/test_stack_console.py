@@ -3,15 +3,22 @@ launcher (localstack.controlplane.running_stack_pid)."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import fcntl
 import logging
 import os
+import signal
+import subprocess
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from localstack.console import ConsoleStream
 from localstack.controlplane import StackLockedError, running_stack_pid
+from localstack.main import _Launcher
 
 
 def test_a_write_to_a_pipe_without_reader_is_dropped_and_logged(caplog: pytest.LogCaptureFixture) -> None:
@@ -74,3 +81,55 @@ def test_a_held_lock_that_names_no_process_is_an_error(tmp_path: Path) -> None:
             running_stack_pid(tmp_path, settle=0.2)
     finally:
         os.close(fd)
+
+
+@pytest.mark.parametrize("pidfd", [True, False], ids=["pidfd", "no-pidfd"])
+def test_down_stops_its_launcher_with_or_without_pidfds(monkeypatch: pytest.MonkeyPatch, pidfd: bool) -> None:
+    """Where the kernel has no pidfd_open (before 5.3) or a seccomp profile refuses it, `down` names
+    the launcher by pid and start time instead: it still signals it and sees it exit."""
+    if not pidfd:
+
+        def refused(pid: int, flags: int = 0) -> int:
+            raise OSError(errno.ENOSYS, "Function not implemented")
+
+        monkeypatch.setattr(os, "pidfd_open", refused)
+    child = subprocess.Popen(["sleep", "60"])
+    try:
+        launcher = _Launcher.of(child.pid)
+        assert launcher is not None and (launcher.pidfd is not None) == pidfd
+        assert not launcher.wait(0.2)  # still running
+        launcher.terminate()
+        assert launcher.wait(10)  # exited (a zombie until reaped counts as exited)
+        launcher.close()
+    finally:
+        child.kill()
+        child.wait()
+    assert child.returncode == -signal.SIGTERM
+    assert _Launcher.of(child.pid) is None  # reaped: nothing left to signal or wait for
+
+
+def test_a_full_non_blocking_console_is_waited_for_not_lost() -> None:
+    """EAGAIN from a terminal another program set O_NONBLOCK on means "full for a moment"."""
+    read, write = os.pipe()
+    os.set_blocking(write, False)
+    with contextlib.suppress(BlockingIOError):
+        while True:
+            os.write(write, b"x" * 65536)
+    drained = bytearray()
+
+    def drain() -> None:
+        time.sleep(0.2)  # the write below finds the pipe full first
+        while not drained.endswith(b"still here\n"):
+            drained.extend(os.read(read, 1 << 20))
+
+    reader = threading.Thread(target=drain)
+    reader.start()
+    stream = ConsoleStream(write, "<stdout>")
+    try:
+        print("still here", file=stream, flush=True)
+        reader.join(10)
+    finally:
+        os.close(write)
+        os.close(read)
+    assert stream.lost is None
+    assert drained.endswith(b"still here\n")
