@@ -696,3 +696,21 @@ def test_install_crds_takes_the_crds_a_packaged_chart_carries(tmp_path: Path) ->
     assert ("CustomResourceDefinition", "", "volumesnapshots.snapshot.storage.k8s.io") in objects(
         result.stdout
     )
+
+
+@pytest.mark.parametrize(
+    ("value", "kind"), [("~", "null"), ("{a: b}", "map"), ("[a]", "slice")], ids=["null", "map", "list"]
+)
+def test_a_storage_class_parameter_that_is_no_scalar_fails_naming_it(
+    tmp_path: Path, value: str, kind: str
+) -> None:
+    """`parameters: {cacheMode: ~}` would render "<nil>", which the driver refuses only at the first
+    CreateVolume of the class: the install fails instead, naming the parameter."""
+    values = tmp_path / "values.yaml"
+    values.write_text(f"storageClasses:\n  - name: odd\n    parameters:\n      cacheMode: {value}\n")
+    result = helm_template(check=False, files=[values])
+    assert result.returncode != 0
+    assert (
+        f"storageClasses[0] (odd): parameters.cacheMode must be a string, number or bool "
+        f"(a StorageClass parameter is a string), not {kind}"
+    ) in result.stderr
