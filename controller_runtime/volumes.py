@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from kubeloop_grpc.csi import csi_pb2
 
+from .attach_rules import multi_attach_allowed
 from .resources import Obj, object_key
 from .storage import ROX, RWO, RWOP, RWX
 
@@ -58,8 +59,8 @@ class CSIVolume:
 
     @property
     def multi_node(self) -> bool:
-        """Several nodes may attach it at once (ROX/RWX); RWO and RWOP are exclusive."""
-        return bool({ROX, RWX} & set(self.access_modes))
+        """Several nodes may attach it at once: `multi_attach_allowed` of its access modes."""
+        return multi_attach_allowed(self.access_modes)
 
 
 def csi_volume(pv: Obj) -> CSIVolume | None:
@@ -165,15 +166,6 @@ def pod_terminated(pod: Obj) -> bool:
     if not pod.get("metadata", {}).get("deletionTimestamp"):
         return False
     return not any("running" in (cs.get("state") or {}) for cs in status.get("containerStatuses") or [])
-
-
-def node_ready(node: Obj | None) -> bool:
-    if node is None:
-        return False
-    for cond in node.get("status", {}).get("conditions") or []:
-        if cond.get("type") == "Ready":
-            return bool(cond.get("status") == "True")
-    return False
 
 
 def csi_access_mode(mode: str, single_node_multi_writer: bool) -> int | None:

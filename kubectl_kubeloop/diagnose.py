@@ -14,6 +14,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from controller_runtime import counterpart
+from controller_runtime.attach_rules import (
+    attach_required,
+    multi_attach_allowed,
+    node_ready,
+    node_ready_condition,
+)
 from controller_runtime.quantity import parse_quantity
 from controller_runtime.resources import (
     NODES,
@@ -134,29 +140,19 @@ def _condition(obj: Obj, kind: str) -> Obj | None:
     return None
 
 
-def _attach_required(snap: Snapshot) -> bool:
-    if snap.csi_driver is None:
-        return True  # kubelet and the attach-detach controller assume so without a CSIDriver
-    return bool((snap.csi_driver.get("spec") or {}).get("attachRequired", True))
-
-
 def _node_ready(node: Obj | None) -> tuple[bool, str]:
+    """attach_rules.node_ready, and why not in words."""
+    if node_ready(node):
+        return True, ""
     if node is None:
         return False, "the Node object does not exist"
-    ready = _condition(node, "Ready")
+    ready = node_ready_condition(node)
     if ready is None:
         return False, "it never reported Ready"
-    if ready.get("status") == "True":
-        return True, ""
     return False, (
         f"Ready is {ready.get('status')} since {ready.get('lastTransitionTime')}"
         f" ({ready.get('reason', '')}: {ready.get('message', '')})"
     )
-
-
-def _multi_attach_allowed(pv: Obj) -> bool:
-    modes = set((pv.get("spec") or {}).get("accessModes") or [])
-    return bool(modes & {"ReadWriteMany", "ReadOnlyMany"})
 
 
 def _provisioner(claim: Obj) -> str:
@@ -414,7 +410,7 @@ def _pod_steps(snap: Snapshot, pod: Obj, pv: Obj, steps: list[Step], waiting: li
         # controller attaches only to nodes that exist and report), not its mount.
         waiting.append(Waiting(f"kubelet on {node}", f"node {node} does not report: {why}"))
         return
-    if _attach_required(snap):
+    if attach_required(snap.csi_driver):
         va = next((v for v in snap.attachments if v["spec"].get("nodeName") == node), None)
         if va is None:
             if running is None:
@@ -445,9 +441,19 @@ def _pod_steps(snap: Snapshot, pod: Obj, pv: Obj, steps: list[Step], waiting: li
 
 def _no_attachment(snap: Snapshot, pod: Obj, pv: Obj, node: str) -> str:
     pv_name = pv["metadata"]["name"]
+    # The attach-detach controller refuses an exclusive volume (attach_rules.multi_attach_allowed)
+    # with a Multi-Attach error while it is attached to another node by a VolumeAttachment not
+    # being deleted; it waits silently while one there is being deleted.
+    exclusive = not multi_attach_allowed((pv.get("spec") or {}).get("accessModes") or ())
     elsewhere = [va for va in snap.attachments if va["spec"].get("nodeName") != node]
-    if elsewhere and not _multi_attach_allowed(pv):
-        other = elsewhere[0]["spec"].get("nodeName")
+    holders = [
+        va
+        for va in elsewhere
+        if (va.get("status") or {}).get("attached") and not va["metadata"].get("deletionTimestamp")
+    ]
+    leaving = [va for va in elsewhere if va["metadata"].get("deletionTimestamp")]
+    if exclusive and holders:
+        other = holders[0]["spec"].get("nodeName")
         users = [
             p["metadata"]["name"]
             for p in snap.pods
@@ -457,6 +463,12 @@ def _no_attachment(snap: Snapshot, pod: Obj, pv: Obj, node: str) -> str:
         return (
             f"volume {pv_name} is attached to {other} and {in_use}; it can be attached to {node} only "
             f"once {other} stops reporting it (Multi-Attach: its access modes allow one node)"
+        )
+    if exclusive and leaving:
+        other = leaving[0]["spec"].get("nodeName")
+        return (
+            f"volume {pv_name} is being detached from {other}; its access modes allow one node, so it is "
+            f"attached to {node} once that detach ends"
         )
     failed = _latest(_events(snap, ("FailedAttachVolume",), pod))
     if failed is not None:

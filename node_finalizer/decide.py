@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 
+from controller_runtime.attach_rules import attach_required
 from controller_runtime.driver_names import DRIVER_NAME as DRIVER_NAME
 from controller_runtime.driver_names import TOPOLOGY_KEY as TOPOLOGY_KEY
 from controller_runtime.node_affinity import required_affinity
@@ -86,7 +87,7 @@ def node_local_driver(csidriver: Obj | None) -> bool:
     """Node-local mode is the CSIDriver with attachRequired false (its default is true): in shared
     mode a volume pinned to one node (strict topology) still lives in the shared pool, and a
     missing CSIDriver says nothing; neither is cleaned up."""
-    return csidriver is not None and (csidriver.get("spec") or {}).get("attachRequired", True) is False
+    return csidriver is not None and not attach_required(csidriver)
 
 
 @dataclass(frozen=True)

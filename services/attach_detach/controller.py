@@ -18,6 +18,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
+from controller_runtime.attach_rules import attach_required, multi_attach_allowed, node_ready
 from controller_runtime.client import ApiError
 from controller_runtime.controller import ControllerContext, InformerController, run_workers
 from controller_runtime.informer import EventHandler
@@ -37,7 +38,6 @@ from controller_runtime.volumes import (
     ANN_CONTROLLER_MANAGED,
     bound_volume_name,
     csi_volume,
-    node_ready,
     pod_claim_keys,
     pod_claims,
     pod_terminated,
@@ -59,7 +59,6 @@ from .decide import (
     Plan,
     PodRef,
     decide,
-    multi_attach_allowed,
     multi_attach_message,
     split_unique_name,
 )
@@ -339,10 +338,7 @@ class AttachDetachController(InformerController):
         return infos
 
     def attach_required(self, driver: str) -> bool:
-        obj = self.drivers.store.get(driver)
-        if obj is None:
-            return True  # no CSIDriver object: Kubernetes assumes the driver needs attaching
-        return obj.get("spec", {}).get("attachRequired", True) is not False
+        return attach_required(self.drivers.store.get(driver))
 
     def seed_actual_state(self) -> None:
         """kcm's start: volumes the nodes list in status.volumesAttached are attached, whether a

@@ -39,14 +39,6 @@ def split_unique_name(unique: str) -> tuple[str, str] | None:
     return (driver, handle) if driver and handle else None
 
 
-def multi_attach_allowed(access_modes: Iterable[str]) -> bool:
-    """kcm's rule for PVs: no access modes at all means "unknown, let the driver refuse", so it is
-    allowed like ReadOnlyMany/ReadWriteMany; only a PV that lists modes, none of them *Many, is
-    exclusive."""
-    modes = set(access_modes)
-    return not modes or bool(modes & {"ReadOnlyMany", "ReadWriteMany"})
-
-
 @dataclass(frozen=True)
 class PodRef:
     namespace: str

@@ -15,6 +15,7 @@ import dataclasses
 from collections.abc import Mapping
 
 from controller_runtime import mounts
+from controller_runtime.attach_rules import attach_required
 from controller_runtime.client import ApiClient
 from controller_runtime.clock import SYSTEM_CLOCK, Clock
 from controller_runtime.csi_client import error_text
@@ -267,8 +268,7 @@ class VolumeManager:
         return list((obj or {}).get("spec", {}).get("volumeLifecycleModes") or ["Persistent"])
 
     def _attach_required(self, driver: str) -> bool:
-        obj = self.drivers.store.get(driver)
-        return obj is None or obj.get("spec", {}).get("attachRequired", True) is not False
+        return attach_required(self.drivers.store.get(driver))
 
     # -- the reconcile pass -------------------------------------------------------------------------
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 
+from controller_runtime.attach_rules import multi_attach_allowed
 from controller_runtime.volumes import (
     attacher_finalizer,
     csi_volume,
@@ -19,7 +20,6 @@ from services.attach_detach.decide import (
     NodeInfo,
     PodRef,
     decide,
-    multi_attach_allowed,
     multi_attach_message,
     split_unique_name,
 )
