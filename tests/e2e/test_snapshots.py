@@ -279,3 +279,18 @@ async def test_a_filesystem_snapshot_becomes_a_block_volume_only_once_allowed(
     assert clone_claim["status"].get("phase") == "Pending", "a clone's mode change is never allowed"
     for name in (raw, clone, source):
         await stack.api.delete(PERSISTENT_VOLUME_CLAIMS, name, namespace)
+    # The snapshot goes while the snapshot-controller runs: left to the namespace's deletion, it
+    # would keep the controller's finalizers after the stack stops, and the session's apiserver
+    # could never delete the snapshot CRDs (a later test does).
+    await stack.api.delete(VOLUME_SNAPSHOTS, snap_name, namespace)
+
+    async def snapshot_gone() -> bool:
+        try:
+            await stack.api.get(VOLUME_SNAPSHOTS, snap_name, namespace)
+        except ApiError as exc:
+            if exc.not_found:
+                return True
+            raise
+        return False
+
+    await wait_for(snapshot_gone, 60, f"snapshot {snap_name} deleted")

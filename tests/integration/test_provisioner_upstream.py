@@ -227,7 +227,9 @@ async def test_a_restore_protects_its_snapshot_while_a_claim_restores_from_it(
                     with contextlib.suppress(ApiError):
                         await api.patch(res, name, {"metadata": {"finalizers": None}}, ns)
                         await api.delete(res, name, ns)
-            await kubectl(control_plane, "delete", "--wait=true", "-f", str(crds))
+            # Bounded: a snapshot another test left with a finalizer would hold the CRDs forever;
+            # fail naming it rather than hang the run.
+            await kubectl(control_plane, "delete", "--wait=true", "--timeout=120s", "-f", str(crds))
 
 
 async def test_capabilities_are_checked_per_claim(
