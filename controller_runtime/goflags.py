@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import enum
 import importlib.metadata
+import json
 import math
 import os
 import re
@@ -77,12 +78,14 @@ class FlagError(Exception):
 
 
 def parse_bool(text: str) -> bool:
-    """strconv.ParseBool."""
+    """strconv.ParseBool, with its error text (the value quoted as Go's %q, which JSON's escaping
+    matches for these): flags use it, and so does the provisioner's reading of an annotation, whose
+    error reaches an event."""
     if text in ("1", "t", "T", "TRUE", "true", "True"):
         return True
     if text in ("0", "f", "F", "FALSE", "false", "False"):
         return False
-    raise ValueError(f'strconv.ParseBool: parsing "{text}": invalid syntax')
+    raise ValueError(f"strconv.ParseBool: parsing {json.dumps(text, ensure_ascii=False)}: invalid syntax")
 
 
 def _underscores_ok(text: str) -> bool:

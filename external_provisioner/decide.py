@@ -13,12 +13,13 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from controller_runtime import node_affinity, storage
+from controller_runtime.goflags import parse_bool
 from controller_runtime.resources import Obj
 from controller_runtime.storage import is_deleting, volume_class
 from kubeloop_grpc.csi import csi_pb2
 
 from . import names
-from .request import ProvisionError, SecretRef, go_quote, secret_reference
+from .request import ProvisionError, SecretRef, secret_reference
 
 RPC = csi_pb2.ControllerServiceCapability.RPC
 SERVICE = csi_pb2.PluginCapability.Service
@@ -243,17 +244,6 @@ def pending_restores(claims: Iterable[Obj]) -> set[str]:
 
 FILESYSTEM, BLOCK = "Filesystem", "Block"
 _CLONE_MODES = "the source PVC and destination PVCs must have the same volume mode for cloning.  "
-_GO_TRUE = ("1", "t", "T", "TRUE", "true", "True")
-_GO_FALSE = ("0", "f", "F", "FALSE", "false", "False")
-
-
-def go_parse_bool(text: str) -> bool:
-    """Go's strconv.ParseBool, whose error text reaches the event."""
-    if text in _GO_TRUE:
-        return True
-    if text in _GO_FALSE:
-        return False
-    raise ValueError(f"strconv.ParseBool: parsing {go_quote(text)}: invalid syntax")
 
 
 def clone_mode_error(claim: Obj, source_pv: Obj) -> str | None:
@@ -289,7 +279,7 @@ def restore_mode_error(claim: Obj, content: Obj, *, prevent: bool) -> str | None
     if value is None:
         return refused + f"{key} annotation is not present on snapshotcontent {name}"
     try:
-        allowed = go_parse_bool(value)
+        allowed = parse_bool(value)
     except ValueError as exc:
         return refused + f"failed to convert {key} annotation value to boolean with error: {exc}"
     if not allowed:
@@ -305,7 +295,7 @@ def mode_change_granted(content: Obj) -> bool:
     if value is None:
         return False
     try:
-        return go_parse_bool(value)
+        return parse_bool(value)
     except ValueError:
         return False
 

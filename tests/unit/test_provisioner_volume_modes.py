@@ -10,13 +10,13 @@ from typing import Any, cast
 import pytest
 
 from controller_runtime.client import ApiClient, ApiError
+from controller_runtime.goflags import parse_bool
 from controller_runtime.resources import VOLUME_SNAPSHOT_CONTENTS, VOLUME_SNAPSHOTS, Obj
 from controller_runtime.store import Store
 from external_provisioner.content_source import Content, ContentSources
 from external_provisioner.decide import (
     DataSource,
     clone_mode_error,
-    go_parse_bool,
     mode_change_granted,
     restore_mode_error,
 )
@@ -121,11 +121,11 @@ def test_modes_that_are_the_same_or_unknown_pass(claim_mode: str | None, source_
     assert restore_mode_error(claim(claim_mode), content(source_mode), prevent=True) is None
 
 
-def test_go_parse_bool() -> None:
-    assert [go_parse_bool(v) for v in ("1", "t", "T", "TRUE", "true", "True")] == [True] * 6
-    assert [go_parse_bool(v) for v in ("0", "f", "F", "FALSE", "false", "False")] == [False] * 6
+def test_parse_bool() -> None:
+    assert [parse_bool(v) for v in ("1", "t", "T", "TRUE", "true", "True")] == [True] * 6
+    assert [parse_bool(v) for v in ("0", "f", "F", "FALSE", "false", "False")] == [False] * 6
     with pytest.raises(ValueError, match=r'^strconv.ParseBool: parsing "on": invalid syntax$'):
-        go_parse_bool("on")
+        parse_bool("on")
 
 
 # -- clones: always the source's mode --------------------------------------------------------------
