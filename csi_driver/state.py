@@ -182,7 +182,7 @@ class DriverState:
         self._controller_lock = FileLock(self.pool_dir / ".controller.lock")
         # What every process on the pool takes room from: this one's records and the inline
         # volumes of every node plugin.
-        self.budget = PoolBudget(self.pool_dir, self.allocated_bytes)
+        self.budget = PoolBudget(self.pool_dir, self.held_bytes)
 
     # --- layout ---------------------------------------------------------------------------------
     @property
@@ -349,7 +349,7 @@ class DriverState:
         """How many volumes are published to the node."""
         return sum(node_id in v.published for v in self._volumes.values())
 
-    def allocated_bytes(self, kind: str | None = None) -> int:
+    def held_bytes(self, kind: str | None = None) -> int:
         """What every volume and snapshot record holds of the pool (of one pool kind, when
         given), ready or still being made."""
         return sum(v.capacity for v in self._volumes.values() if kind in (None, v.kind)) + sum(
