@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Installs the Debian packages kubeloop's driver and stack need, when a tool is missing:
 # losetup/mount/blkid (util-linux, mount), mkfs.ext4/resize2fs (e2fsprogs), mkfs.xfs/xfs_growfs
-# (xfsprogs), fio (bench.datapath, the loop data path's benchmark), openssl-free by design
+# (xfsprogs), fio (bench.datapath, the loop data path's benchmark), strace (the interrupted-grow
+# test kills resize2fs at a chosen write), openssl-free by design
 # (certificates are made in Python). Does nothing when all are here.
 set -euo pipefail
 declare -A pkg_of=(
   [losetup]=util-linux [blkid]=util-linux [findmnt]=util-linux [mount]=mount
   [mkfs.ext4]=e2fsprogs [resize2fs]=e2fsprogs [mkfs.xfs]=xfsprogs [xfs_growfs]=xfsprogs
-  [fio]=fio
+  [fio]=fio [strace]=strace
 )
 missing=()
 for tool in "${!pkg_of[@]}"; do
