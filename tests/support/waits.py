@@ -8,6 +8,10 @@ a test that asserts that something does not happen watches the whole interval in
 a guessed time and looking once at the end. `eventually_async` and `consistently_async` take a
 coroutine function for tests that await.
 
+As Gomega's matchers, `satisfied` says what a wanted value is (truthy unless told otherwise: a
+probe that lists what is still wrong waits with `satisfied=no_problems`), and `context`, called only
+when the wait fails, adds what explains it (a log's tail).
+
 Where a component counts its own progress (a resync, a pass, an idle queue), waiting on that count
 says more than either; these are for the rest.
 """
@@ -15,10 +19,11 @@ says more than either; these are for the rest.
 from __future__ import annotations
 
 import asyncio
+import operator
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -26,6 +31,12 @@ EVENTUALLY_TIMEOUT = 30.0
 INTERVAL = 0.1
 
 Ignored = tuple[type[BaseException], ...]
+Context = Callable[[], object] | None
+
+
+def no_problems(problems: object) -> bool:
+    """`satisfied` for a probe that returns what is still wrong: nothing is."""
+    return operator.not_(problems)
 
 
 class WaitFailed(AssertionError):
@@ -39,6 +50,8 @@ class _Poll:
     what: str
     window: float
     ignoring: Ignored
+    satisfied: Callable[[Any], object]
+    context: Context
     started: float = 0.0
     polls: int = 0
     last: object = "no probe finished"
@@ -49,10 +62,10 @@ class _Poll:
     def over(self) -> bool:
         return time.monotonic() - self.started >= self.window
 
-    def saw(self, value: object) -> object:
+    def saw(self, value: object) -> bool:
         self.polls += 1
         self.last = value
-        return value
+        return bool(self.satisfied(value))
 
     def raised(self, err: BaseException) -> None:
         if not isinstance(err, self.ignoring):
@@ -60,16 +73,19 @@ class _Poll:
         self.saw(f"{type(err).__name__}: {err}")
 
     def timed_out(self) -> WaitFailed:
-        return WaitFailed(
+        return self._failed(
             f"timed out after {self.window:g}s waiting for {self.what}; "
             f"the last of {self.polls} probes saw: {self.last!r}"
         )
 
     def violated(self) -> WaitFailed:
-        return WaitFailed(
+        return self._failed(
             f"{self.what}: failed {time.monotonic() - self.started:.2f}s into {self.window:g}s "
             f"(probe {self.polls}) with {self.last!r}"
         )
+
+    def _failed(self, message: str) -> WaitFailed:
+        return WaitFailed(message if self.context is None else f"{message}\n{self.context()}")
 
 
 def eventually(
@@ -77,15 +93,19 @@ def eventually(
     probe: Callable[[], T],
     timeout: float = EVENTUALLY_TIMEOUT,
     interval: float = INTERVAL,
+    *,
+    satisfied: Callable[[T], object] = bool,
     ignoring: Ignored = (),
+    context: Context = None,
 ) -> T:
-    """Poll `probe` every `interval` seconds until it returns a truthy value, and return that value.
-    Exceptions of the kinds in `ignoring` count as a falsy value; any other fails at once."""
-    poll = _Poll(what, timeout, ignoring)
+    """Poll `probe` every `interval` seconds until its value satisfies `satisfied` (is truthy),
+    and return that value. Exceptions of the kinds in `ignoring` count as a value that does not;
+    any other fails at once."""
+    poll = _Poll(what, timeout, ignoring, satisfied, context)
     while True:
         try:
-            if value := poll.saw(probe()):
-                return value  # type: ignore[return-value]
+            if poll.saw(value := probe()):
+                return value
         except Exception as err:
             poll.raised(err)
         if poll.over():
@@ -93,15 +113,24 @@ def eventually(
         time.sleep(interval)
 
 
-def consistently(what: str, probe: Callable[[], T], duration: float, interval: float = INTERVAL) -> T:
+def consistently(
+    what: str,
+    probe: Callable[[], T],
+    duration: float,
+    interval: float = INTERVAL,
+    *,
+    satisfied: Callable[[T], object] = bool,
+    context: Context = None,
+) -> T:
     """Check `probe` every `interval` seconds for `duration` seconds (its first check at once, its
-    last at the end); fail at the first falsy value with what it returned. Returns the last value."""
-    poll = _Poll(what, duration, ())
+    last at the end); fail at the first value that does not satisfy `satisfied`, with that value.
+    Returns the last value."""
+    poll = _Poll(what, duration, (), satisfied, context)
     while True:
-        if not poll.saw(probe()):
+        if not poll.saw(value := probe()):
             raise poll.violated()
         if poll.over():
-            return poll.last  # type: ignore[return-value]
+            return value
         time.sleep(interval)
 
 
@@ -110,14 +139,17 @@ async def eventually_async(
     probe: Callable[[], Awaitable[T]],
     timeout: float = EVENTUALLY_TIMEOUT,
     interval: float = INTERVAL,
+    *,
+    satisfied: Callable[[T], object] = bool,
     ignoring: Ignored = (),
+    context: Context = None,
 ) -> T:
-    """`eventually` for a coroutine function: awaits `probe()` until it gives a truthy value."""
-    poll = _Poll(what, timeout, ignoring)
+    """`eventually` for a coroutine function: awaits `probe()` until its value satisfies."""
+    poll = _Poll(what, timeout, ignoring, satisfied, context)
     while True:
         try:
-            if value := poll.saw(await probe()):
-                return value  # type: ignore[return-value]
+            if poll.saw(value := await probe()):
+                return value
         except Exception as err:
             poll.raised(err)
         if poll.over():
@@ -126,13 +158,19 @@ async def eventually_async(
 
 
 async def consistently_async(
-    what: str, probe: Callable[[], Awaitable[T]], duration: float, interval: float = INTERVAL
+    what: str,
+    probe: Callable[[], Awaitable[T]],
+    duration: float,
+    interval: float = INTERVAL,
+    *,
+    satisfied: Callable[[T], object] = bool,
+    context: Context = None,
 ) -> T:
     """`consistently` for a coroutine function."""
-    poll = _Poll(what, duration, ())
+    poll = _Poll(what, duration, (), satisfied, context)
     while True:
-        if not poll.saw(await probe()):
+        if not poll.saw(value := await probe()):
             raise poll.violated()
         if poll.over():
-            return poll.last  # type: ignore[return-value]
+            return value
         await asyncio.sleep(interval)

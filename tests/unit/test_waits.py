@@ -8,7 +8,14 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.support.waits import WaitFailed, consistently, consistently_async, eventually, eventually_async
+from tests.support.waits import (
+    WaitFailed,
+    consistently,
+    consistently_async,
+    eventually,
+    eventually_async,
+    no_problems,
+)
 
 
 def test_eventually_returns_the_first_truthy_value() -> None:
@@ -69,3 +76,28 @@ async def test_the_async_variants_await_their_probe() -> None:
 
     with pytest.raises(WaitFailed, match=r"\(probe 2\) with False"):
         await consistently_async("held", flag, duration=60, interval=0)
+
+
+def test_satisfied_says_what_a_wanted_value_is_and_context_explains_a_failure() -> None:
+    problems = iter([["claim Pending"], ["pv missing"], []])
+    assert (
+        eventually("no problems", lambda: next(problems), timeout=5, interval=0, satisfied=no_problems) == []
+    )
+    with pytest.raises(WaitFailed, match=r"saw: \['still Pending'\]\nthe log's tail"):
+        eventually(
+            "no problems",
+            lambda: ["still Pending"],
+            timeout=0,
+            satisfied=no_problems,
+            context=lambda: "the log's tail",
+        )
+    counts = iter([3, 3, 4])
+    with pytest.raises(WaitFailed, match=r"\(probe 3\) with 4\nbefore: 3"):
+        consistently(
+            "the count stays",
+            lambda: next(counts),
+            60,
+            0,
+            satisfied=lambda n: n == 3,
+            context=lambda: "before: 3",
+        )
