@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import pytest
 from controller_runtime.mounts import read_mounts
 from kubeloop_grpc.csi import csi_pb2, csi_pb2_grpc
 from localstack.leftovers import loop_backing_files
+from tests.support.waits import WaitFailed, eventually
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -125,17 +125,19 @@ class Driver:
         return self
 
     def wait_ready(self, timeout: float = 30.0) -> Driver:
-        assert self.proc is not None
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"driver exited with {self.proc.returncode}:\n{self.log.read_text()[-4000:]}"
-                )
-            if self.socket.exists() and self._probe():
-                return self
-            time.sleep(0.05)
-        raise RuntimeError(f"driver did not become ready:\n{self.log.read_text()[-4000:]}")
+        proc = self.proc
+        assert proc is not None
+
+        def ready() -> bool:
+            if proc.poll() is not None:
+                raise RuntimeError(f"driver exited with {proc.returncode}:\n{self.log.read_text()[-4000:]}")
+            return self.socket.exists() and self._probe()
+
+        try:
+            eventually("the driver ready", ready, timeout, interval=0.05)
+        except WaitFailed as e:
+            raise RuntimeError(f"driver did not become ready: {e}\n{self.log.read_text()[-4000:]}") from None
+        return self
 
     def _probe(self) -> bool:
         try:

@@ -41,7 +41,7 @@ from kubeloop_grpc.csi import csi_pb2
 
 from .canary import snapshot_paths, snapshot_tree
 from .conftest import Client, Driver, force_cleanup, loop_devices_under, teardown_volumes
-from .test_driver import block_cap, mount_cap
+from .volumes import block_cap, mount_cap
 
 pytestmark = pytest.mark.root
 

@@ -14,9 +14,10 @@ import grpc
 import pytest
 
 from kubeloop_grpc.csi import csi_pb2, csi_pb2_grpc
+from tests.support.waits import consistently, eventually
 
 from .conftest import Client, Driver, start_second_node
-from .test_driver import Attached, code_of, create, mount_cap, read_digest, write_data
+from .volumes import Attached, code_of, create, mount_cap, read_digest, write_data
 
 pytestmark = pytest.mark.root
 
@@ -109,21 +110,16 @@ def test_a_freeze_request_holds_writes_until_it_goes_and_a_killed_plugin_thaws(
         doc = {"volumes": [vol.volume_id], "nodes": [driver.node_id], "deadline": time.time() + 30}
         request.write_text(json.dumps(doc))
         ack = requests / f"manual.{driver.node_id}.acked"
-        deadline = time.monotonic() + 10
-        while not ack.exists():
-            assert time.monotonic() < deadline, "the node plugin never froze the filesystem"
-            time.sleep(0.05)
+        eventually("the node plugin's ack of the freeze", ack.exists, timeout=10, interval=0.05)
         thread, done = _blocked_write(att.target)
-        time.sleep(0.5)
-        assert not done, "a write went through a frozen filesystem"
+        consistently("no write through a frozen filesystem", lambda: not done, duration=0.5, interval=0.05)
         request.unlink()
         thread.join(10)
         assert done, "the write never finished after the thaw"
 
         # Frozen again, then the plugin is killed: it thaws what it held when it starts again.
         request.write_text(json.dumps({**doc, "deadline": time.time() + 300}))
-        while not ack.exists():
-            time.sleep(0.05)
+        eventually("the node plugin's ack of the second freeze", ack.exists, timeout=10, interval=0.05)
         thread, done = _blocked_write(att.target)
         driver.kill9()
         request.unlink()

@@ -19,7 +19,7 @@ from kubeloop_grpc.pluginregistration import api_pb2, api_pb2_grpc
 from ..source_tree import offenders
 from .canary import mounted_under, snapshot_tree
 from .conftest import Client, Driver, force_cleanup
-from .test_driver import Mode, block_cap, code_of, create, mount_cap
+from .volumes import Mode, block_cap, code_of, create, mount_cap
 
 pytestmark = pytest.mark.root
 

@@ -12,11 +12,8 @@ import os
 import stat
 import subprocess
 import tempfile
-import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 import grpc
 import pytest
@@ -27,7 +24,8 @@ from csi_driver.state import DriverState, StagingRecord
 from kubeloop_grpc.csi import csi_pb2
 
 from .conftest import Client, Driver, loop_devices_under, start_second_node
-from .test_driver import Attached, Mode, block_cap, code_of, create, mount_cap
+from .processes import kill_during_clone, records
+from .volumes import Attached, Mode, block_cap, code_of, create, mount_cap
 
 pytestmark = pytest.mark.root
 
@@ -331,11 +329,6 @@ def test_a_backing_file_swapped_for_a_symlink_is_never_followed(driver: Driver, 
 
 
 # --- 7. a CreateVolume killed half way -------------------------------------------------------------
-def _records(state: Path, kind: str) -> dict[str, dict[str, object]]:
-    directory = state / kind
-    return {p.stem: json.loads(p.read_text()) for p in directory.glob("*.json")} if directory.exists() else {}
-
-
 def _pool_files(pool: Path, kind: str) -> set[str]:
     return {p.name.removesuffix(".img") for p in (pool / kind).glob("*.img")}
 
@@ -343,47 +336,8 @@ def _pool_files(pool: Path, kind: str) -> set[str]:
 def _assert_pool_matches_the_listing(d: Driver, client: Client) -> None:
     listed = {e.volume.volume_id for e in client.controller.ListVolumes(csi_pb2.ListVolumesRequest()).entries}
     assert _pool_files(d.pool, "volumes") == listed, "a backing file that ListVolumes does not show"
-    assert set(_records(d.state, "volumes")) == listed, "a volume record that ListVolumes does not show"
+    assert set(records(d.state, "volumes")) == listed, "a volume record that ListVolumes does not show"
     assert not [p for p in (d.pool / "volumes").iterdir() if not p.name.endswith(".img")]
-
-
-def kill_during_clone(
-    driver: Driver, client: Client, source_name: str, name: str, **extra: Any
-) -> tuple[csi_pb2.Volume, csi_pb2.CreateVolumeRequest]:
-    """A 512 MiB source with 384 MiB of data, and its clone `name` (the request given `extra`
-    fields) killed -9 once its record is written and not ready, while the copy runs. Returns the
-    source and the clone's request, for the retry."""
-    source = create(client, source_name, size=512 * MiB)
-    with open(driver.pool / "volumes" / f"{source.volume_id}.img", "r+b") as f:
-        for _ in range(384):
-            f.write(os.urandom(MiB))
-    request = csi_pb2.CreateVolumeRequest(
-        name=name,
-        capacity_range=csi_pb2.CapacityRange(required_bytes=512 * MiB),
-        volume_capabilities=[mount_cap()],
-        volume_content_source=csi_pb2.VolumeContentSource(
-            volume=csi_pb2.VolumeContentSource.VolumeSource(volume_id=source.volume_id)
-        ),
-        **extra,
-    )
-    errors: list[grpc.RpcError] = []
-
-    def clone() -> None:
-        try:
-            client.controller.CreateVolume(request, timeout=30)
-        except grpc.RpcError as e:
-            errors.append(e)
-
-    worker = threading.Thread(target=clone)
-    worker.start()
-    deadline = time.monotonic() + 20
-    while not any(not r.get("ready") for r in _records(driver.state, "volumes").values()):
-        assert time.monotonic() < deadline, "the clone's record never appeared"
-        time.sleep(0.001)
-    driver.kill9()
-    worker.join()
-    assert errors, "the clone finished before the kill; the copy was too fast to interrupt"
-    return source, request
 
 
 def test_a_clone_killed_mid_copy_is_rolled_back_at_start(driver: Driver, client: Client) -> None:
@@ -392,10 +346,10 @@ def test_a_clone_killed_mid_copy_is_rolled_back_at_start(driver: Driver, client:
     source, request = kill_during_clone(driver, client, "big-source", "killed-clone")
     driver.start()
     _assert_pool_matches_the_listing(driver, client)
-    assert set(_records(driver.state, "volumes")) == {source.volume_id}
+    assert set(records(driver.state, "volumes")) == {source.volume_id}
     made = client.controller.CreateVolume(request).volume
     _assert_pool_matches_the_listing(driver, client)
-    assert made.volume_id in _records(driver.state, "volumes")
+    assert made.volume_id in records(driver.state, "volumes")
 
 
 def test_a_create_killed_after_its_file_appeared_is_rolled_back_at_start(
@@ -416,7 +370,7 @@ def test_a_create_killed_after_its_file_appeared_is_rolled_back_at_start(
         record.write_text(json.dumps(doc))
     driver.start()
     _assert_pool_matches_the_listing(driver, client)
-    assert not _records(driver.state, "volumes") and not _records(driver.state, "snapshots")
+    assert not records(driver.state, "volumes") and not records(driver.state, "snapshots")
     assert not _pool_files(driver.pool, "snapshots")
     assert stat.S_ISDIR(os.stat(driver.pool / "volumes").st_mode)
     assert create(client, "done", size=16 * MiB).volume_id != vol.volume_id

@@ -22,10 +22,11 @@ import pytest
 
 from csi_driver.budget import PoolBudget, Reservation
 from kubeloop_grpc.csi import csi_pb2, csi_pb2_grpc
+from tests.support.waits import eventually
 
 from .conftest import Client, Driver, stop_and_clean
-from .test_driver import create
-from .test_ephemeral import handle, nothing_left, publish_killed, publish_with, unpublish
+from .inline import handle, nothing_left, publish_killed, publish_with, unpublish
+from .volumes import create
 
 pytestmark = pytest.mark.root
 
@@ -280,13 +281,6 @@ def budget_held(pool: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def _wait_for(check: Callable[[], bool], what: str, timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
-
-
 @pytest.mark.parametrize("reserved", [False, True], ids=["before-reservation", "before-file"])
 def test_kill9_between_intent_reservation_and_file_holds_no_room_after_the_restart(
     budgeted: Driver, reserved: bool
@@ -312,7 +306,7 @@ def test_kill9_between_intent_reservation_and_file_holds_no_room_after_the_resta
     with budget_held(budgeted.pool):
         worker = threading.Thread(target=run)
         worker.start()
-        _wait_for(record.exists, "the publish's intent record")
+        eventually("the publish's intent record", record.exists, timeout=20, interval=0.01)
         time.sleep(0.2)  # it now waits for the budget
         budgeted.kill9()
     worker.join()

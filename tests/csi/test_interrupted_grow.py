@@ -23,7 +23,8 @@ import pytest
 
 from kubeloop_grpc.csi import csi_pb2
 from tests.csi.conftest import Client, Driver, stop_and_clean
-from tests.csi.test_driver import Attached, create, expand, fs_bytes, mount_cap, read_digest, write_data
+
+from .volumes import Attached, create, expand, fs_bytes, mount_cap, read_digest, write_data
 
 MiB = 1 << 20
 SIZE, GROWN = 128 * MiB, 16 << 30

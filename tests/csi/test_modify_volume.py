@@ -16,7 +16,7 @@ from csi_driver.backend.files import synchronous
 from kubeloop_grpc.csi import csi_pb2
 
 from .conftest import Client, Driver, loop_devices_under
-from .test_driver import Attached, block_cap, code_of, create, mount_cap, read_digest, write_data
+from .volumes import Attached, block_cap, code_of, create, mount_cap, read_digest, write_data
 
 MiB = 1 << 20
 

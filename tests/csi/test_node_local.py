@@ -10,14 +10,10 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -26,10 +22,11 @@ import pytest
 
 from csi_driver import TOPOLOGY_KEY
 from kubeloop_grpc.csi import csi_pb2, csi_pb2_grpc
+from tests.support.waits import eventually
 
-from .conftest import REPO, Client, Driver, loop_devices_under, mounts_under, stop_and_clean
-from .test_driver import MiB, Mode, block_cap, create, mount_cap, read_digest, write_data
-from .test_hostile_clients import kill_during_clone
+from .conftest import REPO, Client, Driver, loop_devices_under, mounts_under
+from .processes import free_port, kill_during_clone, readyz, running, wait_serving
+from .volumes import MiB, Mode, block_cap, create, mount_cap, read_digest, write_data
 
 pytestmark = pytest.mark.root
 
@@ -38,12 +35,6 @@ Code = grpc.StatusCode
 
 def segment(node: str) -> csi_pb2.Topology:
     return csi_pb2.Topology(segments={TOPOLOGY_KEY: node})
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def local_driver(csi_root: Path, node: str, *extra: str, make_pool: bool = True) -> Driver:
@@ -55,23 +46,6 @@ def local_driver(csi_root: Path, node: str, *extra: str, make_pool: bool = True)
     if make_pool:
         d.pool.mkdir()
     return d.launch()
-
-
-@contextlib.contextmanager
-def running(*drivers: Driver) -> Iterator[list[Client]]:
-    """Waits for the drivers to be ready and yields a client for each; afterwards every driver
-    unstages what it still stages and stops, and its directory is cleaned up."""
-    clients: list[Client] = []
-    try:
-        for d in drivers:
-            d.wait_ready()
-            clients.append(Client(d.endpoint))
-        yield clients
-    finally:
-        for c in clients:
-            c.close()
-        for d in drivers:
-            stop_and_clean(d, d.root)
 
 
 def fails(code: grpc.StatusCode, call: Callable[[], object], *words: str) -> str:
@@ -424,32 +398,6 @@ def test_no_controller_publish_is_advertised_nor_served(csi_root: Path) -> None:
 
 
 # --- a pool-less start --------------------------------------------------------------------------------
-def readyz(port: int) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as rsp:
-            return rsp.status, rsp.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
-
-
-def wait_serving(d: Driver, timeout: float = 30.0) -> None:
-    """Until the socket answers (the plugin is up, though not healthy)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert d.proc is not None and d.proc.poll() is None, d.log.read_text()[-4000:]
-        if d.socket.exists():
-            client = Client(d.endpoint)
-            try:
-                client.identity.GetPluginInfo(csi_pb2.GetPluginInfoRequest(), timeout=2)
-                return
-            except grpc.RpcError:
-                pass
-            finally:
-                client.close()
-        time.sleep(0.05)
-    raise AssertionError(f"the driver never served:\n{d.log.read_text()[-4000:]}")
-
-
 @contextlib.contextmanager
 def read_only_bind(path: Path) -> Iterator[None]:
     subprocess.run(["mount", "--bind", str(path), str(path)], check=True)
@@ -652,10 +600,7 @@ def test_kill9_during_a_burst_of_creates_leaves_no_leak_and_no_duplicate(csi_roo
         for t in threads:
             t.start()
         records = d.state / "volumes"
-        deadline = time.monotonic() + 20
-        while len(list(records.glob("*.json"))) < 5:
-            assert time.monotonic() < deadline, "the burst never started"
-            time.sleep(0.001)
+        eventually("the burst's first records", lambda: len(list(records.glob("*.json"))) >= 5, 20, 0.001)
         d.kill9()
         for t in threads:
             t.join()

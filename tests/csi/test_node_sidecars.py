@@ -9,7 +9,6 @@ import stat
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -21,6 +20,7 @@ import pytest
 from csi_driver import DRIVER_NAME
 from kubeloop_grpc.pluginregistration import api_pb2, api_pb2_grpc
 from localstack.proc import free_ports
+from tests.support.waits import eventually
 
 from .conftest import REPO, Driver
 
@@ -46,13 +46,12 @@ class Sidecar:
             return e.code, e.read().decode()
 
     def wait_for(self, condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
-        while not condition():
+        def seen() -> bool:
             if self.proc.poll() is not None:
                 raise AssertionError(f"exited with {self.proc.returncode}:\n{self.log.read_text()[-4000:]}")
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{what} not seen in {timeout}s:\n{self.log.read_text()[-4000:]}")
-            time.sleep(0.05)
+            return condition()
+
+        eventually(what, seen, timeout, interval=0.05, context=lambda: self.log.read_text()[-4000:])
 
     def wait_serving(self) -> None:
         def up() -> bool:

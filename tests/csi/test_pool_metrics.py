@@ -13,7 +13,6 @@ import contextlib
 import os
 import subprocess
 import tempfile
-import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,11 +21,12 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kubeloop_grpc.csi import csi_pb2
+from tests.support.waits import WaitFailed, eventually
 
 from .conftest import Client, Driver, stop_and_clean
-from .test_driver import Attached, create, mount_cap, write_data
-from .test_ephemeral import publish_with, unpublish
-from .test_node_local import free_port, readyz, running, wait_serving
+from .inline import publish_with, unpublish
+from .processes import free_port, readyz, running, wait_serving
+from .volumes import Attached, create, mount_cap, write_data
 
 pytestmark = pytest.mark.root
 
@@ -99,14 +99,18 @@ def settled(port: int, expected: Callable[[], Gauges], timeout: float = 20.0) ->
     """The gauges once they say what the pool holds: a scrape between two readings of the pool
     that agree (a measurement is served again for up to a second, and a freshly mounted ext4
     still writes in the background)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        before, got, after = expected(), scrape(port), expected()
-        if got == before == after:
-            return got
-        if time.monotonic() > deadline:
-            assert got == after
-        time.sleep(0.2)
+    seen: dict[str, Gauges] = {}
+
+    def agree() -> bool:
+        before, seen["scraped"], seen["pool"] = expected(), scrape(port), expected()
+        return seen["scraped"] == before == seen["pool"]
+
+    try:
+        eventually("the gauges to say what the pool holds", agree, timeout, interval=0.2)
+    except WaitFailed:
+        assert seen["scraped"] == seen["pool"]
+        raise
+    return seen["scraped"]
 
 
 def capacity(client: Client, **parameters: str) -> int:

@@ -13,7 +13,7 @@ import pytest
 from kubeloop_grpc.csi import csi_pb2, csi_pb2_grpc
 
 from .conftest import Client, Driver
-from .test_driver import Attached, block_cap, code_of, create
+from .volumes import Attached, block_cap, code_of, create
 
 pytestmark = pytest.mark.root
 

@@ -30,7 +30,7 @@ from csi_driver import DRIVER_NAME, TOPOLOGY_KEY
 from kubeloop_grpc.csi import csi_pb2, csi_pb2_grpc
 
 from .conftest import Client, Driver, loop_devices_under, stop_and_clean
-from .test_driver import MiB, Mode, block_cap, mount_cap
+from .volumes import MiB, Mode, block_cap, mount_cap
 
 pytestmark = pytest.mark.root
 

@@ -18,7 +18,7 @@ import pytest
 from kubeloop_grpc.csi import csi_pb2
 
 from .conftest import Client, Driver, loop_devices_under, stop_and_clean
-from .test_driver import block_cap, code_of, create
+from .volumes import block_cap, code_of, create
 
 pytestmark = pytest.mark.root
 

@@ -18,7 +18,7 @@ import pytest
 from kubeloop_grpc.csi import csi_pb2
 
 from .conftest import Client, Driver
-from .test_driver import Attached, MiB, block_cap, create, mount_cap, read_digest, write_data
+from .volumes import Attached, MiB, block_cap, create, mount_cap, read_digest, write_data
 
 pytestmark = pytest.mark.root
 
