@@ -251,18 +251,36 @@ class SharedInformer(Handler):
 
 
 class SharedInformerFactory:
-    """Hands out one SharedInformer per (resource, namespace) so a process watches each resource once."""
+    """Hands out one SharedInformer per (resource, namespace, selectors) so a process watches
+    each resource once. A request with other selectors gets an informer of its own: a cache of
+    this node's pods is not a cache of every pod, and must never be handed to a controller that
+    asked for all of them (client-go's factory, made with a tweak, serves only what it lists)."""
 
     def __init__(self, client: ApiClient, resync_period: float = 0.0) -> None:
         self.client = client
         self.resync_period = resync_period
-        self._informers: dict[tuple[Resource, str | None], SharedInformer] = {}
+        self._informers: dict[tuple[Resource, str | None, str, str], SharedInformer] = {}
 
-    def informer(self, resource: Resource, namespace: str | None = None) -> SharedInformer:
-        key = (resource, namespace)
+    def informer(
+        self,
+        resource: Resource,
+        namespace: str | None = None,
+        *,
+        label_selector: str = "",
+        field_selector: str = "",
+    ) -> SharedInformer:
+        """The process's informer of `resource` in `namespace` (None: every namespace) listing
+        what the selectors select (client-go's WithNamespace and WithTweakListOptions, here per
+        informer). One asked for after `start` starts at the next `start`, as in client-go."""
+        key = (resource, namespace, label_selector, field_selector)
         if key not in self._informers:
             self._informers[key] = SharedInformer(
-                self.client, resource, namespace=namespace, resync_period=self.resync_period
+                self.client,
+                resource,
+                namespace=namespace,
+                resync_period=self.resync_period,
+                label_selector=label_selector,
+                field_selector=field_selector,
             )
         return self._informers[key]
 

@@ -154,24 +154,17 @@ class Resizer(SidecarController):
         # watching all of them would load the API server for nothing). Its labels decide which
         # volumes are served; they may come after the resizer starts (kubelet adds the driver's
         # topology label when the plugin registers), so a change of labels looks at every claim again.
-        # Informers of this node's objects only, which the factory (one informer per resource) does
-        # not make: started, synced and stopped with the controller.
-        self.node_informers: list[SharedInformer] = []
         self.node: SharedInformer | None = None
         node = self.options.node_name
         if node is not None:
-            self.node = SharedInformer(self.client, NODES, field_selector=f"metadata.name={node}")
+            self.node = self.factory.informer(NODES, field_selector=f"metadata.name={node}")
             self.node.add_handler(EventHandler(self._node_changed, self._node_updated, self._node_changed))
-            self.node_informers.append(self.node)
         self.pods = None
         if self.options.handle_volume_in_use_error:
             # A node-local volume is used only by pods on its node: a node's resizer needs no
             # other pods (every node caching every pod of the cluster would cost N times the memory).
-            if node is None:
-                self.pods = self.factory.informer(PODS)
-            else:
-                self.pods = SharedInformer(self.client, PODS, field_selector=f"spec.nodeName={node}")
-                self.node_informers.append(self.pods)
+            field_selector = "" if node is None else f"spec.nodeName={node}"
+            self.pods = self.factory.informer(PODS, field_selector=field_selector)
             self.pods.add_index(
                 CLAIMS_BY_POD, lambda p: [f"{p['metadata']['namespace']}/{c}" for _v, c, _ro in pod_claims(p)]
             )
@@ -207,31 +200,21 @@ class Resizer(SidecarController):
         self.claim_view.deleted(claim)
         self.queue.forget(key_of(claim))
 
-    @property
-    def synced(self) -> bool:
-        return self.factory.has_synced and all(i.has_synced for i in self.node_informers)
-
     async def run(self) -> None:
-        for informer in self.node_informers:
-            informer.start()
-        try:
-            await self.start_informers()
-            await asyncio.gather(*(i.wait_for_sync() for i in self.node_informers))
-            if self.node is not None and self._own_node() is None:
-                log.warning(
-                    "node deployment: no Node of this name yet; no volume is served until it appears",
-                    node=self.options.node_name,
-                )
-            log.info(
-                "caches synced, starting workers",
-                driver=self.driver,
-                workers=self.options.workers,
-                trivial=self.trivial,
+        await self.start_informers()
+        if self.node is not None and self._own_node() is None:
+            log.warning(
+                "node deployment: no Node of this name yet; no volume is served until it appears",
                 node=self.options.node_name,
             )
-            await run_workers(self.queue, self.sync, self.options.workers)
-        finally:
-            await asyncio.gather(*(i.stop() for i in self.node_informers))
+        log.info(
+            "caches synced, starting workers",
+            driver=self.driver,
+            workers=self.options.workers,
+            trivial=self.trivial,
+            node=self.options.node_name,
+        )
+        await run_workers(self.queue, self.sync, self.options.workers)
 
     def _own_node(self) -> Obj | None:
         assert self.node is not None and self.options.node_name is not None
@@ -519,4 +502,8 @@ class ResizerProcess:
         return self.resizer.synced
 
     async def run(self) -> None:
-        await asyncio.gather(self.resizer.run(), *([self.modifier.run()] if self.modifier else []))
+        try:
+            await asyncio.gather(self.resizer.run(), *([self.modifier.run()] if self.modifier else []))
+        finally:
+            # The informers, this node's Node and pods among them in node deployment.
+            await self.resizer.factory.stop()

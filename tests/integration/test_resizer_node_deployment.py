@@ -69,10 +69,11 @@ class Nodes:
         assert isinstance(csi, Recording)
         client = await ApiClient.from_kubeconfig(str(self.cp.admin_kubeconfig), qps=0, burst=1)
         recorder = EventRecorder(client, f"external-resizer {name}")
-        self.closers += [csi.close, recorder.close, client.close]
+        factory = SharedInformerFactory(client)
+        self.closers += [csi.close, recorder.close, factory.stop, client.close]
         # --handle-volume-inuse-error on (its default): the pods informer is this node's only.
         options = Options(retry_start=0.2, retry_max=1.0, node_name=name)
-        resizer = Resizer(ControllerContext(client, SharedInformerFactory(client), recorder), csi, options)
+        resizer = Resizer(ControllerContext(client, factory, recorder), csi, options)
         self.tasks.append(asyncio.create_task(resizer.run()))
 
         async def synced() -> bool:

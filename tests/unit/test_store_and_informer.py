@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
-from controller_runtime.informer import EventHandler, SharedInformer, compact
+from controller_runtime.client import ApiClient
+from controller_runtime.informer import EventHandler, SharedInformer, SharedInformerFactory, compact
 from controller_runtime.resources import (
+    NODES,
     PERSISTENT_VOLUMES,
+    PODS,
     Obj,
     key_of,
     object_key,
@@ -84,6 +87,25 @@ def test_late_handler_sees_existing_objects_and_a_failing_handler_is_contained()
     seen: list[str] = []
     informer.add_handler(EventHandler(on_add=lambda o: seen.append(o["metadata"]["name"])))
     assert seen == ["a"]
+
+
+def test_factory_shares_an_informer_only_between_requests_for_the_same_selection() -> None:
+    """client-go's factory with tweak-list-options: the same (resource, namespace, selectors) is
+    one informer; other selectors, a cache of something else, are another."""
+    factory = SharedInformerFactory(cast(ApiClient, None), resync_period=30.0)
+    every_pod = factory.informer(PODS)
+    on_node = factory.informer(PODS, field_selector="spec.nodeName=node-a")
+    assert factory.informer(PODS) is every_pod
+    assert factory.informer(PODS, field_selector="spec.nodeName=node-a") is on_node
+    assert on_node is not every_pod
+    assert factory.informer(PODS, field_selector="spec.nodeName=node-b") is not on_node
+    labelled = factory.informer(PODS, label_selector="app=db")
+    assert labelled not in (every_pod, on_node)
+    assert factory.informer(PODS, "ns") is not every_pod
+    assert factory.informer(NODES, field_selector="metadata.name=node-a") is not on_node
+    assert on_node.reflector.selectors == {"labelSelector": "", "fieldSelector": "spec.nodeName=node-a"}
+    assert labelled.reflector.selectors == {"labelSelector": "app=db", "fieldSelector": ""}
+    assert on_node.resync_period == 30.0
 
 
 def test_compact_drops_managed_fields_and_shares_repeated_strings() -> None:
