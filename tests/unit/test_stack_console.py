@@ -8,11 +8,13 @@ import errno
 import fcntl
 import logging
 import os
+import select
 import signal
 import subprocess
 import threading
-import time
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -108,8 +110,15 @@ def test_down_stops_its_launcher_with_or_without_pidfds(monkeypatch: pytest.Monk
     assert _Launcher.of(child.pid) is None  # reaped: nothing left to signal or wait for
 
 
-def test_a_full_non_blocking_console_is_waited_for_not_lost() -> None:
+def test_a_full_non_blocking_console_is_waited_for_not_lost(monkeypatch: pytest.MonkeyPatch) -> None:
     """EAGAIN from a terminal another program set O_NONBLOCK on means "full for a moment"."""
+    full = threading.Event()  # the write found the pipe full and waits for room
+
+    def waiting_for_room(*args: Any) -> Any:
+        full.set()
+        return select.select(*args)
+
+    monkeypatch.setattr("localstack.console.select", SimpleNamespace(select=waiting_for_room))
     read, write = os.pipe()
     os.set_blocking(write, False)
     with contextlib.suppress(BlockingIOError):
@@ -118,7 +127,7 @@ def test_a_full_non_blocking_console_is_waited_for_not_lost() -> None:
     drained = bytearray()
 
     def drain() -> None:
-        time.sleep(0.2)  # the write below finds the pipe full first
+        assert full.wait(10), "the write never waited for room"  # it found the pipe full first
         while not drained.endswith(b"still here\n"):
             drained.extend(os.read(read, 1 << 20))
 
