@@ -4,7 +4,6 @@ events split across and within chunks, 409 as ApiError.conflict, a plain-text 40
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator
 
 import orjson
@@ -14,6 +13,7 @@ from kubernetes_asyncio.client import Configuration
 
 from controller_runtime.client import ApiClient, ApiError, InvalidNameError, Target, unstructured_status
 from controller_runtime.resources import PERSISTENT_VOLUME_CLAIMS, PERSISTENT_VOLUMES, VOLUME_SNAPSHOTS
+from tests.support.fake_apiserver import serve
 
 EVENTS = [
     {"type": "ADDED", "object": {"metadata": {"name": f"pv{i}", "resourceVersion": str(i)}}} for i in range(5)
@@ -44,24 +44,6 @@ class Together:
             await asyncio.wait_for(self.reached.wait(), 10)
         finally:
             self.in_flight -= 1
-
-
-@contextlib.asynccontextmanager
-async def serve(app: web.Application) -> AsyncIterator[ApiClient]:
-    """`app` on a free loopback port, and a client of it."""
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    cfg = Configuration()
-    cfg.host = f"http://127.0.0.1:{port}"
-    client = ApiClient(cfg, qps=0, burst=1)
-    try:
-        yield client
-    finally:
-        await client.close()
-        await runner.cleanup()
 
 
 @pytest.fixture

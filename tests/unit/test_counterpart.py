@@ -43,7 +43,7 @@ from controller_runtime.workqueue import WorkQueue, default_rate_limiter
 from kubectl_kubeloop.diagnose import diagnose, parse_time
 from kubectl_kubeloop.render import describe
 from kubectl_kubeloop.snapshot import Snapshot
-from tests.unit.test_client_requests import serve
+from tests.support.fake_apiserver import serve
 
 T0, T1 = "2026-11-28T13:34:23Z", "2026-11-28T13:34:43Z"
 

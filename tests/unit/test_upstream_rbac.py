@@ -8,15 +8,13 @@ runs the sidecars under upstream's files, unchanged."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from functools import cache
-from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from controller_runtime.toolchain import REPO_ROOT, read_versions
-from tests.upstream_flags import MissingUpstream, go_module_dir
+from controller_runtime.toolchain import REPO_ROOT
+from tests.support.upstream_rbac import storage_csi
 
 from .test_helm_chart import rendered
 
@@ -51,19 +49,6 @@ EXTRAS: dict[str, dict[tuple[str, str, str], str]] = {
         ("", "nodes", "watch"): "--node-deployment: the resizer watches its own Node",
     },
 }
-
-
-@cache
-def storage_csi() -> Path:
-    version = read_versions()["KUBERNETES_VERSION"]
-    try:
-        root = go_module_dir("k8s.io/kubernetes", version)
-    except MissingUpstream as exc:
-        pytest.fail(
-            f"{exc}\nupstream's rbac.yaml files come from the Go module cache: "
-            f"`go mod download -json k8s.io/kubernetes@{version}` (tools/build-binaries.sh fills it)"
-        )
-    return root / "test" / "e2e" / "testing-manifests" / "storage-csi"
 
 
 def grants_of(docs: Iterable[dict[str, Any]], account: str) -> set[Grant]:
