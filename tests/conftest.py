@@ -4,8 +4,6 @@ that need them fail (never skip) with the command that builds them."""
 
 from __future__ import annotations
 
-import asyncio
-import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -13,10 +11,11 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from controller_runtime.client import ApiClient, ApiError
-from controller_runtime.resources import NAMESPACES, SERVICE_ACCOUNTS
+from controller_runtime.client import ApiClient
+from controller_runtime.resources import NAMESPACES
 from localstack.controlplane import ControlPlane
 from localstack.testing import start_test_control_plane
+from tests.support.namespaces import default_service_account
 
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
@@ -45,23 +44,7 @@ async def namespace(api: ApiClient) -> AsyncIterator[str]:
     name = f"t-{uuid.uuid4().hex[:10]}"
     await api.create(NAMESPACES, {"metadata": {"name": name}})
     try:
-        await _wait_for_default_service_account(api, name)
+        await default_service_account(api, name)
         yield name
     finally:
         await api.delete(NAMESPACES, name)
-
-
-async def _wait_for_default_service_account(api: ApiClient, namespace: str, timeout: float = 60.0) -> None:
-    """The ServiceAccount admission plugin refuses a pod until kcm's serviceaccount controller has
-    made the namespace's `default` account, a moment after the namespace exists; the Kubernetes
-    e2e framework waits for it in the same way before a test creates pods."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            await api.get(SERVICE_ACCOUNTS, "default", namespace)
-            return
-        except ApiError as err:
-            if not err.not_found:
-                raise
-        assert time.monotonic() < deadline, f"kcm never made serviceaccount {namespace}/default"
-        await asyncio.sleep(0.1)

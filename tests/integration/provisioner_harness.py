@@ -13,8 +13,7 @@ import shutil
 import signal
 import sys
 import tempfile
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import aiohttp
@@ -40,20 +39,10 @@ from services.pv_controller import names as pv_names
 from services.pv_controller.controller import Options as PVOptions
 from services.pv_controller.controller import PVController
 from tests.csi.conftest import Driver
+from tests.support.waits import eventually_async, no_problems
+from tests.support.writes import until_written
 
 IDENTITY = service_account_identity("kubeloop-external-provisioner")
-
-
-async def wait_for(
-    check: Callable[[], Awaitable[list[str]]], timeout: float, interval: float = 0.2
-) -> list[str]:
-    """Polls until `check` reports no problem; returns the last problems (empty on success)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        problems = await check()
-        if not problems or time.monotonic() > deadline:
-            return problems
-        await asyncio.sleep(interval)
 
 
 async def kubectl(cp: ControlPlane, *args: str) -> str:
@@ -138,18 +127,22 @@ class Harness:
     async def wait_ready(self, timeout: float = 30) -> None:
         """Until /readyz answers 200: connected to the driver, caches synced."""
         url = f"http://127.0.0.1:{self.port}/readyz"
-        deadline = time.monotonic() + timeout
         async with aiohttp.ClientSession() as session:
-            while time.monotonic() < deadline:
+
+            async def ready() -> bool:
                 assert self.proc is not None
                 if self.proc.returncode is not None:
-                    return  # exited (a failpoint can fire before readiness is seen)
-                with contextlib.suppress(aiohttp.ClientError):
-                    async with session.get(url) as rsp:
-                        if rsp.status == 200:
-                            return
-                await asyncio.sleep(0.1)
-        raise AssertionError(f"provisioner not ready after {timeout}s\n{self.log_tail()}")
+                    return True  # exited (a failpoint can fire before readiness is seen)
+                async with session.get(url) as rsp:
+                    return rsp.status == 200
+
+            await eventually_async(
+                "the provisioner's /readyz to answer 200",
+                ready,
+                timeout,
+                ignoring=(aiohttp.ClientError,),
+                context=self.log_tail,
+            )
 
     async def wait_exit(self, timeout: float = 30) -> int:
         assert self.proc is not None
@@ -239,8 +232,14 @@ class Harness:
                     problems.append(f"{c}: {phase}")
             return problems
 
-        problems = await wait_for(check, timeout)
-        assert not problems, f"claims not bound: {problems}\n{self.log_tail()}"
+        await eventually_async(
+            f"claims {', '.join(claims)} bound",
+            check,
+            timeout,
+            0.2,
+            satisfied=no_problems,
+            context=self.log_tail,
+        )
         out = {}
         for c in claims:
             pvc = await self.pvc(c)
@@ -263,13 +262,15 @@ class Harness:
 
     async def wait_event(self, name: str, reason: str, text: str = "", timeout: float = 20) -> str:
         async def check() -> list[str]:
-            for r, m in await self.events(name):
+            events = await self.events(name)
+            for r, m in events:
                 if r == reason and text in m:
                     return []
-            return [f"no {reason} event containing {text!r} for {name}"]
+            return [f"no {reason} event containing {text!r} for {name} among {events}"]
 
-        problems = await wait_for(check, timeout)
-        assert not problems, f"{problems}: {await self.events(name)}\n{self.log_tail()}"
+        await eventually_async(
+            f"a {reason} event for {name}", check, timeout, 0.2, satisfied=no_problems, context=self.log_tail
+        )
         return next(m for r, m in await self.events(name) if r == reason and text in m)
 
     # -- the invariant -----------------------------------------------------------------------------
@@ -288,8 +289,14 @@ class Harness:
                 [] if files == handles else [f"backing files {sorted(files)} != PV handles {sorted(handles)}"]
             )
 
-        problems = await wait_for(check, timeout)
-        assert not problems, f"{problems}\n{self.log_tail()}"
+        await eventually_async(
+            "the backing files to be the PVs' volumes",
+            check,
+            timeout,
+            0.2,
+            satisfied=no_problems,
+            context=self.log_tail,
+        )
 
     # -- clean-up ----------------------------------------------------------------------------------
 
@@ -366,20 +373,17 @@ async def create_topology_node(api: ApiClient, name: str) -> None:
     labels = {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", TOPOLOGY_KEY: name}
     await api.create(NODES, {"metadata": {"name": name, "labels": labels}})
     resources = {"cpu": "4", "memory": "8Gi", "pods": "110"}
-    for _ in range(20):
+
+    async def ready() -> None:
         node = await api.get(NODES, name)
         node["status"] = {
             "capacity": resources,
             "allocatable": resources,
             "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "test"}],
         }
-        try:
-            await api.update_status(NODES, node)
-            break
-        except ApiError as exc:
-            if not exc.conflict:
-                raise
-            await asyncio.sleep(0.1)
+        await api.update_status(NODES, node)
+
+    await until_written(f"node {name} Ready", ready, lambda err: err.conflict)
     await api.create(
         CSI_NODES,
         {

@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 
 from controller_runtime import storage
@@ -27,6 +26,7 @@ from controller_runtime.resources import (
 from localstack.controlplane import ControlPlane
 from services.pv_controller import names
 from services.pv_controller.controller import Options, PVController
+from tests.support.waits import consistently_async, eventually_async, no_problems
 
 OTHER_UID = "other-uid"  # a claimRef UID that belongs to no existing claim
 NO_UID = ""
@@ -284,7 +284,7 @@ class Harness:
             items = (await self.api.list_page(PERSISTENT_VOLUME_CLAIMS, self.ns))["items"]
             return [c["metadata"]["name"] for c in items]
 
-        await wait_for(claims_left, 10)
+        await eventually_async("the claims gone", claims_left, 10, 0.2, satisfied=no_problems)
         pvs = (await self.api.list_page(PERSISTENT_VOLUMES))["items"]
         for pv in pvs:
             name = pv["metadata"]["name"]
@@ -357,22 +357,14 @@ class Harness:
         return out + self._check_annotations(pvc, w.annotations)
 
     async def converge(self, case: Case, timeout: float = 20.0) -> None:
-        """Waits until every expectation holds, then checks they still hold a moment later (a
-        late, wrong write would show up there)."""
-        problems = await wait_for(lambda: self.mismatches(case), timeout)
-        assert not problems, f"{case.id}: did not converge:\n  " + "\n  ".join(problems)
-        await asyncio.sleep(0.5)
-        problems = await self.mismatches(case)
-        assert not problems, f"{case.id}: diverged after converging:\n  " + "\n  ".join(problems)
-
-
-async def wait_for(check: Callable[[], Awaitable[list[str]]], timeout: float) -> list[str]:
-    deadline = time.monotonic() + timeout
-    while True:
-        problems = await check()
-        if not problems or time.monotonic() > deadline:
-            return problems
-        await asyncio.sleep(0.2)
+        """Waits until every expectation holds, then checks that they hold on every poll for half a
+        second more (a late, wrong write would show up there)."""
+        await eventually_async(
+            f"{case.id}: converged", lambda: self.mismatches(case), timeout, 0.2, satisfied=no_problems
+        )
+        await consistently_async(
+            f"{case.id}: still converged", lambda: self.mismatches(case), 0.5, satisfied=no_problems
+        )
 
 
 @contextlib.asynccontextmanager

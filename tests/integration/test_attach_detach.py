@@ -37,6 +37,9 @@ from controller_runtime.volumes import ANN_CONTROLLER_MANAGED, unique_volume_nam
 from localstack.controlplane import ControlPlane
 from services.attach_detach.controller import AttachDetachController, Options
 from services.attach_detach.metrics import METRICS
+from tests.support.namespaces import default_service_account
+from tests.support.waits import consistently_async, eventually_async, no_problems
+from tests.support.writes import until_written
 
 DRIVER = "attach.test.kubeloop.dev"  # no CSIDriver object: attach required
 
@@ -50,13 +53,6 @@ async def follow_real_time(clock: FakeClock) -> None:
         now = time.monotonic()
         clock.step(now - last)
         last = now
-
-
-async def wait_for(check: Callable[[], Awaitable[bool]], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not await check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.1)
 
 
 async def exists(api: ApiClient, res: object, name: str) -> bool:
@@ -107,21 +103,19 @@ class Cluster:
             NODES, {"metadata": {"name": name, "annotations": annotations}, "spec": {"taints": list(taints)}}
         )
         self.nodes.append(name)
-        for _ in range(20):  # kcm's node controllers write the Node too: retry on conflict
+
+        async def status() -> None:
             node = await self.api.get(NODES, name)
             node["status"] = {
                 "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "t"}],
                 "volumesInUse": list(in_use),
                 "volumesAttached": [{"name": n, "devicePath": ""} for n in attached],
             }
-            try:
-                await self.api.update_status(NODES, node)
-                return name
-            except ApiError as exc:
-                if not exc.conflict:
-                    raise
-                await asyncio.sleep(0.1)
-        raise AssertionError(f"could not write the status of node {name}")
+            await self.api.update_status(NODES, node)
+
+        # kcm's node controllers write the Node too: again on a conflict.
+        await until_written(f"the status of node {name}", status, lambda err: err.conflict)
+        return name
 
     async def volume(self, short: str) -> str:
         """A bound claim `c-<short>` and its static CSI PV (RWO)."""
@@ -169,15 +163,8 @@ class Cluster:
                 "volumes": [{"name": "v", "persistentVolumeClaim": {"claimName": f"c-{volume_short}"}}],
             },
         }
-        for _ in range(100):  # until kcm made the namespace's default ServiceAccount
-            try:
-                await self.api.create(PODS, body)
-                return
-            except ApiError as exc:
-                if exc.status != 403 or "serviceaccount" not in exc.message:
-                    raise
-                await asyncio.sleep(0.1)
-        raise AssertionError(f"no default ServiceAccount in {self.ns}")
+        await default_service_account(self.api, self.ns)
+        await self.api.create(PODS, body)
 
     async def delete_pod(self, name: str) -> None:
         body = {"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0}
@@ -211,7 +198,7 @@ class Cluster:
         controller = AttachDetachController(context, Options(loop_period=0.05))
         self.ticker = asyncio.create_task(follow_real_time(self.clock))
         self.task = asyncio.create_task(controller.run())
-        await wait_for(self._synced(controller), 30, "the controller's first pass")
+        await eventually_async("the controller's first pass", self._synced(controller), 30)
 
     @staticmethod
     def _synced(controller: AttachDetachController) -> Callable[[], Awaitable[bool]]:
@@ -265,15 +252,23 @@ async def test_multi_attach_event_names_the_pod_holding_the_volume(cluster: Clus
     async def refused() -> bool:
         return bool(await c.events("waiter"))
 
-    await wait_for(refused, 20, "a FailedAttachVolume event on the waiting pod")
-    await asyncio.sleep(0.5)  # a second pass must not report again
-    assert await c.events("waiter") == [
+    await eventually_async("a FailedAttachVolume event on the waiting pod", refused, 20)
+    once = [
         (
             "FailedAttachVolume",
             f'Multi-Attach error for volume "{pv}" Volume is already used by pod(s) holder',
         )
     ]
-    assert not await exists(c.api, VOLUME_ATTACHMENTS, c.va("a", node_b))
+
+    async def reported_once() -> list[str]:
+        events = await c.events("waiter")
+        made = await exists(c.api, VOLUME_ATTACHMENTS, c.va("a", node_b))
+        return ([f"events {events}"] if events != once else []) + (
+            ["a VolumeAttachment on node-b"] if made else []
+        )
+
+    # Many passes (loop_period 0.05): none reports again, none attaches.
+    await consistently_async("one Multi-Attach event, no attach", reported_once, 0.5, satisfied=no_problems)
 
 
 async def test_volumes_a_node_lists_are_the_actual_state_at_start(cluster: Cluster) -> None:
@@ -288,18 +283,25 @@ async def test_volumes_a_node_lists_are_the_actual_state_at_start(cluster: Clust
     async def x_unlisted() -> bool:
         return await c.node_attached(node) == [c.unique("y")]
 
-    await wait_for(x_unlisted, 20, "x to leave the node's volumesAttached")
-    await asyncio.sleep(0.5)
-    assert await c.node_attached(node) == [c.unique("y")], "y counts as attached"
-    assert not await exists(c.api, VOLUME_ATTACHMENTS, c.va("y", node)), "so no VA is made for it"
+    await eventually_async("x to leave the node's volumesAttached", x_unlisted, 20)
+
+    async def y_as_listed() -> list[str]:
+        listed = await c.node_attached(node)
+        made = await exists(c.api, VOLUME_ATTACHMENTS, c.va("y", node))
+        return ([f"volumesAttached {listed}"] if listed != [c.unique("y")] else []) + (
+            ["a VA for y"] if made else []
+        )
+
+    # y counts as attached, so no VA is made for it.
+    await consistently_async("y listed and no VA made for it", y_as_listed, 0.5, satisfied=no_problems)
 
     c.clock.step(61)  # the periodic check finds y without a VolumeAttachment
 
     async def y_attaching() -> bool:
         return await exists(c.api, VOLUME_ATTACHMENTS, c.va("y", node))
 
-    await wait_for(y_attaching, 20, "a VolumeAttachment for y")
-    await wait_for(lambda: _equals(c.node_attached(node), []), 20, "y unlisted until attached")
+    await eventually_async("a VolumeAttachment for y", y_attaching, 20)
+    await eventually_async("y unlisted until attached", lambda: _equals(c.node_attached(node), []), 20)
 
 
 async def _equals(value: Awaitable[list[str]], expected: list[str]) -> bool:
@@ -317,17 +319,19 @@ async def test_deleted_node_keeps_a_mounted_volume_until_the_unmount_timeout(clu
 
     await c.delete_pod("p")
     await c.api.delete(NODES, node)
-    await asyncio.sleep(1.0)
-    assert await exists(c.api, VOLUME_ATTACHMENTS, va), "the node last reported it mounted"
+
+    async def kept() -> bool:
+        return await exists(c.api, VOLUME_ATTACHMENTS, va)
+
+    await consistently_async("the VA kept: the node last reported it mounted", kept, 1.0)
     c.clock.step(300)
-    await asyncio.sleep(0.5)
-    assert await exists(c.api, VOLUME_ATTACHMENTS, va), "6 minutes have not passed"
+    await consistently_async("the VA kept: 6 minutes have not passed", kept, 0.5)
     c.clock.step(61)
 
     async def detached() -> bool:
         return not await exists(c.api, VOLUME_ATTACHMENTS, va)
 
-    await wait_for(detached, 20, "the forced detach after the unmount timeout")
+    await eventually_async("the forced detach after the unmount timeout", detached, 20)
     assert METRICS.forced_detaches.get("timeout", 0) == before + 1
 
 
@@ -339,15 +343,18 @@ async def test_out_of_service_taint_detaches_a_mounted_volume_at_once(cluster: C
     va = await c.attached_va("o", node)
     await c.pod("p", node, "o")
     await c.start()
-    await asyncio.sleep(0.5)
-    assert await exists(c.api, VOLUME_ATTACHMENTS, va), "still wanted by its pod"
+
+    async def kept() -> bool:
+        return await exists(c.api, VOLUME_ATTACHMENTS, va)
+
+    await consistently_async("the VA kept while its pod wants it", kept, 0.5)
 
     await c.delete_pod("p")
 
     async def detached() -> bool:
         return not await exists(c.api, VOLUME_ATTACHMENTS, va)
 
-    await wait_for(detached, 20, "the out-of-service detach")
+    await eventually_async("the out-of-service detach", detached, 20)
     assert await c.node_attached(node) == []
 
 
@@ -365,12 +372,16 @@ async def test_a_volume_whose_claim_ref_lacks_the_claim_uid_is_not_attached(clus
     node = await c.node("node")
     await c.pod("user", node, "r")
     await c.start()
-    await asyncio.sleep(1.0)  # many passes at loop_period 0.05
-    assert not await exists(c.api, VOLUME_ATTACHMENTS, c.va("r", node))
+
+    async def not_attached() -> bool:
+        return not await exists(c.api, VOLUME_ATTACHMENTS, c.va("r", node))
+
+    # Many passes at loop_period 0.05.
+    await consistently_async("no VolumeAttachment for a claimRef without the claim's UID", not_attached, 1.0)
 
     await c.api.patch(PERSISTENT_VOLUMES, pv, {"spec": {"claimRef": {"uid": claim_ref["uid"]}}})
 
     async def attaching() -> bool:
         return await exists(c.api, VOLUME_ATTACHMENTS, c.va("r", node))
 
-    await wait_for(attaching, 20, "a VolumeAttachment once the claimRef names the claim's UID")
+    await eventually_async("a VolumeAttachment once the claimRef names the claim's UID", attaching, 20)

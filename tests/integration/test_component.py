@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import os
 import uuid
+from collections.abc import Awaitable, Callable
 
 import pytest
 
@@ -19,6 +20,7 @@ from controller_runtime.events import EventRecorder
 from controller_runtime.health import HealthServer
 from controller_runtime.resources import LEASES
 from localstack.controlplane import ControlPlane
+from tests.support.waits import eventually_async
 
 pytestmark = pytest.mark.integration
 
@@ -49,6 +51,13 @@ def readiness(ctx: process.Context) -> str | None:
     return reason
 
 
+def ctx_ready(ctx: process.Context) -> Callable[[], Awaitable[bool]]:
+    async def ready() -> bool:
+        return readiness(ctx) is None
+
+    return ready
+
+
 @pytest.mark.parametrize("elected", [False, True])
 async def test_serve_controller_readiness_and_election(control_plane: ControlPlane, elected: bool) -> None:
     extra = ["--leader-election", "--leader-election-namespace=default"] if elected else []
@@ -73,11 +82,7 @@ async def test_serve_controller_readiness_and_election(control_plane: ControlPla
     )
     await asyncio.wait_for(dummy.started.wait(), 30)
     assert readiness(ctx) == "caches not synced"
-    for _ in range(50):
-        if readiness(ctx) is None:
-            break
-        await asyncio.sleep(0.05)
-    assert readiness(ctx) is None
+    await eventually_async("ready", ctx_ready(ctx), 2.5, 0.05)
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
     assert len(built) == 1
@@ -117,11 +122,7 @@ async def test_a_guarded_controller_stands_down_and_keeps_its_lease(control_plan
     try:
         await asyncio.wait_for(dummy.started.wait(), 30)
         # Ready once the guard's Events informer has listed too: what comes after is news.
-        for _ in range(600):
-            if readiness(ctx) is None:
-                break
-            await asyncio.sleep(0.05)
-        assert readiness(ctx) is None
+        await eventually_async("ready", ctx_ready(ctx), 30, 0.05)
         recorder = EventRecorder(kcm, source)
         recorder.normal(
             {"kind": "Node", "apiVersion": "v1", "metadata": {"name": "n", "uid": "u"}}, "Seen", "x"

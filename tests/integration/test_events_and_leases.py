@@ -12,6 +12,7 @@ from controller_runtime.client import ApiClient
 from controller_runtime.events import EventRecorder
 from controller_runtime.leaderelection import LeaderElectionConfig, LeaderElector
 from controller_runtime.resources import EVENTS, LEASES, PERSISTENT_VOLUME_CLAIMS
+from tests.support.waits import consistently_async, eventually_async
 
 pytestmark = pytest.mark.integration
 
@@ -64,22 +65,16 @@ async def test_leader_election_hands_over_when_the_holder_stops(api: ApiClient) 
 
         return lead
 
+    async def leaders() -> list[str]:
+        return list(leading)
+
     task_a = asyncio.create_task(a.run(lead_as("a")))
-    for _ in range(50):
-        if leading:
-            break
-        await asyncio.sleep(0.1)
-    assert leading == ["a"]
+    await eventually_async("a leading", leaders, 5, satisfied=lambda who: who == ["a"])
     task_b = asyncio.create_task(b.run(lead_as("b")))
-    await asyncio.sleep(1.5)
-    assert leading == ["a"], "b must wait while a renews"
+    await consistently_async("b waiting while a renews", leaders, 1.5, satisfied=lambda who: who == ["a"])
     stopped = time.monotonic()
     task_a.cancel()  # a graceful stop releases the lease
-    for _ in range(160):
-        if leading == ["a", "b"]:
-            break
-        await asyncio.sleep(0.05)
-    assert leading == ["a", "b"]
+    await eventually_async("b leading after a", leaders, 8, 0.05, satisfied=lambda who: who == ["a", "b"])
     assert time.monotonic() - stopped < 8, "release lets b take over before the lease would expire"
     lease = await api.get(LEASES, name, "kube-system")
     assert lease["spec"]["holderIdentity"] == "b"
@@ -95,7 +90,5 @@ async def test_leader_election_takes_over_an_expired_lease(api: ApiClient) -> No
     b = LeaderElector(api, config(name, "b"))
     assert not await b.try_acquire_or_renew()
     start = time.monotonic()
-    while not await b.try_acquire_or_renew():
-        await asyncio.sleep(0.2)
-        assert time.monotonic() - start < 10
+    await eventually_async("b taking the expired lease", b.try_acquire_or_renew, 10, 0.2)
     assert time.monotonic() - start >= 2.5, "must wait out the lease duration on its own clock"

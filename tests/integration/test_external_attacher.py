@@ -6,22 +6,10 @@ lost. The VolumeAttachment is created by the test, as the attach-detach controll
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import shutil
-import tempfile
-import time
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
+from collections.abc import Awaitable, Callable
 
-import pytest_asyncio
-
-from controller_runtime.client import ApiClient, ApiError
-from controller_runtime.controller import ControllerContext
-from controller_runtime.csi_client import CSIConnection
-from controller_runtime.events import EventRecorder
-from controller_runtime.informer import SharedInformerFactory
+from controller_runtime.client import ApiError
 from controller_runtime.resources import (
     CSI_NODES,
     NODES,
@@ -30,137 +18,14 @@ from controller_runtime.resources import (
     VOLUME_ATTACHMENTS,
     Obj,
 )
-from controller_runtime.volumes import attacher_finalizer, va_name
 from csi_driver import DRIVER_NAME
-from external_attacher.controller import ANN_VA_NODE_ID, Attacher, Options
+from external_attacher.controller import ANN_VA_NODE_ID, Attacher
 from kubeloop_grpc.csi import csi_pb2
-from localstack.controlplane import ControlPlane
-from tests.csi.conftest import Driver
+from tests.support.waits import consistently_async, eventually_async
 
-FINALIZER = attacher_finalizer(DRIVER_NAME)
+from .attacher_setup import FINALIZER, Setup, get, setup
 
-
-async def wait_for(check: Callable[[], Awaitable[bool]], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not await check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.1)
-
-
-async def get(api: ApiClient, res: object, name: str) -> Obj | None:
-    try:
-        return await api.get(res, name)  # type: ignore[arg-type]
-    except ApiError as exc:
-        if exc.not_found:
-            return None
-        raise
-
-
-class Setup:
-    def __init__(self, cp: ControlPlane, api: ApiClient) -> None:
-        self.cp, self.api = cp, api
-        self.suffix = uuid.uuid4().hex[:6]
-        self.node = f"att-{self.suffix}"
-        self.pv = f"att-pv-{self.suffix}"
-        # Short: the driver's socket path may not exceed 107 bytes.
-        self.root = Path(tempfile.mkdtemp(prefix="ea", dir="/tmp"))
-        self.driver = Driver(self.root / "c", "controller", self.node, pool=self.root / "pool")
-        # The driver publishes only to nodes whose node plugin announced itself in the pool.
-        self.node_plugin = Driver(self.root / "n", "node", self.node, pool=self.root / "pool")
-        for d in (self.driver, self.node_plugin):
-            d.root.mkdir()
-            d.start()
-        self.tasks: list[asyncio.Task[None]] = []
-        self.closers: list[Callable[[], Awaitable[None]]] = []
-
-    async def start_attacher(self, kubeconfig: Path | None = None) -> tuple[Attacher, CSIConnection]:
-        """The attacher, as the admin or as the identity of `kubeconfig`."""
-        csi = await CSIConnection.connect(self.driver.endpoint, timeout=10)
-        client = await ApiClient.from_kubeconfig(str(kubeconfig or self.cp.admin_kubeconfig), qps=0, burst=1)
-        recorder = EventRecorder(client, "csi-attacher")
-        self.closers += [csi.close, recorder.close, client.close]
-        factory = SharedInformerFactory(client)
-        # The periodic ListVolumes pass is run by hand below, so that it runs exactly when wanted.
-        attacher = Attacher(ControllerContext(client, factory, recorder), csi, Options(reconcile_sync=0))
-        self.tasks.append(asyncio.create_task(attacher.run()))
-        await asyncio.wait_for(factory.wait_for_sync(), 30)
-        return attacher, csi
-
-    async def objects(self, csi: CSIConnection) -> str:
-        """A volume in the driver, its static PV, the Node and its CSINode; returns the handle."""
-        vol = await csi.controller.CreateVolume(
-            csi_pb2.CreateVolumeRequest(
-                name=f"att-{self.suffix}",
-                capacity_range=csi_pb2.CapacityRange(required_bytes=16 << 20),
-                volume_capabilities=[
-                    csi_pb2.VolumeCapability(
-                        mount=csi_pb2.VolumeCapability.MountVolume(fs_type="ext4"),
-                        access_mode=csi_pb2.VolumeCapability.AccessMode(
-                            mode=csi_pb2.VolumeCapability.AccessMode.SINGLE_NODE_WRITER
-                        ),
-                    )
-                ],
-            ),
-            timeout=60,
-        )
-        handle = str(vol.volume.volume_id)
-        await self.api.create(NODES, {"metadata": {"name": self.node}})
-        await self.api.create(
-            CSI_NODES,
-            {
-                "metadata": {"name": self.node},
-                "spec": {"drivers": [{"name": DRIVER_NAME, "nodeID": self.node, "topologyKeys": []}]},
-            },
-        )
-        await self.api.create(
-            PERSISTENT_VOLUMES,
-            {
-                "metadata": {"name": self.pv},
-                "spec": {
-                    "capacity": {"storage": "16Mi"},
-                    "accessModes": ["ReadWriteOnce"],
-                    "persistentVolumeReclaimPolicy": "Retain",
-                    "csi": {"driver": DRIVER_NAME, "volumeHandle": handle, "fsType": "ext4"},
-                },
-            },
-        )
-        return handle
-
-    async def create_va(self, handle: str) -> str:
-        """The VolumeAttachment of the volume to the node, as the attach-detach controller makes it."""
-        name = va_name(handle, DRIVER_NAME, self.node)
-        spec = {"attacher": DRIVER_NAME, "nodeName": self.node, "source": {"persistentVolumeName": self.pv}}
-        await self.api.create(VOLUME_ATTACHMENTS, {"metadata": {"name": name}, "spec": spec})
-        return name
-
-    async def published(self, csi: CSIConnection, handle: str) -> list[str]:
-        resp = await csi.controller.ListVolumes(csi_pb2.ListVolumesRequest(), timeout=10)
-        return [n for e in resp.entries if e.volume.volume_id == handle for n in e.status.published_node_ids]
-
-    async def close(self) -> None:
-        for task in self.tasks:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        for close in self.closers:
-            await close()
-        for res, name in ((NODES, self.node), (CSI_NODES, self.node), (PERSISTENT_VOLUMES, self.pv)):
-            with contextlib.suppress(ApiError):
-                await self.api.patch(res, name, {"metadata": {"finalizers": None}})
-            with contextlib.suppress(ApiError):
-                await self.api.delete(res, name)
-        self.driver.stop()
-        self.node_plugin.stop()
-        shutil.rmtree(self.root, ignore_errors=True)
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def setup(control_plane: ControlPlane, api: ApiClient) -> AsyncIterator[Setup]:
-    s = Setup(control_plane, api)
-    try:
-        yield s
-    finally:
-        await s.close()
+__all__ = ["setup"]  # the fixture
 
 
 async def test_attach_detach_and_list_volumes_as_csi_attacher(setup: Setup) -> None:
@@ -173,7 +38,7 @@ async def test_attach_detach_and_list_volumes_as_csi_attacher(setup: Setup) -> N
         va = await get(api, VOLUME_ATTACHMENTS, name)
         return bool(va and (va.get("status") or {}).get("attached"))
 
-    await wait_for(attached, 20, "the VolumeAttachment attached")
+    await eventually_async("the VolumeAttachment attached", attached, 20)
     va = await api.get(VOLUME_ATTACHMENTS, name)
     assert va["metadata"]["finalizers"] == [FINALIZER]
     assert va["metadata"]["annotations"] == {ANN_VA_NODE_ID: s.node}
@@ -190,30 +55,31 @@ async def test_attach_detach_and_list_volumes_as_csi_attacher(setup: Setup) -> N
     async def republished() -> bool:
         return await s.published(csi, handle) == [s.node]
 
-    await wait_for(republished, 20, "ControllerPublishVolume again")
+    await eventually_async("ControllerPublishVolume again", republished, 20)
     assert await attacher.reconcile_published() == 0
 
     # The node and its CSINode go first: the detach takes the node id from the annotation.
     await api.delete(CSI_NODES, s.node)
     await api.delete(NODES, s.node)
-    await wait_for(lambda: _gone_from_cache(attacher, s.node), 20, "the CSINode out of the cache")
+    await eventually_async("the CSINode out of the cache", lambda: _gone_from_cache(attacher, s.node), 20)
     await api.delete(VOLUME_ATTACHMENTS, name)
 
     async def va_gone() -> bool:
         return await get(api, VOLUME_ATTACHMENTS, name) is None
 
-    await wait_for(va_gone, 20, "the VolumeAttachment detached and gone")
+    await eventually_async("the VolumeAttachment detached and gone", va_gone, 20)
     assert await s.published(csi, handle) == []
 
-    await asyncio.sleep(0.5)
-    pv = await api.get(PERSISTENT_VOLUMES, s.pv)
-    assert FINALIZER in pv["metadata"]["finalizers"], "kept while the PV is not being deleted"
+    async def kept() -> bool:
+        return FINALIZER in (await api.get(PERSISTENT_VOLUMES, s.pv))["metadata"]["finalizers"]
+
+    await consistently_async("the PV's finalizer kept while the PV is not being deleted", kept, 0.5)
     await api.delete(PERSISTENT_VOLUMES, s.pv)
 
     async def pv_gone() -> bool:
         return await get(api, PERSISTENT_VOLUMES, s.pv) is None
 
-    await wait_for(pv_gone, 20, "the PV's attacher finalizer removed once it is being deleted")
+    await eventually_async("the PV's attacher finalizer removed once it is being deleted", pv_gone, 20)
 
 
 async def _gone_from_cache(attacher: Attacher, node: str) -> bool:
@@ -262,8 +128,8 @@ async def test_publish_carries_the_pv_secret_and_refuses_modes_csi_cannot_expres
     try:
         both = await attachment(f"{s.pv}-both", {}, ["ReadWriteOnce", "ReadOnlyMany"])
         message = "CSI does not support ReadOnlyMany and ReadWriteOnce on the same PersistentVolume"
-        await wait_for(
-            status_says(both, "attachError", message), 20, "attachError for ReadOnlyMany+ReadWriteOnce"
+        await eventually_async(
+            "attachError for ReadOnlyMany+ReadWriteOnce", status_says(both, "attachError", message), 20
         )
         va = await api.get(VOLUME_ATTACHMENTS, both)
         assert not (va.get("status") or {}).get("attached") and not va["metadata"].get("finalizers")
@@ -273,7 +139,9 @@ async def test_publish_carries_the_pv_secret_and_refuses_modes_csi_cannot_expres
         ref = {"name": "publish", "namespace": namespace}
         secret = await attachment(f"{s.pv}-sec", {"controllerPublishSecretRef": ref}, ["ReadWriteOnce"])
         missing = f'failed to load secret "{namespace}/publish": secrets "publish" not found'
-        await wait_for(status_says(secret, "attachError", missing), 20, "attachError for the missing Secret")
+        await eventually_async(
+            "attachError for the missing Secret", status_says(secret, "attachError", missing), 20
+        )
         assert await s.published(csi, handle) == []
         await api.create(SECRETS, {"metadata": {"name": "publish"}, "data": {"k": "dg=="}}, namespace)
 
@@ -281,20 +149,22 @@ async def test_publish_carries_the_pv_secret_and_refuses_modes_csi_cannot_expres
             va = await get(api, VOLUME_ATTACHMENTS, secret)
             return bool(va and (va.get("status") or {}).get("attached"))
 
-        await wait_for(attached, 20, "attached once the Secret exists")
+        await eventually_async("attached once the Secret exists", attached, 20)
         assert await s.published(csi, handle) == [s.node]
 
         # The Secret goes before the detach: the detach waits for it, as csi-attacher's does.
         await api.delete(SECRETS, "publish", namespace)
         await api.delete(VOLUME_ATTACHMENTS, secret)
-        await wait_for(status_says(secret, "detachError", missing), 20, "detachError for the missing Secret")
+        await eventually_async(
+            "detachError for the missing Secret", status_says(secret, "detachError", missing), 20
+        )
         assert await s.published(csi, handle) == [s.node]
         await api.create(SECRETS, {"metadata": {"name": "publish"}, "data": {"k": "dg=="}}, namespace)
 
         async def detached() -> bool:
             return await get(api, VOLUME_ATTACHMENTS, secret) is None
 
-        await wait_for(detached, 20, "detached once the Secret is back")
+        await eventually_async("detached once the Secret is back", detached, 20)
         assert await s.published(csi, handle) == []
     finally:
         for pv in pvs:

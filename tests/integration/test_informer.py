@@ -16,6 +16,7 @@ from controller_runtime.informer import EventHandler, SharedInformer, SharedInfo
 from controller_runtime.reflector import LISTS
 from controller_runtime.resources import PERSISTENT_VOLUME_CLAIMS, PERSISTENT_VOLUMES, Obj, Resource, name_of
 from controller_runtime.toolchain import Toolchain
+from tests.support.waits import eventually_async
 
 pytestmark = pytest.mark.integration
 
@@ -168,15 +169,17 @@ async def kcm_caught_up(api: ApiClient, label: str) -> None:
     }
     await api.create(PERSISTENT_VOLUME_CLAIMS, {"metadata": {"name": name}, "spec": spec}, "default")
     await api.delete(PERSISTENT_VOLUME_CLAIMS, name, "default")
-    for _ in range(1200):
+
+    async def gone() -> bool:
         try:
             await api.get(PERSISTENT_VOLUME_CLAIMS, name, "default")
         except ApiError as exc:
             if exc.not_found:
-                return
+                return True
             raise
-        await asyncio.sleep(0.1)
-    raise AssertionError("kube-controller-manager's pvc-protection did not come back within 120 s")
+        return False
+
+    await eventually_async("kube-controller-manager's pvc-protection back (the canary claim gone)", gone, 120)
 
 
 async def test_informer_recovers_after_watch_is_cut(api: ApiClient, control_plane: Any, label: str) -> None:
@@ -186,11 +189,12 @@ async def test_informer_recovers_after_watch_is_cut(api: ApiClient, control_plan
         await control_plane.restart_apiserver()  # every open watch is cut
         await api.create(PERSISTENT_VOLUMES, pv_body(f"cut-{label}-2", label))
         await delete_now(api, PERSISTENT_VOLUMES, f"cut-{label}-1")
-        for _ in range(300):
+
+        async def caught_up() -> bool:
             fresh = await fresh_names(api, label)
-            if cached_names(informer, label) == fresh and set(fresh) == {f"cut-{label}-2"}:
-                break
-            await asyncio.sleep(0.1)
+            return cached_names(informer, label) == fresh and set(fresh) == {f"cut-{label}-2"}
+
+        await eventually_async("the cache caught up after the cut", caught_up, 30)
         assert cached_names(informer, label) == await fresh_names(api, label)
         assert set(cached_names(informer, label)) == {f"cut-{label}-2"}
     await kcm_caught_up(api, label)
@@ -201,10 +205,11 @@ async def test_informer_relists_after_410_gone(api: ApiClient, control_plane: An
     async with running(informer):
         for i in range(3):
             await api.create(PERSISTENT_VOLUMES, pv_body(f"gone-{label}-{i}", label))
-        for _ in range(100):
-            if len(cached_names(informer, label)) == 3:
-                break
-            await asyncio.sleep(0.1)
+
+        async def three() -> bool:
+            return len(cached_names(informer, label)) == 3
+
+        await eventually_async("the three PVs in the cache", three, 10)
     # The informer is stopped but keeps its cache and resourceVersion (started again, it resumes
     # its watch from there). Change things behind its back,
     # compact etcd past its resourceVersion and restart the apiserver so no watch cache can serve it.
@@ -232,10 +237,11 @@ async def test_informer_relists_after_410_gone(api: ApiClient, control_plane: An
         async for _ in api.watch(PERSISTENT_VOLUMES, resource_version=stale_rv, timeout_seconds=5):
             pass
     async with running(informer):
-        for _ in range(200):
-            if cached_names(informer, label) == await fresh_names(api, label):
-                break
-            await asyncio.sleep(0.1)
+
+        async def relisted() -> bool:
+            return cached_names(informer, label) == await fresh_names(api, label)
+
+        await eventually_async("the cache relisted", relisted, 20)
         assert LISTS.labels("persistentvolumes")._value.get() > lists_before, "expected a re-list"
         assert informer.reflector.last_resource_version != stale_rv
         assert cached_names(informer, label) == await fresh_names(api, label)

@@ -46,7 +46,7 @@ from localstack.components import Components
 from localstack.controlplane import KCM_CONTROLLERS, ControlPlane
 from localstack.storage_stack import storage_components
 from localstack.testing import start_test_control_plane
-from tests.conftest import _wait_for_default_service_account
+from tests.support.namespaces import default_service_account
 
 pytestmark = pytest.mark.integration
 
@@ -162,7 +162,7 @@ async def cluster(home: Path, kcm_controllers: str) -> AsyncIterator[SideBySide]
         await components.start()
         namespace = f"kcm-side-{uuid.uuid4().hex[:6]}"
         await api.create(NAMESPACES, {"metadata": {"name": namespace}})
-        await _wait_for_default_service_account(api, namespace)
+        await default_service_account(api, namespace)
         await api.create(
             NODES,
             {

@@ -15,7 +15,6 @@ import json
 import signal
 import socket
 import sys
-import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -45,6 +44,9 @@ from localstack.controlplane import ControlPlane
 from node_finalizer import messages
 from node_finalizer.controller import NodeFinalizer, Options
 from node_finalizer.decide import DRIVER_NAME, FINALIZER, PROVISIONER_FINALIZER, TOPOLOGY_KEY
+from tests.support.namespaces import default_service_account
+from tests.support.waits import consistently_async, eventually_async
+from tests.support.writes import until_written
 
 pytestmark = pytest.mark.integration
 
@@ -53,13 +55,6 @@ PV_PROTECTION = "kubernetes.io/pv-protection"
 # lifted). Their clients make 20 requests/s: in the full suite they can still be working through an
 # earlier test's namespace of 200 claims and PVs, and a 30 s wait once ran out (CI-equivalent run).
 KCM_TIMEOUT = 120.0
-
-
-async def wait_for(check: Callable[[], Awaitable[bool]], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not await check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.1)
 
 
 async def wait_gone(c: Cluster, res: Resource, name: str, namespace: str | None, what: str) -> None:
@@ -82,7 +77,7 @@ async def wait_gone(c: Cluster, res: Resource, name: str, namespace: str | None,
         return False
 
     try:
-        await wait_for(gone, KCM_TIMEOUT, what)
+        await eventually_async(what, gone, KCM_TIMEOUT)
     except AssertionError:
         obj = await c.get(res, name, namespace) or {}
         pods = [p["metadata"]["name"] for p in (await c.api.list_page(PODS, c.ns))["items"]]
@@ -121,15 +116,12 @@ class Cluster:
             "podInfoOnMount": False,
             "volumeLifecycleModes": ["Persistent"],
         }
-        for _ in range(50):  # the delete above may still be in flight
-            try:
-                await self.api.create(CSI_DRIVERS, {"metadata": {"name": DRIVER_NAME}, "spec": spec})
-                return
-            except ApiError as e:
-                if not e.already_exists:
-                    raise
-                await asyncio.sleep(0.1)
-        raise AssertionError("could not replace the CSIDriver")
+        # The delete above may still be in flight.
+        await until_written(
+            "the test's CSIDriver",
+            lambda: self.api.create(CSI_DRIVERS, {"metadata": {"name": DRIVER_NAME}, "spec": spec}),
+            lambda err: err.already_exists,
+        )
 
     async def start(self, cls: type[NodeFinalizer] = NodeFinalizer, **options: Any) -> NodeFinalizer:
         client = await ApiClient.from_kubeconfig(str(self.cp.admin_kubeconfig), qps=0, burst=1)
@@ -257,15 +249,8 @@ class Cluster:
                 "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": claim}}],
             },
         }
-        for _ in range(100):  # until kcm made the namespace's default ServiceAccount
-            try:
-                await self.api.create(PODS, body, self.ns)
-                return
-            except ApiError as exc:
-                if exc.status != 403 or "serviceaccount" not in exc.message:
-                    raise
-                await asyncio.sleep(0.1)
-        raise AssertionError(f"no default ServiceAccount in {self.ns}")
+        await default_service_account(self.api, self.ns)
+        await self.api.create(PODS, body, self.ns)
 
     async def delete_pod(self, name: str) -> None:
         """At once, as kcm's pod GC deletes a pod of a Node that is gone (no kubelet confirms)."""
@@ -311,7 +296,9 @@ class Cluster:
             await self.api.delete(CSI_DRIVERS, DRIVER_NAME)
         if self.csidriver_before is not None:
             before = self.csidriver_before
-            await wait_for(lambda: self.gone(CSI_DRIVERS, DRIVER_NAME), 10, "the test's CSIDriver gone")
+            await eventually_async(
+                "the test's CSIDriver gone", lambda: self.gone(CSI_DRIVERS, DRIVER_NAME), 10
+            )
             await self.api.create(CSI_DRIVERS, {"metadata": {"name": DRIVER_NAME}, "spec": before["spec"]})
 
 
@@ -329,8 +316,8 @@ async def test_a_deleted_nodes_volumes_are_cleaned_up_and_the_node_goes(cluster:
     await c.csidriver(attach_required=False)
     await c.start()
     node_a, node_b = await c.node("nf-a"), await c.node("nf-b")
-    await wait_for(lambda: c.has_finalizer(node_a), 20, "the finalizer on node-a")
-    await wait_for(lambda: c.has_finalizer(node_b), 20, "the finalizer on node-b")
+    await eventually_async("the finalizer on node-a", lambda: c.has_finalizer(node_a), 20)
+    await eventually_async("the finalizer on node-b", lambda: c.has_finalizer(node_b), 20)
 
     used = await c.claim("used")  # bound, a pod on node-a uses it
     pv_used = await c.pv("used", [node_a], claim=used)
@@ -347,11 +334,13 @@ async def test_a_deleted_nodes_volumes_are_cleaned_up_and_the_node_goes(cluster:
     actions = ("claim-deleted", "volume-deleted", "volume-retained", "claim-rescheduled")
     before = {a: volumes_cleaned(a) for a in actions}
 
-    await asyncio.sleep(1)  # nothing happens to a live node's volumes
-    assert (await api.get(PERSISTENT_VOLUMES, pv_used))["metadata"].get("deletionTimestamp") is None
+    async def used_pv_kept() -> bool:
+        return (await api.get(PERSISTENT_VOLUMES, pv_used))["metadata"].get("deletionTimestamp") is None
+
+    await consistently_async("a live node's volume left alone", used_pv_kept, 1)
 
     await api.delete(NODES, node_a)
-    await wait_for(lambda: c.gone(NODES, node_a), 30, "node-a gone")
+    await eventually_async("node-a gone", lambda: c.gone(NODES, node_a), 30)
 
     # The claim in use is being deleted (pvc-protection waits for the pod, which kcm's pod GC
     # removes once the Node is gone), its PV deleted with only pv-protection left (kcm lifts it once
@@ -392,7 +381,7 @@ async def test_a_deleted_nodes_volumes_are_cleaned_up_and_the_node_goes(cluster:
             and messages.CLAIM_RESCHEDULED in await c.events(ns, "waiting-a")
         )
 
-    await wait_for(events_written, 10, "the events on the claims, the PVs and the Node")
+    await eventually_async("the events on the claims, the PVs and the Node", events_written, 10)
     for untouched in ((ns, "shared"), ("default", pv_other), (ns, "waiting-b")):
         assert await c.events(*untouched) == set(), untouched
     after = {a: volumes_cleaned(a) - n for a, n in before.items()}
@@ -430,7 +419,7 @@ async def test_a_finalizer_killed_at_any_step_converges_on_restart(cluster: Clus
     reached = asyncio.Event()
     await c.start(dying_at(step, reached))
     node = await c.node("nf-k")
-    await wait_for(lambda: c.has_finalizer(node), 20, "the finalizer on the node")
+    await eventually_async("the finalizer on the node", lambda: c.has_finalizer(node), 20)
     bound = await c.claim("bound")
     pv_bound = await c.pv("bound", [node], claim=bound)
     pv_released = await c.pv("released", [node], claim_uid=str(uuid.uuid4()), phase="Released")
@@ -441,7 +430,7 @@ async def test_a_finalizer_killed_at_any_step_converges_on_restart(cluster: Clus
     assert await c.get(NODES, node) is not None, "the Node waits for its finalizer"
 
     await c.start()
-    await wait_for(lambda: c.gone(NODES, node), 30, "the node gone after the restart")
+    await eventually_async("the node gone after the restart", lambda: c.gone(NODES, node), 30)
     await wait_gone(c, PERSISTENT_VOLUME_CLAIMS, "bound", ns, "the claim gone")
     # The Released PV goes (pv-protection holds only a Bound one); the Bound one is deleted with
     # only pv-protection left, which kcm lifts once the binder marks it Released.
@@ -460,7 +449,7 @@ async def test_nothing_is_cleaned_up_when_told_not_to_or_in_shared_mode(cluster:
     await c.csidriver(attach_required=mode == "shared-mode")
     await c.start(skip_node_finalize=mode == "skip-node-finalize")
     node = await c.node("nf-s")
-    await wait_for(lambda: c.has_finalizer(node), 20, "the finalizer on the node")
+    await eventually_async("the finalizer on the node", lambda: c.has_finalizer(node), 20)
     pinned_to = node
     if mode == "label-mismatch":
         pinned_to = c.name("victim")  # a healthy node's value, named by the deleted node's label
@@ -469,12 +458,12 @@ async def test_nothing_is_cleaned_up_when_told_not_to_or_in_shared_mode(cluster:
     pv_bound = await c.pv("bound", [pinned_to], claim=bound)
 
     await api.delete(NODES, node)
-    await wait_for(lambda: c.gone(NODES, node), 30, "the node gone")
+    await eventually_async("the node gone", lambda: c.gone(NODES, node), 30)
 
     async def explained() -> bool:
         return messages.NODE_FINALIZE_SKIPPED in await c.events("default", node)
 
-    await wait_for(explained, 10, "the Node's event")
+    await eventually_async("the Node's event", explained, 10)
     pv = await api.get(PERSISTENT_VOLUMES, pv_bound)
     assert pv["metadata"].get("deletionTimestamp") is None
     assert (await api.get(PERSISTENT_VOLUME_CLAIMS, "bound", ns))["metadata"].get("deletionTimestamp") is None
@@ -503,14 +492,14 @@ async def test_kill_9_of_the_process_mid_cleanup_converges(cluster: Cluster) -> 
     pvs = [await c.pv(short, [node], claim=await c.claim(short)) for short in shorts]
     proc = await start_process(c, "--kube-api-qps=4", "--kube-api-burst=1")
     try:
-        await wait_for(lambda: c.has_finalizer(node), 30, "the finalizer on the node")
+        await eventually_async("the finalizer on the node", lambda: c.has_finalizer(node), 30)
         await api.delete(NODES, node)
 
         async def one_claim_deleted() -> bool:
             claims = await asyncio.gather(*(c.get(PERSISTENT_VOLUME_CLAIMS, s, ns) for s in shorts))
             return any(claim is None or claim["metadata"].get("deletionTimestamp") for claim in claims)
 
-        await wait_for(one_claim_deleted, 30, "a first claim deleted")
+        await eventually_async("a first claim deleted", one_claim_deleted, 30)
     finally:
         proc.kill()
         await proc.communicate()
@@ -518,7 +507,7 @@ async def test_kill_9_of_the_process_mid_cleanup_converges(cluster: Cluster) -> 
 
     proc = await start_process(c)
     try:
-        await wait_for(lambda: c.gone(NODES, node), 60, "the node gone after the restart")
+        await eventually_async("the node gone after the restart", lambda: c.gone(NODES, node), 60)
     finally:
         proc.send_signal(signal.SIGTERM)
         await proc.communicate()
@@ -546,9 +535,9 @@ async def test_the_process_serves_health_metrics_json_logs_and_stops_on_sigterm(
     )
     try:
         node = await c.node("nf-p")
-        await wait_for(lambda: c.has_finalizer(node), 30, "the finalizer on the node")
+        await eventually_async("the finalizer on the node", lambda: c.has_finalizer(node), 30)
         await api.delete(NODES, node)
-        await wait_for(lambda: c.gone(NODES, node), 30, "the node gone")
+        await eventually_async("the node gone", lambda: c.gone(NODES, node), 30)
         async with aiohttp.ClientSession() as http:
             async with http.get(f"http://127.0.0.1:{port}/readyz") as rsp:
                 assert rsp.status == 200, await rsp.text()
@@ -576,7 +565,7 @@ async def test_a_stale_cached_node_is_never_finalized(cluster: Cluster) -> None:
     await c.csidriver(attach_required=False)
     finalizer = await c.start()
     node = await c.node("nf-l")
-    await wait_for(lambda: c.has_finalizer(node), 20, "the finalizer on the node")
+    await eventually_async("the finalizer on the node", lambda: c.has_finalizer(node), 20)
     live = await api.get(NODES, node)
     deleting = copy.deepcopy(live)
     deleting["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"

@@ -23,9 +23,10 @@ from controller_runtime.toolchain import REPO_ROOT
 from csi_driver import DRIVER_NAME, TOPOLOGY_KEY
 from external_provisioner import names
 from localstack.controlplane import ControlPlane
+from tests.support.waits import consistently_async, eventually_async, no_problems
 
-from .test_provisioner_support import create_topology_node, harness, kubectl, wait_for
-from .test_pv_controller_interop import create_pod, force_delete_pods
+from .pods import create_pod, force_delete_pods
+from .provisioner_harness import create_topology_node, harness, kubectl
 
 pytestmark = pytest.mark.integration
 
@@ -77,7 +78,7 @@ async def test_default_class_binds_a_new_volume_and_deleting_the_claim_deletes_i
                     problems.append("backing file still there")
                 return problems
 
-            assert not await wait_for(gone, 20), h.log_tail()
+            await eventually_async("gone", gone, 20, satisfied=no_problems, context=h.log_tail)
         finally:
             with contextlib.suppress(ApiError):
                 await kubectl(control_plane, "delete", "-f", str(REPO_ROOT / "deploy/storageclasses.yaml"))
@@ -115,9 +116,13 @@ async def test_block_and_filesystem_mount_options_fstype_and_retain(
                 if p.get("status", {}).get("phase") != "Released"
             ]
 
-        assert not await wait_for(released, 20)
-        await asyncio.sleep(1)  # the provisioner had every chance to (wrongly) delete them
-        assert len(await h.pvs()) == 2
+        await eventually_async("released", released, 20, satisfied=no_problems)
+
+        async def both_kept() -> int:
+            return len(await h.pvs())
+
+        # The provisioner has every chance to (wrongly) delete them.
+        await consistently_async("the two Released PVs kept", both_kept, 1, satisfied=lambda n: n == 2)
         await h.assert_files_equal_pvs(timeout=0)
 
 
@@ -132,8 +137,9 @@ async def test_wait_for_first_consumer_follows_the_scheduler(
                 "wffc", volumeBindingMode="WaitForFirstConsumer", allowVolumeExpansion=True
             )
             await h.create_pvc("data", "16Mi", cls)
-            await asyncio.sleep(1)
-            assert not await h.pvs(), "provisioned before a consumer existed"
+            await consistently_async(
+                "nothing provisioned before a consumer exists", h.pvs, 1, satisfied=no_problems
+            )
             await create_pod(api, namespace, "app", "data")
             pv = (await h.bound("data", timeout=60))["data"]
             terms = pv["spec"]["nodeAffinity"]["required"]["nodeSelectorTerms"]
@@ -193,10 +199,7 @@ async def test_wait_for_first_consumer_follows_the_scheduler(
                 try:
                     await asyncio.sleep(0.5)
                     later = await h.create_class("wffc-later", volumeBindingMode="WaitForFirstConsumer")
-                    deadline = asyncio.get_running_loop().time() + 10
-                    while not await mine(later):
-                        assert asyncio.get_running_loop().time() < deadline, "no object for the new class"
-                        await asyncio.sleep(0.2)
+                    await eventually_async("an object for the new class", lambda: mine(later), 10, 0.2)
                 finally:
                     publishing.cancel()
             finally:
@@ -240,5 +243,5 @@ async def test_clone_copies_the_source_and_a_missing_node_reschedules(
             ann = (claim or {}).get("metadata", {}).get("annotations") or {}
             return [f"still selected: {ann}"] if storage.ANN_SELECTED_NODE in ann else []
 
-        assert not await wait_for(unselected, 20), h.log_tail()
+        await eventually_async("unselected", unselected, 20, satisfied=no_problems, context=h.log_tail)
         await h.assert_files_equal_pvs()

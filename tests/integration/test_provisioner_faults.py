@@ -15,8 +15,9 @@ from controller_runtime.client import ApiClient
 from controller_runtime.resources import CSI_NODES, NODES, PERSISTENT_VOLUME_CLAIMS
 from external_provisioner import failpoints
 from localstack.controlplane import ControlPlane
+from tests.support.waits import eventually_async, no_problems
 
-from .test_provisioner_support import create_topology_node, harness, wait_for
+from .provisioner_harness import create_topology_node, harness
 
 pytestmark = pytest.mark.integration
 
@@ -56,7 +57,7 @@ async def test_sigkill_at_each_step_then_claim_deleted_leaks_nothing(
             left = [p["metadata"]["name"] for p in await h.pvs() if p["spec"]["claimRef"]["name"] == "doomed"]
             return [f"PV of the deleted claim still there: {left}"] if left else []
 
-        assert not await wait_for(doomed_gone, 30), h.log_tail()
+        await eventually_async("doomed gone", doomed_gone, 30, satisfied=no_problems, context=h.log_tail)
         await h.assert_files_equal_pvs()
         assert len(h.backing_files()) == 1
         journal = h.root / "provisioner" / "provisioning"
@@ -120,7 +121,7 @@ async def test_pool_full_fails_and_a_selected_node_is_given_back(
                 ann = (claim or {}).get("metadata", {}).get("annotations") or {}
                 return [f"still selected: {ann}"] if storage.ANN_SELECTED_NODE in ann else []
 
-            assert not await wait_for(given_back, 20), h.log_tail()
+            await eventually_async("given back", given_back, 20, satisfied=no_problems, context=h.log_tail)
             await h.create_pvc("fits", "32Mi", cls)
             await h.bound("fits")
             await h.assert_files_equal_pvs()

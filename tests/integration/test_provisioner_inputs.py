@@ -16,8 +16,9 @@ from controller_runtime.resources import CSI_NODES, EVENTS, NODES, PERSISTENT_VO
 from controller_runtime.secrets import NOT_UTF8
 from csi_driver import TOPOLOGY_KEY
 from localstack.controlplane import ControlPlane
+from tests.support.waits import eventually_async, no_problems
 
-from .test_provisioner_support import create_topology_node, harness, wait_for
+from .provisioner_harness import create_topology_node, harness
 
 pytestmark = pytest.mark.integration
 
@@ -104,14 +105,14 @@ async def test_a_secret_that_is_not_utf8_fails_with_an_event(
             ]
             return [] if NOT_UTF8 in found else [f"no VolumeFailedDelete for {name}: {found}"]
 
-        assert not await wait_for(failed_delete, 20), h.log_tail()
+        await eventually_async("failed delete", failed_delete, 20, satisfied=no_problems, context=h.log_tail)
         assert await h.pv(name) is not None and h.backing_files()
         await api.patch(SECRETS, "creds", {"data": {"key": plain}}, namespace)
 
         async def deleted() -> list[str]:
             return [f"{name} still there"] if await h.pv(name) is not None else []
 
-        assert not await wait_for(deleted, 20), h.log_tail()
+        await eventually_async("deleted", deleted, 20, satisfied=no_problems, context=h.log_tail)
         await h.assert_files_equal_pvs()
 
 
@@ -135,7 +136,7 @@ async def test_a_selected_node_name_with_url_syntax_names_no_node(
                 ann = (claim or {}).get("metadata", {}).get("annotations") or {}
                 return [f"still selected: {ann}"] if storage.ANN_SELECTED_NODE in ann else []
 
-            assert not await wait_for(unselected, 20), h.log_tail()
+            await eventually_async("unselected", unselected, 20, satisfied=no_problems, context=h.log_tail)
             await h.assert_files_equal_pvs()
     finally:
         for res in (CSI_NODES, NODES):

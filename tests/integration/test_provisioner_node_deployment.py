@@ -45,8 +45,9 @@ from external_provisioner import names
 from localstack.controlplane import ControlPlane
 from localstack.proc import free_ports
 from tests.csi.conftest import Driver
+from tests.support.waits import consistently_async, eventually_async, no_problems
 
-from .test_provisioner_support import IDENTITY, Harness, create_topology_node, kubectl, wait_for
+from .provisioner_harness import IDENTITY, Harness, create_topology_node, kubectl
 
 pytestmark = pytest.mark.integration
 
@@ -109,7 +110,7 @@ class NodeSide:
                         return []
             return ["not ready"]
 
-        assert not await wait_for(ready, timeout, 0.1), self.log_tail()
+        await eventually_async("ready", ready, timeout, 0.1, satisfied=no_problems, context=self.log_tail)
 
     async def kill(self) -> None:
         assert self.proc is not None
@@ -243,11 +244,17 @@ async def test_a_scheduled_claim_is_provisioned_by_its_node_alone(
 
         # A claim selected for a node no provisioner runs on stays Pending, silently.
         await h.create_pvc("elsewhere", "16Mi", cls, annotations={storage.ANN_SELECTED_NODE: "nowhere"})
-        await asyncio.sleep(1.5)
-        claim = await h.pvc("elsewhere")
-        assert claim is not None and claim["status"]["phase"] == "Pending"
         ours = (names.PROVISIONING, storage.PROVISIONING_FAILED)
-        assert not [e for e in await h.events("elsewhere") if e[0] in ours]
+
+        async def silent() -> list[str]:
+            claim = await h.pvc("elsewhere")
+            phase = claim["status"]["phase"] if claim is not None else None
+            said = [e for e in await h.events("elsewhere") if e[0] in ours]
+            return ([f"phase {phase}"] if phase != "Pending" else []) + [f"event {e}" for e in said]
+
+        await consistently_async(
+            "the claim for node nowhere Pending, silently", silent, 1.5, satisfied=no_problems
+        )
 
 
 async def test_a_clone_scheduled_away_from_its_source_is_given_back_to_the_scheduler(
@@ -275,9 +282,11 @@ async def test_a_clone_scheduled_away_from_its_source_is_given_back_to_the_sched
             selected = ((claim or {}).get("metadata", {}).get("annotations") or {}).get(
                 storage.ANN_SELECTED_NODE
             )
-            return [f"selected-node is still {selected}"] if selected else []
+            return (
+                [f"selected-node is still {selected}; events: {await h.events('copy')}"] if selected else []
+            )
 
-        assert not await wait_for(given_back, 20, 0.1), await h.events("copy")
+        await eventually_async("the selected node given back", given_back, 20, 0.1, satisfied=no_problems)
         await api.patch(
             PERSISTENT_VOLUME_CLAIMS,
             "copy",
@@ -359,7 +368,7 @@ async def test_a_provisioner_killed_during_an_election_burst_converges(
                 return [f"pools a {sorted(on_a)} b {sorted(on_b)} != PVs {sorted(handles)}"]
             return []
 
-        assert not await wait_for(exact, 20), a.log_tail()
+        await eventually_async("exact", exact, 20, satisfied=no_problems, context=a.log_tail)
 
 
 async def test_a_node_without_room_leaves_immediate_claims_to_one_with_room(
@@ -411,7 +420,9 @@ async def test_a_class_naming_a_pool_kind_no_node_has_says_so_on_the_class(
             }
             return [] if len(found) == 2 and all("tape" in m for m in found) else [f"events {sorted(found)}"]
 
-        assert not await wait_for(warned, 20), a.log_tail() + b.log_tail()
+        await eventually_async(
+            "warned", warned, 20, satisfied=no_problems, context=lambda: a.log_tail() + b.log_tail()
+        )
         published = (await api.list_page(CSI_STORAGE_CAPACITIES, namespace))["items"]
         assert {o["storageClassName"] for o in published} == {good}
         assert {o["capacity"] for o in published} == {"64Mi"}
@@ -435,11 +446,20 @@ async def test_a_volume_is_deleted_by_its_own_node_only(
             phase = ((await h.pv(name)) or {}).get("status", {}).get("phase")
             return [] if phase == "Released" else [f"PV {name}: {phase}"]
 
-        assert not await wait_for(released, 20)
-        await asyncio.sleep(1.5)
-        assert await h.pv(name) is not None and a.backing_files() == {handle}
-        assert await b.calls(DELETE_VOLUME) == 0
-        assert not [e for e in await h.events(name) if e[0] == storage.VOLUME_FAILED_DELETE]
+        await eventually_async("released", released, 20, satisfied=no_problems)
+
+        async def left_alone() -> list[str]:
+            problems = [] if await h.pv(name) is not None else [f"PV {name} gone"]
+            if a.backing_files() != {handle}:
+                problems.append(f"node a's files {a.backing_files()}")
+            if deletes := await b.calls(DELETE_VOLUME):
+                problems.append(f"{deletes} DeleteVolume calls on node b")
+            failed = [e for e in await h.events(name) if e[0] == storage.VOLUME_FAILED_DELETE]
+            return problems + [f"event {e}" for e in failed]
+
+        await consistently_async(
+            "the Released PV left alone by node b", left_alone, 1.5, satisfied=no_problems
+        )
 
         # Node a's provisioner back: its volume goes, PV and backing file.
         await a.start()
@@ -448,7 +468,7 @@ async def test_a_volume_is_deleted_by_its_own_node_only(
             problems = [] if await h.pv(name) is None else [f"PV {name} still there"]
             return problems + ([f"backing file {handle} still there"] if a.backing_files() else [])
 
-        assert not await wait_for(gone, 30), a.log_tail()
+        await eventually_async("gone", gone, 30, satisfied=no_problems, context=a.log_tail)
         # (DeleteVolume may be repeated by a sync that saw the PV before its finalizer went: idempotent.)
         assert await a.calls(DELETE_VOLUME) >= 1 and await b.calls(DELETE_VOLUME) == 0
 
@@ -468,7 +488,7 @@ async def test_each_node_publishes_its_own_capacity_owned_by_its_pod_or_by_nobod
                 return [exc.message]
             return []
 
-        assert not await wait_for(account, 20)
+        await eventually_async("account", account, 20, satisfied=no_problems)
         pod = await api.create(
             PODS,
             {
@@ -500,7 +520,9 @@ async def test_each_node_publishes_its_own_capacity_owned_by_its_pod_or_by_nobod
             wanted = {f"external-provisioner-{s.name}" for s in (a, b)}
             return [] if set(found) == wanted else [f"managed-by {sorted(found)}"]
 
-        assert not await wait_for(both, 20), a.log_tail() + b.log_tail()
+        await eventually_async(
+            "both", both, 20, satisfied=no_problems, context=lambda: a.log_tail() + b.log_tail()
+        )
         found = await objects()
         for side in (a, b):
             obj = found[f"external-provisioner-{side.name}"]
@@ -520,10 +542,15 @@ async def test_each_node_publishes_its_own_capacity_owned_by_its_pod_or_by_nobod
         ]
         assert "ownerReferences" not in found[f"external-provisioner-{b.name}"]["metadata"]
         assert found[f"external-provisioner-{b.name}"]["capacity"] == "64Mi"
-        await asyncio.sleep(2.5)  # a few polls: still one object per node, not a new one each time
-        assert {k: v["metadata"]["uid"] for k, v in (await objects()).items()} == {
-            k: v["metadata"]["uid"] for k, v in found.items()
-        }
+        uids = {k: v["metadata"]["uid"] for k, v in found.items()}
+
+        async def same_objects() -> dict[str, str]:
+            return {k: v["metadata"]["uid"] for k, v in (await objects()).items()}
+
+        # A few polls: still one object per node, not a new one each time.
+        await consistently_async(
+            "one object per node", same_objects, 2.5, 0.2, satisfied=lambda now: now == uids
+        )
 
         # A volume made on node b is taken off its published capacity at once, not at the next poll
         # (upstream's provision wrapper), so the scheduler does not send claims to a full pool.
@@ -534,7 +561,7 @@ async def test_each_node_publishes_its_own_capacity_owned_by_its_pod_or_by_nobod
             left = (await objects())[f"external-provisioner-{b.name}"]["capacity"]
             return [] if left == "48Mi" else [f"node b publishes {left}"]
 
-        assert not await wait_for(shrunk, 10), b.log_tail()
+        await eventually_async("shrunk", shrunk, 10, satisfied=no_problems, context=b.log_tail)
 
         # The pod's objects go with it (the garbage collector), node b's stay.
         await a.stop()
@@ -544,7 +571,7 @@ async def test_each_node_publishes_its_own_capacity_owned_by_its_pod_or_by_nobod
             left = set(await objects())
             return [] if left == {f"external-provisioner-{b.name}"} else [f"left {sorted(left)}"]
 
-        assert not await wait_for(collected, 30)
+        await eventually_async("collected", collected, 30, satisfied=no_problems)
 
 
 async def test_node_deployment_refuses_to_start_without_its_node_or_its_pod(

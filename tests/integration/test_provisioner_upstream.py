@@ -6,7 +6,6 @@ vanished secret, and a static CSI PV with policy Delete deleted in the backend."
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import contextlib
 import signal
@@ -28,8 +27,9 @@ from csi_driver import DRIVER_NAME
 from external_provisioner import names
 from kubeloop_grpc.csi import csi_pb2
 from localstack.controlplane import ControlPlane
+from tests.support.waits import consistently_async, eventually_async, no_problems
 
-from .test_provisioner_support import Harness, harness, kubectl, wait_for
+from .provisioner_harness import Harness, harness, kubectl
 
 pytestmark = pytest.mark.integration
 
@@ -106,10 +106,14 @@ async def test_a_clone_source_keeps_its_protection_while_a_clone_is_pending_even
         )
 
         await api.delete(PERSISTENT_VOLUME_CLAIMS, "source", namespace)
-        await asyncio.sleep(3)  # many backoff rounds (--retry-interval-max=1s)
-        src = await h.pvc("source")
-        assert src is not None and src["metadata"].get("deletionTimestamp"), "the source must be Terminating"
-        assert names.CLONE_FINALIZER in await source_finalizers(), "a Pending clone holds the source"
+
+        async def source_held() -> bool:
+            src = await h.pvc("source")
+            terminating = src is not None and bool(src["metadata"].get("deletionTimestamp"))
+            return terminating and names.CLONE_FINALIZER in await source_finalizers()
+
+        # Many backoff rounds (--retry-interval-max=1s).
+        await consistently_async("the Terminating source held by its Pending clone", source_held, 3, 0.2)
 
         # SIGKILL, then the Pending clone goes while nothing runs: the restart releases the source.
         assert h.proc is not None
@@ -122,7 +126,7 @@ async def test_a_clone_source_keeps_its_protection_while_a_clone_is_pending_even
             left = await source_finalizers()
             return [f"source finalizers {left}"] if names.CLONE_FINALIZER in left else []
 
-        assert not await wait_for(released, 20), h.log_tail()
+        await eventually_async("released", released, 20, satisfied=no_problems, context=h.log_tail)
         await h.assert_files_equal_pvs()
 
 
@@ -205,9 +209,11 @@ async def test_a_restore_protects_its_snapshot_while_a_claim_restores_from_it(
             # A restore that cannot finish keeps the snapshot protected, sweep after sweep...
             await h.create_pvc("stuck", "8Mi", locked, data_source=RESTORE_OF_SNAP)
             await h.wait_event("stuck", storage.PROVISIONING_FAILED, 'secrets "missing" not found')
-            assert names.SNAPSHOT_FINALIZER in await snapshot_finalizers()
-            await asyncio.sleep(3)
-            assert names.SNAPSHOT_FINALIZER in await snapshot_finalizers()
+
+            async def protected() -> bool:
+                return names.SNAPSHOT_FINALIZER in await snapshot_finalizers()
+
+            await consistently_async("the snapshot protected while its restore fails", protected, 3, 0.2)
             # ... and once it is gone, the sweep releases the snapshot.
             await api.delete(PERSISTENT_VOLUME_CLAIMS, "stuck", namespace)
 
@@ -215,7 +221,7 @@ async def test_a_restore_protects_its_snapshot_while_a_claim_restores_from_it(
                 left = await snapshot_finalizers()
                 return [f"snapshot finalizers {left}"] if names.SNAPSHOT_FINALIZER in left else []
 
-            assert not await wait_for(released, 20), h.log_tail()
+            await eventually_async("released", released, 20, satisfied=no_problems, context=h.log_tail)
             await h.assert_files_equal_pvs()
         finally:
             await h.stop_provisioner()
@@ -297,7 +303,7 @@ async def test_the_pv_records_its_deletion_secret_and_deletion_survives_its_loss
             left = [n for n in (p["metadata"]["name"] for p in pvs.values()) if await h.pv(n) is not None]
             return [f"PVs left: {left}"] if left else []
 
-        assert not await wait_for(gone, 20), h.log_tail()
+        await eventually_async("gone", gone, 20, satisfied=no_problems, context=h.log_tail)
         await h.assert_files_equal_pvs()
 
 
@@ -345,7 +351,7 @@ async def test_a_static_csi_pv_with_policy_delete_is_deleted_in_the_backend(
             return [] if names.PV_FINALIZER in fins else [f"finalizers {fins}"]
 
         # Bound with policy Delete: the provisioner takes it under its protection, as upstream.
-        assert not await wait_for(finalized, 20), h.log_tail()
+        await eventually_async("finalized", finalized, 20, satisfied=no_problems, context=h.log_tail)
 
         await api.delete(PERSISTENT_VOLUME_CLAIMS, "static", namespace)
 
@@ -357,4 +363,4 @@ async def test_a_static_csi_pv_with_policy_delete_is_deleted_in_the_backend(
                 problems.append("backing file still there")
             return problems
 
-        assert not await wait_for(deleted, 20), h.log_tail()
+        await eventually_async("deleted", deleted, 20, satisfied=no_problems, context=h.log_tail)

@@ -18,8 +18,9 @@ from controller_runtime.resources import PERSISTENT_VOLUME_CLAIMS, PERSISTENT_VO
 from localstack.controlplane import ControlPlane
 from services.pv_controller import names
 from services.pv_controller.controller import PVController
+from tests.support.waits import consistently_async, eventually_async, no_problems
 
-from .test_pv_controller_support import (
+from .pv_controller_harness import (
     ANY,
     BIND_COMPLETED,
     BOUND_BY_CONTROLLER,
@@ -34,7 +35,6 @@ from .test_pv_controller_support import (
     WantPV,
     WantPVC,
     harness,
-    wait_for,
 )
 
 pytestmark = pytest.mark.integration
@@ -577,8 +577,8 @@ async def test_concurrent_workers_never_bind_a_volume_twice(
             n = sum(1 for c in claims if c.get("status", {}).get("phase") == "Bound")
             return [] if n == 12 else [f"{n} bound"]
 
-        assert not await wait_for(bound_count, 30)
-        await asyncio.sleep(1.0)
+        await eventually_async("twelve claims bound", bound_count, 30, satisfied=no_problems)
+        await consistently_async("twelve claims still bound", bound_count, 1.0, satisfied=no_problems)
         claims = (await api.list_page(PERSISTENT_VOLUME_CLAIMS, namespace))["items"]
         pvs = [
             p
@@ -634,7 +634,7 @@ async def test_a_claim_is_never_bound_before_its_volume(
             claims = (await api.list_page(PERSISTENT_VOLUME_CLAIMS, namespace))["items"]
             return [c["metadata"]["name"] for c in claims if c.get("status", {}).get("phase") != "Bound"]
 
-        assert not await wait_for(unbound, 30)
+        await eventually_async("unbound", unbound, 30, satisfied=no_problems)
         assert sorted(log[:2]) == ["claim volumeName", "volume phase failed"], log
         assert log[2:] == ["claim Bound after volume Bound"], log
 
@@ -684,7 +684,7 @@ async def test_binds_in_flight_are_bounded(
             claims = (await api.list_page(PERSISTENT_VOLUME_CLAIMS, namespace))["items"]
             return [c["metadata"]["name"] for c in claims if c.get("status", {}).get("phase") != "Bound"]
 
-        assert not await wait_for(unbound, 30)
+        await eventually_async("unbound", unbound, 30, satisfied=no_problems)
         assert peak == binds_in_flight
 
 
@@ -699,10 +699,17 @@ async def test_a_lost_claim_is_left_alone_until_its_volume_returns(
         claim["status"] = {"phase": "Lost", "accessModes": list(RWO), "capacity": {"storage": "1Gi"}}
         claim = await api.update_status(PERSISTENT_VOLUME_CLAIMS, claim)
         await h.start(resync=0.5)
-        await asyncio.sleep(2.5)  # several resyncs
-        still = await h.pvc("data")
-        assert still["metadata"]["resourceVersion"] == claim["metadata"]["resourceVersion"], still["status"]
-        assert [e for e in await h.events() if e[0] == "data"] == []
+
+        async def left_alone() -> list[str]:
+            still = await h.pvc("data")
+            written = still["metadata"]["resourceVersion"] != claim["metadata"]["resourceVersion"]
+            events = [e for e in await h.events() if e[0] == "data"]
+            return ([f"status written: {still['status']}"] if written else []) + [
+                f"event {e}" for e in events
+            ]
+
+        # Several resyncs.
+        await consistently_async("the Lost claim left alone", left_alone, 2.5, 0.2, satisfied=no_problems)
         # No status of its own: with the controller running, writing one races the controller's
         # (409); the controller makes the new volume Available itself.
         await h.create_pv(PV("gone"))

@@ -27,34 +27,16 @@ from localstack.certs import service_account_identity
 from localstack.controlplane import ControlPlane
 from localstack.proc import free_ports
 from services.pv_controller import names
+from tests.support.waits import eventually_async, no_problems
 
-from .test_pv_controller_support import PV, PVC, SC, Case, Harness, WantEvent, WantPVC, harness, wait_for
+from .pods import create_pod, force_delete_pods
+from .pv_controller_harness import PV, PVC, SC, Case, Harness, WantEvent, WantPVC, harness
 
 pytestmark = pytest.mark.integration
 
 
 HOSTNAME = "kubernetes.io/hostname"
 SERVICE_ACCOUNTS = Resource("", "v1", "serviceaccounts", "ServiceAccount", True)
-
-
-async def create_pod(api: ApiClient, namespace: str, name: str, claim: str, scheduler: str = "") -> Obj:
-    """Creates the pod once the namespace's default ServiceAccount exists (kcm makes it shortly
-    after the namespace; admission refuses pods before that)."""
-
-    async def no_account() -> list[str]:
-        try:
-            await api.get(SERVICE_ACCOUNTS, "default", namespace)
-        except ApiError as exc:
-            if exc.not_found:
-                return ["no default ServiceAccount yet"]
-            raise
-        return []
-
-    assert not await wait_for(no_account, 30)
-    body = pod(name, claim)
-    if scheduler:
-        body["spec"]["schedulerName"] = scheduler
-    return await api.create(PODS, body, namespace)
 
 
 async def create_ready_node(api: ApiClient, name: str) -> Obj:
@@ -78,35 +60,6 @@ async def create_ready_node(api: ApiClient, name: str) -> Obj:
                 raise
             node = await api.get(NODES, name)
     raise AssertionError(f"could not set the status of node {name}")
-
-
-def pod(name: str, claim: str) -> Obj:
-    """A pod of the claim. It tolerates the taints of a node without a kubelet: admission makes a
-    new Node not-ready and kcm's node lifecycle controller lifts that once it reads the Ready
-    status, but calls it unreachable when no heartbeat (Lease) follows within its grace period. On
-    a busy machine the scheduler could meet either taint and leave the pod, and its claim, waiting."""
-    return {
-        "metadata": {"name": name},
-        "spec": {
-            "containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10"}],
-            "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": claim}}],
-            "terminationGracePeriodSeconds": 0,
-            "tolerations": [
-                {"key": "node.kubernetes.io/not-ready", "operator": "Exists"},
-                {"key": "node.kubernetes.io/unreachable", "operator": "Exists"},
-            ],
-        },
-    }
-
-
-async def force_delete_pods(api: ApiClient, namespace: str) -> None:
-    for p in (await api.list_page(PODS, namespace))["items"]:
-        with contextlib.suppress(ApiError):
-            await api.request(
-                "DELETE",
-                PODS.path(namespace, p["metadata"]["name"]),
-                body={"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0},
-            )
 
 
 async def test_scheduler_prebinds_a_static_volume_and_the_pod_is_scheduled(
@@ -154,7 +107,7 @@ async def test_scheduler_prebinds_a_static_volume_and_the_pod_is_scheduled(
                     problems.append(f"claim {claim['status'].get('phase')} {claim['spec'].get('volumeName')}")
                 return problems
 
-            assert not await wait_for(scheduled, 60)
+            await eventually_async("scheduled", scheduled, 60, satisfied=no_problems)
             bound = await h.pv("local")
             assert bound is not None and bound["status"]["phase"] == "Bound"
             assert bound["spec"]["claimRef"]["uid"] == h.uids["data"]
@@ -301,7 +254,9 @@ async def test_sigkill_mid_binding_then_restart_converges(
                 n = sum(1 for c in claims if c["status"].get("phase") == "Bound")
                 return [] if n >= 20 else [f"{n} bound"]
 
-            assert not await wait_for(some_bound, 60), log.read_text()[-3000:]
+            await eventually_async(
+                "some bound", some_bound, 60, satisfied=no_problems, context=lambda: log.read_text()[-3000:]
+            )
             async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{port}/healthz") as r:
                 assert r.status == 200
         finally:
@@ -318,7 +273,9 @@ async def test_sigkill_mid_binding_then_restart_converges(
                 n = sum(1 for c in claims if c["status"].get("phase") == "Bound")
                 return [] if n == CLAIMS else [f"{n} bound"]
 
-            assert not await wait_for(all_bound, 90), log.read_text()[-3000:]
+            await eventually_async(
+                "all bound", all_bound, 90, satisfied=no_problems, context=lambda: log.read_text()[-3000:]
+            )
         finally:
             proc.send_signal(signal.SIGTERM)
             assert await asyncio.wait_for(proc.wait(), 15) == 0

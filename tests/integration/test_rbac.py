@@ -13,7 +13,7 @@ from controller_runtime.toolchain import REPO_ROOT
 from localstack.controlplane import ControlPlane
 from localstack.snapshotter import snapshot_crds, snapshot_metadata_crd
 
-from .test_provisioner_support import kubectl
+from .provisioner_harness import kubectl
 
 pytestmark = pytest.mark.integration
 

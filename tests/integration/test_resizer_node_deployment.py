@@ -27,8 +27,9 @@ from external_resizer.controller import Options, Resizer
 from kubeloop_grpc.csi import csi_pb2
 from localstack.controlplane import ControlPlane
 from tests.csi.conftest import Driver
+from tests.support.waits import consistently_async, eventually_async, no_problems
 
-from .test_external_resizer import Recording, rwo_volume, wait_for
+from .resizer_setup import Recording, rwo_volume
 
 pytestmark = pytest.mark.integration
 
@@ -79,7 +80,7 @@ class Nodes:
         async def synced() -> bool:
             return resizer.synced
 
-        await wait_for(synced, 30, f"the resizer of {name} synced")
+        await eventually_async(f"the resizer of {name} synced", synced, 30)
         return csi
 
     async def volume(self, csi: Recording, name: str) -> str:
@@ -175,17 +176,26 @@ async def test_only_the_volumes_node_expands_it(machines: Nodes) -> None:
     handle = await m.volume(csi_b, "grow")
     pv = await m.bound_claim("grow", handle, node_b)
 
-    await asyncio.sleep(2)  # several syncs' worth: node-b's labels do not satisfy the PV yet
-    assert csi_a.expands == [] and csi_b.expands == []
-    assert (await api.get(PERSISTENT_VOLUMES, pv))["spec"]["capacity"] == {"storage": "16Mi"}
-    assert await m.events("grow") == []
+    async def not_grown() -> list[str]:
+        capacity = (await api.get(PERSISTENT_VOLUMES, pv))["spec"]["capacity"]
+        events = await m.events("grow")
+        problems = (
+            [f"ControllerExpandVolume {csi_a.expands} {csi_b.expands}"]
+            if csi_a.expands or csi_b.expands
+            else []
+        )
+        problems += [f"capacity {capacity}"] if capacity != {"storage": "16Mi"} else []
+        return problems + ([f"events {events}"] if events else [])
+
+    # Several syncs' worth: node-b's labels do not satisfy the PV yet.
+    await consistently_async("the volume not grown by either node", not_grown, 2, 0.2, satisfied=no_problems)
 
     await api.patch(NODES, node_b, {"metadata": {"labels": {TOPOLOGY_KEY: node_b}}})
 
     async def grown() -> bool:
         return bool((await api.get(PERSISTENT_VOLUMES, pv))["spec"]["capacity"] == {"storage": "32Mi"})
 
-    await wait_for(grown, 30, "the PV grown to 32Mi by node-b's resizer")
+    await eventually_async("the PV grown to 32Mi by node-b's resizer", grown, 30)
     assert [r.volume_id for r in csi_b.expands] == [handle]
     assert csi_a.expands == []
     events = await m.events("grow")

@@ -21,7 +21,7 @@ from localstack.controlplane import ControlPlane
 from localstack.snapshotter import snapshot_metadata_crd
 from snapshot_metadata_setup.service import SNAPSHOT_METADATA_SERVICES
 
-from .test_provisioner_support import kubectl
+from .provisioner_harness import kubectl
 
 pytestmark = pytest.mark.integration
 ADDRESS = "kubeloop-snapshot-metadata.kube-system:6443"

@@ -18,11 +18,12 @@ from csi_driver import DRIVER_NAME
 from external_provisioner import names
 from localstack.certs import service_account_identity
 from localstack.controlplane import ControlPlane
-from tests.unit.test_upstream_rbac import storage_csi
+from tests.support.upstream_rbac import storage_csi
+from tests.support.waits import eventually_async
 
-from . import test_external_resizer as resizer
-from .test_external_attacher import FINALIZER, Setup, get, setup, wait_for
-from .test_provisioner_support import harness, kubectl
+from . import resizer_setup as resizer
+from .attacher_setup import FINALIZER, Setup, get, setup
+from .provisioner_harness import harness, kubectl
 
 pytestmark = pytest.mark.integration
 __all__ = ["setup"]  # the fixture
@@ -63,7 +64,7 @@ async def test_the_attacher_attaches_and_detaches_under_upstreams_rbac(setup: Se
         assert not status.get("attachError"), status["attachError"]
         return bool(status.get("attached"))
 
-    await wait_for(attached, 20, "the VolumeAttachment attached")
+    await eventually_async("the VolumeAttachment attached", attached, 20)
     va = await api.get(VOLUME_ATTACHMENTS, name)
     assert va["metadata"]["finalizers"] == [FINALIZER]
     assert FINALIZER in (await api.get(PERSISTENT_VOLUMES, s.pv))["metadata"]["finalizers"]
@@ -76,14 +77,14 @@ async def test_the_attacher_attaches_and_detaches_under_upstreams_rbac(setup: Se
         assert not ((va or {}).get("status") or {}).get("detachError"), va
         return va is None
 
-    await wait_for(va_gone, 20, "the VolumeAttachment detached and gone")
+    await eventually_async("the VolumeAttachment detached and gone", va_gone, 20)
     assert await s.published(csi, handle) == []
     await api.delete(PERSISTENT_VOLUMES, s.pv)
 
     async def pv_gone() -> bool:
         return await get(api, PERSISTENT_VOLUMES, s.pv) is None
 
-    await wait_for(pv_gone, 20, "the PV's attacher finalizer removed once it is being deleted")
+    await eventually_async("the PV's attacher finalizer removed once it is being deleted", pv_gone, 20)
 
 
 async def test_the_resizer_expands_under_upstreams_rbac(resizing: resizer.Setup) -> None:
@@ -102,12 +103,12 @@ async def test_the_resizer_expands_under_upstreams_rbac(resizing: resizer.Setup)
             and (claim.get("status") or {}).get("allocatedResources") == {"storage": "32Mi"}
         )
 
-    await resizer.wait_for(grown, 30, "the PV grown to 32Mi and the claim's status patched")
+    await eventually_async("the PV grown to 32Mi and the claim's status patched", grown, 30)
 
     async def recorded() -> bool:
         return "Resizing" in [reason for reason, _ in await s.events("upstream")]
 
-    await resizer.wait_for(recorded, 20, "the Resizing Event, a core v1 Event")
+    await eventually_async("the Resizing Event, a core v1 Event", recorded, 20)
 
 
 async def test_the_provisioner_provisions_and_clones_under_upstreams_rbac(
@@ -137,5 +138,5 @@ async def test_the_provisioner_provisions_and_clones_under_upstreams_rbac(
             claim = await h.pvc("source") or {}
             return names.CLONE_FINALIZER not in (claim.get("metadata", {}).get("finalizers") or [])
 
-        await resizer.wait_for(protection_dropped, 20, "the source's cloning protection taken off")
+        await eventually_async("the source's cloning protection taken off", protection_dropped, 20)
         assert "forbidden" not in h.log_tail(), h.log_tail()

@@ -28,6 +28,7 @@ from controller_runtime.resources import Obj, Resource, name_of
 from localstack import certs
 from localstack.controlplane import ControlPlane
 from localstack.proc import client_ssl_context, free_ports
+from tests.support.waits import eventually_async, no_problems
 
 pytestmark = pytest.mark.integration
 
@@ -191,15 +192,12 @@ def cached(informer: SharedInformer) -> dict[str, str]:
 
 
 async def converged(api: ApiClient, informer: SharedInformer, namespace: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
+    async def missed() -> list[str]:
         want = await fresh(api, namespace)
-        if cached(informer) == want:
-            return
-        assert time.monotonic() < deadline, (
-            f"the cache missed updates: cached {cached(informer)}, listed {want}"
-        )
-        await asyncio.sleep(0.1)
+        now = cached(informer)
+        return [] if now == want else [f"cached {now}, listed {want}"]
+
+    await eventually_async("the cache to hold every update", missed, timeout, satisfied=no_problems)
 
 
 async def churn(api: ApiClient, namespace: str, tag: str) -> None:
@@ -225,11 +223,10 @@ async def informer_through(proxy: FaultProxy, namespace: str) -> AsyncIterator[S
 
 
 async def until_watching(proxy: FaultProxy) -> None:
-    for _ in range(100):
-        if proxy._kicks:
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError("the informer never opened a watch through the proxy")
+    async def watching() -> bool:
+        return bool(proxy._kicks)
+
+    await eventually_async("the informer's watch through the proxy", watching, 5, 0.05)
 
 
 async def test_watch_closed_mid_stream(api: ApiClient, proxy: FaultProxy, namespace: str) -> None:

@@ -5,8 +5,8 @@ the timeout it fails with `what` and the last value the probe returned (or the l
 raised of the kinds it was told to ignore). `consistently(what, probe, duration)` checks `probe`
 on every poll for the whole duration and fails at the first falsy value, with what it saw and when:
 a test that asserts that something does not happen watches the whole interval instead of sleeping
-a guessed time and looking once at the end. `eventually_async` and `consistently_async` take a
-coroutine function for tests that await.
+a guessed time and looking once at the end. `eventually_async` and `consistently_async` are for
+tests that await: their probe is a coroutine function, and the event loop runs between probes.
 
 As Gomega's matchers, `satisfied` says what a wanted value is (truthy unless told otherwise: a
 probe that lists what is still wrong waits with `satisfied=no_problems`), and `context`, called only
@@ -23,7 +23,7 @@ import operator
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 T = TypeVar("T")
 
@@ -88,6 +88,31 @@ class _Poll:
         return WaitFailed(message if self.context is None else f"{message}\n{self.context()}")
 
 
+@overload
+def eventually(
+    what: str,
+    probe: Callable[[], T | None],
+    timeout: float = EVENTUALLY_TIMEOUT,
+    interval: float = INTERVAL,
+    *,
+    ignoring: Ignored = (),
+    context: Context = None,
+) -> T: ...  # a truthy value: never None
+
+
+@overload
+def eventually(
+    what: str,
+    probe: Callable[[], T],
+    timeout: float = EVENTUALLY_TIMEOUT,
+    interval: float = INTERVAL,
+    *,
+    satisfied: Callable[[T], object],
+    ignoring: Ignored = (),
+    context: Context = None,
+) -> T: ...
+
+
 def eventually(
     what: str,
     probe: Callable[[], T],
@@ -134,6 +159,31 @@ def consistently(
         time.sleep(interval)
 
 
+@overload
+async def eventually_async(
+    what: str,
+    probe: Callable[[], Awaitable[T | None]],
+    timeout: float = EVENTUALLY_TIMEOUT,
+    interval: float = INTERVAL,
+    *,
+    ignoring: Ignored = (),
+    context: Context = None,
+) -> T: ...  # a truthy value: never None
+
+
+@overload
+async def eventually_async(
+    what: str,
+    probe: Callable[[], Awaitable[T]],
+    timeout: float = EVENTUALLY_TIMEOUT,
+    interval: float = INTERVAL,
+    *,
+    satisfied: Callable[[T], object],
+    ignoring: Ignored = (),
+    context: Context = None,
+) -> T: ...
+
+
 async def eventually_async(
     what: str,
     probe: Callable[[], Awaitable[T]],
@@ -144,7 +194,8 @@ async def eventually_async(
     ignoring: Ignored = (),
     context: Context = None,
 ) -> T:
-    """`eventually` for a coroutine function: awaits `probe()` until its value satisfies."""
+    """`eventually` for a test that awaits: `probe` is a coroutine function, and the event loop
+    runs between probes."""
     poll = _Poll(what, timeout, ignoring, satisfied, context)
     while True:
         try:
@@ -166,7 +217,7 @@ async def consistently_async(
     satisfied: Callable[[T], object] = bool,
     context: Context = None,
 ) -> T:
-    """`consistently` for a coroutine function."""
+    """`consistently` for a test that awaits, as `eventually_async`."""
     poll = _Poll(what, duration, (), satisfied, context)
     while True:
         if not poll.saw(value := await probe()):
