@@ -11,8 +11,6 @@ the Prometheus Operator's objects), and a bad value fails with a message naming 
 from __future__ import annotations
 
 import shutil
-import subprocess
-from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -20,61 +18,18 @@ from typing import Any
 import pytest
 import yaml
 
-from controller_runtime.toolchain import REPO_ROOT, MissingBinaryError, Toolchain
+from controller_runtime.toolchain import REPO_ROOT
+from tests.support.helm import CHART, KUBELOOP, NAMESPACE, Key, helm_template, objects, run, tool
 
-CHART = REPO_ROOT / "deploy" / "helm" / "kubeloop"
 DEPLOY = REPO_ROOT / "deploy"
-KUBELOOP = "storageControllers=kubeloop"
 # kubeloop's replacements for kube-controller-manager's storage controllers.
 KCM_REPLACEMENTS = {
     "kubeloop-pv-controller", "kubeloop-attach-detach-controller", "kubeloop-volume-expand-controller",
 }  # fmt: skip
-NAMESPACE = "kube-system"
 DRIVER = "loop.csi.kubeloop.dev"
 
-Key = tuple[str, str, str]
 # A mode and what the chart renders in it with every value set.
 Every = tuple[str, dict[Key, dict[str, Any]]]
-
-
-def tool(name: str) -> str:
-    try:
-        return str(Toolchain.default().binary(name))
-    except MissingBinaryError as e:
-        pytest.fail(str(e))
-
-
-def run(args: Sequence[str], check: bool = True) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(
-        list(args), capture_output=True, text=True, cwd=REPO_ROOT, timeout=120, check=False
-    )
-    if check and result.returncode != 0:
-        pytest.fail(f"{' '.join(args)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}")
-    return result
-
-
-def helm_template(
-    *values: str,
-    check: bool = True,
-    files: Sequence[Path] = (),
-    chart: Path = CHART,
-    flags: Sequence[str] = (),
-) -> subprocess.CompletedProcess[str]:
-    args = [a for f in files for a in ("--values", str(f))] + [a for v in values for a in ("--set", v)]
-    return run(
-        [tool("helm"), "template", "kubeloop", str(chart), "--namespace", NAMESPACE, *flags, *args],
-        check=check,
-    )
-
-
-def objects(text: str) -> dict[Key, dict[str, Any]]:
-    out: dict[Key, dict[str, Any]] = {}
-    for doc in yaml.safe_load_all(text):
-        if doc:
-            key = (doc["kind"], doc["metadata"].get("namespace", ""), doc["metadata"]["name"])
-            assert key not in out, f"{key} rendered twice"
-            out[key] = doc
-    return out
 
 
 @cache

@@ -19,7 +19,7 @@ import yaml
 
 from controller_runtime.toolchain import REPO_ROOT
 from localstack.compose import KUBELOOP_IMAGE
-from tests.unit.test_helm_chart import KUBELOOP, helm_template
+from tests.support.helm import KUBELOOP, helm_template
 
 NONROOT = 65532
 # kubeloop's containers that run as root in its manifests, and why.

@@ -538,7 +538,7 @@ def chaos_command_lines() -> list[tuple[str, list[str]]]:
 
 
 def helm_command_lines() -> list[tuple[str, list[str]]]:
-    from tests.unit.test_helm_chart import KUBELOOP, helm_template
+    from tests.support.helm import KUBELOOP, helm_template
 
     out = []
     for values in ([KUBELOOP], [KUBELOOP, "mode=node-local"]):

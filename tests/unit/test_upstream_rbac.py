@@ -14,9 +14,8 @@ import pytest
 import yaml
 
 from controller_runtime.toolchain import REPO_ROOT
+from tests.support.helm import helm_template, objects
 from tests.support.upstream_rbac import storage_csi
-
-from .test_helm_chart import rendered
 
 # (apiGroup, resource, verb, cluster-wide): a grant of a ClusterRole through a ClusterRoleBinding is
 # cluster-wide; one of a Role (in the sidecar's own namespace) is not.
@@ -111,7 +110,8 @@ def test_deploy_rbac_asks_for_no_more_than_upstream(account: str) -> None:
     ("mode", "controllers"), [("shared", "cluster"), ("shared", "kubeloop"), ("node-local", "kubeloop")]
 )
 def test_the_charts_rbac_asks_for_no_more_than_upstream(account: str, mode: str, controllers: str) -> None:
-    docs = list(rendered(mode, f"storageControllers={controllers}").values())
+    chart = helm_template(f"mode={mode}", f"storageControllers={controllers}", flags=["--skip-tests"])
+    docs = list(objects(chart.stdout).values())
     if account == "kubeloop-external-attacher" and mode == "node-local":
         assert not grants_of(docs, account), "node-local mode runs no attacher"
         return
