@@ -5,7 +5,7 @@ deletion finished only after unmount), then reports those pods running.
 
 It runs no containers: a pod is "running" once its volumes are mounted.
 
-This module only puts the four parts together and runs the sync loop:
+This module only puts the four parts together over one informer factory and runs the sync loop:
 
     node_status.NodeStatus         the Node object, its Lease and status
     plugins.PluginManager          plugins_registry → CSI connections, CSINode
@@ -23,15 +23,17 @@ from pathlib import Path
 from controller_runtime.client import ApiClient
 from controller_runtime.clock import SYSTEM_CLOCK, Clock
 from controller_runtime.events import EventRecorder
+from controller_runtime.informer import SharedInformerFactory
 from controller_runtime.logs import get_logger
 from controller_runtime.operations import Backoff
 from controller_runtime.passes import PassPacer
+from controller_runtime.resources import PODS
 
 from .disk import Layout
 from .node_status import NodeStatus
 from .plugins import PluginManager
 from .pod_status import PodStatus
-from .volume_manager import VolumeManager
+from .volume_manager import VolumeManager, pods_on_node
 from .volume_stats import VolumeStatsCollector, gather
 
 log = get_logger("node-agent")
@@ -93,8 +95,11 @@ class NodeAgent:
         self.plugins = PluginManager(
             client, node_name, self.layout.plugins_registry(), csi_timeout=opts.csi_timeout
         )
+        # The caches of this node's pods and Node, and of the claims, volumes, attachments and
+        # CSIDrivers: one informer each, shared by the volume manager and the pod status.
+        self.informers = SharedInformerFactory(client)
         self.volumes = VolumeManager(
-            client,
+            self.informers,
             recorder,
             node_name,
             self.layout,
@@ -104,7 +109,8 @@ class NodeAgent:
             max_concurrent_operations=opts.max_concurrent_operations,
             clock=clock,
         )
-        self.pod_status = PodStatus(client, self.volumes.pods, self.layout.root / "pods", self.volumes)
+        pods = self.informers.informer(PODS, field_selector=pods_on_node(node_name))
+        self.pod_status = PodStatus(client, pods, self.layout.root / "pods", self.volumes)
         self._tasks: list[asyncio.Task[None]] = []
         self.ready = False
         # kubelet's volume metrics; registered on /metrics by the process (main), once.
@@ -132,6 +138,7 @@ class NodeAgent:
             await asyncio.gather(*self._tasks, return_exceptions=True)
             await self.pod_status.stop()
             await self.volumes.stop()
+            await self.informers.stop()
             if stop_requested and self.options.unmount_on_exit:
                 await self._unmount_all()
             await self.plugins.close()
@@ -144,8 +151,8 @@ class NodeAgent:
             if not self.plugins.plugins:
                 await self.clock.sleep(0.5)
         self._tasks.append(asyncio.create_task(self.plugins.watch(), name="plugin-watch"))
-        self.volumes.start()
-        await self.volumes.wait_for_sync()
+        self.informers.start()
+        await self.informers.wait_for_sync()
         self.volumes.restore_from_disk()
         await asyncio.to_thread(self.volumes.remove_orphan_pod_dirs)
         self.ready = True

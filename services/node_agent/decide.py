@@ -3,6 +3,7 @@ and what the node must report in volumesInUse."""
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 
 from controller_runtime.volumes import CSIVolume, unique_volume_name
@@ -51,10 +52,10 @@ class VolumePlan:
 
 
 def plan_volumes(
-    desired: list[PodVolume],
-    mounted: dict[tuple[str, str], Mounted],
-    confirmed: set[tuple[str, str]],
-    staged: set[tuple[str, str]],
+    desired: Sequence[PodVolume],
+    mounted: Mapping[tuple[str, str], Mounted],
+    confirmed: Collection[tuple[str, str]],
+    staged: Set[tuple[str, str]],
 ) -> VolumePlan:
     """`mounted` holds every publish begun; `confirmed` those known to be mounted now (after a
     restart a publish is unconfirmed until NodePublishVolume, idempotent, has run again)."""
@@ -70,3 +71,18 @@ def plan_volumes(
     # must not detach it while anything on this node may still touch the device.
     plan.in_use = tuple(sorted(unique_volume_name(d, h) for d, h in wanted_stage | staged | still_used))
     return plan
+
+
+def ready_to_mount(
+    pv: PodVolume, in_use: Collection[str], attached: Collection[str], attach_required: bool
+) -> bool:
+    """Whether a volume the plan mounts may be mounted now, from the node's status: an inline
+    volume at once; any other once the node reports it in volumesInUse (reported first, mounted
+    after: the attach-detach controller must see it in use), and, when its driver needs an attach,
+    once the node lists it in volumesAttached."""
+    vol = pv.volume
+    if vol.ephemeral:
+        return True
+    if vol.unique_name not in in_use:
+        return False
+    return not attach_required or vol.unique_name in attached

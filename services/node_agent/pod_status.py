@@ -9,7 +9,7 @@ volumesInUse write that lets the volume detach never queue behind a batch of pod
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +44,7 @@ class PodStatus:
         self._reported_running: set[str] = set()
         self._writes: set[asyncio.Task[None]] = set()
 
-    def sync(self, complete: dict[str, list[PodVolume]]) -> None:
+    def sync(self, complete: Mapping[str, Sequence[PodVolume]]) -> None:
         """Starts the writes the pods need now. `complete`: per pod key whose claims all resolve,
         its volumes (from the volume pass). A write that fails is started again by a later call."""
         writes: list[tuple[Coroutine[Any, Any, None], str, set[str]]] = []

@@ -12,6 +12,7 @@ import pytest
 from controller_runtime.client import ApiClient
 from controller_runtime.events import EventRecorder
 from controller_runtime.volumes import CSIVolume
+from services.node_agent.actual_state import DeviceMountState
 from services.node_agent.agent import NodeAgent, Options
 from services.node_agent.decide import PodVolume
 from services.node_agent.plugins import Plugin
@@ -83,17 +84,19 @@ def test_queued_mount_of_a_pod_that_left_does_nothing(tmp_path: Path) -> None:
         vol = CSIVolume("pv-v1", DRIVER, "v1", ("ReadWriteOnce",), False, "ext4", False, (), {})
         pv = PodVolume("uid-1", "ns/p1", vol, False)
         # No pod in the cache and no driver registered: had the mount begun, it would raise NotReady.
-        await a.volumes._mount(pv)
-        assert pv.key not in a.volumes.mounted and not a.volumes.staged
+        generator = a.volumes.generator
+        await generator.mount(pv)
+        assert not a.volumes.actual.get_all_mounted_volumes()
+        assert not a.volumes.actual.get_possibly_mounted_devices()
         pod: dict[str, Any] = {"metadata": {"namespace": "ns", "name": "p1", "uid": "uid-1"}}
         a.volumes.pods.store.upsert(pod)
-        assert a.volumes._still_wanted(pv)
+        assert generator.still_wanted(pv)
         a.volumes.pods.store.upsert(
             {"metadata": {**pod["metadata"], "deletionTimestamp": "2026-01-01T00:00:00Z"}}
         )
-        assert not a.volumes._still_wanted(pv), "a pod being deleted gets nothing new mounted"
+        assert not generator.still_wanted(pv), "a pod being deleted gets nothing new mounted"
         a.volumes.pods.store.upsert({"metadata": {**pod["metadata"], "uid": "uid-2"}})
-        assert not a.volumes._still_wanted(pv), "a new pod of the same name is a different pod"
+        assert not generator.still_wanted(pv), "a new pod of the same name is a different pod"
 
     asyncio.run(main())
 
@@ -118,15 +121,13 @@ def test_pass_decides_on_the_state_after_its_volumes_in_use_write(tmp_path: Path
     async def main() -> None:
         key = (DRIVER, "v1")
         a = agent(tmp_path, 2)
-        a.volumes.staged.add(key)
-        a.volumes.stage_confirmed.add(key)
+        a.volumes.actual.mark_device_as_mounted(key)
 
         def unstage_finishes() -> None:
-            a.volumes.staged.discard(key)
-            a.volumes.stage_confirmed.discard(key)
+            a.volumes.actual.mark_device_as_unmounted(key)
 
         fake = _SlowPatchClient(unstage_finishes)
-        a.volumes.client = cast(ApiClient, fake)
+        a.volumes.reconciler.client = cast(ApiClient, fake)
         await a.reconcile()
         assert fake.patches, "volumesInUse was written"
         assert not a.volumes.operations.in_flight(key), (
@@ -138,7 +139,7 @@ def test_pass_decides_on_the_state_after_its_volumes_in_use_write(tmp_path: Path
 
 def test_unstage_goes_ahead_of_queued_unpublishes_and_cancelled_waiters_give_up_their_place() -> None:
     from controller_runtime.operations import OperationSlots
-    from services.node_agent.volume_manager import UNPUBLISH, UNSTAGE
+    from services.node_agent.reconciler import UNPUBLISH, UNSTAGE
 
     async def main() -> None:
         slots = OperationSlots(1)
@@ -190,14 +191,16 @@ def test_an_interrupted_unstage_leaves_the_staging_to_be_staged_again(tmp_path: 
         cast(dict[str, Plugin], a.volumes.plugins)[DRIVER] = Plugin(
             DRIVER, conn, "node-a", True, False, {}, 0
         )
-        a.volumes.staged.add(key)
-        a.volumes.stage_confirmed.add(key)
-        a.volumes.expand_offline_only.add(key)  # an expansion waiting for the volume to be unstaged
+        actual = a.volumes.actual
+        actual.mark_device_as_mounted(key)
+        actual.mark_for_in_use_expansion_error(key)  # an expansion waiting for the volume to be unstaged
         with pytest.raises(RuntimeError):
-            await a.volumes._unstage(key)
+            await a.volumes.generator.unstage(key)
         assert node.calls == ["unstage"]
-        assert key not in a.volumes.stage_confirmed, "the next mount stages the volume again"
-        assert key not in a.volumes.expand_offline_only, (
+        assert actual.get_device_mount_state(key) is DeviceMountState.UNCERTAIN, (
+            "the next mount stages the volume again"
+        )
+        assert not actual.has_in_use_expansion_error(key), (
             "that stage grows it offline, so the node expansion is finished afterwards"
         )
 
