@@ -156,9 +156,13 @@ kind-images: deps binaries kind-deps
 # KIND_POOLS=separate: three workers, each its own pool, nothing shared; kubeloop installed by the
 # Helm chart in node-local mode (docs/node-local.md). `make kind-down` removes either.
 KIND_POOLS ?= shared
+# KIND_CONTROLLERS=cluster: a cluster as users have it, kube-controller-manager with every default
+# controller (it binds, attaches and expands), kubelet in /var/lib/k0s/kubelet, the Helm chart with
+# its defaults; kubeloop (the default): kcm's three storage controllers off, kubeloop's deployed.
+KIND_CONTROLLERS ?= kubeloop
 
 kind-up: deps binaries kind-deps
-	$(PY) -m localstack.kind up --pools $(KIND_POOLS)
+	$(PY) -m localstack.kind up --pools $(KIND_POOLS) --storage-controllers $(KIND_CONTROLLERS)
 
 kind-down: python-deps
 	$(PY) -m localstack.kind down
@@ -175,18 +179,21 @@ kind-test: deps binaries kind-deps
 # non-disruptive specs take about 50 minutes, the Disruptive and Serial ones longer.
 # E2E_MODE=node-local runs the suite against the cluster of `make kind-up KIND_POOLS=separate` (each
 # node its own pool, the Helm chart in node-local mode), with results under .kubeloop/e2e-storage-node-local/.
+# E2E_CONTROLLERS=cluster runs it with kube-controller-manager's own storage controllers (KIND_CONTROLLERS
+# above), results under .kubeloop/e2e-storage[-node-local]-cluster/.
 E2E_MODE ?= shared
+E2E_CONTROLLERS ?= kubeloop
 E2E_POOLS := $(if $(filter node-local,$(E2E_MODE)),separate,shared)
-E2E_SUFFIX := $(if $(filter node-local,$(E2E_MODE)),-node-local,)
+E2E_SUFFIX := $(if $(filter node-local,$(E2E_MODE)),-node-local,)$(if $(filter cluster,$(E2E_CONTROLLERS)),-cluster,)
 E2E_CLASS := $(if $(filter node-local,$(E2E_MODE)),--storage-class kubeloop-wffc,)
 
 e2e-storage: deps binaries kind-deps e2e-deps
-	$(PY) -m localstack.kind up --pools $(E2E_POOLS)
+	$(PY) -m localstack.kind up --pools $(E2E_POOLS) --storage-controllers $(E2E_CONTROLLERS)
 	$(PY) -m localstack.e2e_storage run --results .kubeloop/e2e-storage$(E2E_SUFFIX) $(E2E_CLASS) $(E2E_ARGS); rc=$$?; \
 		$(PY) -m localstack.kind down; exit $$rc
 
 e2e-storage-disruptive: deps binaries kind-deps e2e-deps
-	$(PY) -m localstack.kind up --pools $(E2E_POOLS)
+	$(PY) -m localstack.kind up --pools $(E2E_POOLS) --storage-controllers $(E2E_CONTROLLERS)
 	$(PY) -m localstack.e2e_storage run --suite disruptive --results .kubeloop/e2e-storage-disruptive$(E2E_SUFFIX) \
 		$(E2E_CLASS) $(E2E_ARGS); rc=$$?; $(PY) -m localstack.kind down; exit $$rc
 

@@ -5,6 +5,9 @@ and take it all down again, leaving the host as it was (docs/kind.md).
     python -m localstack.kind up       # build images when needed, create, load, deploy
     python -m localstack.kind up --pools separate   # three workers, each its own pool; the Helm chart
                                                     # in node-local mode (docs/node-local.md)
+    python -m localstack.kind up --storage-controllers cluster   # a cluster as users have it: kcm
+                                                    # with every default controller, kubelet in
+                                                    # /var/lib/k0s/kubelet, the chart's defaults
     python -m localstack.kind down     # delete workloads (volumes cleaned up by kubeloop), delete cluster
     python -m localstack.kind status
 
@@ -55,6 +58,17 @@ SEPARATE_WORKERS = 3
 # --capacity): room for the e2e suite's expansion specs (a 1Gi claim grown by 1Gi), small enough
 # that tests/kind_local fills a node with one claim (the files are sparse).
 SEPARATE_CAPACITY = "4Gi"
+# Who runs the storage control plane (the chart's storageControllers): kubeloop (kcm's three storage
+# controllers off, as deploy/kind/cluster.yaml has it, kubeloop's deployed) or cluster (a cluster as
+# users have it: kcm with every default controller, kubelet under a root directory of its own, and
+# the Helm chart with its defaults; docs/kind.md).
+STORAGE_CONTROLLERS = ("kubeloop", "cluster")
+# kubelet's --root-dir on the nodes of a `cluster` cluster: k0s's, so that nothing kubeloop runs can
+# lean on /var/lib/kubelet (the chart's kubeletDir says where it is).
+ELSEWHERE_KUBELET_DIR = "/var/lib/k0s/kubelet"
+# Where every worker of a separate-pools cluster also sees one directory all of them share, so the
+# same cluster can serve the chart in shared mode (hostDir) once the node-local release is gone.
+SHARED_DIR_IN_NODE = "/var/lib/kubeloop-shared"
 HELM_CHART = REPO_ROOT / "deploy" / "helm" / "kubeloop"
 HELM_RELEASE = "kubeloop"
 # Which layout the cluster was created with, so a kept cluster of the other layout is recreated.
@@ -109,17 +123,47 @@ def worker_names(cluster: str, count: int) -> list[str]:
     return [f"{cluster}-worker{i if i > 1 else ''}" for i in range(1, count + 1)]
 
 
-def separate_pools_config(cluster: str) -> dict[str, Any]:
-    """deploy/kind/cluster.yaml with its nodes replaced: a control plane that mounts nothing of
-    kubeloop's and three workers, each mounting its own host directory at /var/lib/kubeloop."""
+def cluster_config(cluster: str, pools: str, storage_controllers: str) -> dict[str, Any]:
+    """deploy/kind/cluster.yaml as the layout asks.
+
+    Separate pools: its nodes replaced by a control plane that mounts nothing of kubeloop's and three
+    workers, each mounting its own host directory at /var/lib/kubeloop and one directory all share
+    at SHARED_DIR_IN_NODE.
+
+    storage_controllers cluster: without the patch that switches kcm's storage controllers off (so
+    kcm runs kubeadm's defaults, every default controller), and with kubelet's --root-dir moved to
+    ELSEWHERE_KUBELET_DIR on every node (appended to the kubelet flags kind's kubeadm configuration
+    already lists, for the first control plane and for every joining node)."""
     config: dict[str, Any] = yaml.safe_load(CLUSTER_CONFIG.read_text())
-    config["nodes"] = [{"role": "control-plane"}] + [
-        {
-            "role": "worker",
-            "extraMounts": [{"hostPath": str(SHARED_DIR / node), "containerPath": DIR_IN_NODE}],
-        }
-        for node in worker_names(cluster, SEPARATE_WORKERS)
-    ]
+    if pools == "separate":
+        shared = SHARED_DIR / "shared"
+        config["nodes"] = [{"role": "control-plane"}] + [
+            {
+                "role": "worker",
+                "extraMounts": [
+                    {"hostPath": str(SHARED_DIR / node), "containerPath": DIR_IN_NODE},
+                    {"hostPath": str(shared), "containerPath": SHARED_DIR_IN_NODE},
+                ],
+            }
+            for node in worker_names(cluster, SEPARATE_WORKERS)
+        ]
+    if storage_controllers == "cluster":
+        config["kubeadmConfigPatches"] = [
+            patch
+            for patch in config["kubeadmConfigPatches"]
+            if "controllerManager" not in yaml.safe_load(patch)
+        ]
+        root_dir = [
+            {
+                "op": "add",
+                "path": "/nodeRegistration/kubeletExtraArgs/-",
+                "value": {"name": "root-dir", "value": ELSEWHERE_KUBELET_DIR},
+            }
+        ]
+        config["kubeadmConfigPatchesJSON6902"] = [
+            {"group": "kubeadm.k8s.io", "version": "v1beta4", "kind": kind, "patch": yaml.safe_dump(root_dir)}
+            for kind in ("InitConfiguration", "JoinConfiguration")
+        ]
     return config
 
 
@@ -128,10 +172,25 @@ class Cluster:
     name: str = CLUSTER_NAME
     kubeconfig: Path = DEFAULT_KUBECONFIG
     pools: str = "shared"
+    storage_controllers: str = "kubeloop"
 
     def __post_init__(self) -> None:
         if self.pools not in POOLS:
             raise KindError(f"--pools must be one of {', '.join(POOLS)}, not {self.pools!r}")
+        if self.storage_controllers not in STORAGE_CONTROLLERS:
+            raise KindError(
+                f"--storage-controllers must be one of {', '.join(STORAGE_CONTROLLERS)}, "
+                f"not {self.storage_controllers!r}"
+            )
+
+    @property
+    def layout(self) -> str:
+        """What `up` recreates a kept cluster for when it differs: pools and control plane."""
+        return f"{self.pools}/{self.storage_controllers}"
+
+    @property
+    def kubelet_dir(self) -> str:
+        return ELSEWHERE_KUBELET_DIR if self.storage_controllers == "cluster" else "/var/lib/kubelet"
 
     @property
     def separate(self) -> bool:
@@ -178,15 +237,16 @@ class Cluster:
             LIB_MODULES.mkdir(parents=True)
             MADE_LIB_MODULES.touch()
         self.kubeconfig.parent.mkdir(parents=True, exist_ok=True)
-        config = CLUSTER_CONFIG
         if self.separate:
-            for node in worker_names(self.name, SEPARATE_WORKERS):
+            for node in [*worker_names(self.name, SEPARATE_WORKERS), "shared"]:
                 # The pool is made beforehand, as an admin mounts a disk there: the node plugin in
                 # node-local mode never makes a missing pool.
                 self.pool_dir(node).mkdir(parents=True, exist_ok=True)
-            config = self.kubeconfig.parent / f"{self.name}-separate-pools.yaml"
-            config.write_text(yaml.safe_dump(separate_pools_config(self.name), sort_keys=False))
-        POOLS_MARK.write_text(self.pools)
+        config = self.kubeconfig.parent / f"{self.name}-cluster.yaml"
+        config.write_text(
+            yaml.safe_dump(cluster_config(self.name, self.pools, self.storage_controllers), sort_keys=False)
+        )
+        POOLS_MARK.write_text(self.layout)
         start = time.monotonic()
         self.kind(
             "create", "cluster", "--name", self.name, "--config", str(config),
@@ -195,10 +255,13 @@ class Cluster:
         )  # fmt: skip
         return time.monotonic() - start
 
-    def created_pools(self) -> str | None:
-        """The layout an existing cluster was created with (None: not known, a cluster made before
-        the mark existed, which was shared)."""
-        return POOLS_MARK.read_text().strip() if POOLS_MARK.exists() else None
+    def created_layout(self) -> str | None:
+        """The layout (`pools/storage controllers`) an existing cluster was created with (None: not
+        known, a cluster made before the mark existed)."""
+        if not POOLS_MARK.exists():
+            return None
+        made = POOLS_MARK.read_text().strip()
+        return made if "/" in made else f"{made}/kubeloop"  # a mark written before the control plane
 
     def helm(self, *args: str, timeout: float = 300) -> str:
         helm = str(Toolchain.default().binary("helm"))
@@ -220,24 +283,11 @@ class Cluster:
         crds = [f"--filename={c}" for c in (*snapshot_crds(), snapshot_metadata_crd())]
         self.kubectl("apply", *crds)
         self.kubectl("wait", "--for=condition=established", "--timeout=60s", *crds)
-        if self.separate:
-            # kind applied deploy/storageclasses.yaml at creation (the node image's default-storage
-            # manifest, tools/build-kind-node.sh); the release adopts those classes, as Helm adopts
-            # objects that carry its ownership marks, rather than failing on them.
-            for sc in ("kubeloop", "kubeloop-wffc"):
-                self.kubectl("label", "--overwrite", "storageclass", sc, "app.kubernetes.io/managed-by=Helm")
-                self.kubectl(
-                    "annotate", "--overwrite", "storageclass", sc,
-                    f"meta.helm.sh/release-name={HELM_RELEASE}", "meta.helm.sh/release-namespace=kube-system",
-                )  # fmt: skip
-            # The chart in node-local mode proves it installs on real kubelets; upgrade --install
-            # makes a second `up` on a kept cluster apply what changed. kind's kube-controller-manager
-            # runs with its storage controllers off (deploy/kind/cluster.yaml): kubeloop's run.
-            self.helm(
-                "upgrade", "--install", HELM_RELEASE, str(HELM_CHART), "--namespace", "kube-system",
-                "--set", "mode=node-local", "--set", "storageControllers=kubeloop",
-                "--set", f"capacity={SEPARATE_CAPACITY}",
-            )  # fmt: skip
+        if self.separate or self.storage_controllers == "cluster":
+            self.adopt_storage_classes()
+            # upgrade --install makes a second `up` on a kept cluster apply what changed.
+            self.helm("upgrade", "--install", HELM_RELEASE, str(HELM_CHART), "--namespace", "kube-system",
+                      *self.chart_values())  # fmt: skip
         else:
             self.kubectl("apply", "-k", str(REPO_ROOT / "deploy"))
         for workload in self.kubectl(
@@ -249,6 +299,30 @@ class Cluster:
                 timeout=timeout + 30,
             )  # fmt: skip
         return time.monotonic() - start
+
+    def chart_values(self) -> list[str]:
+        """The `--set` flags of the chart's release in this layout: the defaults but for what the
+        layout itself decides (node-local mode and its pool size with separate pools; kubeloop's
+        controllers where kcm's are off; where kubelet is)."""
+        values = [f"kubeletDir={self.kubelet_dir}"]
+        if self.separate:
+            values += ["mode=node-local", f"capacity={SEPARATE_CAPACITY}"]
+        if self.storage_controllers == "kubeloop":
+            values.append("storageControllers=kubeloop")
+        return [flag for value in values for flag in ("--set", value)]
+
+    def adopt_storage_classes(self) -> None:
+        """kind applied deploy/storageclasses.yaml at creation (the node image's default-storage
+        manifest, tools/build-kind-node.sh); the release adopts those classes, as Helm adopts objects
+        that carry its ownership marks, rather than failing on them."""
+        for sc in ("kubeloop", "kubeloop-wffc"):
+            if not self.kubectl("get", "storageclass", sc, "--ignore-not-found", "-o", "name").strip():
+                continue
+            self.kubectl("label", "--overwrite", "storageclass", sc, "app.kubernetes.io/managed-by=Helm")
+            self.kubectl(
+                "annotate", "--overwrite", "storageclass", sc,
+                f"meta.helm.sh/release-name={HELM_RELEASE}", "meta.helm.sh/release-namespace=kube-system",
+            )  # fmt: skip
 
     def clean_workloads(self, timeout: float = 180) -> list[str]:
         """Deletes every pod and claim outside the system namespaces (and in default), then waits for
@@ -292,9 +366,9 @@ def up(cluster: Cluster, build: bool = True) -> dict[str, float]:
         figures["build_images_s"] = time.monotonic() - start
     if cluster.exists():
         cluster.kind("export", "kubeconfig", "--name", cluster.name, "--kubeconfig", str(cluster.kubeconfig))
-        made = cluster.created_pools() or "shared"
-        if made != cluster.pools:
-            say(f"cluster {cluster.name} exists with {made} pools, {cluster.pools} asked for: recreating it")
+        made = cluster.created_layout() or "shared/kubeloop"
+        if made != cluster.layout:
+            say(f"cluster {cluster.name} exists as {made}, {cluster.layout} asked for: recreating it")
             cluster.clean_workloads()
             cluster.delete()
         elif cluster.api_ready(timeout=120):
@@ -307,7 +381,11 @@ def up(cluster: Cluster, build: bool = True) -> dict[str, float]:
         figures["create_cluster_s"] = cluster.create()
     say("loading images")
     figures["load_images_s"] = cluster.load_images()
-    say("installing the Helm chart in node-local mode" if cluster.separate else "applying deploy/")
+    say(
+        "applying deploy/"
+        if cluster.layout == "shared/kubeloop"
+        else f"installing the Helm chart ({cluster.layout})"
+    )
     figures["deploy_s"] = cluster.deploy()
     say(f"ready: kubectl --kubeconfig {cluster.kubeconfig} get pods -n kube-system")
     return figures
@@ -362,8 +440,17 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"({SEPARATE_WORKERS} workers, each its own pool under {SHARED_DIR}/<node>, the Helm chart in "
         "node-local mode); down removes either",
     )
+    parser.add_argument(
+        "--storage-controllers",
+        choices=STORAGE_CONTROLLERS,
+        default="kubeloop",
+        help="up: kubeloop (default: kube-controller-manager runs with its three storage controllers "
+        "off and kubeloop's are deployed) or cluster (a cluster as users have it: kcm with every "
+        f"default controller, kubelet's root directory {ELSEWHERE_KUBELET_DIR}, the Helm chart with "
+        "its defaults)",
+    )
     args = parser.parse_args(argv)
-    cluster = Cluster(args.name, args.kubeconfig, args.pools)
+    cluster = Cluster(args.name, args.kubeconfig, args.pools, args.storage_controllers)
     try:
         if args.command == "up":
             figures = up(cluster, build=not args.no_build)

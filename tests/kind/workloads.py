@@ -51,6 +51,8 @@ WRITE = (
     " && sha256sum /data/blob > /data/blob.sha && sync && sleep 3600"
 )
 SLEEP = "sleep 3600"
+# Exits (the pod never becomes Ready) unless WRITE's blob checks out.
+CHECK = "cd /data && sha256sum -c blob.sha && sleep 3600"
 
 
 def wait_ready(kc: KindCluster, ns: str, name: str, timeout: int = 180) -> None:

@@ -15,7 +15,7 @@ from tests.kind.conftest import KindCluster, kind_session, scratch_namespace
 
 @pytest.fixture(scope="package")
 def local_cluster() -> Iterator[KindCluster]:
-    with kind_session(Cluster(pools="separate")) as kc:
+    with kind_session(Cluster(pools="separate", storage_controllers="cluster")) as kc:
         yield kc
 
 

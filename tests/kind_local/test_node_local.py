@@ -15,12 +15,11 @@ import pytest
 from localstack import kind
 
 from ..kind.conftest import KindCluster, wait_for
-from ..kind.workloads import SLEEP, WRITE, attachments, claim, pod, volume_of, wait_ready
+from ..kind.workloads import CHECK, SLEEP, WRITE, attachments, claim, pod, volume_of, wait_ready
 
 DRIVER = "loop.csi.kubeloop.dev"
 TOPOLOGY_KEY = "topology.loop.csi.kubeloop.dev/node"
 WFFC = "kubeloop-wffc"
-CHECK = "cd /data && sha256sum -c blob.sha && sleep 3600"
 pytestmark = pytest.mark.root
 
 
@@ -73,11 +72,12 @@ def test_every_worker_runs_the_whole_driver_and_publishes_its_capacity(local_clu
         assert driver["nodeID"] == worker and driver["topologyKeys"] == [TOPOLOGY_KEY]
         labels = kc.get("node", worker)["metadata"]["labels"]
         assert labels[TOPOLOGY_KEY] == worker
-    # No pool is shared: each worker mounts its own host directory and nothing else of kubeloop's.
+    # No pool is shared: each worker's pool directory is a host directory of its own. (The one all
+    # workers also see, at SHARED_DIR_IN_NODE, is for the chart in shared mode, test_any_cluster.)
     for worker in kc.workers():
         mounts = json.loads(kind.run(["docker", "inspect", worker, "--format", "{{json .Mounts}}"]).stdout)
-        ours = [m["Source"] for m in mounts if m["Source"].startswith(str(kind.SHARED_DIR))]
-        assert ours == [str(kind.SHARED_DIR / worker)], ours
+        pool = [m["Source"] for m in mounts if m["Destination"] == kind.DIR_IN_NODE]
+        assert pool == [str(kind.SHARED_DIR / worker)], mounts
 
     def capacities() -> dict[str, str]:
         found = kc.get("csistoragecapacities", "-n", "kube-system")["items"]
