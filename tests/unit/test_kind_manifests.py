@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from controller_runtime.toolchain import REPO_ROOT
+from localstack import kind
 from localstack.compose import KUBELOOP_IMAGE, images
 from localstack.kind import SNAPSHOT_METADATA_IMAGE, SNAPSHOTTER_IMAGE
 
@@ -98,14 +99,39 @@ def test_sidecars_of_one_pod_listen_on_different_ports() -> None:
         assert len(ports) == len(set(ports)), (pod, ports)
 
 
-def test_kind_cluster_asks_for_the_etcd_image_the_node_image_has() -> None:
-    config = yaml.safe_load((DEPLOY / "kind" / "cluster.yaml").read_text())
-    patches = [yaml.safe_load(p) for p in config["kubeadmConfigPatches"]]
-    [cluster_config] = [p for p in patches if p["kind"] == "ClusterConfiguration"]
-    assert images()["etcd"].rsplit(":", 1)[1] == cluster_config["etcd"]["local"]["imageTag"]
-    controllers = cluster_config["controllerManager"]["extraArgs"][0]["value"].split(",")
+def cluster_configuration(config: dict[str, Any]) -> dict[str, Any]:
+    """The kubeadm ClusterConfiguration patches of a kind config, merged."""
+    merged: dict[str, Any] = {}
+    for patch in config["kubeadmConfigPatches"]:
+        loaded = yaml.safe_load(patch)
+        if loaded["kind"] == "ClusterConfiguration":
+            merged.update(loaded)
+    return merged
+
+
+@pytest.mark.parametrize("pools", kind.POOLS)
+def test_kind_cluster_asks_for_the_etcd_image_the_node_image_has(pools: str) -> None:
+    for storage_controllers in kind.STORAGE_CONTROLLERS:
+        config = cluster_configuration(kind.cluster_config("kubeloop", pools, storage_controllers))
+        assert images()["etcd"].rsplit(":", 1)[1] == config["etcd"]["local"]["imageTag"]
+
+
+def test_kind_cluster_layouts_say_who_runs_the_storage_controllers() -> None:
+    ours = kind.cluster_config("kubeloop", "shared", "kubeloop")
+    assert ours == yaml.safe_load((DEPLOY / "kind" / "cluster.yaml").read_text())
+    controllers = cluster_configuration(ours)["controllerManager"]["extraArgs"][0]["value"].split(",")
     for off in ("persistentvolume-binder", "persistentvolume-attach-detach", "persistentvolume-expander"):
         assert f"-{off}-controller" in controllers
+    assert "kubeadmConfigPatchesJSON6902" not in ours
+    # A cluster as users have it: kubeadm's own kcm flags, kubelet's root directory elsewhere on every
+    # node (the first control plane's InitConfiguration, every other node's JoinConfiguration).
+    theirs = kind.cluster_config("kubeloop", "separate", "cluster")
+    assert "controllerManager" not in cluster_configuration(theirs)
+    root_dir = {"name": "root-dir", "value": kind.ELSEWHERE_KUBELET_DIR}
+    patched = {p["kind"]: yaml.safe_load(p["patch"]) for p in theirs["kubeadmConfigPatchesJSON6902"]}
+    expected = [{"op": "add", "path": "/nodeRegistration/kubeletExtraArgs/-", "value": root_dir}]
+    assert patched == {"InitConfiguration": expected, "JoinConfiguration": expected}
+    assert [n["role"] for n in theirs["nodes"]] == ["control-plane", "worker", "worker", "worker"]
 
 
 def test_snapshot_containers_run_the_image_of_the_pinned_external_snapshotter() -> None:
