@@ -146,7 +146,7 @@ class Sampler:
         while not self._stop.is_set():
             self.peak = max(self.peak, made(self.pool))
             self.samples += 1
-            time.sleep(0.002)
+            self._stop.wait(0.002)  # the next sample, or at once when stopped
 
     def __enter__(self) -> Sampler:
         self._thread.start()

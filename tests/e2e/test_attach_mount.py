@@ -14,7 +14,8 @@ import pytest_asyncio
 from controller_runtime.client import ApiClient, ApiError
 from controller_runtime.resources import PODS, Resource
 from localstack.controlplane import ControlPlane
-from localstack.storage_stack import StorageStack, wait_for
+from localstack.storage_stack import StorageStack
+from tests.support.waits import eventually_async
 
 pytestmark = [pytest.mark.integration, pytest.mark.root]
 
@@ -74,7 +75,7 @@ async def test_multi_attach_refused_until_first_pod_leaves(stack: StorageStack, 
         events = await stack.events(namespace, "FailedAttachVolume")
         return any(e["involvedObject"]["name"] == "second" for e in events)
 
-    await wait_for(multi_attach, 20, "a Multi-Attach event on the second pod")
+    await eventually_async("a Multi-Attach event on the second pod", multi_attach, 20)
     events = [
         e
         for e in await stack.events(namespace, "FailedAttachVolume")
@@ -166,7 +167,7 @@ async def test_kill9_during_attach_mount_and_detach_unmount(
             va = await stack.va(handle, node)
             return va is not None and (not node_side or bool(va.get("status", {}).get("attached")))
 
-        await wait_for(attaching, 30, "the attach to begin", interval=0.02)
+        await eventually_async("the attach to begin", attaching, 30, 0.02)
         await stack.kill9(instance)
         await stack.wait_running(namespace, name, timeout=90)
         mount = stack.mount_path(node, pod, pv)
@@ -182,9 +183,9 @@ async def test_kill9_during_attach_mount_and_detach_unmount(
             async def unmounted(mount: Path = mount) -> bool:
                 return str(mount) not in stack.mounts()
 
-            await wait_for(unmounted, 30, "the unmount", interval=0.02)
+            await eventually_async("the unmount", unmounted, 30, 0.02)
             await stack.kill9(instance)  # in the middle of detach
-        await wait_for(functools.partial(_pod_gone, stack, namespace, name), 90, f"pod {name} gone")
+        await eventually_async(f"pod {name} gone", functools.partial(_pod_gone, stack, namespace, name), 90)
         await stack.assert_clean(handle, timeout=90)
     await stack.delete_volume(namespace, pvc, pv, handle)
 

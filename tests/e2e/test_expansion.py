@@ -19,7 +19,8 @@ from controller_runtime.client import ApiClient, ApiError
 from controller_runtime.resources import PERSISTENT_VOLUME_CLAIMS, PERSISTENT_VOLUMES, STORAGE_CLASSES, Obj
 from csi_driver import DRIVER_NAME
 from localstack.controlplane import ControlPlane
-from localstack.storage_stack import STORAGE_COMPONENTS, StorageStack, wait_for
+from localstack.storage_stack import STORAGE_COMPONENTS, StorageStack
+from tests.support.waits import consistently_async, eventually_async, no_problems
 
 pytestmark = [pytest.mark.integration, pytest.mark.root]
 
@@ -96,7 +97,7 @@ async def wait_capacity(api: ApiClient, namespace: str, name: str, size: str, ti
         finished = st.get("capacity", {}).get("storage") == size and not rs.resize_status(pvc)
         return pvc if finished else None
 
-    pvc: Obj = await wait_for(done, timeout, f"claim {name} at {size}")
+    pvc: Obj = await eventually_async(f"claim {name} at {size}", done, timeout)
     return pvc
 
 
@@ -107,7 +108,7 @@ async def wait_resize_status(
         pvc = await claim(api, namespace, name)
         return pvc if rs.resize_status(pvc) == value else None
 
-    pvc: Obj = await wait_for(reached, timeout, f"claim {name} resize status {value}")
+    pvc: Obj = await eventually_async(f"claim {name} resize status {value}", reached, timeout)
     return pvc
 
 
@@ -124,7 +125,7 @@ async def recorded(
     async def some() -> list[Obj] | None:
         return await events_of(stack, namespace, reason, name) or None
 
-    events: list[Obj] = await wait_for(some, timeout, f"a {reason} event for {name}")
+    events: list[Obj] = await eventually_async(f"a {reason} event for {name}", some, timeout)
     return events
 
 
@@ -186,7 +187,7 @@ async def test_ext4_grows_online_or_at_the_next_mount(stack: StorageStack, names
         async def refused() -> list[Obj]:
             return await events_of(stack, namespace, "FileSystemResizeFailed", "first")
 
-        (event,) = await wait_for(refused, 60, "FileSystemResizeFailed on the pod")
+        (event,) = await eventually_async("FileSystemResizeFailed on the pod", refused, 60)
         assert "CAP_SYS_RESOURCE" in event["message"]
         pending = await claim(stack.api, namespace, pvc)
         assert rs.resize_status(pending) == rs.NODE_IN_PROGRESS  # as kubelet leaves it
@@ -282,14 +283,23 @@ async def test_pool_cannot_hold_it_then_the_user_asks_for_less(stack: StorageSta
     async def failures() -> list[Obj]:
         return await events_of(stack, namespace, "VolumeResizeFailed", pvc)
 
-    (event,) = await wait_for(failures, 30, "VolumeResizeFailed")
+    (event,) = await eventually_async("VolumeResizeFailed", failures, 30)
     assert event["type"] == "Warning"
     assert event["message"].startswith(
         f'resize volume "{pv}" by resizer "{DRIVER_NAME}" failed: rpc error: code = OutOfRange desc = '
     )
-    await asyncio.sleep(3)  # an infeasible size is not hammered: retried once per --retry-interval-max
-    assert [e.get("count", 1) for e in await failures()] == [1]
-    assert (await stack.api.get(PERSISTENT_VOLUMES, pv))["spec"]["capacity"]["storage"] == "64Mi"
+
+    async def not_hammered() -> list[str]:
+        counts = [e.get("count", 1) for e in await failures()]
+        capacity = (await stack.api.get(PERSISTENT_VOLUMES, pv))["spec"]["capacity"]["storage"]
+        return ([f"VolumeResizeFailed counts {counts}"] if counts != [1] else []) + (
+            [f"capacity {capacity}"] if capacity != "64Mi" else []
+        )
+
+    # An infeasible size is not hammered: retried once per --retry-interval-max.
+    await consistently_async(
+        "one VolumeResizeFailed, the PV at 64Mi", not_hammered, 3, 0.2, satisfied=no_problems
+    )
 
     # Recovery from expansion failure: any size above the status capacity, below the failed one.
     await resize(stack.api, namespace, pvc, "128Mi")
@@ -320,7 +330,7 @@ async def test_fifty_claims_resized_at_once_one_operation_each(stack: StorageSta
         items, _ = await stack.api.list_all(PERSISTENT_VOLUME_CLAIMS, namespace)
         return all(status_of(c).get("capacity", {}).get("storage") == "16Mi" for c in items)
 
-    await wait_for(all_done, 120, "50 claims at 16Mi", interval=0.5)
+    await eventually_async("50 claims at 16Mi", all_done, 120, 0.5)
     for pvc, pv, handle in volumes:
         done = await claim(stack.api, namespace, pvc)
         assert not rs.resize_status(done)
@@ -337,7 +347,7 @@ async def test_fifty_claims_resized_at_once_one_operation_each(stack: StorageSta
         successes = await stack.events(namespace, "VolumeResizeSuccessful")
         return counts if len(counts) == 50 and len(successes) == 50 else None
 
-    per_claim = await wait_for(resizing_per_claim, 120, "an event for each of the 50 claims", interval=1)
+    per_claim = await eventually_async("an event for each of the 50 claims", resizing_per_claim, 120, 1)
     assert per_claim == {pvc: 1 for pvc, _, _ in volumes}, "one ControllerExpandVolume per volume"
     for pvc, pv, handle in volumes:
         await stack.delete_volume(namespace, pvc, pv, handle)

@@ -20,7 +20,8 @@ from controller_runtime.resources import NODES, PODS, VOLUME_ATTACHMENTS, Obj
 from csi_driver import DRIVER_NAME
 from localstack.controlplane import ControlPlane
 from localstack.pools import PoolCapacity
-from localstack.storage_stack import STORAGE_COMPONENTS, StorageStack, wait_for
+from localstack.storage_stack import STORAGE_COMPONENTS, StorageStack
+from tests.support.waits import eventually_async
 
 pytestmark = [pytest.mark.integration, pytest.mark.root]
 
@@ -78,7 +79,7 @@ async def test_a_pods_inline_volume_holds_data_and_goes_with_the_pod(
     node = await stack.api.get(NODES, "node-a")
     assert not [v for v in node["status"].get("volumesInUse") or [] if backing.stem in v]
     await stack.delete_pod(namespace, "app")
-    await wait_for(lambda: _gone(backing), 30, "the inline volume's backing file removed")
+    await eventually_async("the inline volume's backing file removed", lambda: _gone(backing), 30)
     assert not stack.mounts(), "a mount of the inline volume is left"
 
 
@@ -98,7 +99,9 @@ async def test_an_inline_volume_the_node_cannot_hold_fails_the_mount_and_leaves_
 ) -> None:
     pod = await inline_pod(stack, namespace, "greedy", {"size": "900Ti"})
 
-    (event, *_) = await wait_for(lambda: failed_mount(stack, namespace, "greedy"), 60, "a FailedMount event")
+    (event, *_) = await eventually_async(
+        "a FailedMount event", lambda: failed_mount(stack, namespace, "greedy"), 60
+    )
     assert event["type"] == "Warning"
     assert event["message"].startswith('MountVolume.SetUp failed for volume "scratch" : rpc error: code = ')
     assert "maximum volume size" in event["message"] or "free in its pool" in event["message"]
@@ -119,7 +122,9 @@ async def test_an_inline_volume_outside_the_capacity_waits_with_a_clear_event_un
 ) -> None:
     pvc, pv, handle = await stack.volume(namespace, size_mi=768)
     pod = await inline_pod(stack, namespace, "crowded", {"size": "384Mi"})
-    (event, *_) = await wait_for(lambda: failed_mount(stack, namespace, "crowded"), 60, "a FailedMount event")
+    (event, *_) = await eventually_async(
+        "a FailedMount event", lambda: failed_mount(stack, namespace, "crowded"), 60
+    )
     assert event["type"] == "Warning"
     assert event["message"] == (
         'MountVolume.SetUp failed for volume "scratch" : rpc error: code = ResourceExhausted desc = '
@@ -133,5 +138,7 @@ async def test_an_inline_volume_outside_the_capacity_waits_with_a_clear_event_un
     await stack.wait_running(namespace, "crowded", timeout=150)
     assert backing_file(stack, pod).stat().st_size == 384 << 20
     await stack.delete_pod(namespace, "crowded")
-    await wait_for(lambda: _gone(backing_file(stack, pod)), 30, "the inline volume's backing file removed")
+    await eventually_async(
+        "the inline volume's backing file removed", lambda: _gone(backing_file(stack, pod)), 30
+    )
     assert not list((stack.pool / "ephemeral").iterdir())

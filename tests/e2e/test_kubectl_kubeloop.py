@@ -23,7 +23,8 @@ from controller_runtime.resources import NODES, PERSISTENT_VOLUME_CLAIMS, PERSIS
 from controller_runtime.toolchain import REPO_ROOT
 from csi_driver import DRIVER_NAME
 from localstack.controlplane import ControlPlane
-from localstack.storage_stack import STORAGE_COMPONENTS, StorageStack, wait_for
+from localstack.storage_stack import STORAGE_COMPONENTS, StorageStack
+from tests.support.waits import eventually_async
 
 pytestmark = [pytest.mark.integration, pytest.mark.root]
 COMPONENTS = (*STORAGE_COMPONENTS, "external-provisioner", "external-resizer", "volume-expand-controller")
@@ -81,7 +82,7 @@ async def wait_waiting(
         return report if hit else None
 
     try:
-        return dict(await wait_for(found, 60, f"{component} waiting: {words}", interval=1))
+        return dict(await eventually_async(f"{component} waiting: {words}", found, 60, 1))
     except AssertionError:
         raise AssertionError(json.dumps(await described(stack, namespace, claim), indent=1)) from None
 
@@ -130,7 +131,7 @@ async def test_a_healthy_claim_lists_every_step_with_its_duration(
         row = next(r for r in json.loads(out) if r["volume"] == pv)
         return row if row["used_bytes"] is not None else None
 
-    row = await wait_for(measured, 40, "the volume's used bytes in get volumes", interval=1)
+    row = await eventually_async("the volume's used bytes in get volumes", measured, 40, 1)
     assert (
         row["claim"] == f"{namespace}/data" and row["attached"] == ["node-a"] and row["in_use"] == ["node-a"]
     )
@@ -234,7 +235,7 @@ async def test_an_expansion_waiting_for_the_node(stack: StorageStack, namespace:
         c = await stack.api.get(PERSISTENT_VOLUME_CLAIMS, "grow", namespace)
         return (c.get("status") or {}).get("phase") == "Bound"
 
-    await wait_for(bound, 60, "claim grow bound")
+    await eventually_async("claim grow bound", bound, 60)
     await stack.api.patch(
         PERSISTENT_VOLUME_CLAIMS,
         "grow",
@@ -252,7 +253,7 @@ async def test_an_unknown_volume_attributes_class(stack: StorageStack, namespace
         c = await stack.api.get(PERSISTENT_VOLUME_CLAIMS, "attrs", namespace)
         return (c.get("status") or {}).get("phase") == "Bound"
 
-    await wait_for(bound, 60, "claim attrs bound")
+    await eventually_async("claim attrs bound", bound, 60)
     await stack.api.patch(
         PERSISTENT_VOLUME_CLAIMS, "attrs", {"spec": {"volumeAttributesClassName": "no-such-class"}}, namespace
     )
@@ -281,9 +282,11 @@ async def test_watch_prints_the_story_again_when_it_changes(
         async def says(words: str) -> bool:
             return words in await asyncio.to_thread(printed.read_text)
 
-        await wait_for(lambda: says("Phase:   Bound"), 60, "the claim bound in a description")
+        await eventually_async("the claim bound in a description", lambda: says("Phase:   Bound"), 60)
         await stack.pod(namespace, "consumer", "node-a", "later")
-        await wait_for(lambda: says("Pod/consumer: Running, Ready"), 60, "a description with the pod running")
+        await eventually_async(
+            "a description with the pod running", lambda: says("Pod/consumer: Running, Ready"), 60
+        )
         text = await asyncio.to_thread(printed.read_text)
         assert text.count("Claim:   ") >= 2 and "\n--- " in text
         assert proc.returncode is None, "--watch keeps following the claim"

@@ -40,7 +40,8 @@ from localstack.controlplane import ControlPlane
 from localstack.pools import NODE_LOCAL, PoolCapacity
 from localstack.proc import RestartPolicy
 from localstack.storage_stack import NODES as NODE_NAMES
-from localstack.storage_stack import StorageStack, wait_for
+from localstack.storage_stack import StorageStack
+from tests.support.waits import consistently_async, eventually_async, no_problems
 
 pytestmark = [pytest.mark.integration, pytest.mark.root]
 
@@ -86,7 +87,7 @@ async def stack(control_plane: ControlPlane, api: ApiClient) -> AsyncIterator[St
         await s.start()
         for class_name in (WFFC, XFS):
             published = functools.partial(capacities, api, class_name)
-            await wait_for(published, 60, f"each node's capacity for {class_name}")
+            await eventually_async(f"each node's capacity for {class_name}", published, 60)
         yield s
     finally:
         await s.stop()
@@ -147,13 +148,13 @@ async def running(api: ApiClient, namespace: str, name: str, timeout: float = 90
         p = await api.get(PODS, name, namespace)
         return p if p.get("status", {}).get("phase") == "Running" else None
 
-    found: Obj = await wait_for(check, timeout, f"pod {namespace}/{name} Running", interval=0.2)
+    found: Obj = await eventually_async(f"pod {namespace}/{name} Running", check, timeout, 0.2)
     return found
 
 
 async def delete_pod(api: ApiClient, namespace: str, name: str) -> None:
     await api.delete(PODS, name, namespace)
-    await wait_for(lambda: gone(api, PODS, name, namespace), 90, f"pod {name} gone", interval=0.2)
+    await eventually_async(f"pod {name} gone", lambda: gone(api, PODS, name, namespace), 90, 0.2)
 
 
 async def gone(api: ApiClient, res: object, name: str, namespace: str | None = None) -> bool:
@@ -174,7 +175,7 @@ async def bound_volume(api: ApiClient, namespace: str, name: str, timeout: float
         pv: Obj = await api.get(PERSISTENT_VOLUMES, pvc["spec"]["volumeName"])
         return pv
 
-    pv: Obj = await wait_for(check, timeout, f"claim {name} Bound", interval=0.2)
+    pv: Obj = await eventually_async(f"claim {name} Bound", check, timeout, 0.2)
     return pv
 
 
@@ -238,13 +239,15 @@ async def delete_claims_and_wait(stack: StorageStack, namespace: str, names: lis
         await stack.api.delete(PERSISTENT_VOLUME_CLAIMS, name, namespace)
     for pv in pvs:
         name = pv["metadata"]["name"]
-        await wait_for(functools.partial(gone, stack.api, PERSISTENT_VOLUMES, name), 120, f"PV {name} gone")
+        await eventually_async(
+            f"PV {name} gone", functools.partial(gone, stack.api, PERSISTENT_VOLUMES, name), 120
+        )
     handles = {handle_of(pv) for pv in pvs}
 
     async def files_gone() -> bool:
         return not handles & set(backing_files(stack))
 
-    await wait_for(files_gone, 60, "the backing files deleted")
+    await eventually_async("the backing files deleted", files_gone, 60)
 
 
 async def labelled(api: ApiClient, name: str) -> bool:
@@ -273,7 +276,7 @@ async def scheduler_says(
         return any(text in e["message"] for e in events)
 
     try:
-        await wait_for(said, timeout, f"FailedScheduling of {pod_name} saying {text!r}", interval=0.5)
+        await eventually_async(f"FailedScheduling of {pod_name} saying {text!r}", said, timeout, 0.5)
     except AssertionError as exc:
         seen = [e["message"] for e in await events_for(api, namespace, pod_name, "FailedScheduling")]
         raise AssertionError(f"{exc}; its FailedScheduling messages: {seen}") from None
@@ -349,7 +352,7 @@ async def wait_capacity_below(api: ApiClient, node: str, limit: int) -> None:
         caps = await capacities(api, WFFC)
         return caps is not None and caps[node] < limit
 
-    await wait_for(check, 60, f"{node}'s published capacity below {limit >> 20}Mi", interval=0.5)
+    await eventually_async(f"{node}'s published capacity below {limit >> 20}Mi", check, 60, 0.5)
 
 
 async def test_scheduler_places_a_pod_where_its_claim_fits_or_nowhere(
@@ -382,14 +385,23 @@ async def test_scheduler_places_a_pod_where_its_claim_fits_or_nowhere(
                 return str(cond.get("message", ""))
         return None
 
-    message: str = await wait_for(unschedulable, 60, "the scheduler's verdict", interval=0.5)
+    message: str = await eventually_async("the scheduler's verdict", unschedulable, 60, 0.5)
     assert NO_ROOM in message, message
     await scheduler_says(api, namespace, "nowhere", NO_ROOM)
-    await asyncio.sleep(3)  # give a wrong provisioning the time to show
-    pvc = await api.get(PERSISTENT_VOLUME_CLAIMS, nowhere, namespace)
-    assert pvc["status"]["phase"] == "Pending" and not pvc["spec"].get("volumeName")
-    assert "volume.kubernetes.io/selected-node" not in (pvc["metadata"].get("annotations") or {})
-    assert set(backing_files(stack)) == before, "no volume was made for it"
+
+    async def left_pending() -> list[str]:
+        pvc = await api.get(PERSISTENT_VOLUME_CLAIMS, nowhere, namespace)
+        problems = [f"phase {pvc['status']['phase']}"] if pvc["status"]["phase"] != "Pending" else []
+        problems += [f"volumeName {pvc['spec']['volumeName']}"] if pvc["spec"].get("volumeName") else []
+        if "volume.kubernetes.io/selected-node" in (pvc["metadata"].get("annotations") or {}):
+            problems.append("a selected node")
+        made = set(backing_files(stack)) - before
+        return problems + ([f"volumes made for it: {made}"] if made else [])
+
+    # Time for a wrong provisioning to show.
+    await consistently_async(
+        "the claim that fits nowhere left Pending", left_pending, 3, 0.2, satisfied=no_problems
+    )
 
     for name in ("filler", "fits", "nowhere"):
         await delete_pod(api, namespace, name)
@@ -410,7 +422,7 @@ async def test_kill9_of_a_driver_and_a_provisioner_during_thirty_provisions_conv
     async def some_provisioned() -> bool:
         return bool(set(backing_files(stack)) - before)
 
-    await wait_for(some_provisioned, 60, "the first volumes made", interval=0.05)
+    await eventually_async("the first volumes made", some_provisioned, 60, 0.05)
     await stack.kill9("csi-driver-node-node-a")
     await stack.kill9("external-provisioner-node-b")
     await creating
@@ -442,16 +454,25 @@ async def test_a_claim_larger_than_every_pool_gets_a_clear_event_and_leaks_nothi
     # Immediate: no node's provisioner takes a claim its pool cannot hold (upstream's election
     # checks GetCapacity first); the claim waits, as the pv-controller's event says.
     huge = await claim(api, namespace, "4Gi", IMMEDIATE)
-    (waiting, *_) = await wait_for(
-        lambda: events_for(api, namespace, huge, "ExternalProvisioning"), 30, "ExternalProvisioning"
+    (waiting, *_) = await eventually_async(
+        "ExternalProvisioning", lambda: events_for(api, namespace, huge, "ExternalProvisioning"), 30
     )
     assert DRIVER_NAME in waiting["message"]
-    await asyncio.sleep(5)  # two election rounds at the stack's 2 s base delay
-    for name in (big, huge):
-        pvc = await api.get(PERSISTENT_VOLUME_CLAIMS, name, namespace)
-        assert pvc["status"]["phase"] == "Pending", name
-    assert len((await api.list_all(PERSISTENT_VOLUMES))[0]) == pvs_before, "no PV"
-    assert set(backing_files(stack)) == before, "no backing file"
+
+    async def nothing_made() -> list[str]:
+        problems = []
+        for name in (big, huge):
+            phase = (await api.get(PERSISTENT_VOLUME_CLAIMS, name, namespace))["status"]["phase"]
+            problems += [f"{name} {phase}"] if phase != "Pending" else []
+        pvs = len((await api.list_all(PERSISTENT_VOLUMES))[0])
+        problems += [f"{pvs} PVs, {pvs_before} before"] if pvs != pvs_before else []
+        made = set(backing_files(stack)) - before
+        return problems + ([f"backing files made: {made}"] if made else [])
+
+    # Two election rounds at the stack's 2 s base delay.
+    await consistently_async(
+        "the 4Gi claims Pending, no PV, no file", nothing_made, 5, 0.2, satisfied=no_problems
+    )
     await delete_pod(api, namespace, "big")
 
 
@@ -477,7 +498,7 @@ async def test_expansion_of_a_mounted_node_local_volume(stack: StorageStack, nam
         got = await api.get(PERSISTENT_VOLUME_CLAIMS, pvc, namespace)
         return bool(got.get("status", {}).get("capacity", {}).get("storage") == "512Mi")
 
-    await wait_for(grown, 90, "the claim at 512Mi", interval=0.3)
+    await eventually_async("the claim at 512Mi", grown, 90, 0.3)
     assert backing.stat().st_size == 512 * MI, "the node's own resizer grew the file in its pool"
     volume = await api.get(PERSISTENT_VOLUMES, pv["metadata"]["name"])
     assert volume["spec"]["capacity"]["storage"] == "512Mi"
@@ -516,11 +537,11 @@ async def test_a_deleted_node_takes_its_claims_and_volumes_with_it(
         proc.disarm()
         await proc.stop(15)
     await api.delete(NODES, "node-b")
-    await wait_for(functools.partial(gone, api, NODES, "node-b"), 60, "the Node let go", interval=0.3)
+    await eventually_async("the Node let go", functools.partial(gone, api, NODES, "node-b"), 60, 0.3)
     assert await gone(api, PERSISTENT_VOLUME_CLAIMS, pvc, namespace), "the claim pinned to it deleted"
-    await wait_for(functools.partial(gone, api, PERSISTENT_VOLUMES, pv_name), 30, "the PV deleted")
-    (claim_event,) = await wait_for(
-        lambda: events_for(api, namespace, pvc, "ClaimDeletedNodeGone"), 30, "ClaimDeletedNodeGone"
+    await eventually_async("the PV deleted", functools.partial(gone, api, PERSISTENT_VOLUMES, pv_name), 30)
+    (claim_event,) = await eventually_async(
+        "ClaimDeletedNodeGone", lambda: events_for(api, namespace, pvc, "ClaimDeletedNodeGone"), 30
     )
     assert "node-b" in claim_event["message"] and pv_name in claim_event["message"]
     assert backing_files(stack)[handle_of(pv)] == ["node-b"], "the machine's pool is not reachable to clean"
@@ -528,5 +549,7 @@ async def test_a_deleted_node_takes_its_claims_and_volumes_with_it(
     # The machine comes back: its plugin, then the rest; its agent registers the Node again.
     for name in ("csi-driver-node-node-b", *reversed(NODE_B_PROCESSES)):
         await stack.process(name).start()
-    await wait_for(functools.partial(labelled, api, "node-b"), 60, "node-b registered with its plugin again")
+    await eventually_async(
+        "node-b registered with its plugin again", functools.partial(labelled, api, "node-b"), 60
+    )
     (stack.node_pool("node-b") / "volumes" / f"{handle_of(pv)}.img").unlink()  # the admin's part

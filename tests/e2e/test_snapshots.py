@@ -27,7 +27,8 @@ from controller_runtime.resources import (
 )
 from csi_driver import DRIVER_NAME
 from localstack.controlplane import ControlPlane
-from localstack.storage_stack import STORAGE_COMPONENTS, StorageStack, wait_for
+from localstack.storage_stack import STORAGE_COMPONENTS, StorageStack
+from tests.support.waits import eventually_async
 
 pytestmark = [pytest.mark.integration, pytest.mark.root]
 
@@ -72,7 +73,7 @@ async def bound(stack: StorageStack, namespace: str, name: str) -> Obj:
         pvc = await stack.api.get(PERSISTENT_VOLUME_CLAIMS, name, namespace)
         return pvc if (pvc.get("status") or {}).get("phase") == "Bound" else None
 
-    pvc: Obj = await wait_for(done, 60, f"claim {name} bound")
+    pvc: Obj = await eventually_async(f"claim {name} bound", done, 60)
     return pvc
 
 
@@ -95,7 +96,7 @@ async def snapshot(stack: StorageStack, namespace: str, source: str) -> Obj:
         snap = await stack.api.get(VOLUME_SNAPSHOTS, name, namespace)
         return snap if (snap.get("status") or {}).get("readyToUse") else None
 
-    snap: Obj = await wait_for(ready, 60, f"snapshot {name} ready")
+    snap: Obj = await eventually_async(f"snapshot {name} ready", ready, 60)
     return snap
 
 
@@ -131,7 +132,7 @@ async def test_a_snapshot_is_taken_and_restored_in_the_local_stack(
     async def copy_gone() -> bool:
         return not (stack.pool / "snapshots" / f"{handle}.img").exists()
 
-    await wait_for(copy_gone, 60, "the snapshot's copy deleted")
+    await eventually_async("the snapshot's copy deleted", copy_gone, 60)
     for name in (restored, source):
         await stack.api.delete(PERSISTENT_VOLUME_CLAIMS, name, namespace)
 
@@ -178,7 +179,7 @@ async def test_a_group_snapshot_of_two_claims_in_use_restores_both(
         group = await api.get(VGS, "pair", namespace)
         return group if (group.get("status") or {}).get("readyToUse") else None
 
-    await wait_for(ready, 90, "the group snapshot ready")
+    await eventually_async("the group snapshot ready", ready, 90)
     snaps, _ = await api.list_all(VOLUME_SNAPSHOTS, namespace)
     members = [
         s
@@ -207,13 +208,13 @@ async def test_a_group_snapshot_of_two_claims_in_use_restores_both(
     async def copies_gone() -> bool:
         return not list((stack.pool / "snapshots").iterdir())
 
-    await wait_for(copies_gone, 60, "the group's copies deleted")
+    await eventually_async("the group's copies deleted", copies_gone, 60)
 
     async def members_gone() -> bool:
         left, _ = await api.list_all(VOLUME_SNAPSHOTS, namespace)
         return not [s for s in left if s["metadata"]["name"] in {m["metadata"]["name"] for m in members}]
 
-    await wait_for(members_gone, 60, "the group's member VolumeSnapshots deleted with it")
+    await eventually_async("the group's member VolumeSnapshots deleted with it", members_gone, 60)
     await api.delete(VGS_CLASSES, GROUP_CLASS)
 
 
@@ -226,7 +227,7 @@ async def failed(stack: StorageStack, namespace: str, name: str) -> str:
                 return str(event["message"])
         return None
 
-    message: str = await wait_for(found, 60, f"ProvisioningFailed on {name}")
+    message: str = await eventually_async(f"ProvisioningFailed on {name}", found, 60)
     return message
 
 
@@ -293,4 +294,4 @@ async def test_a_filesystem_snapshot_becomes_a_block_volume_only_once_allowed(
             raise
         return False
 
-    await wait_for(snapshot_gone, 60, f"snapshot {snap_name} deleted")
+    await eventually_async(f"snapshot {snap_name} deleted", snapshot_gone, 60)

@@ -5,20 +5,16 @@ then stopped with SIGTERM, leaving no process behind. Plus the component registr
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
-import time
 import urllib.parse
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,7 +23,7 @@ import psutil
 import pytest
 
 from controller_runtime.certs import Identity
-from controller_runtime.toolchain import REPO_ROOT, MissingBinaryError, Toolchain
+from controller_runtime.toolchain import REPO_ROOT, Toolchain
 from localstack.certs import PKI, service_account_identity
 from localstack.components import (
     REGISTRY,
@@ -40,135 +36,17 @@ from localstack.components import (
 from localstack.controlplane import ControlPlane, StackLockedError
 from localstack.proc import ManagedProcess, free_ports, port_is_free
 from localstack.testing import free_stack_ports, start_test_control_plane
+from tests.support.waits import eventually, eventually_async
 
-READY_LINE = "kubeloop stack is ready"
-# Prometheus of the module's stack: a free port, not the default a developer's `make up` may hold.
-PROMETHEUS_TEST_PORT = free_ports(1)[0]
-START_TIMEOUT = 240.0  # two cores, cold page cache: the apiserver alone can take tens of seconds
-
-
-def toolchain() -> Toolchain:
-    tc = Toolchain.default()
-    missing = ""
-    try:
-        for name in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl"):
-            tc.binary(name)
-    except MissingBinaryError as e:
-        missing = str(e)
-    if missing:
-        # Never a skip: a stack test that silently does not run hides a broken stack.
-        pytest.fail(f"{missing}\nRun `make binaries` first.", pytrace=False)
-    return tc
-
-
-@dataclass
-class RunningStack:
-    proc: subprocess.Popen[bytes]
-    home: Path
-    server: str
-    stdout: Path
-    stderr: Path
-    kubectl: Path
-    children: list[psutil.Process]
-
-    def kubectl_run(self, *args: str, kubeconfig: Path | None = None, check: bool = True) -> str:
-        res = subprocess.run(
-            [str(self.kubectl), f"--kubeconfig={kubeconfig or self.home / 'kubeconfig'}", *args],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        if check and res.returncode != 0:
-            raise AssertionError(f"kubectl {' '.join(args)} failed ({res.returncode}): {res.stderr}")
-        return res.stdout if res.returncode == 0 else res.stderr
-
-    def output(self) -> str:
-        log = self.home / "logs" / "stack.log"
-        return (
-            f"--- stdout\n{self.stdout.read_text()}\n--- stderr (end)\n{self.stderr.read_text()[-6000:]}"
-            f"\n--- stack.log (end)\n{log.read_text()[-4000:] if log.exists() else ''}"
-        )
-
-
-def _stack_processes(home: Path) -> list[psutil.Process]:
-    """Every process on the machine whose command line mentions this stack's home: the catch-all
-    for orphans, whoever their parent is now."""
-    found = []
-    for p in psutil.process_iter(["cmdline"]):
-        try:
-            cmdline = " ".join(p.info["cmdline"] or [])
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-        if str(home) in cmdline and p.pid != os.getpid():
-            found.append(p)
-    return found
-
-
-# Starts the launcher's argv with its environment, its console ending up in the two files (read
-# for the ready line and for a failure's message).
-Spawn = Callable[[list[str], dict[str, str], Path, Path], "subprocess.Popen[bytes]"]
-
-
-def to_files(argv: list[str], env: dict[str, str], stdout: Path, stderr: Path) -> subprocess.Popen[bytes]:
-    """The launcher's stdout and stderr straight into the files."""
-    with stdout.open("wb") as out, stderr.open("wb") as err:
-        return subprocess.Popen(argv, cwd=REPO_ROOT, env=env, stdout=out, stderr=err)
-
-
-def _launch(home: Path, base: Path, *extra: str, spawn: Spawn = to_files) -> RunningStack:
-    """Starts the launcher as `make up` would (plus test ports and no fsync) and waits for ready."""
-    tc = toolchain()
-    ports = free_stack_ports()
-    stdout, stderr = base / "stdout.txt", base / "stderr.txt"
-    argv = [
-        sys.executable, "-m", "localstack.main", "up",
-        f"--apiserver-port={ports.apiserver}",
-        f"--etcd-port={ports.etcd_client}",
-        f"--etcd-peer-port={ports.etcd_peer}",
-        f"--kcm-port={ports.kube_controller_manager}",
-        f"--scheduler-port={ports.kube_scheduler}",
-        "--etcd-unsafe-no-fsync",
-        *extra,
-    ]  # fmt: skip
-    proc = spawn(argv, {**os.environ, "KUBELOOP_HOME": str(home)}, stdout, stderr)
-    running = RunningStack(
-        proc, home, f"https://127.0.0.1:{ports.apiserver}", stdout, stderr, tc.binary("kubectl"), []
-    )
-    try:
-        deadline = time.monotonic() + START_TIMEOUT
-        while READY_LINE not in stdout.read_text():
-            if proc.poll() is not None:
-                pytest.fail(f"the launcher exited with {proc.returncode} before ready\n{running.output()}")
-            if time.monotonic() > deadline:
-                pytest.fail(f"the stack was not ready after {START_TIMEOUT:.0f}s\n{running.output()}")
-            time.sleep(0.2)
-        running.children = psutil.Process(proc.pid).children(recursive=True)
-    except BaseException:
-        _cleanup(running)
-        raise
-    return running
-
-
-def _cleanup(running: RunningStack) -> None:
-    if running.proc.poll() is None:
-        running.proc.send_signal(signal.SIGTERM)
-        try:
-            running.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            running.proc.kill()
-    for p in _stack_processes(running.home):
-        p.kill()
-
-
-@contextlib.contextmanager
-def short_home() -> Iterator[Path]:
-    """A stack home close to / : the node plugins' sockets live below it, and unix socket paths
-    allow 107 bytes (pytest's own temporary directories can be too deep)."""
-    home = Path(tempfile.mkdtemp(prefix="kls-", dir="/tmp"))
-    try:
-        yield home
-    finally:
-        shutil.rmtree(home, ignore_errors=True)
+from .stacks import (
+    PROMETHEUS_TEST_PORT,
+    RunningStack,
+    cleanup,
+    launch,
+    short_home,
+    stack_processes,
+    toolchain,
+)
 
 
 @pytest.fixture(scope="module")
@@ -176,12 +54,12 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]:
     base = tmp_path_factory.mktemp("stack")
     with short_home() as home:
         # With Prometheus (`make up PROMETHEUS=1`), on a free port.
-        running = _launch(home, base, "--prometheus", f"--prometheus-port={PROMETHEUS_TEST_PORT}")
+        running = launch(home, base, "--prometheus", f"--prometheus-port={PROMETHEUS_TEST_PORT}")
         try:
             yield running
         finally:
             # Normally test_sigterm_stops_everything has stopped it; this only cleans up after a failure.
-            _cleanup(running)
+            cleanup(running)
 
 
 def test_ready_and_reports_each_component(stack: RunningStack) -> None:
@@ -201,15 +79,18 @@ def test_ready_and_reports_each_component(stack: RunningStack) -> None:
 def test_prometheus_scrapes_every_component_and_loads_the_alerting_rules(stack: RunningStack) -> None:
     api = f"http://127.0.0.1:{PROMETHEUS_TEST_PORT}/api/v1"
 
-    def targets() -> list[dict[str, Any]] | None:
+    def targets() -> list[dict[str, Any]]:
         with urllib.request.urlopen(f"{api}/targets", timeout=10) as r:
-            active = json.load(r)["data"]["activeTargets"]
-        return active if active and all(t["health"] == "up" for t in active) else None
+            active: list[dict[str, Any]] = json.load(r)["data"]["activeTargets"]
+        return active
 
-    deadline = time.monotonic() + 60
-    while (active := targets()) is None:
-        assert time.monotonic() < deadline, f"not every target up: {json.dumps(targets(), indent=1)[:3000]}"
-        time.sleep(2)
+    active = eventually(
+        "every target up",
+        targets,
+        60,
+        2,
+        satisfied=lambda active: active and all(t["health"] == "up" for t in active),
+    )
     scraped = {t["labels"]["component"] for t in active}
     assert scraped == {i.name for i in instances(REGISTRY, node_names(2)) if i.http_port is not None}
     with urllib.request.urlopen(f"{api}/rules", timeout=10) as r:
@@ -256,23 +137,35 @@ def test_kcm_runs_namespace_and_serviceaccount_controllers(stack: RunningStack) 
     stack.kubectl_run("create", "namespace", ns)
     # Content in the namespace makes the namespace controller do real work before it can finish.
     stack.kubectl_run("-n", ns, "create", "configmap", "payload", "--from-literal=k=v")
-    deadline = time.monotonic() + 60
-    while "default" not in stack.kubectl_run("-n", ns, "get", "serviceaccounts", "-o", "name"):
-        assert time.monotonic() < deadline, "kcm's serviceaccount controller never created 'default'"
-        time.sleep(0.2)
+    eventually(
+        "kcm's serviceaccount controller to create 'default'",
+        lambda: "default" in stack.kubectl_run("-n", ns, "get", "serviceaccounts", "-o", "name"),
+        60,
+        0.2,
+    )
     stack.kubectl_run("delete", "namespace", ns, "--wait=false")
-    deadline = time.monotonic() + 90
-    while True:
-        res = stack.kubectl_run("get", "namespace", ns, "-o", "name", check=False)
-        if "NotFound" in res:
-            break
-        assert time.monotonic() < deadline, f"namespace {ns} was never deleted (kcm not working?): {res}"
-        time.sleep(0.3)
+    eventually(
+        f"namespace {ns} deleted (kcm working)",
+        lambda: stack.kubectl_run("get", "namespace", ns, "-o", "name", check=False),
+        90,
+        0.3,
+        satisfied=lambda res: "NotFound" in res,
+    )
 
 
 def _status(stack: RunningStack) -> dict[str, dict[str, object]]:
     data: dict[str, dict[str, dict[str, object]]] = json.loads((stack.home / "status.json").read_text())
     return data["components"]
+
+
+@dataclass(frozen=True)
+class Says:
+    """`satisfied` for a console: its text has the line."""
+
+    line: str
+
+    def __call__(self, text: str) -> bool:
+        return self.line in text
 
 
 def test_killed_component_is_restarted_and_claims_still_bind(stack: RunningStack, tmp_path: Path) -> None:
@@ -283,12 +176,11 @@ def test_killed_component_is_restarted_and_claims_still_bind(stack: RunningStack
     for name in victims:
         assert before[name]["running"] and before[name]["restarts"] == 0, before[name]
         os.kill(int(str(before[name]["pid"])), signal.SIGKILL)
-    deadline = time.monotonic() + 60
     for name in victims:
         line = f"restarted {name} (exit code -9), attempt 1, next backoff 2s"
-        while line not in stack.stdout.read_text():
-            assert time.monotonic() < deadline, f"{name} was not restarted\n{stack.output()}"
-            time.sleep(0.2)
+        eventually(
+            f"{name} restarted", stack.stdout.read_text, 60, 0.2, satisfied=Says(line), context=stack.output
+        )
         now = _status(stack)[name]
         assert now["restarts"] == 1 and now["last_exit_code"] == -9, now
         assert now["pid"] != before[name]["pid"] and psutil.pid_exists(int(str(now["pid"])))
@@ -306,13 +198,14 @@ def test_killed_component_is_restarted_and_claims_still_bind(stack: RunningStack
         )
     )
     stack.kubectl_run("create", "-f", str(claim))
-    deadline = time.monotonic() + 90
-    while (
-        stack.kubectl_run("-n", ns, "get", "pvc", "after-restart", "-o", "jsonpath={.status.phase}")
-        != "Bound"
-    ):
-        assert time.monotonic() < deadline, f"the claim never bound after the restarts\n{stack.output()}"
-        time.sleep(0.3)
+    eventually(
+        "the claim bound after the restarts",
+        lambda: stack.kubectl_run("-n", ns, "get", "pvc", "after-restart", "-o", "jsonpath={.status.phase}"),
+        90,
+        0.3,
+        satisfied=lambda phase: phase == "Bound",
+        context=stack.output,
+    )
     stack.kubectl_run("delete", "namespace", ns, "--wait=false")
 
 
@@ -325,7 +218,7 @@ def test_sigterm_stops_everything(stack: RunningStack) -> None:
     assert stack.stdout.read_text().count("restarted ") == restarts, "nothing is restarted on the way down"
     _gone, alive = psutil.wait_procs(stack.children, timeout=5)
     assert not alive, f"orphaned: {[(p.pid, p.name()) for p in alive]}"
-    assert _stack_processes(stack.home) == []
+    assert stack_processes(stack.home) == []
     assert "kubeloop: stopped" in stack.stdout.read_text()
 
 
@@ -338,7 +231,7 @@ def test_killed_launcher_leaves_no_orphans_and_restart_reuses_state(tmp_path: Pa
 
 def _kill_and_restart(home: Path, tmp_path: Path) -> None:
     (tmp_path / "1").mkdir()
-    first = _launch(home, tmp_path / "1")
+    first = launch(home, tmp_path / "1")
     try:
         first.kubectl_run("create", "namespace", "survives-restart")
         pki = {p: p.read_bytes() for p in (home / "pki").rglob("*") if p.is_file()}
@@ -347,15 +240,15 @@ def _kill_and_restart(home: Path, tmp_path: Path) -> None:
         _gone, alive = psutil.wait_procs(first.children, timeout=10)
         assert not alive, f"orphaned after SIGKILL: {[(p.pid, p.name()) for p in alive]}"
     finally:
-        _cleanup(first)
+        cleanup(first)
     (tmp_path / "2").mkdir()
-    second = _launch(home, tmp_path / "2")
+    second = launch(home, tmp_path / "2")
     try:
         assert {p: p.read_bytes() for p in (home / "pki").rglob("*") if p.is_file()} == pki
         assert "namespace/survives-restart" in second.kubectl_run("get", "namespace", "-o", "name")
         assert (home / "logs" / "kube-apiserver.previous.log").exists()
     finally:
-        _cleanup(second)
+        cleanup(second)
     assert second.proc.returncode == 0
 
 
@@ -492,10 +385,11 @@ subjects: [{kind: ServiceAccount, name: kubeloop-e2e-probe, namespace: kube-syst
             victim = comps.processes["probe-node-2"]
             assert victim.pid is not None
             os.kill(victim.pid, signal.SIGKILL)
-            deadline = time.monotonic() + 10
-            while not deaths:
-                assert time.monotonic() < deadline, "the death of a component went unreported"
-                await asyncio.sleep(0.05)
+
+            async def reported() -> bool:
+                return bool(deaths)
+
+            await eventually_async("the death of a component reported", reported, 10, 0.05)
             assert deaths == [("probe-node-2", -signal.SIGKILL)]
         finally:
             pids = [p.pid for p in comps.processes.values() if p.pid is not None]
@@ -503,4 +397,4 @@ subjects: [{kind: ServiceAccount, name: kubeloop-e2e-probe, namespace: kube-syst
         assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie" for pid in pids)
     finally:
         await cp.stop()
-    assert _stack_processes(tmp_path / "home") == []
+    assert stack_processes(tmp_path / "home") == []

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import psutil
 
-from .test_stack import _cleanup, _launch, _stack_processes, short_home
+from .stacks import cleanup, launch, short_home, stack_processes
 
 ROUNDS = int(os.environ.get("KUBELOOP_STACK_ROUNDS", "3"))
 
@@ -25,17 +25,17 @@ def test_stack_starts_and_stops_every_round(tmp_path: Path) -> None:
             base = tmp_path / str(round_)
             base.mkdir()
             try:
-                running = _launch(home, base)
-            except BaseException as e:  # pytest.fail inside _launch: record it and go on
+                running = launch(home, base)
+            except BaseException as e:  # pytest.fail inside launch: record it and go on
                 failures.append(f"round {round_}: not ready: {str(e)[-3000:]}")
                 continue
             try:
                 running.proc.send_signal(signal.SIGTERM)
                 code = running.proc.wait(90)
                 _gone, alive = psutil.wait_procs(running.children, timeout=10)
-                if code != 0 or alive or _stack_processes(home):
+                if code != 0 or alive or stack_processes(home):
                     failures.append(f"round {round_}: exit {code}, left {[p.pid for p in alive]}")
             finally:
-                _cleanup(running)
+                cleanup(running)
     print(f"{ROUNDS} stack start/stop rounds: {len(failures)} failed")
     assert not failures, "\n".join(failures)

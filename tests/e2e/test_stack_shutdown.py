@@ -20,7 +20,6 @@ import subprocess
 import sys
 import termios
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -28,19 +27,12 @@ import psutil
 
 from controller_runtime.toolchain import REPO_ROOT
 from localstack.leftovers import find_leftovers, force_cleanup, loop_devices_under, mounts_under
+from tests.support.waits import consistently, eventually, no_problems
 
-from .test_stack import RunningStack, Spawn, _cleanup, _launch, _stack_processes, short_home, to_files
+from .stacks import RunningStack, Spawn, cleanup, launch, short_home, stack_processes, to_files
 
 NODE = "node-a"
 DATA = "written before the stop"
-
-
-def _eventually(check: Callable[[], bool], what: str, stack: RunningStack, timeout: float = 90) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}\n{stack.output()}")
-        time.sleep(0.3)
 
 
 def _create_pod_with_claim(stack: RunningStack, base: Path) -> Path:
@@ -66,7 +58,7 @@ def _create_pod_with_claim(stack: RunningStack, base: Path) -> Path:
     manifest = base / "app.json"
     manifest.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": [claim, pod]}))
     stack.kubectl_run("create", "-f", str(manifest))
-    _eventually(lambda: _pod_phase(stack) == "Running", "pod app Running", stack)
+    eventually("pod app Running", lambda: _pod_phase(stack) == "Running", 90, 0.3, context=stack.output)
     uid = stack.kubectl_run("get", "pod", "app", "-o", "jsonpath={.metadata.uid}")
     pv = stack.kubectl_run("get", "pvc", "data", "-o", "jsonpath={.spec.volumeName}")
     kubelet = stack.home / "nodes" / NODE / "kubelet"
@@ -87,7 +79,7 @@ def _stopped(stack: RunningStack) -> None:
     code = stack.proc.wait(120)
     assert code == 0, stack.output()
     _gone, alive = psutil.wait_procs(stack.children, timeout=10)
-    assert not alive and _stack_processes(stack.home) == [], f"left running: {alive}"
+    assert not alive and stack_processes(stack.home) == [], f"left running: {alive}"
 
 
 def _sigterm(stack: RunningStack) -> None:
@@ -115,25 +107,25 @@ def test_stop_with_a_mounted_volume_leaves_nothing_and_next_start_mounts_again(t
 def _launch_run(home: Path, tmp_path: Path, run: str, spawn: Spawn = to_files) -> RunningStack:
     base = tmp_path / run
     base.mkdir()
-    return _launch(home, base, spawn=spawn)
+    return launch(home, base, spawn=spawn)
 
 
 def _stop_and_start_again(home: Path, tmp_path: Path) -> None:
     first = _launch_run(home, tmp_path, "1")
     try:
         mount = _create_pod_with_claim(first, tmp_path / "1")
-        _eventually(lambda: _mounted(mount) == 1, f"{mount} mounted", first)
+        eventually(f"{mount} mounted", lambda: _mounted(mount) == 1, 90, 0.3, context=first.output)
         (mount / "data.txt").write_text(DATA)
         assert loop_devices_under(home), "the volume's loop device is attached"
         _sigterm(first)
         _assert_nothing_left(first)
     finally:
-        _cleanup(first)
+        cleanup(first)
 
     # The pod is still in etcd: the node agent stages and publishes its volume again.
     second = _launch_run(home, tmp_path, "2")
     try:
-        _eventually(lambda: _mounted(mount) == 1, f"{mount} mounted again", second)
+        eventually(f"{mount} mounted again", lambda: _mounted(mount) == 1, 90, 0.3, context=second.output)
         assert (mount / "data.txt").read_text() == DATA
         assert _pod_phase(second) == "Running"
         # SIGKILL: the launcher's children die with it (parent-death signal), no agent unmounts.
@@ -145,20 +137,25 @@ def _stop_and_start_again(home: Path, tmp_path: Path) -> None:
             "what docs/local-stack.md says stays"
         )
     finally:
-        _cleanup(second)
+        cleanup(second)
 
     # The next start takes the volume over as it is (mounted once, one loop device), and its stop
     # unmounts it.
     third = _launch_run(home, tmp_path, "3")
     try:
-        time.sleep(2)  # a few reconcile passes of the node agent, which is ready already
-        assert _mounted(mount) == 1, mounts_under(home)
-        assert len(loop_devices_under(home)) == 1, loop_devices_under(home)
+
+        def taken_over() -> list[str]:
+            mounts, devices = mounts_under(home), loop_devices_under(home)
+            problems = [f"mounted {_mounted(mount)} times: {mounts}"] if _mounted(mount) != 1 else []
+            return problems + ([f"loop devices {devices}"] if len(devices) != 1 else [])
+
+        # A few reconcile passes of the node agent, which is ready already: mounted once, one device.
+        consistently("the volume taken over as it is", taken_over, 2, 0.2, satisfied=no_problems)
         assert (mount / "data.txt").read_text() == DATA
         _sigterm(third)
         _assert_nothing_left(third)
     finally:
-        _cleanup(third)
+        cleanup(third)
 
 
 class _Console:
@@ -248,13 +245,13 @@ def _stop_with_a_mounted_volume(
     stack = _launch_run(home, tmp_path, "1", spawn)
     try:
         mount = _create_pod_with_claim(stack, tmp_path / "1")
-        _eventually(lambda: _mounted(mount) == 1, f"{mount} mounted", stack)
+        eventually(f"{mount} mounted", lambda: _mounted(mount) == 1, 90, 0.3, context=stack.output)
         assert loop_devices_under(home), "the volume's loop device is attached"
         stop(stack)
         _stopped(stack)
         _assert_nothing_left(stack)
     finally:
-        _cleanup(stack)
+        cleanup(stack)
     return stack
 
 

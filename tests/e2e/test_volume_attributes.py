@@ -25,7 +25,8 @@ from controller_runtime.resources import (
 from csi_driver import DRIVER_NAME
 from csi_driver.backend.files import synchronous
 from localstack.controlplane import ControlPlane
-from localstack.storage_stack import STORAGE_COMPONENTS, StorageStack, wait_for
+from localstack.storage_stack import STORAGE_COMPONENTS, StorageStack
+from tests.support.waits import eventually_async
 
 pytestmark = [pytest.mark.integration, pytest.mark.root]
 
@@ -102,7 +103,7 @@ async def bound(stack: StorageStack, namespace: str, name: str) -> Obj:
         pvc = await claim(stack.api, namespace, name)
         return pvc if (pvc.get("status") or {}).get("phase") == "Bound" else None
 
-    pvc: Obj = await wait_for(done, 60, f"claim {name} bound")
+    pvc: Obj = await eventually_async(f"claim {name} bound", done, 60)
     return pvc
 
 
@@ -120,7 +121,7 @@ async def settled_on(api: ApiClient, namespace: str, name: str, vac: str, timeou
         ok = st.get("currentVolumeAttributesClassName") == vac and "modifyVolumeStatus" not in st
         return pvc if ok else None
 
-    pvc: Obj = await wait_for(done, timeout, f"claim {name} on class {vac}")
+    pvc: Obj = await eventually_async(f"claim {name} on class {vac}", done, timeout)
     return pvc
 
 
@@ -130,7 +131,7 @@ async def modify_status(api: ApiClient, namespace: str, name: str, state: str) -
         mvs = (pvc.get("status") or {}).get("modifyVolumeStatus") or {}
         return pvc if mvs.get("status") == state else None
 
-    pvc: Obj = await wait_for(reached, 60, f"claim {name} modification {state}")
+    pvc: Obj = await eventually_async(f"claim {name} modification {state}", reached, 60)
     return pvc
 
 
@@ -139,7 +140,7 @@ async def events(stack: StorageStack, namespace: str, reason: str, name: str) ->
         found = [e for e in await stack.events(namespace, reason) if e["involvedObject"]["name"] == name]
         return found or None
 
-    found: list[Obj] = await wait_for(some, 30, f"a {reason} event for {name}")
+    found: list[Obj] = await eventually_async(f"a {reason} event for {name}", some, 30)
     return found
 
 
@@ -229,7 +230,7 @@ async def test_a_live_volume_changes_class_and_an_infeasible_class_is_rolled_bac
         failed = await stack.events(namespace, "VolumeModifyFailed")
         return [e for e in failed if e["message"] == f'VAC "{LATER}" does not exist.'] or None
 
-    (absent,) = await wait_for(missing, 30, "the event naming the missing class")
+    (absent,) = await eventually_async("the event naming the missing class", missing, 30)
     assert absent["type"] == "Warning"
     await create_vac(api, LATER, DRIVER_NAME, {"cacheMode": "writeback"})
     await settled_on(api, namespace, name, LATER, timeout=30)

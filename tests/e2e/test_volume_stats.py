@@ -16,7 +16,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from controller_runtime.client import ApiClient
 from localstack.components import instances
 from localstack.controlplane import ControlPlane
-from localstack.storage_stack import StorageStack, wait_for
+from localstack.storage_stack import StorageStack
+from tests.support.waits import eventually_async
 
 pytestmark = [pytest.mark.integration, pytest.mark.root]
 MiB = 1 << 20
@@ -72,7 +73,7 @@ async def test_a_claims_usage_shows_on_the_nodes_metrics_as_kubelet_names_it(
         series = claim_series(await node_metrics(stack, "node-a"), namespace, pvc)
         return series if series.get("kubelet_volume_stats_used_bytes", 0) >= 8 * MiB else None
 
-    series = await wait_for(counted, 40, "the 8 MiB written in kubelet_volume_stats_used_bytes")
+    series = await eventually_async("the 8 MiB written in kubelet_volume_stats_used_bytes", counted, 40)
     assert 50 * MiB < series["kubelet_volume_stats_capacity_bytes"] <= 64 * MiB
     assert (
         series["kubelet_volume_stats_available_bytes"]
@@ -91,7 +92,7 @@ async def test_a_claims_usage_shows_on_the_nodes_metrics_as_kubelet_names_it(
     async def gone() -> bool:
         return claim_series(await node_metrics(stack, "node-a"), namespace, pvc) == {}
 
-    await wait_for(gone, 40, "the claim's series gone with its pod")
+    await eventually_async("the claim's series gone with its pod", gone, 40)
     await stack.assert_clean(handle)
     await stack.delete_volume(namespace, pvc, pv, handle)
 
@@ -105,7 +106,7 @@ async def test_a_block_claim_reports_its_capacity_only(stack: StorageStack, name
         series = claim_series(await node_metrics(stack, "node-b"), namespace, pvc)
         return series or None
 
-    series = await wait_for(reported, 40, "the block claim's series")
+    series = await eventually_async("the block claim's series", reported, 40)
     assert series["kubelet_volume_stats_capacity_bytes"] == 32 * MiB
     assert series["kubelet_volume_stats_used_bytes"] == series["kubelet_volume_stats_inodes"] == 0
     await stack.delete_pod(namespace, "blk")
