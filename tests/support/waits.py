@@ -68,9 +68,11 @@ class _Poll:
         return bool(self.satisfied(value))
 
     def raised(self, err: BaseException) -> None:
+        """A probe that raised one of the exceptions to ignore saw nothing wanted; another fails."""
         if not isinstance(err, self.ignoring):
             raise err
-        self.saw(f"{type(err).__name__}: {err}")
+        self.polls += 1
+        self.last = f"{type(err).__name__}: {err}"
 
     def timed_out(self) -> WaitFailed:
         return self._failed(

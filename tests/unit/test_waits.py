@@ -101,3 +101,13 @@ def test_satisfied_says_what_a_wanted_value_is_and_context_explains_a_failure() 
             satisfied=lambda n: n == 3,
             context=lambda: "before: 3",
         )
+
+
+def test_an_ignored_exception_is_not_given_to_satisfied() -> None:
+    def health() -> dict[str, str]:
+        raise ConnectionResetError("the apiserver restarts")
+
+    with pytest.raises(WaitFailed, match="saw: 'ConnectionResetError: the apiserver restarts'"):
+        eventually(
+            "healthy", health, 0, satisfied=lambda h: all(v == "ok" for v in h.values()), ignoring=(OSError,)
+        )
