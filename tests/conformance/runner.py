@@ -60,6 +60,8 @@ from localstack.go_sidecars import go_sidecar_components
 from localstack.proc import ManagedProcess
 from localstack.storage_stack import ShortHomeComponents, StorageStack, storage_components
 from localstack.testing import start_test_control_plane
+from tests.support.namespaces import default_service_account
+from tests.support.waits import WaitFailed, eventually_async, no_problems
 
 from .compare import RawOutcome
 from .model import (
@@ -284,8 +286,8 @@ async def _wait_nodes_ready(rec: Recorder, api: ApiClient, timeout: float = 120.
     deploy/). Ready is not enough: kcm's node lifecycle controller takes the not-ready taint the
     apiserver put on a new Node off a moment later, and a pod created in between gets a
     FailedScheduling event in one mode and not in the other (a fresh-clone run differed so)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    async def ready_nodes() -> list[str]:
         ready = [
             n
             for n in rec.all("Node")
@@ -300,10 +302,16 @@ async def _wait_nodes_ready(rec: Recorder, api: ApiClient, timeout: float = 120.
             c for c in csinodes if any(d["name"] == DRIVER_NAME for d in c["spec"].get("drivers") or ())
         ]
         capacities, _ = await api.list_all(CSI_STORAGE_CAPACITIES)
-        if len(ready) >= 2 and len(with_driver) >= 2 and len(capacities) >= 2:
-            return
-        await asyncio.sleep(0.5)
-    raise RuntimeError("nodes (Ready, untainted), CSINodes or CSIStorageCapacity objects not ready in time")
+        counts = {
+            "Ready untainted nodes": len(ready),
+            "CSINodes": len(with_driver),
+            "capacities": len(capacities),
+        }
+        return [f"{n} {what}" for what, n in counts.items() if n < 2]
+
+    await eventually_async(
+        "two nodes, CSINodes and CSIStorageCapacities", ready_nodes, timeout, 0.5, satisfied=no_problems
+    )
 
 
 @dataclass
@@ -396,7 +404,7 @@ class ScenarioRun:
     async def run(self) -> RawOutcome:
         api = self.ms.api
         await api.create(NAMESPACES, {"metadata": {"name": self.namespace}})
-        await self._wait_service_account()
+        await default_service_account(self.ms.api, self.namespace)
         for step in self.scenario.steps:
             try:
                 await self.step(step)
@@ -442,19 +450,6 @@ class ScenarioRun:
             self.rec.changed.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.rec.changed.wait(), 0.5)
-
-    async def _wait_service_account(self) -> None:
-        sa = Resource("", "v1", "serviceaccounts", "ServiceAccount", True)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                await self.ms.api.get(sa, "default", self.namespace)
-                return
-            except ApiError as exc:
-                if not exc.not_found:
-                    raise
-            await asyncio.sleep(0.2)
-        raise RuntimeError(f"no default ServiceAccount in {self.namespace}")
 
     async def step(self, step: Step) -> None:
         api = self.ms.api
@@ -607,15 +602,17 @@ class ScenarioRun:
         has changed for QUIET_S seconds, at most QUIET_LIMIT_S. Events are posted asynchronously
         and through rate-limited clients in both modes; a snapshot taken while the last of them
         is still on its way compares timing, not behaviour."""
-        deadline = time.monotonic() + QUIET_LIMIT_S
         last, since = self._fingerprint(), time.monotonic()
-        while time.monotonic() < deadline:
-            await asyncio.sleep(0.25)
+
+        async def quiet() -> bool:
+            nonlocal last, since
             now = self._fingerprint()
             if now != last:
                 last, since = now, time.monotonic()
-            elif time.monotonic() - since >= QUIET_S:
-                return
+            return time.monotonic() - since >= QUIET_S
+
+        with contextlib.suppress(WaitFailed):  # never quiet: the snapshot is taken as it is
+            await eventually_async(f"nothing changed for {QUIET_S}s", quiet, QUIET_LIMIT_S, 0.25)
 
     def _fingerprint(self) -> tuple[str, ...]:
         seen, events = self._collected()
@@ -657,9 +654,11 @@ class ScenarioRun:
 
 
 async def _exited(proc: ManagedProcess, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while proc.running and time.monotonic() < deadline:  # noqa: ASYNC110 (ManagedProcess has no exit event)
-        await asyncio.sleep(0.05)
+    async def exited() -> bool:  # ManagedProcess has no exit event
+        return not proc.running
+
+    with contextlib.suppress(WaitFailed):
+        await eventually_async(f"{proc.name} exited", exited, timeout, 0.05)
 
 
 _SHORT = {kind: short for short, kind in KINDS.items()}
