@@ -45,6 +45,7 @@ from localstack.components import REGISTRY, Component, ComponentContext
 from localstack.controlplane import ControlPlane
 from localstack.proc import ManagedProcess, RestartPolicy, free_ports
 from localstack.storage_stack import NODES, StorageStack, loop_backing_files, mounts_under, storage_components
+from tests.support.waits import WaitFailed, eventually_async, no_problems
 
 T = TypeVar("T")
 PVCS = PERSISTENT_VOLUME_CLAIMS
@@ -250,43 +251,47 @@ def chaos_stack(cp: ControlPlane, api: ApiClient, replicas: int = 1) -> StorageS
 _TRANSIENT = (aiohttp.ClientError, OSError, asyncio.TimeoutError)
 
 
+class _Unavailable(Exception):
+    """An ApiError the apiserver or etcd restarting answers with (5xx, 429): try again."""
+
+
+async def _through_restarts(call: Callable[[], Awaitable[T]]) -> T:
+    try:
+        return await call()
+    except ApiError as e:
+        if e.status < 500 and e.status != 429:
+            raise
+        raise _Unavailable(str(e)) from e
+
+
+_RETRIED = (_Unavailable, *_TRANSIENT)
+
+
 async def retrying(call: Callable[[], Awaitable[T]], what: str, timeout: float = 120.0) -> T:
     """An API call through apiserver and etcd restarts: connection errors, 5xx and 429 are retried."""
-    deadline = time.monotonic() + timeout
     attempts = 0
-    while True:
+
+    async def attempt() -> tuple[T]:
+        nonlocal attempts
         attempts += 1
         try:
-            return await call()
+            return (await _through_restarts(call),)
         except ApiError as e:
             # A create or delete the apiserver did before its answer was lost is done: a retry
             # meets AlreadyExists or NotFound. Callers that need the object read it again.
             if attempts > 1 and (e.already_exists or e.not_found):
-                return e.body  # type: ignore[return-value]
-            if e.status < 500 and e.status != 429:
-                raise
-            err: Exception = e
-        except _TRANSIENT as e:
-            err = e
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: still failing after {timeout:.0f}s: {err}") from err
-        await asyncio.sleep(0.5)
+                return (e.body,)  # type: ignore[return-value]
+            raise
+
+    (result,) = await eventually_async(f"{what} (through restarts)", attempt, timeout, 0.5, ignoring=_RETRIED)
+    return result
 
 
-async def eventually(check: Callable[[], Awaitable[T | None]], what: str, timeout: float = OP_TIMEOUT) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        with contextlib.suppress(*_TRANSIENT):
-            try:
-                result = await check()
-                if result:
-                    return result
-            except ApiError as e:
-                if e.status < 500 and e.status != 429:
-                    raise
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        await asyncio.sleep(0.25)
+async def through_restarts(
+    what: str, check: Callable[[], Awaitable[T | None]], timeout: float = OP_TIMEOUT
+) -> T:
+    """`eventually_async` for a check that reads the API while its apiserver and etcd restart."""
+    return await eventually_async(what, lambda: _through_restarts(check), timeout, 0.25, ignoring=_RETRIED)
 
 
 def checksum(data: bytes) -> str:
@@ -391,7 +396,7 @@ class Campaign:
             return pod if pod.get("status", {}).get("phase") == "Running" else None
 
         try:
-            pod: Obj = await eventually(running, f"pod {name} running")
+            pod: Obj = await through_restarts(f"pod {name} running", running)
         except AssertionError:
             # A filesystem the node plugin refuses to mount (fsck: UNEXPECTED INCONSISTENCY) is
             # data lost, the worst outcome: counted as a corruption, not only as a timeout.
@@ -441,7 +446,7 @@ class Campaign:
                 raise
             return False
 
-        await eventually(gone, f"pod {name} gone")
+        await through_restarts(f"pod {name} gone", gone)
 
     async def move_resident(self, figures: RoundFigures) -> None:
         """Moves the resident pod to the other node and checks every file written so far."""
@@ -480,7 +485,7 @@ class Campaign:
             pvc = await self.api.get(PERSISTENT_VOLUME_CLAIMS, name, self.ns)
             return pvc if pvc.get("status", {}).get("phase") == "Bound" else None
 
-        pvc = await eventually(bound, f"claim {name} bound")
+        pvc = await through_restarts(f"claim {name} bound", bound)
         pv_name = str(pvc["spec"]["volumeName"])
         pv = await retrying(lambda: self.api.get(PERSISTENT_VOLUMES, pv_name), "get PV")
         node = _pv_node(pv) or NODES[0]
@@ -500,7 +505,7 @@ class Campaign:
             pv = await self.api.get(PERSISTENT_VOLUMES, pv_name)
             return _mi(str(pv["spec"]["capacity"]["storage"])) >= EXPANDED_MI
 
-        await eventually(grown, f"volume {pv_name} expanded to {EXPANDED_MI}Mi")
+        await through_restarts(f"volume {pv_name} expanded to {EXPANDED_MI}Mi", grown)
         # The filesystem grows online only with CAP_SYS_RESOURCE; the pod is restarted either way,
         # which finishes the resize offline at the next stage and moves the pod's mount.
         await self._delete_pod(pod_name)
@@ -515,7 +520,7 @@ class Campaign:
             pvc = await self.api.get(PERSISTENT_VOLUME_CLAIMS, name, self.ns)
             return _mi(str(pvc.get("status", {}).get("capacity", {}).get("storage", "0"))) >= EXPANDED_MI
 
-        await eventually(expanded, f"claim {name} expanded to {EXPANDED_MI}Mi")
+        await through_restarts(f"claim {name} expanded to {EXPANDED_MI}Mi", expanded)
         figures.operations["file verified"] += 1
         if read_checksum(mount / "data.bin") != digest:
             figures.corruptions += 1
@@ -551,7 +556,7 @@ class Campaign:
                         return "refused"
                 return None
 
-            if await eventually(outcome, f"fill claim {name} bound or refused") == "refused":
+            if await through_restarts(f"fill claim {name} bound or refused", outcome) == "refused":
                 refused.add(name)
                 break
         figures.refused_claims += len(refused)
@@ -590,7 +595,7 @@ class Campaign:
         async def up() -> int | None:
             return proc.pid if proc.running else None
 
-        pid: int = await eventually(up, f"{proc.name} running again", timeout=60)
+        pid: int = await through_restarts(f"{proc.name} running again", up, 60)
         return pid
 
     async def kill(self, figures: RoundFigures) -> None:
@@ -638,7 +643,7 @@ class Campaign:
                     return proc, holders[proc.pid]
             return None
 
-        proc, lease = await eventually(leader, f"a leader among {[p.name for p in replicas]}", timeout=60)
+        proc, lease = await through_restarts(f"a leader among {[p.name for p in replicas]}", leader, 60)
         assert proc.pid is not None
         name = lease["metadata"]["name"]
         killed_at = time.monotonic()
@@ -655,7 +660,7 @@ class Campaign:
                 if p.running
             )
 
-        await eventually(taken_over, f"a standby of {kind} holding Lease {name}", timeout=LEASE_SECONDS * 6)
+        await through_restarts(f"a standby of {kind} holding Lease {name}", taken_over, LEASE_SECONDS * 6)
         figures.takeovers[kind] = time.monotonic() - killed_at
         if figures.takeovers[kind] > LEASE_SECONDS * 3:
             figures.failures.append(f"{kind}: the standby took {figures.takeovers[kind]:.1f}s to take over")
@@ -808,29 +813,33 @@ class Campaign:
 
     async def settle(self, figures: RoundFigures) -> None:
         started = time.monotonic()
-        deadline = started + self.config.settle_timeout
-        while True:
+        seen: dict[str, tuple[dict[str, list[str]], Counter[str]]] = {}
+
+        async def invariants() -> dict[str, list[str]]:
             try:
-                result, leaked = await self.check_invariants()
+                seen["last"] = await self.check_invariants()
             except (*_TRANSIENT, ApiError) as e:
-                result, leaked = {"API reachable": [str(e)]}, Counter()
+                seen["last"] = {"API reachable": [str(e)]}, Counter()
+            result = seen["last"][0]
+            return {k: v for k, v in result.items() if v}
+
+        try:
+            await eventually_async(
+                "the invariants", invariants, self.config.settle_timeout, 0.5, satisfied=no_problems
+            )
+        except WaitFailed:
+            result, leaked = seen["last"]
             failing = {k: v for k, v in result.items() if v}
-            if not failing:
-                figures.settle_seconds = time.monotonic() - started
-                figures.invariant_checks += len(result)
-                # Checksums, checked here again after everything settled.
-                await self.verify_resident(figures)
-                return
-            if time.monotonic() > deadline:
-                figures.settle_seconds = time.monotonic() - started
-                figures.invariant_checks += len(result) - len(failing)
-                figures.leaked.update(leaked)
-                for k, v in failing.items():
-                    figures.failures.append(
-                        f"after {self.config.settle_timeout:.0f}s: {k}: {'; '.join(v[:5])}"
-                    )
-                return
-            await asyncio.sleep(0.5)
+            figures.settle_seconds = time.monotonic() - started
+            figures.invariant_checks += len(result) - len(failing)
+            figures.leaked.update(leaked)
+            for k, v in failing.items():
+                figures.failures.append(f"after {self.config.settle_timeout:.0f}s: {k}: {'; '.join(v[:5])}")
+            return
+        figures.settle_seconds = time.monotonic() - started
+        figures.invariant_checks += len(seen["last"][0])
+        # Checksums, checked here again after everything settled.
+        await self.verify_resident(figures)
 
     async def verify_resident(self, figures: RoundFigures) -> None:
         r = self.resident
