@@ -36,6 +36,8 @@ KCM = "kube-controller-manager"
 # The chart before this one (0.1.0, the commit before the version went to 0.2.0): what an upgrade
 # starts from. CI's clone has the history.
 PREVIOUS_CHART_COMMIT = "acacd62"
+# At most this many claims for kubeloop's three controllers to each see kcm's counterpart at work.
+CANARIES = 5
 KUBELOOP_CONTROLLERS = {
     "kubeloop-pv-controller": "persistentvolume-binder-controller",
     "kubeloop-attach-detach-controller": "persistentvolume-attach-detach-controller",
@@ -298,11 +300,22 @@ def test_uninstall_keeps_the_volumes_and_a_new_install_serves_them(
     helm_test(kc)
 
 
+def no_volumes_left(kc: KindCluster) -> None:
+    """Waits until the release has deleted (and detached) every volume of the claims the tests
+    deleted: a release uninstalled before then would leave them to a driver of the other mode."""
+    wait_for(
+        "every PV and VolumeAttachment to go",
+        lambda: not kc.kubectl("get", "pv,volumeattachments", "-o", "name").split(),
+        timeout=180,
+    )
+
+
 @pytest.fixture(scope="module")
 def shared_release(local_cluster: KindCluster) -> Iterator[KindCluster]:
     """The node-local release replaced by the chart in shared mode; the node-local one installed
     again after the module's tests."""
     kc = local_cluster
+    no_volumes_left(kc)
     helm(kc, "uninstall", kind.HELM_RELEASE, "--wait", "--timeout=5m")
     try:
         helm(
@@ -316,6 +329,7 @@ def shared_release(local_cluster: KindCluster) -> Iterator[KindCluster]:
         )
         yield kc
     finally:
+        no_volumes_left(kc)
         helm(kc, "uninstall", kind.HELM_RELEASE, "--wait", "--timeout=5m")
         helm(kc, "install", kind.HELM_RELEASE, str(kind.HELM_CHART), *node_local_values(kc), "--wait",
              "--timeout=5m")  # fmt: skip
@@ -441,7 +455,7 @@ def kubeloop_writes(kc: KindCluster, ns: str, claim_name: str) -> list[tuple[str
 def test_kubeloops_controllers_deployed_by_mistake_stand_down(
     shared_release: KindCluster, shared_namespace: str
 ) -> None:
-    """Each of the three learns of kcm's counterpart from what kcm writes for the first claim (which
+    """Each of the three learns of kcm's counterpart from what kcm writes for the first claims (which
     it may have raced kcm for: kubeloop_writes says), says so (metric, log line naming kcm's flag,
     Warning), and from then on writes nothing: the next claim is bound, attached and grown by kcm
     alone."""
@@ -468,10 +482,23 @@ def test_kubeloops_controllers_deployed_by_mistake_stand_down(
                 timeout=200,
             )
         started = time.monotonic()
-        grown_claim(kc, ns, "first", "96Mi")
+        # Which of kcm and kubeloop writes first is a race: a claim kubeloop's controller won
+        # entirely leaves it nothing of kcm's to see. Claims come until each has seen kcm.
+        lines = {
+            d: f'kubeloop_kcm_counterpart_active{{controller="{c}"}} 1.0'
+            for d, c in KUBELOOP_CONTROLLERS.items()
+        }
+        canaries: list[str] = []
+        for i in range(CANARIES):
+            canaries.append(f"first-{i}")
+            grown_claim(kc, ns, canaries[-1], "96Mi")
+            if all(reports(kc, d, line) for d, line in lines.items()):
+                break
         for deployment, kcm_controller in KUBELOOP_CONTROLLERS.items():
-            line = f'kubeloop_kcm_counterpart_active{{controller="{kcm_controller}"}} 1.0'
-            wait_for(f"{deployment} to report kcm's {kcm_controller}", partial(reports, kc, deployment, line))
+            wait_for(
+                f"{deployment} to report kcm's {kcm_controller}",
+                partial(reports, kc, deployment, lines[deployment]),
+            )
             logs = kc.kubectl("logs", "-n", "kube-system", f"deploy/{deployment}")
             assert "standing down" in logs and f"--controllers=*,-{kcm_controller}" in logs, logs[-2000:]
         took = time.monotonic() - started
@@ -488,8 +515,8 @@ def test_kubeloops_controllers_deployed_by_mistake_stand_down(
             )
             == 3
         )
-        raced = kubeloop_writes(kc, ns, "first")
-        print(f"stood down {took:.1f} s after the first claim; their writes to it: {raced}")
+        raced = [w for c in canaries for w in kubeloop_writes(kc, ns, c)]
+        print(f"stood down {took:.1f} s after the first of {len(canaries)} claims; their writes: {raced}")
         grown_claim(kc, ns, "second", "96Mi")
         assert kubeloop_writes(kc, ns, "second") == []
     finally:
