@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from .resources import Obj
+from .kinds import CSIDriver, Node, NodeCondition
 from .storage import ROX, RWX
 
 
@@ -27,7 +27,7 @@ def multi_attach_allowed(access_modes: Iterable[str]) -> bool:
     return not modes or bool(modes & {ROX, RWX})
 
 
-def attach_required(csidriver: Obj | None) -> bool:
+def attach_required(csidriver: CSIDriver | None) -> bool:
     """Whether a CSI driver's volumes are attached (a VolumeAttachment, ControllerPublishVolume)
     before the node stages them: kcm's csiPlugin.skipAttach (pkg/volume/csi/csi_plugin.go), negated.
     No CSIDriver object: required. A CSIDriver whose spec.attachRequired is unset or null:
@@ -37,15 +37,15 @@ def attach_required(csidriver: Obj | None) -> bool:
     return (csidriver.get("spec") or {}).get("attachRequired") is not False
 
 
-def node_ready_condition(node: Obj | None) -> Obj | None:
+def node_ready_condition(node: Node | None) -> NodeCondition | None:
     """The node's Ready condition, None when it has none (or there is no node)."""
     for cond in ((node or {}).get("status") or {}).get("conditions") or []:
         if cond.get("type") == "Ready":
-            return dict(cond)
+            return cond.copy()
     return None
 
 
-def node_ready(node: Obj | None) -> bool:
+def node_ready(node: Node | None) -> bool:
     """Whether a node is Ready: its Ready condition's status is "True", kcm's nodeutil.IsNodeReady
     (pkg/util/node/node.go), which the attach-detach reconciler's nodeIsHealthy asks before a
     detach that skips the unmount wait. No node, no Ready condition, "False" or "Unknown": not

@@ -6,6 +6,7 @@ one field, `metadata.name`, with In or NotIn and exactly one value."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from .resources import Obj
 
@@ -63,7 +64,7 @@ def selector_matches(selector: Obj, node: Obj) -> bool:
     return any(_term_matches(t, labels, name) for t in selector.get("nodeSelectorTerms") or [])
 
 
-def required_affinity(pv: Obj) -> Obj | None:
+def required_affinity(pv: Mapping[str, Any]) -> Obj | None:
     """A PV's `spec.nodeAffinity.required`, or None when it has none."""
     required = ((pv.get("spec") or {}).get("nodeAffinity") or {}).get("required")
     return required or None

@@ -4,7 +4,8 @@ readers of claims, volumes and classes (see docs/contracts.md). Pure functions o
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from .quantity import parse_quantity
 from .resources import Obj
@@ -108,7 +109,7 @@ def volume_class(volume: Obj) -> str:
     return _class_of(volume)
 
 
-def is_deleting(obj: Obj) -> bool:
+def is_deleting(obj: Mapping[str, Any]) -> bool:
     return bool(obj.get("metadata", {}).get("deletionTimestamp"))
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from kubeloop_grpc.csi import csi_pb2
 
 from .attach_rules import multi_attach_allowed
+from .kinds import PersistentVolume, PersistentVolumeClaim, Pod, pod_view
 from .resources import Obj, object_key
 from .storage import ROX, RWO, RWOP, RWX
 
@@ -63,7 +64,7 @@ class CSIVolume:
         return multi_attach_allowed(self.access_modes)
 
 
-def csi_volume(pv: Obj) -> CSIVolume | None:
+def csi_volume(pv: PersistentVolume) -> CSIVolume | None:
     spec = pv.get("spec") or {}
     csi = spec.get("csi")
     if not csi or not csi.get("driver") or not csi.get("volumeHandle"):
@@ -87,7 +88,7 @@ def inline_volume_handle(pod_uid: str, volume_name: str) -> str:
     return "csi-" + hashlib.sha256(f"{pod_uid}{volume_name}".encode()).hexdigest()
 
 
-def inline_csi_volumes(pod: Obj) -> list[CSIVolume]:
+def inline_csi_volumes(pod: Pod) -> list[CSIVolume]:
     """A pod's inline `csi:` volumes, as kubelet hands them to the driver (the pod's information,
     which the CSIDriver decides about, is for the caller to add to `attributes`)."""
     uid = str(pod.get("metadata", {}).get("uid", ""))
@@ -113,7 +114,7 @@ def inline_csi_volumes(pod: Obj) -> list[CSIVolume]:
     return out
 
 
-def pod_info_attributes(pod: Obj, ephemeral: bool) -> dict[str, str]:
+def pod_info_attributes(pod: Pod, ephemeral: bool) -> dict[str, str]:
     """What kubelet adds to a volume's context when the CSIDriver says podInfoOnMount."""
     md, spec = pod.get("metadata", {}), pod.get("spec", {})
     return {
@@ -125,7 +126,7 @@ def pod_info_attributes(pod: Obj, ephemeral: bool) -> dict[str, str]:
     }
 
 
-def pod_claims(pod: Obj) -> list[tuple[str, str, bool]]:
+def pod_claims(pod: Pod) -> list[tuple[str, str, bool]]:
     """(volume name in the pod, claim name, readOnly) of each PVC-backed volume, including generic
     ephemeral volumes (their claim is `<pod>-<volume>`)."""
     pod_name = pod.get("metadata", {}).get("name", "")
@@ -139,12 +140,15 @@ def pod_claims(pod: Obj) -> list[tuple[str, str, bool]]:
     return out
 
 
-def pod_claim_keys(pod: Obj) -> list[str]:
+def pod_claim_keys(obj: Obj) -> list[str]:
+    """`namespace/claim` of each claim a pod uses: an informer's index function, so it takes the
+    cached object and views it as a Pod."""
+    pod = pod_view(obj)
     ns = pod.get("metadata", {}).get("namespace", "")
     return [object_key(ns, claim) for _, claim, _ in pod_claims(pod)]
 
 
-def bound_volume_name(pvc: Obj | None, pv: Obj | None = None) -> str:
+def bound_volume_name(pvc: PersistentVolumeClaim | None, pv: PersistentVolume | None = None) -> str:
     """The PV name of a Bound claim (and, when the PV is given, only if it points back at the
     claim's UID: a half-made bind must not be attached)."""
     if pvc is None or pvc.get("status", {}).get("phase") != "Bound":
@@ -157,7 +161,7 @@ def bound_volume_name(pvc: Obj | None, pv: Obj | None = None) -> str:
     return name
 
 
-def pod_terminated(pod: Obj) -> bool:
+def pod_terminated(pod: Pod) -> bool:
     """kubelet's and the attach-detach controller's notion: finished, or being deleted with no
     container running any more."""
     status = pod.get("status") or {}

@@ -29,6 +29,7 @@ from controller_runtime.controller import ControllerContext, run_workers
 from controller_runtime.csi_client import CSIConnection, SidecarController, SidecarOptions, error_text
 from controller_runtime.csi_errors import PUBLISH_VOLUME, classify
 from controller_runtime.informer import EventHandler
+from controller_runtime.kinds import pv_view
 from controller_runtime.logs import get_logger
 from controller_runtime.mutation_cache import MutationCache
 from controller_runtime.resources import (
@@ -240,7 +241,7 @@ class Attacher(SidecarController):
 
     @staticmethod
     def _csi_source(pv: Obj) -> CSIVolume:
-        vol = csi_volume(pv)
+        vol = csi_volume(pv_view(pv))
         if vol is None:
             raise AttachError("pv spec contained non-csi source that was not migrated")
         return vol

@@ -30,6 +30,7 @@ from controller_runtime.controller import ControllerContext, run_workers
 from controller_runtime.csi_client import CSIConnection, SidecarController, SidecarOptions, error_text
 from controller_runtime.csi_errors import EXPAND_VOLUME, OperationState, classify, status_code
 from controller_runtime.informer import EventHandler, SharedInformer
+from controller_runtime.kinds import pod_view, pv_view
 from controller_runtime.logs import get_logger
 from controller_runtime.mutation_cache import MutationCache
 from controller_runtime.quantity import format_quantity, parse_quantity
@@ -166,7 +167,8 @@ class Resizer(SidecarController):
             field_selector = "" if node is None else f"spec.nodeName={node}"
             self.pods = self.factory.informer(PODS, field_selector=field_selector)
             self.pods.add_index(
-                CLAIMS_BY_POD, lambda p: [f"{p['metadata']['namespace']}/{c}" for _v, c, _ro in pod_claims(p)]
+                CLAIMS_BY_POD,
+                lambda p: [f"{p['metadata']['namespace']}/{c}" for _v, c, _ro in pod_claims(pod_view(p))],
             )
         # In memory only, as upstream: which claims' last attempt ended in a final error, when an
         # infeasible size was first seen, and which claims' volumes the driver said are in use.
@@ -233,7 +235,7 @@ class Resizer(SidecarController):
         no kubeloop driver is; and the annotation is the claim author's to write: naming this
         driver on a claim of another driver's volume, or of a non-CSI one, made this resizer
         expand it (or, without EXPAND_VOLUME, write the PV's capacity without expanding anything)."""
-        vol = csi_volume(pv)
+        vol = csi_volume(pv_view(pv))
         return vol is not None and vol.driver == self.driver
 
     async def sync(self, key: str) -> float | None:
@@ -355,7 +357,7 @@ class Resizer(SidecarController):
         """ControllerExpandVolume; a failure is recorded on the claim before it is raised."""
         if self.trivial:
             return size, True
-        vol = csi_volume(pv)
+        vol = csi_volume(pv_view(pv))
         assert vol is not None  # _ours checked it
         self.in_use.discard(key)
         try:

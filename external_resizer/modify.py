@@ -29,6 +29,7 @@ from controller_runtime.controller import ControllerContext, run_workers
 from controller_runtime.csi_client import CSIConnection, SidecarController, error_text, go_code
 from controller_runtime.csi_errors import MODIFY_VOLUME, classify, status_code
 from controller_runtime.informer import EventHandler
+from controller_runtime.kinds import pv_view
 from controller_runtime.logs import get_logger
 from controller_runtime.mutation_cache import MutationCache
 from controller_runtime.resources import (
@@ -185,7 +186,7 @@ class Modifier(SidecarController):
         pv = self.volume_view.get(pv_name)
         if pv is None:
             raise ModifyError(f'Get PV "{pv_name}" of pvc "{key}" in PVInformer cache failed: not found')
-        vol = csi_volume(pv)
+        vol = csi_volume(pv_view(pv))
         if vol is None or vol.driver != self.driver or not self.serves(pv):
             return None
         if (claim.get("status") or {}).get("phase") != "Bound":
@@ -242,7 +243,7 @@ class Modifier(SidecarController):
         await self._call(key, claim, pv, vac)
 
     async def _call(self, key: str, claim: Obj, pv: Obj, vac: Obj) -> None:
-        vol = csi_volume(pv)
+        vol = csi_volume(pv_view(pv))
         assert vol is not None
         name, target = claim["metadata"]["name"], vac["metadata"]["name"]
         params = dict(vac.get("parameters") or {})

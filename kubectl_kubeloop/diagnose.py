@@ -20,6 +20,7 @@ from controller_runtime.attach_rules import (
     node_ready,
     node_ready_condition,
 )
+from controller_runtime.kinds import Node, csi_driver_view, node_view, pod_view
 from controller_runtime.quantity import parse_quantity
 from controller_runtime.resources import (
     NODES,
@@ -140,7 +141,7 @@ def _condition(obj: Obj, kind: str) -> Obj | None:
     return None
 
 
-def _node_ready(node: Obj | None) -> tuple[bool, str]:
+def _node_ready(node: Node | None) -> tuple[bool, str]:
     """attach_rules.node_ready, and why not in words."""
     if node_ready(node):
         return True, ""
@@ -195,7 +196,7 @@ def diagnose(snap: Snapshot) -> Report:
             state += ", deleting"
         chain.append(Link("VolumeAttachment", va["metadata"]["name"], state, details))
     for name, node in snap.nodes.items():
-        ready, why = _node_ready(node)
+        ready, why = _node_ready(node_view(node))
         chain.append(Link("Node", name, "Ready" if ready else "NotReady", [why] if why else []))
     for pod in snap.pods:
         chain.append(Link("Pod", pod["metadata"]["name"], _pod_state(pod), _pod_details(pod)))
@@ -203,7 +204,7 @@ def diagnose(snap: Snapshot) -> Report:
     _claim_steps(snap, steps, waiting)
     if phase == "Bound" and pv is not None:
         for pod in snap.pods:
-            if not pod_terminated(pod):
+            if not pod_terminated(pod_view(pod)):
                 _pod_steps(snap, pod, pv, steps, waiting)
         _expansion(snap, steps, waiting)
         _modification(snap, steps, waiting)
@@ -323,7 +324,7 @@ def _claim_steps(snap: Snapshot, steps: list[Step], waiting: list[Waiting]) -> N
     if sc is not None and sc.get("volumeBindingMode") == "WaitForFirstConsumer":
         selected = (claim["metadata"].get("annotations") or {}).get(ANN_SELECTED_NODE)
         if not selected:
-            users = [p for p in snap.pods if not pod_terminated(p)]
+            users = [p for p in snap.pods if not pod_terminated(pod_view(p))]
             if not users:
                 waiting.append(
                     Waiting(
@@ -404,13 +405,13 @@ def _pod_steps(snap: Snapshot, pod: Obj, pv: Obj, steps: list[Step], waiting: li
         return
     running = _running_since(pod)
     mount_start = str(pod["metadata"].get("creationTimestamp"))
-    ready, why = _node_ready(snap.nodes.get(node))
+    ready, why = _node_ready(node_view(snap.nodes.get(node)))
     if running is None and not ready:
         # Nothing happens for this pod until its node reports: not its attach (the attach-detach
         # controller attaches only to nodes that exist and report), not its mount.
         waiting.append(Waiting(f"kubelet on {node}", f"node {node} does not report: {why}"))
         return
-    if attach_required(snap.csi_driver):
+    if attach_required(csi_driver_view(snap.csi_driver)):
         va = next((v for v in snap.attachments if v["spec"].get("nodeName") == node), None)
         if va is None:
             if running is None:
@@ -457,7 +458,7 @@ def _no_attachment(snap: Snapshot, pod: Obj, pv: Obj, node: str) -> str:
         users = [
             p["metadata"]["name"]
             for p in snap.pods
-            if (p.get("spec") or {}).get("nodeName") == other and not pod_terminated(p)
+            if (p.get("spec") or {}).get("nodeName") == other and not pod_terminated(pod_view(p))
         ]
         in_use = f"still in use there by pod {', '.join(users)}" if users else "still reported in use there"
         return (
@@ -504,7 +505,9 @@ def _expansion(snap: Snapshot, steps: list[Step], waiting: list[Waiting]) -> Non
                                f"expansion fails: {failed.get('message')}"))  # fmt: skip
         return
     if _condition(claim, "FileSystemResizePending") is not None:
-        users = [p for p in snap.pods if not pod_terminated(p) and (p.get("spec") or {}).get("nodeName")]
+        users = [
+            p for p in snap.pods if not pod_terminated(pod_view(p)) and (p.get("spec") or {}).get("nodeName")
+        ]
         if users:
             node = users[0]["spec"]["nodeName"]
             waiting.append(

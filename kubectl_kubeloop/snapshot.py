@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from controller_runtime import counterpart
 from controller_runtime.client import ApiClient, ApiError
+from controller_runtime.kinds import pod_view
 from controller_runtime.resources import (
     CSI_DRIVERS,
     EVENTS,
@@ -92,7 +93,9 @@ async def take(api: ApiClient, namespace: str, name: str) -> Snapshot:
         _get(api, STORAGE_CLASSES, str(class_name or "")),
     )
     snap.volume, snap.storage_class = volume, storage_class
-    snap.pods = [p for p in pods_page.get("items") or [] if any(c == name for _, c, _ in pod_claims(p))]
+    snap.pods = [
+        p for p in pods_page.get("items") or [] if any(c == name for _, c, _ in pod_claims(pod_view(p)))
+    ]
     driver = ((volume or {}).get("spec") or {}).get("csi", {}).get("driver") or (storage_class or {}).get(
         "provisioner", ""
     )

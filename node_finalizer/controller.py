@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from controller_runtime.client import ApiError
 from controller_runtime.controller import ControllerContext, InformerController, run_workers
 from controller_runtime.informer import EventHandler
+from controller_runtime.kinds import csi_driver_view, node_view, pv_view, pvc_view
 from controller_runtime.logs import get_logger
 from controller_runtime.resources import (
     CSI_DRIVERS,
@@ -94,7 +95,7 @@ class NodeFinalizer(InformerController):
 
     def _enqueue(self, node: Obj) -> None:
         # Kubelet's status updates are most of a Node's updates: only one with work is queued.
-        if node_step(node) is not NodeStep.NOTHING:
+        if node_step(node_view(node)) is not NodeStep.NOTHING:
             self.queue.add(key_of(node))
 
     def _forget(self, node: Obj) -> None:
@@ -113,7 +114,7 @@ class NodeFinalizer(InformerController):
         node = self.nodes.store.get(key)
         if node is None:
             return
-        step = node_step(node)
+        step = node_step(node_view(node))
         if step is NodeStep.ADD_FINALIZER:
             await self._edit(NODES, node, add_node_finalizer)
             log.info("added finalizer", node=key, finalizer=FINALIZER)
@@ -133,14 +134,17 @@ class NodeFinalizer(InformerController):
             if exc.not_found:
                 return None
             raise
-        if live["metadata"].get("uid") != md.get("uid") or node_step(live) is not NodeStep.FINALIZE:
+        if (
+            live["metadata"].get("uid") != md.get("uid")
+            or node_step(node_view(live)) is not NodeStep.FINALIZE
+        ):
             return None
         return live
 
     # -- finalizing a deleted Node ----------------------------------------------------------------
 
     async def _finalize(self, node: Obj) -> None:
-        name, value = node["metadata"]["name"], topology_value(node)
+        name, value = node["metadata"]["name"], topology_value(node_view(node))
         if value is None:
             label = str(node["metadata"]["labels"][TOPOLOGY_KEY])
             log.warning("topology label is not the node name, nothing cleaned up", node=name, label=label)
@@ -148,7 +152,7 @@ class NodeFinalizer(InformerController):
             self.recorder.warning(typed(node, NODES), messages.NODE_FINALIZE_SKIPPED, text)
             await self._release(node, "label-mismatch")
             return
-        volumes = [(pv, c) for pv in await self._volumes() if (c := cleanup(pv, value)) is not None]
+        volumes = [(pv, c) for pv in await self._volumes() if (c := cleanup(pv_view(pv), value)) is not None]
         waiting = await self._waiting_claims(name)
         if self.options.skip_node_finalize:
             log.info("skipping node finalize", node=name, volumes=len(volumes), waiting_claims=len(waiting))
@@ -157,7 +161,7 @@ class NodeFinalizer(InformerController):
                 self.recorder.warning(typed(node, NODES), messages.NODE_FINALIZE_SKIPPED, text)
             await self._release(node, "skipped")
             return
-        if (volumes or waiting) and not node_local_driver(await self._csidriver()):
+        if (volumes or waiting) and not node_local_driver(csi_driver_view(await self._csidriver())):
             log.warning("CSIDriver not in node-local mode, nothing cleaned up", node=name, driver=DRIVER_NAME)
             text = messages.skipped_shared_mode(DRIVER_NAME)
             self.recorder.normal(typed(node, NODES), messages.NODE_FINALIZE_SKIPPED, text)
@@ -184,7 +188,7 @@ class NodeFinalizer(InformerController):
     async def _waiting_claims(self, node: str) -> list[Obj]:
         """The claims still waiting for a volume on this node, from a fresh list of every claim."""
         claims, _ = await self.client.list_all(PERSISTENT_VOLUME_CLAIMS)
-        return [c for c in claims if waits_for_node(c, node)]
+        return [c for c in claims if waits_for_node(pvc_view(c), node)]
 
     async def _reschedule(self, node: str, claim: Obj, tally: Tally) -> None:
         if not await self._edit(PERSISTENT_VOLUME_CLAIMS, claim, forget_selected_node(node)):
@@ -213,7 +217,7 @@ class NodeFinalizer(InformerController):
             if not e.not_found:
                 raise
             claim = None
-        if claim is None or not claim_to_delete(claim, ref):
+        if claim is None or not claim_to_delete(pvc_view(claim), ref):
             return
         if await self._delete(PERSISTENT_VOLUME_CLAIMS, ref.name, ref.namespace, ref.uid) is None:
             return

@@ -16,6 +16,15 @@ from enum import Enum
 from controller_runtime.attach_rules import attach_required
 from controller_runtime.driver_names import DRIVER_NAME as DRIVER_NAME
 from controller_runtime.driver_names import TOPOLOGY_KEY as TOPOLOGY_KEY
+from controller_runtime.kinds import (
+    CSIDriver,
+    Node,
+    PersistentVolume,
+    PersistentVolumeClaim,
+    node_view,
+    pv_view,
+    pvc_view,
+)
 from controller_runtime.node_affinity import required_affinity
 from controller_runtime.resources import Obj
 from controller_runtime.storage import (
@@ -39,11 +48,11 @@ class NodeStep(Enum):
     FINALIZE = "finalize"  # a Node being deleted that still carries it
 
 
-def finalizers(obj: Obj) -> list[str]:
+def finalizers(obj: Node | PersistentVolume) -> list[str]:
     return list(obj["metadata"].get("finalizers") or [])
 
 
-def node_step(node: Obj) -> NodeStep:
+def node_step(node: Node) -> NodeStep:
     """Only a deletion counts: a Node that is NotReady, cordoned or tainted is left alone."""
     ours = FINALIZER in finalizers(node)
     if is_deleting(node):
@@ -51,7 +60,7 @@ def node_step(node: Obj) -> NodeStep:
     return NodeStep.NOTHING if ours else NodeStep.ADD_FINALIZER
 
 
-def topology_value(node: Obj) -> str | None:
+def topology_value(node: Node) -> str | None:
     """The value a volume pinned to this Node carries under the topology key: its name (the
     driver's --node-id is the node name in every deployment kubeloop ships, and kubelet copies it
     into the Node's label). None when the label names something else: kubelet writes its Node's
@@ -64,7 +73,7 @@ def topology_value(node: Obj) -> str | None:
     return str(md["name"])
 
 
-def pinned_value(pv: Obj) -> str | None:
+def pinned_value(pv: PersistentVolume) -> str | None:
     """The one node a PV of the driver is accessible from, or None when it is not one node's."""
     csi = (pv.get("spec") or {}).get("csi") or {}
     required = required_affinity(pv)
@@ -83,7 +92,7 @@ def pinned_value(pv: Obj) -> str | None:
     return named.pop() if len(named) == 1 else None
 
 
-def node_local_driver(csidriver: Obj | None) -> bool:
+def node_local_driver(csidriver: CSIDriver | None) -> bool:
     """Node-local mode is the CSIDriver with attachRequired false (its default is true): in shared
     mode a volume pinned to one node (strict topology) still lives in the shared pool, and a
     missing CSIDriver says nothing; neither is cleaned up."""
@@ -108,7 +117,7 @@ class VolumeCleanup:
     delete: bool  # reclaim policy Delete: the PV goes too; Retain and Recycle keep it
 
 
-def cleanup(pv: Obj, node_value: str) -> VolumeCleanup | None:
+def cleanup(pv: PersistentVolume, node_value: str) -> VolumeCleanup | None:
     """What cleaning up `pv` means when the Node whose topology value is `node_value` is deleted;
     None when the PV is not pinned to that node."""
     if pinned_value(pv) != node_value:
@@ -127,13 +136,13 @@ def cleanup(pv: Obj, node_value: str) -> VolumeCleanup | None:
     )
 
 
-def claim_to_delete(claim: Obj | None, ref: ClaimRef) -> bool:
+def claim_to_delete(claim: PersistentVolumeClaim | None, ref: ClaimRef) -> bool:
     """The claim still stands and is the one the PV was bound to (a claim of the same name made
     since, by a StatefulSet say, has another UID and is left alone)."""
     return claim is not None and claim["metadata"].get("uid") == ref.uid and not is_deleting(claim)
 
 
-def waits_for_node(claim: Obj, node_name: str) -> bool:
+def waits_for_node(claim: PersistentVolumeClaim, node_name: str) -> bool:
     """A claim of the driver, not bound yet, for which the scheduler chose this node: the
     kube-scheduler then considers no other node for its pod (volumebinding skips every node but
     the selected one), and no provisioner but this node's ever takes it, so it would wait forever."""
@@ -149,23 +158,26 @@ def waits_for_node(claim: Obj, node_name: str) -> bool:
 
 
 # Edits of an object's current version: the metadata to merge into it, None when there is nothing
-# to write (any more). They are re-applied to a fresh copy after a conflict.
+# to write (any more). They are re-applied to a fresh copy after a conflict, so they take the object
+# as fetched and view it as its kind.
 
 
-def add_node_finalizer(node: Obj) -> Obj | None:
+def add_node_finalizer(obj: Obj) -> Obj | None:
+    node = node_view(obj)
     if node_step(node) is not NodeStep.ADD_FINALIZER:
         return None
     return {"finalizers": [*finalizers(node), FINALIZER]}
 
 
-def remove_node_finalizer(node: Obj) -> Obj | None:
-    have = finalizers(node)
+def remove_node_finalizer(obj: Obj) -> Obj | None:
+    have = finalizers(node_view(obj))
     return {"finalizers": [f for f in have if f != FINALIZER]} if FINALIZER in have else None
 
 
-def remove_provisioner_finalizer(pv: Obj) -> Obj | None:
+def remove_provisioner_finalizer(obj: Obj) -> Obj | None:
     """The external-provisioner's finalizer removed, from a PV being deleted only: no provisioner
     runs DeleteVolume on a node that is gone."""
+    pv = pv_view(obj)
     have = finalizers(pv)
     if PROVISIONER_FINALIZER not in have or not is_deleting(pv):
         return None
@@ -177,6 +189,8 @@ def forget_selected_node(node_name: str) -> Callable[[Obj], Obj | None]:
     provisioner does when it cannot provision on the selected node), so the scheduler picks again."""
 
     def edit(claim: Obj) -> Obj | None:
-        return {"annotations": {ANN_SELECTED_NODE: None}} if waits_for_node(claim, node_name) else None
+        return (
+            {"annotations": {ANN_SELECTED_NODE: None}} if waits_for_node(pvc_view(claim), node_name) else None
+        )
 
     return edit

@@ -22,6 +22,16 @@ from controller_runtime.attach_rules import attach_required, multi_attach_allowe
 from controller_runtime.client import ApiError
 from controller_runtime.controller import ControllerContext, InformerController, run_workers
 from controller_runtime.informer import EventHandler
+from controller_runtime.kinds import (
+    PersistentVolume,
+    PersistentVolumeClaim,
+    Pod,
+    csi_driver_view,
+    node_view,
+    pod_view,
+    pv_view,
+    pvc_view,
+)
 from controller_runtime.logs import get_logger
 from controller_runtime.operations import Backoff, OperationExecutor
 from controller_runtime.passes import CpuMeter, PassPacer
@@ -113,7 +123,7 @@ def _out_of_service(node: Obj) -> bool:
     return any(t.get("key") == TAINT_OUT_OF_SERVICE for t in node.get("spec", {}).get("taints") or [])
 
 
-def _claimed_by(pv: Obj, pvc: Obj | None) -> bool:
+def _claimed_by(pv: PersistentVolume, pvc: PersistentVolumeClaim | None) -> bool:
     """The PV's claimRef names the claim's UID, as kcm requires before it attaches a claim's volume
     (getPVSpecFromCache): a PV whose claimRef an admin cleared, or one reserved for the claim's name
     only (no UID), is not that claim's volume, whatever the claim's volumeName says."""
@@ -121,7 +131,7 @@ def _claimed_by(pv: Obj, pvc: Obj | None) -> bool:
     return bool(uid) and ((pv.get("spec") or {}).get("claimRef") or {}).get("uid") == uid
 
 
-def _pod_ref(pod: Obj) -> PodRef:
+def _pod_ref(pod: Pod) -> PodRef:
     md = pod["metadata"]
     return PodRef(md.get("namespace", ""), md["name"], md.get("uid", ""))
 
@@ -235,7 +245,8 @@ class AttachDetachController(InformerController):
         if (
             was_managed != managed
             or not _in_use(old) <= _in_use(new)
-            or (node_ready(old), _out_of_service(old)) != (node_ready(new), _out_of_service(new))
+            or (node_ready(node_view(old)), _out_of_service(old))
+            != (node_ready(node_view(new)), _out_of_service(new))
         ):
             self._wake.set()
 
@@ -247,13 +258,13 @@ class AttachDetachController(InformerController):
 
     # -- desired state ------------------------------------------------------------------------------
 
-    def pod_volumes(self, pod: Obj) -> list[DesiredVolume]:
+    def pod_volumes(self, pod: Pod) -> list[DesiredVolume]:
         ns = pod["metadata"].get("namespace", "")
         out = []
         for _, claim, _ in pod_claims(pod):
-            pvc = self.pvcs.store.get(f"{ns}/{claim}")
+            pvc = pvc_view(self.pvcs.store.get(f"{ns}/{claim}"))
             pv_name = bound_volume_name(pvc)
-            pv = self.pvs.store.get(pv_name) if pv_name else None
+            pv = pv_view(self.pvs.store.get(pv_name)) if pv_name else None
             if pv is None or not _claimed_by(pv, pvc):
                 continue  # not bound yet: the claim's or the volume's update brings the pod back
             vol = csi_volume(pv)
@@ -264,7 +275,7 @@ class AttachDetachController(InformerController):
         return out
 
     async def sync_pod(self, key: str) -> float | None:
-        pod = self.pods.store.get(key)
+        pod = pod_view(self.pods.store.get(key))
         node = (pod or {}).get("spec", {}).get("nodeName")
         if pod is None or pod_terminated(pod) or not node or not self.desired.node_exists(node):
             changed = self.desired.remove_pod(key)
@@ -292,7 +303,7 @@ class AttachDetachController(InformerController):
         cached = self._attachment_cache.get(name)
         if cacheable and cached is not None and cached[0] == version:
             return cached[1]
-        vol = csi_volume(pv) if pv is not None else None
+        vol = csi_volume(pv_view(pv)) if pv is not None else None
         driver = str(spec.get("attacher", ""))
         handle = vol.handle if vol is not None else ""
         status = va.get("status") or {}
@@ -327,7 +338,7 @@ class AttachDetachController(InformerController):
             infos[name] = NodeInfo(
                 name=name,
                 managed=self.desired.node_exists(name),
-                ready=node_ready(node),
+                ready=node_ready(node_view(node)),
                 in_use=self.actual.get_volumes_mounted_by_node(name),
                 attached=tuple(v.get("name", "") for v in status.get("volumesAttached") or ()),
                 out_of_service=_out_of_service(node),
@@ -338,7 +349,7 @@ class AttachDetachController(InformerController):
         return infos
 
     def attach_required(self, driver: str) -> bool:
-        return attach_required(self.drivers.store.get(driver))
+        return attach_required(csi_driver_view(self.drivers.store.get(driver)))
 
     def seed_actual_state(self) -> None:
         """kcm's start: volumes the nodes list in status.volumesAttached are attached, whether a
@@ -367,16 +378,16 @@ class AttachDetachController(InformerController):
         same name, or terminated) and volumes whose driver stopped needing an attach; every
         `list_pods_period`, run every pod through the queue again."""
         for ref in self.desired.get_pods():
-            pod = self.pods.store.get(ref.key)
+            pod = pod_view(self.pods.store.get(ref.key))
             if pod is None or pod_terminated(pod) or pod["metadata"].get("uid", "") != ref.uid:
                 log.info("removing a pod that no longer exists from the desired state", pod=ref.key)
                 self.desired.remove_pod(ref.key)
         self.desired.drop_volumes(lambda vol: not self.attach_required(vol.driver))
         if now - self._last_list_pods >= self.options.list_pods_period:
             self._last_list_pods = now
-            for pod in self.pods.store.values():
-                if not pod_terminated(pod):
-                    self._pod_changed(pod)
+            for obj in self.pods.store.values():
+                if not pod_terminated(pod_view(obj)):
+                    self._pod_changed(obj)
 
     # -- lifecycle ----------------------------------------------------------------------------------
 

@@ -16,6 +16,7 @@ from controller_runtime import mounts
 from controller_runtime.attach_rules import attach_required
 from controller_runtime.csi_client import error_text
 from controller_runtime.events import EventRecorder
+from controller_runtime.kinds import csi_driver_view, pod_view
 from controller_runtime.logs import get_logger
 from controller_runtime.operations import RetryLater
 from controller_runtime.resources import Obj
@@ -65,7 +66,7 @@ class OperationGenerator:
         self.csi_timeout = csi_timeout
 
     def attach_required(self, driver: str) -> bool:
-        return attach_required(self.drivers.get(driver))
+        return attach_required(csi_driver_view(self.drivers.get(driver)))
 
     def _lifecycle_modes(self, driver: str) -> list[str]:
         """The CSIDriver's volumeLifecycleModes; Persistent alone without one (kubelet's default)."""
@@ -94,7 +95,7 @@ class OperationGenerator:
         pod = self.pods.get(pv.pod_key)
         if pod is None or pod["metadata"].get("uid", "") != pv.pod_uid:
             return False
-        return not (pod["metadata"].get("deletionTimestamp") or pod_terminated(pod))
+        return not (pod["metadata"].get("deletionTimestamp") or pod_terminated(pod_view(pod)))
 
     def _begun(self, pv: PodVolume) -> bool:
         return (

@@ -18,6 +18,7 @@ import aiohttp
 from controller_runtime.client import ApiClient, ApiError
 from controller_runtime.clock import now_rfc3339
 from controller_runtime.informer import SharedInformer
+from controller_runtime.kinds import pod_view
 from controller_runtime.logs import get_logger
 from controller_runtime.resources import PODS, Obj
 from controller_runtime.volumes import pod_terminated
@@ -60,7 +61,7 @@ class PodStatus:
                     writes.append((self._finish_deletion(pod), uid, self._deleting))
                 continue
             vols = complete.get(key)
-            if vols is None or pod_terminated(pod) or uid in self._reported_running:
+            if vols is None or pod_terminated(pod_view(pod)) or uid in self._reported_running:
                 continue
             if self.volumes.all_mounted(vols):
                 self._reported_running.add(uid)

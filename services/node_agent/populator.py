@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from controller_runtime.resources import Obj
+from controller_runtime.kinds import Pod, pod_view, pv_view, pvc_view
 from controller_runtime.store import Store
 from controller_runtime.volumes import (
     bound_volume_name,
@@ -40,7 +40,8 @@ class DesiredStateOfWorldPopulator:
         neither terminated nor being deleted; a pod with a claim that does not resolve to a bound
         CSI volume wants the others and is marked unresolved (it cannot start)."""
         present: set[str] = set()
-        for pod in self.pods.values():
+        for obj in self.pods.values():
+            pod = pod_view(obj)
             md = pod["metadata"]
             if md.get("deletionTimestamp") or pod_terminated(pod):
                 continue
@@ -55,7 +56,7 @@ class DesiredStateOfWorldPopulator:
         for uid in self.desired.get_pod_uids() - present:
             self.desired.delete_pod(uid)
 
-    def pod_volumes(self, pod: Obj) -> tuple[list[PodVolume], bool]:
+    def pod_volumes(self, pod: Pod) -> tuple[list[PodVolume], bool]:
         """The CSI volumes the pod wants (its claims' bound volumes, then its inline volumes), and
         whether every claim resolved."""
         md = pod["metadata"]
@@ -64,9 +65,9 @@ class DesiredStateOfWorldPopulator:
         vols: list[PodVolume] = []
         resolved = True
         for _, claim, read_only in pod_claims(pod):
-            pvc = self.claims.get(f"{ns}/{claim}")
+            pvc = pvc_view(self.claims.get(f"{ns}/{claim}"))
             pv_name = bound_volume_name(pvc)
-            pv = self.volumes.get(pv_name) if pv_name else None
+            pv = pv_view(self.volumes.get(pv_name)) if pv_name else None
             vol = csi_volume(pv) if pv is not None and bound_volume_name(pvc, pv) else None
             if vol is None:
                 resolved = False

@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from controller_runtime import storage
+from controller_runtime.kinds import pod_view
 from controller_runtime.quantity import parse_quantity
 from controller_runtime.resources import Obj
 from controller_runtime.volumes import pod_terminated
@@ -339,7 +340,7 @@ def unscheduled_pods(pods: Iterable[Obj]) -> list[str]:
     return sorted(
         str(p["metadata"]["name"])
         for p in pods
-        if not p.get("spec", {}).get("nodeName") and not pod_terminated(p)
+        if not p.get("spec", {}).get("nodeName") and not pod_terminated(pod_view(p))
     )
 
 

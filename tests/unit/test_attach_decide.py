@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 
 from controller_runtime.attach_rules import multi_attach_allowed
+from controller_runtime.kinds import PersistentVolume, PodStatus, pv_view
 from controller_runtime.volumes import (
     attacher_finalizer,
     csi_volume,
@@ -268,7 +269,7 @@ def test_pod_contribution_is_replaced_and_removed() -> None:
 
 
 def test_pv_view_and_pod_termination() -> None:
-    pv = {
+    pv: PersistentVolume = {
         "metadata": {"name": "pv1"},
         "spec": {
             "accessModes": ["ReadOnlyMany"],
@@ -278,8 +279,8 @@ def test_pv_view_and_pod_termination() -> None:
     }
     v = csi_volume(pv)
     assert v is not None and v.block and v.read_only and v.multi_node
-    assert csi_volume({"metadata": {"name": "x"}, "spec": {"hostPath": {"path": "/"}}}) is None
-    running: dict[str, object] = {"status": {"containerStatuses": [{"state": {"running": {}}}]}}
-    assert not pod_terminated({"metadata": {"deletionTimestamp": "t"}, **running})
+    assert csi_volume(pv_view({"metadata": {"name": "x"}, "spec": {"hostPath": {"path": "/"}}})) is None
+    running: PodStatus = {"containerStatuses": [{"state": {"running": {}}}]}
+    assert not pod_terminated({"metadata": {"deletionTimestamp": "t"}, "status": running})
     assert pod_terminated({"metadata": {"deletionTimestamp": "t"}, "status": {}})
     assert pod_terminated({"metadata": {}, "status": {"phase": "Succeeded"}})

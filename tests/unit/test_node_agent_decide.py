@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from controller_runtime.kinds import Pod
 from controller_runtime.volumes import (
     CSIVolume,
     inline_csi_volumes,
@@ -63,7 +64,7 @@ def test_unconfirmed_publish_after_restart_is_published_again() -> None:
 
 
 def test_an_inline_volume_is_published_and_unpublished_but_never_staged_or_in_use() -> None:
-    pod = {
+    pod: Pod = {
         "metadata": {"name": "app", "namespace": "ns", "uid": "u1"},
         "spec": {
             "serviceAccountName": "builder",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 import csi_driver
+from controller_runtime.kinds import csi_driver_view, node_view, pv_view, pvc_view
 from controller_runtime.resources import Obj
 from external_provisioner import names
 from node_finalizer.decide import (
@@ -64,14 +65,14 @@ def node(
     ],
 )
 def test_node_step(n: Obj, step: NodeStep) -> None:
-    assert node_step(n) is step
+    assert node_step(node_view(n)) is step
 
 
 def test_topology_value_is_the_name_and_a_label_naming_another_node_is_not_believed() -> None:
-    assert topology_value(node("node-a")) == "node-a"
-    assert topology_value(node("node-a", labels={TOPOLOGY_KEY: "node-a"})) == "node-a"
+    assert topology_value(node_view(node("node-a"))) == "node-a"
+    assert topology_value(node_view(node("node-a", labels={TOPOLOGY_KEY: "node-a"}))) == "node-a"
     # kubelet writes its Node's labels: a node naming another node's value gets nothing cleaned up.
-    assert topology_value(node("node-a", labels={TOPOLOGY_KEY: "node-b"})) is None
+    assert topology_value(node_view(node("node-a", labels={TOPOLOGY_KEY: "node-b"}))) is None
 
 
 def term(*exprs: Obj) -> Obj:
@@ -121,22 +122,24 @@ def pv(
     ],
 )
 def test_pinned_value(volume: Obj, pinned: str | None) -> None:
-    assert pinned_value(volume) == pinned
+    assert pinned_value(pv_view(volume)) == pinned
 
 
 CLAIM_REF = {"namespace": "ns", "name": "data-0", "uid": "u-claim"}
 
 
 def test_cleanup_of_a_pinned_volume() -> None:
-    volume = pv(term(on("node-a")), claim=CLAIM_REF)
+    volume = pv_view(pv(term(on("node-a")), claim=CLAIM_REF))
     assert cleanup(volume, "node-b") is None
     assert cleanup(volume, "node-a") == VolumeCleanup(
         "pv-1", "u-pv", "pvc-1", ClaimRef("ns", "data-0", "u-claim"), delete=True
     )
     # Retain (and Recycle) keep the PV; a claimRef without a UID binds nothing yet.
-    kept = cleanup(pv(term(on("node-a")), policy="Retain", claim={"namespace": "ns", "name": "x"}), "node-a")
+    kept = cleanup(
+        pv_view(pv(term(on("node-a")), policy="Retain", claim={"namespace": "ns", "name": "x"})), "node-a"
+    )
     assert kept == VolumeCleanup("pv-1", "u-pv", "pvc-1", None, delete=False)
-    recycled = cleanup(pv(term(on("node-a")), policy="Recycle"), "node-a")
+    recycled = cleanup(pv_view(pv(term(on("node-a")), policy="Recycle")), "node-a")
     assert recycled is not None and not recycled.delete
 
 
@@ -149,12 +152,12 @@ def claim(uid: str, deleting: bool = False) -> Obj:
 
 def test_only_the_bound_claim_itself_is_deleted_and_once() -> None:
     ref = ClaimRef("ns", "data-0", "u-claim")
-    assert claim_to_delete(claim("u-claim"), ref)
+    assert claim_to_delete(pvc_view(claim("u-claim")), ref)
     assert not claim_to_delete(None, ref)
     # A StatefulSet made a new claim of the same name: not ours to delete.
-    assert not claim_to_delete(claim("u-new"), ref)
+    assert not claim_to_delete(pvc_view(claim("u-new")), ref)
     # Already being deleted (an earlier sync, or held by pvc-protection): not again.
-    assert not claim_to_delete(claim("u-claim", deleting=True), ref)
+    assert not claim_to_delete(pvc_view(claim("u-claim", deleting=True)), ref)
 
 
 def test_only_the_provisioners_finalizer_is_removed_and_from_a_deleted_pv_only() -> None:
@@ -210,7 +213,7 @@ def pending(
     ],
 )
 def test_a_claim_waiting_for_the_deleted_node_is_given_back_to_the_scheduler(claim: Obj, waits: bool) -> None:
-    assert waits_for_node(claim, "node-a") is waits
+    assert waits_for_node(pvc_view(claim), "node-a") is waits
     expected = {"annotations": {"volume.kubernetes.io/selected-node": None}} if waits else None
     assert forget_selected_node("node-a")(claim) == expected
 
@@ -225,4 +228,4 @@ def test_a_claim_waiting_for_the_deleted_node_is_given_back_to_the_scheduler(cla
     ],
 )
 def test_node_local_mode_is_the_csidriver_without_attach(csidriver: Obj | None, local: bool) -> None:
-    assert node_local_driver(csidriver) is local
+    assert node_local_driver(csi_driver_view(csidriver)) is local

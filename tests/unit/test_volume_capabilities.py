@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from controller_runtime.resources import Obj
+from controller_runtime.kinds import PersistentVolume
 from controller_runtime.volumes import csi_volume, pv_access_mode, pv_capability
 from kubeloop_grpc.csi import csi_pb2
 
@@ -51,7 +51,7 @@ def test_lists_csi_cannot_express_are_refused(modes: list[str], message: str) ->
 
 
 def test_capability_is_block_or_mount_with_the_pv_fs_type_and_options() -> None:
-    pv: Obj = {
+    pv: PersistentVolume = {
         "metadata": {"name": "pv"},
         "spec": {
             "accessModes": [RWO],

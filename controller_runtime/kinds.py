@@ -1,0 +1,301 @@
+"""Typed views of the API objects the controllers decide on: PersistentVolume, PersistentVolumeClaim,
+VolumeAttachment, Pod (its volume sources), Node, StorageClass and CSIDriver, as `TypedDict`s (kopf's
+typed bodies are the model). A view lists only the fields kubeloop reads, under the API's own
+names, all optional (`total=False`): an object from the API may omit any of them.
+
+A view is a type, not a copy: the informers keep handing out `resources.Obj` (a plain dict), and
+the code that decides converts it once where it enters, with the helper of its kind (`pv_view`,
+`pvc_view`, `pod_view`, `node_view`, `storage_class_view`, `csi_driver_view`,
+`volume_attachment_view`). The helper is `typing.cast`: no copy, no validation, no cost; what
+changes is that mypy checks every subscript read of a field against these declarations, so a
+misspelt `["spce"]` fails the lint. (mypy lets `.get` take any key, by PEP 589; the keys the typed
+modules read are checked against these declarations by `tests/unit/test_typed_views.py`.)
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final, Generic, TypedDict, TypeVar, cast, overload
+
+from .resources import Obj
+
+K = TypeVar("K")
+
+# -- meta/v1 ---------------------------------------------------------------------------------------
+
+
+class ObjectMeta(TypedDict, total=False):
+    name: str
+    namespace: str
+    uid: str
+    resourceVersion: str
+    labels: dict[str, str]
+    annotations: dict[str, str]
+    finalizers: list[str]
+    deletionTimestamp: str
+    creationTimestamp: str
+
+
+class KubeObject(TypedDict, total=False):
+    """What every object has: the kind's views add their spec and status."""
+
+    apiVersion: str
+    kind: str
+    metadata: ObjectMeta
+
+
+class ObjectReference(TypedDict, total=False):
+    """core/v1 ObjectReference, as a PV's spec.claimRef."""
+
+    kind: str
+    apiVersion: str
+    namespace: str
+    name: str
+    uid: str
+    resourceVersion: str
+
+
+# -- core/v1 node selectors ------------------------------------------------------------------------
+
+
+class NodeSelectorRequirement(TypedDict, total=False):
+    key: str
+    operator: str
+    values: list[str]
+
+
+class NodeSelectorTerm(TypedDict, total=False):
+    matchExpressions: list[NodeSelectorRequirement]
+    matchFields: list[NodeSelectorRequirement]
+
+
+class NodeSelector(TypedDict, total=False):
+    nodeSelectorTerms: list[NodeSelectorTerm]
+
+
+class VolumeNodeAffinity(TypedDict, total=False):
+    required: NodeSelector
+
+
+# -- PersistentVolume ------------------------------------------------------------------------------
+
+
+class CSIPersistentVolumeSource(TypedDict, total=False):
+    driver: str
+    volumeHandle: str
+    fsType: str
+    readOnly: bool
+    volumeAttributes: dict[str, str]
+
+
+class PersistentVolumeSpec(TypedDict, total=False):
+    accessModes: list[str]
+    capacity: dict[str, str]
+    claimRef: ObjectReference
+    csi: CSIPersistentVolumeSource
+    mountOptions: list[str]
+    nodeAffinity: VolumeNodeAffinity
+    persistentVolumeReclaimPolicy: str
+    storageClassName: str
+    volumeMode: str
+    volumeAttributesClassName: str
+
+
+class PersistentVolumeStatus(TypedDict, total=False):
+    phase: str
+    message: str
+
+
+class PersistentVolume(KubeObject, total=False):
+    spec: PersistentVolumeSpec
+    status: PersistentVolumeStatus
+
+
+# -- PersistentVolumeClaim -------------------------------------------------------------------------
+
+
+class VolumeResourceRequirements(TypedDict, total=False):
+    requests: dict[str, str]
+    limits: dict[str, str]
+
+
+class PersistentVolumeClaimSpec(TypedDict, total=False):
+    accessModes: list[str]
+    resources: VolumeResourceRequirements
+    storageClassName: str
+    volumeMode: str
+    volumeName: str
+    volumeAttributesClassName: str
+
+
+class PersistentVolumeClaimStatus(TypedDict, total=False):
+    phase: str
+    accessModes: list[str]
+    capacity: dict[str, str]
+
+
+class PersistentVolumeClaim(KubeObject, total=False):
+    spec: PersistentVolumeClaimSpec
+    status: PersistentVolumeClaimStatus
+
+
+# -- Pod (what the volume path reads) --------------------------------------------------------------
+
+
+class PersistentVolumeClaimVolumeSource(TypedDict, total=False):
+    claimName: str
+    readOnly: bool
+
+
+class CSIVolumeSource(TypedDict, total=False):
+    """A pod's inline `csi:` volume."""
+
+    driver: str
+    readOnly: bool
+    fsType: str
+    volumeAttributes: dict[str, str]
+
+
+class Volume(TypedDict, total=False):
+    """A pod's volume: its name and the sources kubeloop acts on (a generic ephemeral volume's
+    `ephemeral` is only tested for presence)."""
+
+    name: str
+    persistentVolumeClaim: PersistentVolumeClaimVolumeSource
+    ephemeral: dict[str, Any]
+    csi: CSIVolumeSource
+
+
+class PodSpec(TypedDict, total=False):
+    nodeName: str
+    serviceAccountName: str
+    volumes: list[Volume]
+
+
+class ContainerStatus(TypedDict, total=False):
+    name: str
+    # One key of running, waiting, terminated: only which one is read.
+    state: dict[str, Any]
+
+
+class PodStatus(TypedDict, total=False):
+    phase: str
+    containerStatuses: list[ContainerStatus]
+
+
+class Pod(KubeObject, total=False):
+    spec: PodSpec
+    status: PodStatus
+
+
+# -- Node ------------------------------------------------------------------------------------------
+
+
+class Taint(TypedDict, total=False):
+    key: str
+    value: str
+    effect: str
+
+
+class NodeSpec(TypedDict, total=False):
+    taints: list[Taint]
+
+
+class NodeCondition(TypedDict, total=False):
+    type: str
+    status: str
+    reason: str
+    message: str
+    lastHeartbeatTime: str
+    lastTransitionTime: str
+
+
+class AttachedVolume(TypedDict, total=False):
+    name: str
+    devicePath: str
+
+
+class NodeStatus(TypedDict, total=False):
+    conditions: list[NodeCondition]
+    volumesAttached: list[AttachedVolume]
+    volumesInUse: list[str]
+
+
+class Node(KubeObject, total=False):
+    spec: NodeSpec
+    status: NodeStatus
+
+
+# -- storage.k8s.io/v1 -----------------------------------------------------------------------------
+
+
+class StorageClass(KubeObject, total=False):
+    provisioner: str
+    parameters: dict[str, str]
+    reclaimPolicy: str
+    volumeBindingMode: str
+    allowVolumeExpansion: bool
+    mountOptions: list[str]
+
+
+class CSIDriverSpec(TypedDict, total=False):
+    attachRequired: bool | None  # null: unset (attach)
+    podInfoOnMount: bool
+    volumeLifecycleModes: list[str]
+    fsGroupPolicy: str
+    requiresRepublish: bool
+    storageCapacity: bool
+
+
+class CSIDriver(KubeObject, total=False):
+    spec: CSIDriverSpec
+
+
+class VolumeAttachmentSource(TypedDict, total=False):
+    persistentVolumeName: str
+
+
+class VolumeAttachmentSpec(TypedDict, total=False):
+    attacher: str
+    nodeName: str
+    source: VolumeAttachmentSource
+
+
+class VolumeError(TypedDict, total=False):
+    message: str
+    time: str
+
+
+class VolumeAttachmentStatus(TypedDict, total=False):
+    attached: bool
+    attachmentMetadata: dict[str, str]
+    attachError: VolumeError
+    detachError: VolumeError
+
+
+class VolumeAttachment(KubeObject, total=False):
+    spec: VolumeAttachmentSpec
+    status: VolumeAttachmentStatus
+
+
+# -- the boundary: an informer's Obj seen as its kind (a cast: no copy, no validation) --------------
+
+
+class _View(Generic[K]):
+    """The conversion of one kind: `pv_view(obj)` is `obj`, typed as a PersistentVolume (None stays
+    None, so a cache miss keeps its `| None`)."""
+
+    @overload
+    def __call__(self, obj: Obj) -> K: ...
+    @overload
+    def __call__(self, obj: None) -> None: ...
+    def __call__(self, obj: Obj | None) -> K | None:
+        return cast("K | None", obj)
+
+
+pv_view: Final = _View[PersistentVolume]()
+pvc_view: Final = _View[PersistentVolumeClaim]()
+pod_view: Final = _View[Pod]()
+node_view: Final = _View[Node]()
+storage_class_view: Final = _View[StorageClass]()
+csi_driver_view: Final = _View[CSIDriver]()
+volume_attachment_view: Final = _View[VolumeAttachment]()
