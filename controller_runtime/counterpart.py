@@ -44,7 +44,7 @@ for hours), so a restart of the kubeloop controller, once kcm's is off, is what 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -309,7 +309,7 @@ def kcm_wrote(counterpart: Counterpart, resource: Resource, old: Obj | None, new
     )
 
 
-def writers(counterpart: Counterpart, resource: Resource, obj: Obj) -> dict[str, list[str]]:
+def writers(counterpart: Counterpart, resource: Resource, obj: Mapping[str, Any]) -> dict[str, list[str]]:
     """Every manager that owns one of `counterpart`'s fields of `obj` (as the API served it), with
     those fields as dotted paths: `kubectl kubeloop` shows kcm and a kubeloop controller both there."""
     trace = counterpart.trace(resource)

@@ -23,6 +23,13 @@ K = TypeVar("K")
 # -- meta/v1 ---------------------------------------------------------------------------------------
 
 
+class ManagedFieldsEntry(TypedDict, total=False):
+    manager: str
+    operation: str
+    subresource: str
+    time: str
+
+
 class ObjectMeta(TypedDict, total=False):
     name: str
     namespace: str
@@ -33,6 +40,17 @@ class ObjectMeta(TypedDict, total=False):
     finalizers: list[str]
     deletionTimestamp: str
     creationTimestamp: str
+    managedFields: list[ManagedFieldsEntry]
+
+
+class Condition(TypedDict, total=False):
+    """The fields a claim's, a pod's and a node's conditions share."""
+
+    type: str
+    status: str
+    reason: str
+    message: str
+    lastTransitionTime: str
 
 
 class KubeObject(TypedDict, total=False):
@@ -127,10 +145,18 @@ class PersistentVolumeClaimSpec(TypedDict, total=False):
     volumeAttributesClassName: str
 
 
+class ModifyVolumeStatus(TypedDict, total=False):
+    targetVolumeAttributesClassName: str
+    status: str
+
+
 class PersistentVolumeClaimStatus(TypedDict, total=False):
     phase: str
     accessModes: list[str]
     capacity: dict[str, str]
+    conditions: list[Condition]
+    currentVolumeAttributesClassName: str
+    modifyVolumeStatus: ModifyVolumeStatus
 
 
 class PersistentVolumeClaim(KubeObject, total=False):
@@ -179,6 +205,7 @@ class ContainerStatus(TypedDict, total=False):
 
 class PodStatus(TypedDict, total=False):
     phase: str
+    conditions: list[Condition]
     containerStatuses: list[ContainerStatus]
 
 
@@ -200,13 +227,8 @@ class NodeSpec(TypedDict, total=False):
     taints: list[Taint]
 
 
-class NodeCondition(TypedDict, total=False):
-    type: str
-    status: str
-    reason: str
-    message: str
+class NodeCondition(Condition, total=False):
     lastHeartbeatTime: str
-    lastTransitionTime: str
 
 
 class AttachedVolume(TypedDict, total=False):

@@ -20,7 +20,7 @@ from controller_runtime.attach_rules import (
     node_ready,
     node_ready_condition,
 )
-from controller_runtime.kinds import Node, csi_driver_view, node_view, pod_view
+from controller_runtime.kinds import Condition, KubeObject, Node, PersistentVolume, PersistentVolumeClaim, Pod
 from controller_runtime.quantity import parse_quantity
 from controller_runtime.resources import (
     NODES,
@@ -112,7 +112,7 @@ def parse_time(text: str) -> dt.datetime:
     return dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
-def _written(obj: Obj, manager_hint: str = "", status: bool = False) -> str | None:
+def _written(obj: KubeObject, manager_hint: str = "", status: bool = False) -> str | None:
     """When the object's status (or spec) was last written, by a manager whose name contains
     `manager_hint`, from managedFields."""
     times = [
@@ -125,7 +125,7 @@ def _written(obj: Obj, manager_hint: str = "", status: bool = False) -> str | No
     return max(times) if times else None
 
 
-def _events(snap: Snapshot, reasons: tuple[str, ...], obj: Obj | None = None) -> list[Obj]:
+def _events(snap: Snapshot, reasons: tuple[str, ...], obj: KubeObject | None = None) -> list[Obj]:
     uid = obj["metadata"]["uid"] if obj is not None else None
     return [
         e
@@ -134,10 +134,10 @@ def _events(snap: Snapshot, reasons: tuple[str, ...], obj: Obj | None = None) ->
     ]
 
 
-def _condition(obj: Obj, kind: str) -> Obj | None:
+def _condition(obj: Pod | PersistentVolumeClaim, kind: str) -> Condition | None:
     for c in (obj.get("status") or {}).get("conditions") or []:
         if c.get("type") == kind:
-            return dict(c)
+            return c.copy()
     return None
 
 
@@ -156,7 +156,7 @@ def _node_ready(node: Node | None) -> tuple[bool, str]:
     )
 
 
-def _provisioner(claim: Obj) -> str:
+def _provisioner(claim: PersistentVolumeClaim) -> str:
     ann = claim["metadata"].get("annotations") or {}
     return str(ann.get(ANN_STORAGE_PROVISIONER) or ann.get(ANN_BETA_STORAGE_PROVISIONER) or "")
 
@@ -196,7 +196,7 @@ def diagnose(snap: Snapshot) -> Report:
             state += ", deleting"
         chain.append(Link("VolumeAttachment", va["metadata"]["name"], state, details))
     for name, node in snap.nodes.items():
-        ready, why = _node_ready(node_view(node))
+        ready, why = _node_ready(node)
         chain.append(Link("Node", name, "Ready" if ready else "NotReady", [why] if why else []))
     for pod in snap.pods:
         chain.append(Link("Pod", pod["metadata"]["name"], _pod_state(pod), _pod_details(pod)))
@@ -204,7 +204,7 @@ def diagnose(snap: Snapshot) -> Report:
     _claim_steps(snap, steps, waiting)
     if phase == "Bound" and pv is not None:
         for pod in snap.pods:
-            if not pod_terminated(pod_view(pod)):
+            if not pod_terminated(pod):
                 _pod_steps(snap, pod, pv, steps, waiting)
         _expansion(snap, steps, waiting)
         _modification(snap, steps, waiting)
@@ -226,7 +226,7 @@ def _control_plane(snap: Snapshot) -> list[Waiting]:
         newest[str((e.get("source") or {}).get("component") or e.get("reportingComponent") or "")] = e
     for who, e in sorted(newest.items()):
         out.append(Waiting(who or "kubeloop", f"stands down since {event_time(e)}: {e.get('message', '')}"))
-    chain: list[tuple[counterpart.Counterpart, Resource, Obj | None]] = [
+    chain: list[tuple[counterpart.Counterpart, Resource, KubeObject | None]] = [
         (counterpart.BINDER, PERSISTENT_VOLUME_CLAIMS, snap.claim),
         (counterpart.BINDER, PERSISTENT_VOLUMES, snap.volume),
         *((counterpart.ATTACH_DETACH, VOLUME_ATTACHMENTS, va) for va in snap.attachments),
@@ -261,7 +261,7 @@ def _control_plane(snap: Snapshot) -> list[Waiting]:
 # -- the claim: class, provisioning, binding -----------------------------------------------------------
 
 
-def _claim_details(claim: Obj) -> list[str]:
+def _claim_details(claim: PersistentVolumeClaim) -> list[str]:
     spec, status = claim.get("spec") or {}, claim.get("status") or {}
     out = [
         f"class {spec.get('storageClassName')!r}",
@@ -280,7 +280,7 @@ def _claim_details(claim: Obj) -> list[str]:
     return out
 
 
-def _pv_details(pv: Obj) -> list[str]:
+def _pv_details(pv: PersistentVolume) -> list[str]:
     spec = pv.get("spec") or {}
     csi = spec.get("csi") or {}
     out = [f"capacity {(spec.get('capacity') or {}).get('storage', '?')}"]
@@ -324,7 +324,7 @@ def _claim_steps(snap: Snapshot, steps: list[Step], waiting: list[Waiting]) -> N
     if sc is not None and sc.get("volumeBindingMode") == "WaitForFirstConsumer":
         selected = (claim["metadata"].get("annotations") or {}).get(ANN_SELECTED_NODE)
         if not selected:
-            users = [p for p in snap.pods if not pod_terminated(pod_view(p))]
+            users = [p for p in snap.pods if not pod_terminated(p)]
             if not users:
                 waiting.append(
                     Waiting(
@@ -371,7 +371,7 @@ def _claim_steps(snap: Snapshot, steps: list[Step], waiting: list[Waiting]) -> N
 # -- a pod of the claim: attach and mount ----------------------------------------------------------------
 
 
-def _pod_state(pod: Obj) -> str:
+def _pod_state(pod: Pod) -> str:
     status = pod.get("status") or {}
     ready = _condition(pod, "Ready")
     state = str(status.get("phase") or "Pending")
@@ -382,12 +382,12 @@ def _pod_state(pod: Obj) -> str:
     return state
 
 
-def _pod_details(pod: Obj) -> list[str]:
+def _pod_details(pod: Pod) -> list[str]:
     node = (pod.get("spec") or {}).get("nodeName")
     return [f"node {node}" if node else "not scheduled"]
 
 
-def _running_since(pod: Obj) -> str | None:
+def _running_since(pod: Pod) -> str | None:
     for kind in ("ContainersReady", "Ready", "PodReadyToStartContainers"):
         c = _condition(pod, kind)
         if c is not None and c.get("status") == "True":
@@ -395,7 +395,9 @@ def _running_since(pod: Obj) -> str | None:
     return None
 
 
-def _pod_steps(snap: Snapshot, pod: Obj, pv: Obj, steps: list[Step], waiting: list[Waiting]) -> None:
+def _pod_steps(
+    snap: Snapshot, pod: Pod, pv: PersistentVolume, steps: list[Step], waiting: list[Waiting]
+) -> None:
     pod_name = pod["metadata"]["name"]
     node = (pod.get("spec") or {}).get("nodeName")
     if not node:
@@ -405,13 +407,13 @@ def _pod_steps(snap: Snapshot, pod: Obj, pv: Obj, steps: list[Step], waiting: li
         return
     running = _running_since(pod)
     mount_start = str(pod["metadata"].get("creationTimestamp"))
-    ready, why = _node_ready(node_view(snap.nodes.get(node)))
+    ready, why = _node_ready(snap.nodes.get(node))
     if running is None and not ready:
         # Nothing happens for this pod until its node reports: not its attach (the attach-detach
         # controller attaches only to nodes that exist and report), not its mount.
         waiting.append(Waiting(f"kubelet on {node}", f"node {node} does not report: {why}"))
         return
-    if attach_required(csi_driver_view(snap.csi_driver)):
+    if attach_required(snap.csi_driver):
         va = next((v for v in snap.attachments if v["spec"].get("nodeName") == node), None)
         if va is None:
             if running is None:
@@ -440,7 +442,7 @@ def _pod_steps(snap: Snapshot, pod: Obj, pv: Obj, steps: list[Step], waiting: li
         waiting.append(Waiting(f"kubelet on {node}", f"staging and publishing the volume for pod {pod_name}"))
 
 
-def _no_attachment(snap: Snapshot, pod: Obj, pv: Obj, node: str) -> str:
+def _no_attachment(snap: Snapshot, pod: Pod, pv: PersistentVolume, node: str) -> str:
     pv_name = pv["metadata"]["name"]
     # The attach-detach controller refuses an exclusive volume (attach_rules.multi_attach_allowed)
     # with a Multi-Attach error while it is attached to another node by a VolumeAttachment not
@@ -458,7 +460,7 @@ def _no_attachment(snap: Snapshot, pod: Obj, pv: Obj, node: str) -> str:
         users = [
             p["metadata"]["name"]
             for p in snap.pods
-            if (p.get("spec") or {}).get("nodeName") == other and not pod_terminated(pod_view(p))
+            if (p.get("spec") or {}).get("nodeName") == other and not pod_terminated(p)
         ]
         in_use = f"still in use there by pod {', '.join(users)}" if users else "still reported in use there"
         return (
@@ -505,9 +507,7 @@ def _expansion(snap: Snapshot, steps: list[Step], waiting: list[Waiting]) -> Non
                                f"expansion fails: {failed.get('message')}"))  # fmt: skip
         return
     if _condition(claim, "FileSystemResizePending") is not None:
-        users = [
-            p for p in snap.pods if not pod_terminated(pod_view(p)) and (p.get("spec") or {}).get("nodeName")
-        ]
+        users = [p for p in snap.pods if not pod_terminated(p) and (p.get("spec") or {}).get("nodeName")]
         if users:
             node = users[0]["spec"]["nodeName"]
             waiting.append(

@@ -31,6 +31,7 @@ from controller_runtime.counterpart import (
 )
 from controller_runtime.debug import FAILURES
 from controller_runtime.informer import SharedInformerFactory
+from controller_runtime.kinds import pvc_view
 from controller_runtime.resources import (
     EVENTS,
     NODES,
@@ -627,7 +628,7 @@ def test_describe_names_a_stand_down_and_both_binders_on_the_claim() -> None:
     fought["metadata"]["creationTimestamp"] = T0
     warning = event("kubeloop-attach-detach-controller", "kubeloop-attach-detach-controller", REASON)
     warning["message"] = "kube-controller-manager's persistentvolume-attach-detach-controller is active (...)"
-    report = diagnose(Snapshot(fought, stand_downs=[warning]))
+    report = diagnose(Snapshot(pvc_view(fought), stand_downs=[warning]))
     stand_down, both = report.control_plane
     assert stand_down.component == "kubeloop-attach-detach-controller"
     assert stand_down.reason == f"stands down since {T1}: {warning['message']}"
@@ -648,7 +649,7 @@ def test_describe_names_a_stand_down_and_both_binders_on_the_claim() -> None:
     # kcm alone, or kubeloop alone, on the claim: nothing to say.
     alone = claim(CLAIM_CREATED, CLAIM_BOUND_BY_KCM, CLAIM_STATUS_BY_KCM, annotations=BOUND, volume="pv1")
     alone["metadata"]["creationTimestamp"] = T0
-    assert diagnose(Snapshot(alone)).control_plane == []
+    assert diagnose(Snapshot(pvc_view(alone))).control_plane == []
 
 
 async def test_a_worker_whose_writes_stopped_ends_without_a_retry() -> None:
