@@ -9,6 +9,7 @@ docker cannot be set up the tests fail, never skip (CI runs them from `make test
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -22,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from controller_runtime.toolchain import REPO_ROOT, Toolchain
+from tests.support.waits import WaitFailed, eventually
 
 PROJECT = "kubeloop-compose-test"
 COMPOSE_HOME = REPO_ROOT / ".kubeloop" / "compose"
@@ -80,6 +82,16 @@ class Stack:
     def exec(self, service: str, script: str, check: bool = True) -> str:
         return self.compose("exec", "-T", service, "sh", "-c", script, timeout=60, check=check).stdout
 
+    def restarts(self, service: str) -> int:
+        """How often the service's container was restarted by its restart policy."""
+        container = self.compose("ps", "-q", service).stdout.split()[0]
+        return int(run(["docker", "inspect", "--format", "{{.RestartCount}}", container]).stdout.strip())
+
+    def mounted(self, service: str, path: str) -> bool:
+        """Whether `path` is a loop device's mount in the service's container."""
+        out = self.compose("exec", "-T", service, "findmnt", "-rn", "-o", "SOURCE", path, check=False)
+        return out.returncode == 0 and out.stdout.startswith("/dev/loop")
+
     def kill_main_process(self, service: str) -> None:
         """SIGKILL to the service's process from the host: the child of the container's init."""
         container = self.compose("ps", "-q", service).stdout.split()[0]
@@ -105,15 +117,16 @@ class Stack:
 
     def wait_healthy(self, timeout: float = 180) -> float:
         start = time.monotonic()
-        while True:
-            health = self.health()
+        eventually(
+            "every service healthy",
+            self.health,
+            timeout,
+            1,
             # "running": a service without a healthcheck (upstream's binaries in scratch images).
-            if all(h in ("healthy", "running") for h in health.values()):
-                return time.monotonic() - start
-            if time.monotonic() - start > timeout:
-                logs = self.compose("logs", "--tail=30", check=False).stdout[-6000:]
-                raise AssertionError(f"not all services healthy after {timeout}s: {health}\n{logs}")
-            time.sleep(1)
+            satisfied=lambda health: all(h in ("healthy", "running") for h in health.values()),
+            context=lambda: self.compose("logs", "--tail=30", check=False).stdout[-6000:],
+        )
+        return time.monotonic() - start
 
 
 def _loop_devices() -> set[str]:
@@ -194,12 +207,13 @@ def _tear_down(loops_before: set[str]) -> list[str]:
                 timeout=120,
                 check=False,
             )
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
+
+        def no_pv() -> bool:
             pvs = run([kubectl, kc, "get", "pv", "-o", "name"], check=False)
-            if pvs.returncode != 0 or not pvs.stdout.strip():
-                break
-            time.sleep(1)
+            return pvs.returncode != 0 or not pvs.stdout.strip()
+
+        with contextlib.suppress(WaitFailed):  # what is left is reported below
+            eventually("every PV gone", no_pv, 60, 1)
     problems = []
     down = run(["docker-compose", "-p", PROJECT, "down", "-v", "--remove-orphans"], timeout=300, check=False)
     if down.returncode != 0:

@@ -10,6 +10,7 @@ beside a running shared stack, saying so)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -23,9 +24,9 @@ import pytest
 from controller_runtime.toolchain import Toolchain
 from localstack.compose import COMPOSE_FILES
 from localstack.pools import NODE_LOCAL
+from tests.support.waits import WaitFailed, eventually
 
 from .conftest import COMPOSE_HOME, PROJECT, Stack, _leftovers, _loop_devices, run
-from .test_compose import eventually, mounted_in
 
 NODE_LOCAL_PROJECT = "kubeloop-compose-node-local-test"
 NS = "default"
@@ -102,9 +103,10 @@ def _tear_down(s: NodeLocalStack) -> list[str]:
     if s.kubeconfig.exists():
         for kind in ("pods", "pvc"):
             s.kubectl("delete", kind, "--all", "--all-namespaces", "--timeout=90s", check=False)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and s.kubectl("get", "pv", "-o", "name", check=False).strip():
-            time.sleep(1)
+        with contextlib.suppress(WaitFailed):  # what is left is reported below
+            eventually(
+                "every PV gone", lambda: not s.kubectl("get", "pv", "-o", "name", check=False).strip(), 60, 1
+            )
     problems = []
     down = s.compose("down", "-v", "--remove-orphans", check=False)
     if down.returncode != 0:
@@ -154,13 +156,18 @@ def test_node_local_claim_is_made_and_mounted_in_the_scheduled_nodes_pool(node_l
     driver = json.loads(s.kubectl("get", "csidriver", "loop.csi.kubeloop.dev", "-o", "json"))["spec"]
     assert (driver["attachRequired"], driver["storageCapacity"]) == (False, True)
     eventually(
-        lambda: len(json.loads(s.kubectl("get", "csistoragecapacities", "-A", "-o", "json"))["items"]) >= 2,
         "both nodes' capacity published",
+        lambda: len(json.loads(s.kubectl("get", "csistoragecapacities", "-A", "-o", "json"))["items"]) >= 2,
+        90,
+        0.5,
     )
 
     s.kubectl("apply", "-n", NS, "-f", "-", input=CLAIM_AND_POD)
     eventually(
-        lambda: s.kubectl("get", "pod", "app", "-o", "jsonpath={.status.phase}") == "Running", "app Running"
+        "app Running",
+        lambda: s.kubectl("get", "pod", "app", "-o", "jsonpath={.status.phase}") == "Running",
+        90,
+        0.5,
     )
     node = s.kubectl("get", "pod", "app", "-o", "jsonpath={.spec.nodeName}")
     other = "node-b" if node == "node-a" else "node-a"
@@ -177,12 +184,14 @@ def test_node_local_claim_is_made_and_mounted_in_the_scheduled_nodes_pool(node_l
 
     uid = s.kubectl("get", "pod", "app", "-o", "jsonpath={.metadata.uid}")
     path = f"/var/lib/kubeloop/nodes/{node}/kubelet/pods/{uid}/volumes/kubernetes.io~csi/{pv}/mount"
-    eventually(lambda: mounted_in(s, f"csi-driver-node-{node}", path), f"{path} mounted on {node}")
+    eventually(f"{path} mounted on {node}", lambda: s.mounted(f"csi-driver-node-{node}", path), 90, 0.5)
     s.exec(f"csi-driver-node-{node}", f"echo node-local > {path}/hello && sync")
     assert s.exec(f"csi-driver-node-{node}", f"cat {path}/hello").strip() == "node-local"
 
     s.kubectl("delete", "pod", "app", "-n", NS, "--wait=true", "--timeout=90s")
     s.kubectl("delete", "pvc", "data", "-n", NS, "--wait=true", "--timeout=90s")
-    eventually(lambda: not s.kubectl("get", "pv", "-o", "name").strip(), f"PV {pv} deleted")
-    eventually(lambda: s.pool_files(node) == [], "the backing file deleted by the node's provisioner")
+    eventually(f"PV {pv} deleted", lambda: not s.kubectl("get", "pv", "-o", "name").strip(), 90, 0.5)
+    eventually(
+        "the backing file deleted by the node's provisioner", lambda: s.pool_files(node) == [], 90, 0.5
+    )
     assert s.pool_loop_devices() == [], "a loop device outlived its volume"

@@ -4,21 +4,14 @@ stack stopped and started again while a pod uses a volume."""
 
 from __future__ import annotations
 
+import functools
 import json
-import time
-from collections.abc import Callable
+
+from tests.support.waits import WaitFailed, eventually
 
 from .conftest import Stack
 
 NS = "default"
-
-
-def eventually(check: Callable[[], bool], what: str, timeout: float = 90) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.5)
 
 
 def claim_and_pod(claim: str, pod: str, node: str, size: str = "64Mi") -> str:
@@ -60,19 +53,17 @@ def pod_volume_dir(s: Stack, pod: str, node: str) -> str:
     return f"/var/lib/kubeloop/nodes/{node}/kubelet/pods/{uid}/volumes/kubernetes.io~csi/{volume}/mount"
 
 
-def mounted_in(s: Stack, service: str, path: str) -> bool:
-    out = s.compose("exec", "-T", service, "findmnt", "-rn", "-o", "SOURCE", path, check=False)
-    return out.returncode == 0 and out.stdout.startswith("/dev/loop")
-
-
 def wait_running_and_mounted(s: Stack, pod: str, node: str) -> str:
     eventually(
-        lambda: s.kubectl("get", "pod", pod, "-o", "jsonpath={.status.phase}") == "Running", f"{pod} Running"
+        f"{pod} Running",
+        lambda: s.kubectl("get", "pod", pod, "-o", "jsonpath={.status.phase}") == "Running",
+        90,
+        0.5,
     )
     path = pod_volume_dir(s, pod, node)
     # The node plugin mounted it; the node agent (another container) sees it through rshared.
-    eventually(lambda: mounted_in(s, f"csi-driver-node-{node}", path), f"{path} mounted on {node}")
-    assert mounted_in(s, f"node-agent-{node}", path), "the node agent does not see the plugin's mount"
+    eventually(f"{path} mounted on {node}", lambda: s.mounted(f"csi-driver-node-{node}", path), 90, 0.5)
+    assert s.mounted(f"node-agent-{node}", path), "the node agent does not see the plugin's mount"
     return path
 
 
@@ -98,18 +89,21 @@ def test_claim_pod_move_expand_delete(stack: Stack) -> None:
     s = stack
     s.kubectl("apply", "-n", NS, "-f", "-", input=claim_and_pod("data", "app", "node-a"))
     eventually(
-        lambda: s.kubectl("get", "pvc", "data", "-o", "jsonpath={.status.phase}") == "Bound", "data Bound"
+        "data Bound",
+        lambda: s.kubectl("get", "pvc", "data", "-o", "jsonpath={.status.phase}") == "Bound",
+        90,
+        0.5,
     )
     pv = s.kubectl("get", "pvc", "data", "-o", "jsonpath={.spec.volumeName}")
-    eventually(lambda: attached(s, pv, "node-a"), "VolumeAttachment attached to node-a")
+    eventually("VolumeAttachment attached to node-a", lambda: attached(s, pv, "node-a"), 90, 0.5)
     path = wait_running_and_mounted(s, "app", "node-a")
     s.exec("csi-driver-node-node-a", f"echo kubeloop-compose > {path}/hello && sync")
 
     # The pod moves to node-b: detached from node-a, attached to node-b, the data is there.
     s.kubectl("delete", "pod", "app", "-n", NS, "--wait=true", "--timeout=90s")
-    eventually(lambda: not attached(s, pv, "node-a"), "detach from node-a")
+    eventually("detach from node-a", lambda: not attached(s, pv, "node-a"), 90, 0.5)
     s.kubectl("apply", "-n", NS, "-f", "-", input=pod_yaml("app", "data", "node-b"))
-    eventually(lambda: attached(s, pv, "node-b"), "VolumeAttachment attached to node-b")
+    eventually("VolumeAttachment attached to node-b", lambda: attached(s, pv, "node-b"), 90, 0.5)
     path = wait_running_and_mounted(s, "app", "node-b")
     assert s.exec("csi-driver-node-node-b", f"cat {path}/hello").strip() == "kubeloop-compose"
 
@@ -128,20 +122,18 @@ def test_claim_pod_move_expand_delete(stack: Stack) -> None:
         return s.kubectl("get", "pvc", "data", "-o", "jsonpath={.status.allocatedResourceStatuses.storage}")
 
     eventually(
-        lambda: capacity() == "128Mi" or resize_state() == "NodeResizeInProgress",
         "the volume grown",
-        timeout=120,
+        lambda: capacity() == "128Mi" or resize_state() == "NodeResizeInProgress",
+        120,
+        0.5,
     )
-    deadline = time.monotonic() + 30
-    while capacity() != "128Mi" and time.monotonic() < deadline:
-        time.sleep(0.5)
-    if capacity() != "128Mi":
+    try:
+        eventually("the claim's capacity at 128Mi, grown online", lambda: capacity() == "128Mi", 30, 0.5)
+    except WaitFailed:  # grown offline: at the next mount
         s.kubectl("delete", "pod", "app", "-n", NS, "--wait=true", "--timeout=90s")
-        eventually(lambda: not attached(s, pv, "node-b"), "detach from node-b")
+        eventually("detach from node-b", lambda: not attached(s, pv, "node-b"), 90, 0.5)
         s.kubectl("apply", "-n", NS, "-f", "-", input=pod_yaml("app", "data", "node-b"))
-        eventually(
-            lambda: capacity() == "128Mi", "the claim's capacity at 128Mi after the restart", timeout=120
-        )
+        eventually("the claim's capacity at 128Mi after the restart", lambda: capacity() == "128Mi", 120, 0.5)
         path = wait_running_and_mounted(s, "app", "node-b")
     assert s.exec("csi-driver-node-node-b", f"cat {path}/hello").strip() == "kubeloop-compose"
     size_kib = int(s.exec("csi-driver-node-node-b", f"df -k --output=size {path} | tail -1").strip())
@@ -151,8 +143,8 @@ def test_claim_pod_move_expand_delete(stack: Stack) -> None:
     assert len(backing_files(s)) == 1
     s.kubectl("delete", "pod", "app", "-n", NS, "--wait=true", "--timeout=90s")
     s.kubectl("delete", "pvc", "data", "-n", NS, "--wait=true", "--timeout=90s")
-    eventually(lambda: get(s, "pv", pv) is None, f"PV {pv} deleted")
-    eventually(lambda: backing_files(s) == [], "the backing file deleted")
+    eventually(f"PV {pv} deleted", lambda: get(s, "pv", pv) is None, 90, 0.5)
+    eventually("the backing file deleted", lambda: backing_files(s) == [], 90, 0.5)
     assert s.pool_loop_devices() == [], "a loop device outlived its volume"
 
 
@@ -160,7 +152,10 @@ def test_restart_and_kill_converge(stack: Stack) -> None:
     s = stack
     s.kubectl("apply", "-n", NS, "-f", "-", input=claim_and_pod("keep", "keeper", "node-a"))
     eventually(
-        lambda: s.kubectl("get", "pvc", "keep", "-o", "jsonpath={.status.phase}") == "Bound", "keep Bound"
+        "keep Bound",
+        lambda: s.kubectl("get", "pvc", "keep", "-o", "jsonpath={.status.phase}") == "Bound",
+        90,
+        0.5,
     )
     path = wait_running_and_mounted(s, "keeper", "node-a")
     s.exec("csi-driver-node-node-a", f"echo still-here > {path}/kept && sync")
@@ -170,26 +165,34 @@ def test_restart_and_kill_converge(stack: Stack) -> None:
     # OOM kill or a crash would: the restart policy brings the container back. (`docker kill` would
     # not do: docker treats it as a manual stop and skips the restart policy.)
     # The provisioner's from inside its container: `kill -9 -1` reaches every process but init.
+    killed = ("external-provisioner", "csi-driver-node-node-a", "node-agent-node-a", "kube-apiserver")
+    restarts = {service: s.restarts(service) for service in killed}
     s.exec("external-provisioner", "kill -9 -1", check=False)
-    for service in ("csi-driver-node-node-a", "node-agent-node-a", "kube-apiserver"):
+    for service in killed[1:]:
         s.kill_main_process(service)
-    time.sleep(3)
+    for service, before in restarts.items():  # the kills landed: each container was restarted
+        eventually(
+            f"{service} restarted", functools.partial(s.restarts, service), 60, 0.5, satisfied=before.__lt__
+        )
     s.wait_healthy(timeout=180)
 
     # Nothing lost: the mounted volume and its data stay, and new work goes through.
-    assert mounted_in(s, "csi-driver-node-node-a", path)
+    assert s.mounted("csi-driver-node-node-a", path)
     assert s.exec("csi-driver-node-node-a", f"cat {path}/kept").strip() == "still-here"
     s.kubectl("apply", "-n", NS, "-f", "-", input=claim_and_pod("after", "after", "node-b"))
     eventually(
-        lambda: s.kubectl("get", "pvc", "after", "-o", "jsonpath={.status.phase}") == "Bound", "after Bound"
+        "after Bound",
+        lambda: s.kubectl("get", "pvc", "after", "-o", "jsonpath={.status.phase}") == "Bound",
+        90,
+        0.5,
     )
     wait_running_and_mounted(s, "after", "node-b")
 
     for pod, claim in (("keeper", "keep"), ("after", "after")):
         s.kubectl("delete", "pod", pod, "-n", NS, "--wait=true", "--timeout=90s")
         s.kubectl("delete", "pvc", claim, "-n", NS, "--wait=true", "--timeout=90s")
-    eventually(lambda: s.kubectl("get", "pv", "-o", "name") == "", "every PV deleted")
-    eventually(lambda: backing_files(s) == [], "every backing file deleted")
+    eventually("every PV deleted", lambda: s.kubectl("get", "pv", "-o", "name") == "", 90, 0.5)
+    eventually("every backing file deleted", lambda: backing_files(s) == [], 90, 0.5)
     assert s.pool_loop_devices() == [], "a loop device outlived its volume"
 
 
@@ -197,7 +200,10 @@ def _pod_with_data(s: Stack, name: str) -> str:
     """A claim and a pod on node-a, a file written into the volume; returns the pod's mount path."""
     s.kubectl("apply", "-n", NS, "-f", "-", input=claim_and_pod(name, name, "node-a"))
     eventually(
-        lambda: s.kubectl("get", "pvc", name, "-o", "jsonpath={.status.phase}") == "Bound", f"{name} Bound"
+        f"{name} Bound",
+        lambda: s.kubectl("get", "pvc", name, "-o", "jsonpath={.status.phase}") == "Bound",
+        90,
+        0.5,
     )
     path = wait_running_and_mounted(s, name, "node-a")
     s.exec("csi-driver-node-node-a", f"echo {name} > {path}/kept && sync")
@@ -217,8 +223,8 @@ def _up_again(s: Stack, name: str) -> str:
 def _delete_pod_and_claim(s: Stack, name: str) -> None:
     s.kubectl("delete", "pod", name, "-n", NS, "--wait=true", "--timeout=90s")
     s.kubectl("delete", "pvc", name, "-n", NS, "--wait=true", "--timeout=90s")
-    eventually(lambda: s.kubectl("get", "pv", "-o", "name") == "", "every PV deleted")
-    eventually(lambda: backing_files(s) == [], "every backing file deleted")
+    eventually("every PV deleted", lambda: s.kubectl("get", "pv", "-o", "name") == "", 90, 0.5)
+    eventually("every backing file deleted", lambda: backing_files(s) == [], 90, 0.5)
     assert s.pool_loop_devices() == [], "a loop device outlived its volume"
 
 
@@ -271,8 +277,10 @@ spec: {volumeSnapshotClassName: kubeloop, source: {persistentVolumeClaimName: sn
 """
     s.kubectl("apply", "-n", NS, "-f", "-", input=snapshot)
     eventually(
-        lambda: s.kubectl("get", "volumesnapshot", "snap", "-o", "jsonpath={.status.readyToUse}") == "true",
         "the snapshot ready",
+        lambda: s.kubectl("get", "volumesnapshot", "snap", "-o", "jsonpath={.status.readyToUse}") == "true",
+        90,
+        0.5,
     )
     assert s.exec("csi-driver-controller", "ls /var/lib/kubeloop/pool/snapshots").split(), (
         "no copy in the pool"
@@ -292,11 +300,13 @@ spec:
     assert s.exec("csi-driver-node-node-b", f"cat {path}/kept").strip() == "snapsrc"
     s.kubectl("delete", "volumesnapshot", "snap", "-n", NS, "--wait=true", "--timeout=90s")
     eventually(
-        lambda: not s.exec("csi-driver-controller", "ls /var/lib/kubeloop/pool/snapshots").split(),
         "the snapshot's copy deleted",
+        lambda: not s.exec("csi-driver-controller", "ls /var/lib/kubeloop/pool/snapshots").split(),
+        90,
+        0.5,
     )
     s.kubectl("delete", "pod", "restored", "-n", NS, "--wait=true", "--timeout=90s")
     for claim in ("restored", "snapsrc"):
         s.kubectl("delete", "pvc", claim, "-n", NS, "--wait=true", "--timeout=90s")
-    eventually(lambda: s.kubectl("get", "pv", "-o", "name") == "", "every PV deleted")
-    eventually(lambda: backing_files(s) == [], "every backing file deleted")
+    eventually("every PV deleted", lambda: s.kubectl("get", "pv", "-o", "name") == "", 90, 0.5)
+    eventually("every backing file deleted", lambda: backing_files(s) == [], 90, 0.5)
