@@ -33,6 +33,7 @@ from external_attacher.controller import Attacher, Options
 from kubeloop_grpc.csi import csi_pb2
 from localstack.controlplane import ControlPlane
 from tests.csi.conftest import Driver
+from tests.support import in_process
 
 FINALIZER = attacher_finalizer(DRIVER_NAME)
 
@@ -128,12 +129,7 @@ class Setup:
         return [n for e in resp.entries if e.volume.volume_id == handle for n in e.status.published_node_ids]
 
     async def close(self) -> None:
-        for task in self.tasks:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        for close in self.closers:
-            await close()
+        await in_process.stop(self.tasks, self.closers)
         for res, name in ((NODES, self.node), (CSI_NODES, self.node), (PERSISTENT_VOLUMES, self.pv)):
             with contextlib.suppress(ApiError):
                 await self.api.patch(res, name, {"metadata": {"finalizers": None}})

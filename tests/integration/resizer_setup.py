@@ -27,6 +27,7 @@ from external_resizer.controller import Options, Resizer
 from kubeloop_grpc.csi import csi_pb2
 from localstack.controlplane import ControlPlane
 from tests.csi.conftest import Driver
+from tests.support import in_process
 
 Mode = csi_pb2.VolumeCapability.AccessMode.Mode
 MiB = 1 << 20
@@ -149,12 +150,7 @@ class Setup:
         return [(e["reason"], e["message"]) for e in items if e["involvedObject"].get("name") == claim]
 
     async def close(self) -> None:
-        for task in self.tasks:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        for close in self.closers:
-            await close()
+        await in_process.stop(self.tasks, self.closers)
         for name in self.pvs:
             with contextlib.suppress(ApiError):
                 await self.api.delete(PERSISTENT_VOLUMES, name)
