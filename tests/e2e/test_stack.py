@@ -95,7 +95,13 @@ def test_prometheus_scrapes_every_component_and_loads_the_alerting_rules(stack: 
     assert scraped == {i.name for i in instances(REGISTRY, node_names(2)) if i.http_port is not None}
     with urllib.request.urlopen(f"{api}/rules", timeout=10) as r:
         groups = {g["name"] for g in json.load(r)["data"]["groups"]}
-    assert groups == {"kubeloop-volumes", "kubeloop-claims", "kubeloop-operations", "kubeloop-pools"}
+    assert groups == {
+        "kubeloop-volumes",
+        "kubeloop-claims",
+        "kubeloop-operations",
+        "kubeloop-pools",
+        "kubeloop-control-plane",
+    }
     query = urllib.parse.quote("up == 1")
     with urllib.request.urlopen(f"{api}/query?query={query}", timeout=10) as r:
         assert len(json.load(r)["data"]["result"]) == len(scraped)
