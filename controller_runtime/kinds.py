@@ -121,6 +121,7 @@ class PersistentVolumeSpec(TypedDict, total=False):
 class PersistentVolumeStatus(TypedDict, total=False):
     phase: str
     message: str
+    lastPhaseTransitionTime: str
 
 
 class PersistentVolume(KubeObject, total=False):
@@ -136,9 +137,21 @@ class VolumeResourceRequirements(TypedDict, total=False):
     limits: dict[str, str]
 
 
+class LabelSelectorRequirement(TypedDict, total=False):
+    key: str
+    operator: str
+    values: list[str]
+
+
+class LabelSelector(TypedDict, total=False):
+    matchLabels: dict[str, str]
+    matchExpressions: list[LabelSelectorRequirement]
+
+
 class PersistentVolumeClaimSpec(TypedDict, total=False):
     accessModes: list[str]
     resources: VolumeResourceRequirements
+    selector: LabelSelector
     storageClassName: str
     volumeMode: str
     volumeName: str
@@ -312,6 +325,12 @@ class _View(Generic[K]):
     def __call__(self, obj: None) -> None: ...
     def __call__(self, obj: Obj | None) -> K | None:
         return cast("K | None", obj)
+
+
+def as_obj(view: KubeObject) -> Obj:
+    """A view back as the plain dict it is, for what takes any object (a write's body, an event's
+    subject, a cache): a cast too."""
+    return cast("Obj", view)
 
 
 pv_view: Final = _View[PersistentVolume]()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -80,11 +81,11 @@ def typed(obj: Obj, res: Resource) -> Obj:
     return {**obj, "kind": res.kind, "apiVersion": res.api_version}
 
 
-def name_of(obj: Obj) -> str:
+def name_of(obj: Mapping[str, Any]) -> str:
     return str(obj.get("metadata", {}).get("name", ""))
 
 
-def namespace_of(obj: Obj) -> str:
+def namespace_of(obj: Mapping[str, Any]) -> str:
     return str(obj.get("metadata", {}).get("namespace", ""))
 
 
@@ -113,13 +114,13 @@ def object_key(namespace: str | None, name: str) -> str:
     return f"{namespace}/{name}" if namespace else name
 
 
-def key_of(obj: Obj) -> str:
+def key_of(obj: Mapping[str, Any]) -> str:
     """An object's cache key, from its metadata."""
     md = obj.get("metadata", {})
     return object_key(md.get("namespace"), str(md["name"]))
 
 
-def reference_key(ref: Obj) -> str:
+def reference_key(ref: Mapping[str, Any]) -> str:
     """The cache key of the object a reference (claimRef, involvedObject...) names."""
     return object_key(ref.get("namespace"), str(ref.get("name", "")))
 

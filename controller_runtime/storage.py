@@ -79,15 +79,15 @@ def storage_of(resources: Obj | None) -> int:
     return parse_quantity((resources or {}).get("storage"))
 
 
-def volume_capacity(volume: Obj) -> int:
+def volume_capacity(volume: Mapping[str, Any]) -> int:
     return storage_of(volume.get("spec", {}).get("capacity"))
 
 
-def claim_request(claim: Obj) -> int:
+def claim_request(claim: Mapping[str, Any]) -> int:
     return storage_of(claim.get("spec", {}).get("resources", {}).get("requests"))
 
 
-def _class_of(obj: Obj) -> str:
+def _class_of(obj: Mapping[str, Any]) -> str:
     """A PV's or PVC's class; the beta annotation wins over the field, and nil means "" (no class)."""
     ann = obj.get("metadata", {}).get("annotations") or {}
     if ANN_BETA_STORAGE_CLASS in ann:
@@ -95,17 +95,17 @@ def _class_of(obj: Obj) -> str:
     return str(obj.get("spec", {}).get("storageClassName") or "")
 
 
-def claim_class(claim: Obj) -> str:
+def claim_class(claim: Mapping[str, Any]) -> str:
     return _class_of(claim)
 
 
-def claim_has_class(claim: Obj) -> bool:
+def claim_has_class(claim: Mapping[str, Any]) -> bool:
     """True when the user chose a class, even "": only a nil class gets the default one."""
     ann = claim.get("metadata", {}).get("annotations") or {}
     return ANN_BETA_STORAGE_CLASS in ann or claim.get("spec", {}).get("storageClassName") is not None
 
 
-def volume_class(volume: Obj) -> str:
+def volume_class(volume: Mapping[str, Any]) -> str:
     return _class_of(volume)
 
 
@@ -113,7 +113,7 @@ def is_deleting(obj: Mapping[str, Any]) -> bool:
     return bool(obj.get("metadata", {}).get("deletionTimestamp"))
 
 
-def claim_reference(claim: Obj) -> Obj:
+def claim_reference(claim: Mapping[str, Any]) -> Obj:
     """A PV's spec.claimRef naming this claim (with its UID and resourceVersion)."""
     md = claim["metadata"]
     return {

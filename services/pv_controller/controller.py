@@ -18,6 +18,15 @@ from controller_runtime import storage
 from controller_runtime.client import ApiError
 from controller_runtime.controller import ControllerContext, InformerController, run_workers
 from controller_runtime.informer import EventHandler
+from controller_runtime.kinds import (
+    PersistentVolume,
+    PersistentVolumeClaim,
+    StorageClass,
+    as_obj,
+    pv_view,
+    pvc_view,
+    storage_class_view,
+)
 from controller_runtime.logs import get_logger
 from controller_runtime.resources import (
     NODES,
@@ -173,7 +182,7 @@ class PVController(InformerController):
         name = volume["metadata"]["name"]
         self.view.delete_volume(volume)
         self.volume_queue.add(name)
-        ref = claim_ref_key(volume)
+        ref = claim_ref_key(pv_view(volume))
         if ref is not None:
             self.claim_queue.add(ref)
         for key in self.view.claims_naming(name):
@@ -199,7 +208,7 @@ class PVController(InformerController):
     def _class_changed(self, _cls: Obj) -> None:
         # A new default class (retroactive assignment) or a class a claim was waiting for.
         for claim in self.view.all_claims():
-            if not has_annotation(claim, storage.ANN_BIND_COMPLETED):
+            if not has_annotation(pvc_view(claim), storage.ANN_BIND_COMPLETED):
                 self.claim_queue.add(key_of(claim))
 
     def _class_updated(self, old: Obj, new: Obj) -> None:
@@ -247,29 +256,29 @@ class PVController(InformerController):
 
     # -- writes: each stores its answer in the view so the next decision sees it ----------------------
 
-    async def _update_volume(self, volume: Obj) -> Obj:
+    async def _update_volume(self, volume: Obj) -> PersistentVolume:
         new = _cacheable(await self.client.update(PERSISTENT_VOLUMES, volume))
         self.view.volume_written(new)
-        return new
+        return pv_view(new)
 
-    async def _update_volume_status(self, volume: Obj) -> Obj:
+    async def _update_volume_status(self, volume: Obj) -> PersistentVolume:
         new = _cacheable(await self.client.update_status(PERSISTENT_VOLUMES, volume))
         self.view.volume_written(new)
-        return new
+        return pv_view(new)
 
-    async def _update_claim(self, claim: Obj) -> Obj:
+    async def _update_claim(self, claim: Obj) -> PersistentVolumeClaim:
         new = _cacheable(await self.client.update(PERSISTENT_VOLUME_CLAIMS, claim))
         self.view.claim_written(new)
-        return new
+        return pvc_view(new)
 
-    async def _update_claim_status(self, claim: Obj) -> Obj:
+    async def _update_claim_status(self, claim: Obj) -> PersistentVolumeClaim:
         new = _cacheable(await self.client.update_status(PERSISTENT_VOLUME_CLAIMS, claim))
         self.view.claim_written(new)
-        return new
+        return pvc_view(new)
 
     async def _set_volume_phase(
-        self, volume: Obj, phase: str, event: tuple[str, str, str] | None = None
-    ) -> Obj:
+        self, volume: PersistentVolume, phase: str, event: tuple[str, str, str] | None = None
+    ) -> PersistentVolume:
         """Sets the phase; `event` (type, reason, message) is emitted only when the phase changes,
         and its message becomes status.message."""
         new = volume_with_phase(volume, phase, event[2] if event else "")
@@ -277,28 +286,30 @@ class PVController(InformerController):
             return volume
         volume = await self._update_volume_status(new)
         if event is not None:
-            self.recorder.record(typed(volume, PERSISTENT_VOLUMES), *event)
+            self.recorder.record(typed(as_obj(volume), PERSISTENT_VOLUMES), *event)
         return volume
 
-    async def _set_claim_phase(self, claim: Obj, phase: str, volume: Obj | None) -> Obj:
+    async def _set_claim_phase(
+        self, claim: PersistentVolumeClaim, phase: str, volume: PersistentVolume | None
+    ) -> PersistentVolumeClaim:
         """Sets the phase, and the access modes and capacity that go with it."""
         new = claim_with_status(claim, phase, volume)
         if new is None:
             return claim
         return await self._update_claim_status(new)
 
-    async def _mark_claim_lost(self, claim: Obj, reason: str, message: str) -> None:
+    async def _mark_claim_lost(self, claim: PersistentVolumeClaim, reason: str, message: str) -> None:
         """Lost with a Warning event, once: a claim already Lost is not written again."""
         new = claim_lost(claim)
         if new is not None:
             claim = await self._update_claim_status(new)
             self._claim_event(claim, "Warning", reason, message)
 
-    def _claim_event(self, claim: Obj, event_type: str, reason: str, message: str) -> None:
-        self.recorder.record(typed(claim, PERSISTENT_VOLUME_CLAIMS), event_type, reason, message)
+    def _claim_event(self, claim: PersistentVolumeClaim, event_type: str, reason: str, message: str) -> None:
+        self.recorder.record(typed(as_obj(claim), PERSISTENT_VOLUME_CLAIMS), event_type, reason, message)
 
-    def _volume_event(self, volume: Obj, event_type: str, reason: str, message: str) -> None:
-        self.recorder.record(typed(volume, PERSISTENT_VOLUMES), event_type, reason, message)
+    def _volume_event(self, volume: PersistentVolume, event_type: str, reason: str, message: str) -> None:
+        self.recorder.record(typed(as_obj(volume), PERSISTENT_VOLUMES), event_type, reason, message)
 
     # -- volumes -------------------------------------------------------------------------------------
 
@@ -323,7 +334,7 @@ class PVController(InformerController):
         await self.sync_volume(volume)
         return None
 
-    async def _fetch_claim(self, namespace: str, name: str) -> Obj | None:
+    async def _fetch_claim(self, namespace: str, name: str) -> PersistentVolumeClaim | None:
         """The claim as the API has it now (None when it does not exist); the view learns it."""
         try:
             claim = await self.client.get(PERSISTENT_VOLUME_CLAIMS, name, namespace)
@@ -333,9 +344,9 @@ class PVController(InformerController):
             raise
         if self.view.claim_written(claim):
             self.claim_queue.add(key_of(claim))
-        return claim
+        return pvc_view(claim)
 
-    async def _claim_of(self, volume: Obj) -> Obj | None:
+    async def _claim_of(self, volume: PersistentVolume) -> PersistentVolumeClaim | None:
         """The claim the volume's claimRef names, or None when it is really gone or has another
         UID. A miss in the view is confirmed with the API before anyone may act on it: the watch
         can lag (the claim may have been created a moment ago), and releasing a volume is not
@@ -352,7 +363,7 @@ class PVController(InformerController):
                 claim = None
         return claim
 
-    async def sync_volume(self, volume: Obj) -> None:
+    async def sync_volume(self, volume: PersistentVolume) -> None:
         ref = volume.get("spec", {}).get("claimRef")
         claim = await self._claim_of(volume) if ref and ref.get("uid") else None
         action = decide_volume(volume, claim)
@@ -363,6 +374,7 @@ class PVController(InformerController):
                 if woken is not None:
                     self.claim_queue.add(woken)
         elif action is VolumeAction.PREBOUND:
+            assert ref is not None  # decide_volume says PREBOUND only for a claimRef
             await self._set_volume_phase(volume, storage.PV_AVAILABLE)
             self.claim_queue.add(reference_key(ref))
         elif action in (VolumeAction.RELEASE, VolumeAction.RELEASE_PROVISIONED):
@@ -408,7 +420,7 @@ class PVController(InformerController):
             volume = await self._update_volume(volume_unbound(volume))
             await self._set_volume_phase(volume, storage.PV_AVAILABLE)
 
-    async def _reclaim(self, volume: Obj, claim: Obj | None) -> None:
+    async def _reclaim(self, volume: PersistentVolume, claim: PersistentVolumeClaim | None) -> None:
         decision = decide_reclaim(volume)
         name = volume["metadata"]["name"]
         if decision.action is ReclaimAction.NONE:
@@ -450,14 +462,15 @@ class PVController(InformerController):
             return None
         return await self._sync_unbound_claim(claim)
 
-    async def _sync_bound_claim(self, claim: Obj) -> None:
+    async def _sync_bound_claim(self, claim: PersistentVolumeClaim) -> None:
         volume_name = claim.get("spec", {}).get("volumeName") or ""
         volume = self.view.volume(volume_name) if volume_name else None
         if volume is None and volume_name:
             # Lost is final: make sure the volume is really gone, not just late in the watch.
             try:
-                volume = await self.client.get(PERSISTENT_VOLUMES, volume_name)
-                self.view.volume_written(volume)
+                fetched = await self.client.get(PERSISTENT_VOLUMES, volume_name)
+                self.view.volume_written(fetched)
+                volume = pv_view(fetched)
             except ApiError as exc:
                 if not exc.not_found:
                     raise
@@ -472,13 +485,13 @@ class PVController(InformerController):
             assert volume is not None
             await self._bind(volume, claim)
 
-    async def _sync_unbound_claim(self, claim: Obj) -> float | None:
+    async def _sync_unbound_claim(self, claim: PersistentVolumeClaim) -> float | None:
         key = key_of(claim)
         volume_name = claim.get("spec", {}).get("volumeName") or ""
         if volume_name:
             return await self._sync_prebound_claim(claim, volume_name)
         class_name = claim_class(claim)
-        storage_class = self.classes.store.get(class_name) if class_name else None
+        storage_class = storage_class_view(self.classes.store.get(class_name)) if class_name else None
         delay = is_delay_binding(class_name, storage_class)  # raises for a class without a mode
         # No await between the search and the reservation: concurrent workers cannot both take it.
         volume = find_best_match(
@@ -507,7 +520,7 @@ class PVController(InformerController):
         await self._set_claim_phase(claim, storage.CLAIM_PENDING, None)
         return None
 
-    async def _sync_prebound_claim(self, claim: Obj, volume_name: str) -> float | None:
+    async def _sync_prebound_claim(self, claim: PersistentVolumeClaim, volume_name: str) -> float | None:
         """The user named the volume in spec.volumeName."""
         key = key_of(claim)
         volume = self.view.volume(volume_name)
@@ -547,7 +560,7 @@ class PVController(InformerController):
             f"volume already claimed by {claim_ref_key(volume)}"
         )
 
-    async def _bind_reserved(self, volume: Obj, claim: Obj) -> None:
+    async def _bind_reserved(self, volume: PersistentVolume, claim: PersistentVolumeClaim) -> None:
         name, key = volume["metadata"]["name"], key_of(claim)
         if not self.view.reserve(name, key):
             raise BindingError(f"volume {name} is reserved by another claim")
@@ -570,7 +583,10 @@ class PVController(InformerController):
             self.view.release(name, key)
 
     async def _bind(
-        self, volume: Obj, claim: Obj, before_last_write: Callable[[], None] | None = None
+        self,
+        volume: PersistentVolume,
+        claim: PersistentVolumeClaim,
+        before_last_write: Callable[[], None] | None = None,
     ) -> None:
         """kcm's four writes; each is skipped when already done, so a bind cut short at any point
         is finished by the next sync of either object. The volume's claimRef goes first (it
@@ -595,7 +611,7 @@ class PVController(InformerController):
         await self._set_claim_phase(claim, storage.CLAIM_BOUND, volume)
         self.timer.finish(key_of(claim), "provision")
 
-    async def _update_both(self, phase: Obj, spec: Obj) -> tuple[Obj, Obj]:
+    async def _update_both(self, phase: Obj, spec: Obj) -> tuple[PersistentVolume, PersistentVolumeClaim]:
         """The volume's phase and the claim's spec written at once. Both are awaited to the end
         before an error is raised: the reservation must outlive every write of the bind."""
         new_volume, new_claim = await asyncio.gather(
@@ -609,14 +625,14 @@ class PVController(InformerController):
             raise new_claim
         return new_volume, new_claim
 
-    async def _assign_default_class(self, claim: Obj) -> bool:
+    async def _assign_default_class(self, claim: PersistentVolumeClaim) -> bool:
         """Gives a claim with no class (nil, not "") the default StorageClass once one exists."""
         if claim_has_class(claim):
             return False
-        cls = default_class(self.classes.store.values())
+        cls = default_class(storage_class_view(c) for c in self.classes.store.values())
         if cls is None:
             return False
-        new = {**claim, "spec": {**claim["spec"], "storageClassName": cls["metadata"]["name"]}}
+        new: Obj = {**claim, "spec": {**claim["spec"], "storageClassName": cls["metadata"]["name"]}}
         try:
             await self._update_claim(new)
         except Exception:
@@ -626,7 +642,7 @@ class PVController(InformerController):
         log.info("assigned the default storage class", claim=key_of(claim), cls=cls["metadata"]["name"])
         return True
 
-    def _event_waiting_for_consumer(self, claim: Obj) -> None:
+    def _event_waiting_for_consumer(self, claim: PersistentVolumeClaim) -> None:
         pods = unscheduled_pods(self.pods.store.by_index(POD_CLAIMS_INDEX, key_of(claim)))
         if pods:
             self._claim_event(
@@ -635,7 +651,9 @@ class PVController(InformerController):
         else:
             self._claim_event(claim, "Normal", names.WAIT_FOR_FIRST_CONSUMER, names.MSG_WAIT_FIRST_CONSUMER)
 
-    async def _provision(self, claim: Obj, class_name: str, storage_class: Obj | None) -> None:
+    async def _provision(
+        self, claim: PersistentVolumeClaim, class_name: str, storage_class: StorageClass | None
+    ) -> None:
         problem = provisioning_error(class_name, storage_class)
         if problem is not None:
             self._claim_event(claim, "Warning", storage.PROVISIONING_FAILED, problem)

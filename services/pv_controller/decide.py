@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import copy
 import enum
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from controller_runtime import storage
-from controller_runtime.kinds import pod_view
+from controller_runtime.kinds import PersistentVolume, PersistentVolumeClaim, StorageClass, pod_view
 from controller_runtime.quantity import parse_quantity
 from controller_runtime.resources import Obj
 from controller_runtime.volumes import pod_terminated
@@ -19,7 +20,7 @@ from . import names
 from .match import is_bound_to_claim, volume_mode_mismatch
 
 
-def writable(obj: Obj) -> Obj:
+def writable(obj: Mapping[str, Any]) -> Obj:
     """A copy of a cached object that the bind writes may modify: the containers they touch
     (metadata, annotations, spec, status) are new; everything else is shared with the cache and
     left alone. Far cheaper than a deep copy, which dominated the CPU of a bind."""
@@ -34,15 +35,15 @@ def writable(obj: Obj) -> Obj:
     }
 
 
-def _annotations(obj: Obj) -> dict[str, str]:
+def _annotations(obj: PersistentVolume | PersistentVolumeClaim) -> dict[str, str]:
     return dict(obj.get("metadata", {}).get("annotations") or {})
 
 
-def has_annotation(obj: Obj, key: str) -> bool:
+def has_annotation(obj: PersistentVolume | PersistentVolumeClaim, key: str) -> bool:
     return key in (obj.get("metadata", {}).get("annotations") or {})
 
 
-def phase_of(obj: Obj) -> str:
+def phase_of(obj: PersistentVolume | PersistentVolumeClaim) -> str:
     return str(obj.get("status", {}).get("phase") or "")
 
 
@@ -60,7 +61,7 @@ class VolumeAction(enum.Enum):
     UNBIND = "unbind"  # claim bound elsewhere: undo our binding, or drop the UID of a user's one
 
 
-def decide_volume(volume: Obj, claim: Obj | None) -> VolumeAction:
+def decide_volume(volume: PersistentVolume, claim: PersistentVolumeClaim | None) -> VolumeAction:
     """`claim` is the claim the claimRef names, already verified against the API, and None when it
     is gone or has another UID."""
     spec = volume.get("spec", {})
@@ -100,7 +101,7 @@ class Reclaim:
     message: str = ""
 
 
-def decide_reclaim(volume: Obj) -> Reclaim:
+def decide_reclaim(volume: PersistentVolume) -> Reclaim:
     if _annotations(volume).get(storage.ANN_MIGRATED_TO):
         return Reclaim(ReclaimAction.NONE)  # the CSI provisioner owns migrated volumes
     policy = volume.get("spec", {}).get("persistentVolumeReclaimPolicy") or ""
@@ -149,7 +150,7 @@ class OperationBackoff:
         self._state.pop(key, None)
 
 
-def volume_released(volume: Obj, claim: Obj | None) -> bool:
+def volume_released(volume: PersistentVolume, claim: PersistentVolumeClaim | None) -> bool:
     """Whether a Delete reclaim may proceed: the claimRef's claim is gone, has another UID, or is
     bound to another volume. `claim` is the claim named by the claimRef as cached, or None."""
     ref = volume.get("spec", {}).get("claimRef")
@@ -171,7 +172,7 @@ class BoundClaimAction(enum.Enum):
     MISBOUND = "misbound"  # the volume belongs to another claim UID
 
 
-def decide_bound_claim(claim: Obj, volume: Obj | None) -> BoundClaimAction:
+def decide_bound_claim(claim: PersistentVolumeClaim, volume: PersistentVolume | None) -> BoundClaimAction:
     if not claim.get("spec", {}).get("volumeName"):
         return BoundClaimAction.LOST_REFERENCE
     if volume is None:
@@ -185,7 +186,7 @@ def decide_bound_claim(claim: Obj, volume: Obj | None) -> BoundClaimAction:
 # -- the four writes of a bind ------------------------------------------------------------------------
 
 
-def volume_bound_to_claim(volume: Obj, claim: Obj) -> Obj | None:
+def volume_bound_to_claim(volume: PersistentVolume, claim: PersistentVolumeClaim) -> Obj | None:
     """Write 1: the volume with claimRef set to the claim (and bound-by-controller when the link is
     ours, not the user's), or None when it already is."""
     by_controller = not is_bound_to_claim(volume, claim)
@@ -210,7 +211,7 @@ def volume_bound_to_claim(volume: Obj, claim: Obj) -> Obj | None:
     return new
 
 
-def volume_with_phase(volume: Obj, phase: str, message: str = "") -> Obj | None:
+def volume_with_phase(volume: PersistentVolume, phase: str, message: str = "") -> Obj | None:
     """Writes 2 (and every other phase change): the volume's status, or None when unchanged.
     lastPhaseTransitionTime is left as read: the apiserver's status strategy stamps it when the
     phase changes and the client did not change it, as it does for kcm's writes."""
@@ -226,7 +227,7 @@ def volume_with_phase(volume: Obj, phase: str, message: str = "") -> Obj | None:
     return new
 
 
-def claim_bound_to_volume(claim: Obj, volume: Obj) -> Obj | None:
+def claim_bound_to_volume(claim: PersistentVolumeClaim, volume: PersistentVolume) -> Obj | None:
     """Write 3: spec.volumeName, bound-by-controller when the user had not named the volume, and
     bind-completed; None when all are already set."""
     name = volume["metadata"]["name"]
@@ -244,7 +245,9 @@ def claim_bound_to_volume(claim: Obj, volume: Obj) -> Obj | None:
     return new
 
 
-def claim_with_status(claim: Obj, phase: str, volume: Obj | None) -> Obj | None:
+def claim_with_status(
+    claim: PersistentVolumeClaim, phase: str, volume: PersistentVolume | None
+) -> Obj | None:
     """Write 4 (and Pending/Lost): phase, plus access modes and capacity from the volume when it
     becomes Bound; None when unchanged. Capacity is only copied on the transition: a later
     difference can be a filesystem resize in progress and must not be clobbered."""
@@ -296,7 +299,7 @@ def claim_with_status(claim: Obj, phase: str, volume: Obj | None) -> Obj | None:
     return new
 
 
-def claim_lost(claim: Obj) -> Obj | None:
+def claim_lost(claim: PersistentVolumeClaim) -> Obj | None:
     """The claim marked Lost, without access modes and capacity; None when it already is Lost. As
     kcm's updateClaimStatusWithEvent: a claim already in the phase is not touched at all, whatever
     else its status says (and no second event is recorded)."""
@@ -305,7 +308,7 @@ def claim_lost(claim: Obj) -> Obj | None:
     return claim_with_status(claim, storage.CLAIM_LOST, None)
 
 
-def volume_unbound(volume: Obj) -> Obj:
+def volume_unbound(volume: PersistentVolume) -> Obj:
     """Undo a binding: ours goes entirely (claimRef and annotation); a user's keeps its claimRef
     minus the UID, so the volume stays reserved for that claim name."""
     new = writable(volume)
@@ -319,7 +322,7 @@ def volume_unbound(volume: Obj) -> Obj:
     return new
 
 
-def claim_with_provisioner(claim: Obj, provisioner: str) -> Obj | None:
+def claim_with_provisioner(claim: PersistentVolumeClaim, provisioner: str) -> Obj | None:
     """The claim handed to an external provisioner (both annotation keys), or None when it is."""
     ann = _annotations(claim)
     if (
@@ -349,7 +352,7 @@ class BindingModeUnset(Exception):
     that bypassed defaulting gets here): kcm fails the claim's sync with this message and retries."""
 
 
-def is_delay_binding(class_name: str, storage_class: Obj | None) -> bool:
+def is_delay_binding(class_name: str, storage_class: StorageClass | None) -> bool:
     """WaitForFirstConsumer class; no class or a missing one binds immediately (a missing one fails
     at provisioning); a class without a binding mode is an error."""
     if not class_name or storage_class is None:
@@ -360,7 +363,7 @@ def is_delay_binding(class_name: str, storage_class: Obj | None) -> bool:
     return bool(mode == "WaitForFirstConsumer")
 
 
-def provisioning_error(claim_class_name: str, storage_class: Obj | None) -> str | None:
+def provisioning_error(claim_class_name: str, storage_class: StorageClass | None) -> str | None:
     """Why a claim of this class cannot be handed to an external provisioner, as kcm words it."""
     if storage_class is None:
         return f'storageclass.storage.k8s.io "{claim_class_name}" not found'

@@ -1,8 +1,8 @@
 """Pure matching logic: volume modes, selectors, the default class, and the volume index that
 finds the best PersistentVolume for a claim (docs/contracts.md, "Binding choice").
 
-Nothing here talks to the API: every function takes plain-dict objects and returns a value, so the
-decisions are unit-tested without a server.
+Nothing here talks to the API: every function takes objects as their typed views
+(controller_runtime.kinds) and returns a value, so the decisions are unit-tested without a server.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from controller_runtime import storage
-from controller_runtime.resources import Obj, key_of, reference_key
+from controller_runtime.kinds import LabelSelector, PersistentVolume, PersistentVolumeClaim, StorageClass
+from controller_runtime.resources import key_of, reference_key
 from controller_runtime.storage import (
     access_modes_key,
     claim_class,
@@ -27,20 +28,20 @@ from controller_runtime.storage import (
 # -- modes and selectors --------------------------------------------------------------------------
 
 
-def volume_mode_mismatch(claim: Obj, volume: Obj) -> bool:
+def volume_mode_mismatch(claim: PersistentVolumeClaim, volume: PersistentVolume) -> bool:
     """nil volumeMode means Filesystem on both sides."""
     want = claim.get("spec", {}).get("volumeMode") or "Filesystem"
     have = volume.get("spec", {}).get("volumeMode") or "Filesystem"
     return bool(want != have)
 
 
-def attributes_class_mismatch(claim: Obj, volume: Obj) -> bool:
+def attributes_class_mismatch(claim: PersistentVolumeClaim, volume: PersistentVolume) -> bool:
     want = claim.get("spec", {}).get("volumeAttributesClassName") or ""
     have = volume.get("spec", {}).get("volumeAttributesClassName") or ""
     return bool(want != have)
 
 
-def selector_matches(selector: Obj | None, labels: dict[str, str]) -> bool:
+def selector_matches(selector: LabelSelector | None, labels: dict[str, str]) -> bool:
     """metav1.LabelSelector semantics: matchLabels AND every matchExpression; an empty selector
     matches everything."""
     if not selector:
@@ -70,14 +71,14 @@ def selector_matches(selector: Obj | None, labels: dict[str, str]) -> bool:
 # -- claim <-> volume links -------------------------------------------------------------------------
 
 
-def claim_ref_key(volume: Obj) -> str | None:
+def claim_ref_key(volume: PersistentVolume) -> str | None:
     ref = volume.get("spec", {}).get("claimRef")
     if not ref:
         return None
     return reference_key(ref)
 
 
-def is_bound_to_claim(volume: Obj, claim: Obj) -> bool:
+def is_bound_to_claim(volume: PersistentVolume, claim: PersistentVolumeClaim) -> bool:
     """The volume points at this claim by name, and by UID when the reference carries one."""
     ref = volume.get("spec", {}).get("claimRef")
     if not ref:
@@ -88,7 +89,7 @@ def is_bound_to_claim(volume: Obj, claim: Obj) -> bool:
     return not ref.get("uid") or ref.get("uid") == md.get("uid")
 
 
-def check_volume_satisfies_claim(volume: Obj, claim: Obj) -> str | None:
+def check_volume_satisfies_claim(volume: PersistentVolume, claim: PersistentVolumeClaim) -> str | None:
     """Why a volume the user asked for by name cannot serve the claim, or None when it can."""
     if is_deleting(volume):
         return f'the volume is marked for deletion "{volume["metadata"]["name"]}"'
@@ -130,7 +131,7 @@ class VolumeIndex:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def upsert(self, volume: Obj) -> None:
+    def upsert(self, volume: PersistentVolume) -> None:
         name = volume["metadata"]["name"]
         self.remove(name)
         spec = volume.get("spec", {})
@@ -181,12 +182,12 @@ class VolumeIndex:
 
 
 def find_best_match(
-    claim: Obj,
+    claim: PersistentVolumeClaim,
     index: VolumeIndex,
-    get_volume: Callable[[str], Obj | None],
+    get_volume: Callable[[str], PersistentVolume | None],
     delay_binding: bool,
     unusable: Callable[[str], bool] = lambda _: False,
-) -> Obj | None:
+) -> PersistentVolume | None:
     """The volume a claim without spec.volumeName should bind to, or None.
 
     kcm searches one access-mode set at a time, fewest modes first, and inside a set a volume
@@ -199,7 +200,9 @@ def find_best_match(
     requested = spec.get("accessModes") or []
     size = claim_request(claim)
 
-    pointing: dict[str, Obj] = {}  # access-mode key -> first fitting volume pointing at the claim
+    pointing: dict[
+        str, PersistentVolume
+    ] = {}  # access-mode key -> first fitting volume pointing at the claim
     for name in index.bound_to(key_of(claim)):
         volume = get_volume(name)
         if volume is None or not is_bound_to_claim(volume, claim):
@@ -226,7 +229,9 @@ def find_best_match(
     return None
 
 
-def free_volume_fits(volume: Obj, claim: Obj, check_size_and_modes: bool = True) -> bool:
+def free_volume_fits(
+    volume: PersistentVolume, claim: PersistentVolumeClaim, check_size_and_modes: bool = True
+) -> bool:
     """Whether a free (claimRef-less) volume may be bound to a claim that did not name it. The
     index already guarantees size and access modes when searching, so callers can skip those."""
     if volume.get("spec", {}).get("claimRef"):
@@ -249,7 +254,7 @@ def free_volume_fits(volume: Obj, claim: Obj, check_size_and_modes: bool = True)
     )
 
 
-def default_class(classes: Iterable[Obj]) -> Obj | None:
+def default_class(classes: Iterable[StorageClass]) -> StorageClass | None:
     """The default StorageClass; with several, the newest wins (then the name), as upstream."""
     defaults = [
         c

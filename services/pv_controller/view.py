@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from controller_runtime.clock import SYSTEM_CLOCK, PassiveClock
+from controller_runtime.kinds import PersistentVolume, PersistentVolumeClaim, pv_view, pvc_view
 from controller_runtime.mutation_cache import MutationCache
 from controller_runtime.resources import Obj, key_of, revision_of
 from controller_runtime.store import Store
@@ -41,8 +42,8 @@ class LocalView:
 
     # -- volumes ------------------------------------------------------------------------------------
 
-    def volume(self, name: str) -> Obj | None:
-        return self.volumes.get(name)
+    def volume(self, name: str) -> PersistentVolume | None:
+        return pv_view(self.volumes.get(name))
 
     def volume_observed(self, name: str) -> None:
         """The informer's cache changed the volume: the index follows the freshest version."""
@@ -52,7 +53,7 @@ class LocalView:
             self.index.remove(name)
         elif self._indexed.get(name) is not volume:  # a resync hands back the same object
             self._indexed[name] = volume
-            self.index.upsert(volume)
+            self.index.upsert(pv_view(volume))
 
     def volume_written(self, volume: Obj) -> bool:
         """An answer from the API (our write, or a read): True when the view now holds that version
@@ -72,8 +73,8 @@ class LocalView:
 
     # -- claims -------------------------------------------------------------------------------------
 
-    def claim(self, key: str) -> Obj | None:
-        return self.claims.get(key)
+    def claim(self, key: str) -> PersistentVolumeClaim | None:
+        return pvc_view(self.claims.get(key))
 
     def claim_observed(self, key: str) -> None:
         """The informer's cache changed the claim: the by-volume index follows the freshest version."""
@@ -119,7 +120,7 @@ class LocalView:
     def all_volumes(self) -> list[Obj]:
         return list(self.volumes.values())
 
-    def wake_one(self, fits: Callable[[Obj], bool], limit: int = 64) -> str | None:
+    def wake_one(self, fits: Callable[[PersistentVolumeClaim], bool], limit: int = 64) -> str | None:
         """Takes the oldest waiting claim that `fits` (looking at no more than `limit` of them, so
         a volume no one wants costs little) out of the waiting set and returns its key."""
         for n, key in enumerate(list(self.waiting)):
@@ -128,7 +129,7 @@ class LocalView:
             claim = self.claims.get(key)
             if claim is None:
                 del self.waiting[key]
-            elif fits(claim):
+            elif fits(pvc_view(claim)):
                 del self.waiting[key]
                 return key
         return None

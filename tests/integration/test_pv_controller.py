@@ -14,6 +14,7 @@ import pytest
 
 from controller_runtime import storage
 from controller_runtime.client import ApiClient, ApiError
+from controller_runtime.kinds import PersistentVolume, PersistentVolumeClaim
 from controller_runtime.resources import PERSISTENT_VOLUME_CLAIMS, PERSISTENT_VOLUMES, Obj
 from localstack.controlplane import ControlPlane
 from services.pv_controller import names
@@ -605,17 +606,17 @@ async def test_a_claim_is_never_bound_before_its_volume(
     original_claim_status = PVController._update_claim_status
     log: list[str] = []
 
-    async def failing_once(self: PVController, volume: Obj) -> Obj:
+    async def failing_once(self: PVController, volume: Obj) -> PersistentVolume:
         if volume.get("status", {}).get("phase") == "Bound" and "volume phase failed" not in log:
             log.append("volume phase failed")
             raise ApiError(500, {"reason": "InternalError", "message": "injected"}, "PUT", "status")
         return await original_volume_status(self, volume)
 
-    async def claim_spec(self: PVController, claim: Obj) -> Obj:
+    async def claim_spec(self: PVController, claim: Obj) -> PersistentVolumeClaim:
         log.append("claim volumeName")
         return await original_claim(self, claim)
 
-    async def claim_status(self: PVController, claim: Obj) -> Obj:
+    async def claim_status(self: PVController, claim: Obj) -> PersistentVolumeClaim:
         if claim["status"].get("phase") == "Bound":
             pv = self.view.volume(claim["spec"]["volumeName"])
             assert pv is not None
@@ -657,7 +658,9 @@ async def test_binds_in_flight_are_bounded(
         in_flight, peak = 0, 0
 
         async def counting_bind(
-            volume: Obj, claim: Obj, before_last_write: Callable[[], None] | None = None
+            volume: PersistentVolume,
+            claim: PersistentVolumeClaim,
+            before_last_write: Callable[[], None] | None = None,
         ) -> None:
             nonlocal in_flight, peak
             new = BIND_COMPLETED not in (claim["metadata"].get("annotations") or {})

@@ -7,6 +7,14 @@ from typing import Any
 import pytest
 
 from controller_runtime import storage
+from controller_runtime.kinds import (
+    PersistentVolume,
+    PersistentVolumeClaim,
+    StorageClass,
+    as_obj,
+    pv_view,
+    pvc_view,
+)
 from controller_runtime.resources import Obj
 from controller_runtime.store import Store
 from services.pv_controller import names
@@ -36,15 +44,19 @@ from services.pv_controller.view import LocalView
 BBC = storage.ANN_BOUND_BY_CONTROLLER
 
 
-def claim(volume_name: str = "", uid: str = "u1", **spec: Any) -> Obj:
-    return {
-        "metadata": {"name": "data", "namespace": "ns", "uid": uid, "resourceVersion": "7"},
-        "spec": {"volumeName": volume_name, **spec},
-        "status": {"phase": "Pending"},
-    }
+def claim(volume_name: str = "", uid: str = "u1", **spec: Any) -> PersistentVolumeClaim:
+    return pvc_view(
+        {
+            "metadata": {"name": "data", "namespace": "ns", "uid": uid, "resourceVersion": "7"},
+            "spec": {"volumeName": volume_name, **spec},
+            "status": {"phase": "Pending"},
+        }
+    )
 
 
-def volume(ref_uid: str | None = None, annotations: dict[str, str] | None = None, **spec: Any) -> Obj:
+def volume(
+    ref_uid: str | None = None, annotations: dict[str, str] | None = None, **spec: Any
+) -> PersistentVolume:
     obj: Obj = {
         "metadata": {"name": "pv1", "annotations": dict(annotations or {}), "resourceVersion": "3"},
         "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"], **spec},
@@ -52,7 +64,7 @@ def volume(ref_uid: str | None = None, annotations: dict[str, str] | None = None
     }
     if ref_uid is not None:
         obj["spec"]["claimRef"] = {"namespace": "ns", "name": "data", "uid": ref_uid}
-    return obj
+    return pv_view(obj)
 
 
 @pytest.mark.parametrize(
@@ -86,7 +98,9 @@ def volume(ref_uid: str | None = None, annotations: dict[str, str] | None = None
         ),
     ],
 )
-def test_decide_volume(vol: Obj, clm: Obj | None, action: VolumeAction) -> None:
+def test_decide_volume(
+    vol: PersistentVolume, clm: PersistentVolumeClaim | None, action: VolumeAction
+) -> None:
     assert decide_volume(vol, clm) is action
 
 
@@ -150,7 +164,9 @@ def test_volume_released() -> None:
         (claim("pv1"), volume(ref_uid="u2"), BoundClaimAction.MISBOUND),
     ],
 )
-def test_decide_bound_claim(clm: Obj, vol: Obj | None, action: BoundClaimAction) -> None:
+def test_decide_bound_claim(
+    clm: PersistentVolumeClaim, vol: PersistentVolume | None, action: BoundClaimAction
+) -> None:
     assert decide_bound_claim(clm, vol) is action
 
 
@@ -161,14 +177,14 @@ def test_bind_writes_set_bound_by_controller_only_for_our_links() -> None:
     assert new_pv["spec"]["claimRef"]["uid"] == "u1"
     assert new_pv["spec"]["claimRef"]["resourceVersion"] == "7"
     assert new_pv["metadata"]["annotations"][BBC] == "yes"
-    new_pvc = claim_bound_to_volume(claim(), new_pv)
+    new_pvc = claim_bound_to_volume(claim(), pv_view(new_pv))
     assert new_pvc is not None and new_pvc["spec"]["volumeName"] == "pv1"
     assert new_pvc["metadata"]["annotations"] == {storage.ANN_BIND_COMPLETED: "yes", BBC: "yes"}
     # The user pre-bound the volume by name: the PV gets the UID but no annotation.
     user_pv = volume_bound_to_claim(volume(ref_uid=""), claim())
     assert user_pv is not None and BBC not in user_pv["metadata"]["annotations"]
     # The user named the volume in the claim: only bind-completed.
-    user_pvc = claim_bound_to_volume(claim("pv1"), new_pv)
+    user_pvc = claim_bound_to_volume(claim("pv1"), pv_view(new_pv))
     assert user_pvc is not None and user_pvc["metadata"]["annotations"] == {storage.ANN_BIND_COMPLETED: "yes"}
 
 
@@ -191,8 +207,10 @@ def test_claim_status_copies_capacity_only_on_the_transition() -> None:
         "capacity": {"storage": "1Gi"},
     }
     resized = {**bound, "status": {**bound["status"], "capacity": {"storage": "2Gi"}}}
-    assert claim_with_status(resized, "Bound", vol) is None, "a later capacity difference is a resize"
-    lost = claim_with_status(bound, "Lost", None)
+    assert claim_with_status(pvc_view(resized), "Bound", vol) is None, (
+        "a later capacity difference is a resize"
+    )
+    lost = claim_with_status(pvc_view(bound), "Lost", None)
     assert lost is not None and lost["status"] == {"phase": "Lost"}
 
 
@@ -203,10 +221,14 @@ def test_claim_takes_the_volumes_attributes_class_when_it_binds_and_only_then() 
     bound = claim_with_status(claim("pv1", volumeAttributesClassName="gold"), "Bound", gold)
     assert bound is not None and bound["status"]["currentVolumeAttributesClassName"] == "gold"
     modified = {**bound, "status": {**bound["status"], "currentVolumeAttributesClassName": "silver"}}
-    assert claim_with_status(modified, "Bound", gold) is None, "the resizer's value is not overwritten"
-    lost = claim_with_status(modified, "Lost", None)
+    assert claim_with_status(pvc_view(modified), "Bound", gold) is None, (
+        "the resizer's value is not overwritten"
+    )
+    lost = claim_with_status(pvc_view(modified), "Lost", None)
     assert lost is not None and "currentVolumeAttributesClassName" not in lost["status"]
-    stale = {**claim("pv1"), "status": {"phase": "Pending", "currentVolumeAttributesClassName": "gold"}}
+    stale = pvc_view(
+        {**claim("pv1"), "status": {"phase": "Pending", "currentVolumeAttributesClassName": "gold"}}
+    )
     plain = claim_with_status(stale, "Bound", volume(ref_uid="u1"))
     assert plain is not None and "currentVolumeAttributesClassName" not in plain["status"]
 
@@ -215,14 +237,16 @@ def test_claim_capacity_from_the_pre_resize_annotation() -> None:
     # updateClaimStatus: a volume expanded without its filesystem yet reports the old size, even
     # when the claim already shows the volume's size; other capacity keys stay.
     ann = {names.ANN_PRE_RESIZE_CAPACITY: "512Mi"}
-    pending = {**claim("pv1"), "status": {"phase": "Pending", "capacity": {"storage": "1Gi", "x": "1"}}}
+    pending = pvc_view(
+        {**claim("pv1"), "status": {"phase": "Pending", "capacity": {"storage": "1Gi", "x": "1"}}}
+    )
     bound = claim_with_status(pending, "Bound", volume(ref_uid="u1", annotations=ann))
     assert bound is not None and bound["status"]["capacity"] == {"storage": "512Mi", "x": "1"}
     bad = claim_with_status(
         claim("pv1"), "Bound", volume(ref_uid="u1", annotations={names.ANN_PRE_RESIZE_CAPACITY: "lots"})
     )
     assert bad is not None and bad["status"]["capacity"] == {"storage": "1Gi"}
-    assert claim_with_status(bound, "Bound", volume(ref_uid="u1", annotations=ann)) is None, (
+    assert claim_with_status(pvc_view(bound), "Bound", volume(ref_uid="u1", annotations=ann)) is None, (
         "only on the transition"
     )
 
@@ -246,13 +270,15 @@ def test_volume_phase_leaves_the_transition_time_to_the_apiserver() -> None:
 def test_a_claim_already_lost_is_left_alone() -> None:
     # updateClaimStatusWithEvent returns at once when the phase is already set: no write, no event,
     # even when the status still carries access modes and capacity (measured against kcm 1.36).
-    bound = {
-        **claim("pv1"),
-        "status": {"phase": "Bound", "accessModes": ["ReadWriteOnce"], "capacity": {"storage": "1Gi"}},
-    }
+    bound = pvc_view(
+        {
+            **claim("pv1"),
+            "status": {"phase": "Bound", "accessModes": ["ReadWriteOnce"], "capacity": {"storage": "1Gi"}},
+        }
+    )
     lost = claim_lost(bound)
     assert lost is not None and lost["status"] == {"phase": "Lost"}
-    assert claim_lost(lost) is None
+    assert claim_lost(pvc_view(lost)) is None
     assert claim_lost({**bound, "status": {**bound["status"], "phase": "Lost"}}) is None
 
 
@@ -281,7 +307,7 @@ def test_only_live_unscheduled_pods_wait_for_scheduling() -> None:
         ("slow", {"volumeBindingMode": "WaitForFirstConsumer"}, True),
     ],
 )
-def test_delay_binding(class_name: str, cls: Obj | None, delay: bool) -> None:
+def test_delay_binding(class_name: str, cls: StorageClass | None, delay: bool) -> None:
     assert is_delay_binding(class_name, cls) is delay
 
 
@@ -307,7 +333,7 @@ def test_provisioner_handoff_writes_both_keys_once() -> None:
         == ann[storage.ANN_BETA_STORAGE_PROVISIONER]
         == "loop.csi.kubeloop.dev"
     )
-    assert claim_with_provisioner(new, "loop.csi.kubeloop.dev") is None
+    assert claim_with_provisioner(pvc_view(new), "loop.csi.kubeloop.dev") is None
 
 
 def test_provisioning_errors_use_kcm_wording() -> None:
@@ -318,13 +344,19 @@ def test_provisioning_errors_use_kcm_wording() -> None:
     assert provisioning_error("x", {"provisioner": "loop.csi.kubeloop.dev"}) is None
 
 
+def held(view: LocalView, name: str) -> Obj | None:
+    """The volume the view serves, as the plain object it is."""
+    volume = view.volume(name)
+    return None if volume is None else as_obj(volume)
+
+
 def test_view_ignores_older_objects_and_deleted_ones() -> None:
     view = LocalView()
     v5 = {**volume(), "metadata": {"name": "pv1", "resourceVersion": "5"}}
     v4 = {**volume(ref_uid="u1"), "metadata": {"name": "pv1", "resourceVersion": "4"}}
     assert view.volume_written(v5)
     assert not view.volume_written(v4), "an older copy never replaces a newer one"
-    assert view.volume("pv1") is v5
+    assert held(view, "pv1") is v5
     view.delete_volume({**v5, "metadata": {"name": "pv1", "resourceVersion": "6"}})
     assert not view.volume_written(v5), "a late answer cannot resurrect a deleted volume"
     assert view.volume("pv1") is None
@@ -342,12 +374,12 @@ def test_view_reads_the_informer_cache_through_its_own_writes() -> None:
     view.volume_observed("pv1")
     bound = {**volume(ref_uid="u1"), "metadata": {"name": "pv1", "resourceVersion": "7"}}
     assert view.volume_written(bound)
-    assert view.volume("pv1") is bound and store.get("pv1") is cached
+    assert held(view, "pv1") is bound and store.get("pv1") is cached
     assert view.index.bound_to("ns/data") == ["pv1"], "the index follows our write"
     caught_up = {**bound, "metadata": {"name": "pv1", "resourceVersion": "7"}}
     store.upsert(caught_up)
     view.volume_observed("pv1")
-    assert view.volume("pv1") is caught_up
+    assert held(view, "pv1") is caught_up
 
 
 def test_view_reservations_are_exclusive() -> None:

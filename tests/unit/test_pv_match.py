@@ -8,6 +8,14 @@ from typing import Any
 import pytest
 
 from controller_runtime import storage
+from controller_runtime.kinds import (
+    LabelSelectorRequirement,
+    PersistentVolume,
+    PersistentVolumeClaim,
+    StorageClass,
+    pv_view,
+    pvc_view,
+)
 from controller_runtime.quantity import parse_quantity
 from controller_runtime.resources import Obj
 from controller_runtime.storage import access_modes_key, claim_class, claim_has_class
@@ -20,7 +28,9 @@ from services.pv_controller.match import (
 )
 
 
-def pv(name: str, size: str = "1Gi", modes: tuple[str, ...] = ("ReadWriteOnce",), **kw: Any) -> Obj:
+def pv(
+    name: str, size: str = "1Gi", modes: tuple[str, ...] = ("ReadWriteOnce",), **kw: Any
+) -> PersistentVolume:
     obj: Obj = {
         "metadata": {"name": name, "labels": kw.pop("labels", {}), "annotations": kw.pop("annotations", {})},
         "spec": {"capacity": {"storage": size}, "accessModes": list(modes), **kw.pop("spec", {})},
@@ -29,18 +39,23 @@ def pv(name: str, size: str = "1Gi", modes: tuple[str, ...] = ("ReadWriteOnce",)
     if "claim" in kw:
         obj["spec"]["claimRef"] = {"namespace": "ns", "name": kw.pop("claim"), "uid": kw.pop("uid", "")}
     assert not kw, kw
-    return obj
+    return pv_view(obj)
 
 
-def pvc(size: str = "1Gi", modes: tuple[str, ...] = ("ReadWriteOnce",), **spec: Any) -> Obj:
-    return {
-        "metadata": {"name": "data", "namespace": "ns", "uid": "u1"},
-        "spec": {"accessModes": list(modes), "resources": {"requests": {"storage": size}}, **spec},
-    }
+def pvc(size: str = "1Gi", modes: tuple[str, ...] = ("ReadWriteOnce",), **spec: Any) -> PersistentVolumeClaim:
+    return pvc_view(
+        {
+            "metadata": {"name": "data", "namespace": "ns", "uid": "u1"},
+            "spec": {"accessModes": list(modes), "resources": {"requests": {"storage": size}}, **spec},
+        }
+    )
 
 
 def best(
-    claim: Obj, volumes: list[Obj], delay: bool = False, reserved: frozenset[str] = frozenset()
+    claim: PersistentVolumeClaim,
+    volumes: list[PersistentVolume],
+    delay: bool = False,
+    reserved: frozenset[str] = frozenset(),
 ) -> str | None:
     index = VolumeIndex()
     by_name = {v["metadata"]["name"]: v for v in volumes}
@@ -79,7 +94,7 @@ def test_selector_semantics() -> None:
     assert selector_matches(None, labels)
     assert selector_matches({"matchLabels": {"tier": "gold"}}, labels)
     assert not selector_matches({"matchLabels": {"tier": "silver"}}, labels)
-    expr = {"key": "zone", "operator": "In", "values": ["a", "b"]}
+    expr: LabelSelectorRequirement = {"key": "zone", "operator": "In", "values": ["a", "b"]}
     assert selector_matches({"matchExpressions": [expr]}, labels)
     assert not selector_matches({"matchExpressions": [{**expr, "operator": "NotIn"}]}, labels)
     assert selector_matches({"matchExpressions": [{"key": "x", "operator": "DoesNotExist"}]}, labels)
@@ -213,12 +228,14 @@ def test_nil_and_empty_class_are_the_same() -> None:
         (pv("v", "5Gi"), pvc(), None),
     ],
 )
-def test_check_volume_satisfies_claim(volume: Obj, claim: Obj, problem: str | None) -> None:
+def test_check_volume_satisfies_claim(
+    volume: PersistentVolume, claim: PersistentVolumeClaim, problem: str | None
+) -> None:
     assert check_volume_satisfies_claim(volume, claim) == problem
 
 
 def test_default_class_newest_then_name() -> None:
-    def sc(name: str, ts: str, default: bool = True) -> Obj:
+    def sc(name: str, ts: str, default: bool = True) -> StorageClass:
         ann = {storage.ANN_DEFAULT_CLASS: "true"} if default else {}
         return {"metadata": {"name": name, "creationTimestamp": ts, "annotations": ann}}
 
