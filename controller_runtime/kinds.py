@@ -97,12 +97,19 @@ class VolumeNodeAffinity(TypedDict, total=False):
 # -- PersistentVolume ------------------------------------------------------------------------------
 
 
+class SecretReference(TypedDict, total=False):
+    name: str
+    namespace: str
+
+
 class CSIPersistentVolumeSource(TypedDict, total=False):
     driver: str
     volumeHandle: str
     fsType: str
     readOnly: bool
     volumeAttributes: dict[str, str]
+    controllerPublishSecretRef: SecretReference
+    controllerExpandSecretRef: SecretReference
 
 
 class PersistentVolumeSpec(TypedDict, total=False):
@@ -148,10 +155,21 @@ class LabelSelector(TypedDict, total=False):
     matchExpressions: list[LabelSelectorRequirement]
 
 
+class TypedObjectReference(TypedDict, total=False):
+    """A claim's dataSource (no namespace) or dataSourceRef."""
+
+    apiGroup: str
+    kind: str
+    name: str
+    namespace: str
+
+
 class PersistentVolumeClaimSpec(TypedDict, total=False):
     accessModes: list[str]
     resources: VolumeResourceRequirements
     selector: LabelSelector
+    dataSource: TypedObjectReference
+    dataSourceRef: TypedObjectReference
     storageClassName: str
     volumeMode: str
     volumeName: str
@@ -170,6 +188,8 @@ class PersistentVolumeClaimStatus(TypedDict, total=False):
     conditions: list[Condition]
     currentVolumeAttributesClassName: str
     modifyVolumeStatus: ModifyVolumeStatus
+    allocatedResources: dict[str, str]
+    allocatedResourceStatuses: dict[str, str]
 
 
 class PersistentVolumeClaim(KubeObject, total=False):

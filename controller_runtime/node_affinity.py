@@ -57,7 +57,7 @@ def _term_matches(term: Obj, labels: Mapping[str, str], name: str) -> bool:
     return all(r is True for r in results)
 
 
-def selector_matches(selector: Obj, node: Obj) -> bool:
+def selector_matches(selector: Obj, node: Mapping[str, Any]) -> bool:
     """Whether a NodeSelector (`nodeSelectorTerms`) is satisfied by `node`'s labels and name."""
     md = node.get("metadata") or {}
     labels, name = md.get("labels") or {}, str(md.get("name") or "")

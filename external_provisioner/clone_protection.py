@@ -11,6 +11,7 @@ from controller_runtime.client import ApiError
 from controller_runtime.controller import ControllerContext, run_workers
 from controller_runtime.csi_client import CSIConnection, SidecarController
 from controller_runtime.informer import EventHandler
+from controller_runtime.kinds import pvc_view
 from controller_runtime.logs import get_logger
 from controller_runtime.mutation_cache import MutationCache
 from controller_runtime.resources import PERSISTENT_VOLUME_CLAIMS, Obj, key_of, object_key
@@ -88,7 +89,7 @@ class CloneProtectionController(SidecarController):
         src = self.claim_view.get(key)
         if src is None or names.CLONE_FINALIZER not in (src["metadata"].get("finalizers") or []):
             return None
-        pending = decide.pending_clones(src, self.claims.store.values())
+        pending = decide.pending_clones(pvc_view(src), (pvc_view(c) for c in self.claims.store.values()))
         if pending:
             raise ClonesPending(f"PVC '{pending[0]}' is in 'Pending' state, cloning in progress")
         md = src["metadata"]

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from controller_runtime import storage
 from controller_runtime.client import ApiClient, ApiError
+from controller_runtime.kinds import pv_view, pvc_view
 from controller_runtime.logs import get_logger
 from controller_runtime.quantity import parse_quantity
 from controller_runtime.resources import (
@@ -111,7 +112,7 @@ class ContentSources:
         ):
             log.warning("the source claim's volume does not back it", volume=volume_name, claim=key_of(src))
             raise ProvisionError("claim in dataSource not bound or invalid")
-        if (problem := clone_mode_error(claim, pv)) is not None:
+        if (problem := clone_mode_error(pvc_view(claim), pv_view(pv))) is not None:
             raise ProvisionError(problem)
         return str(csi["volumeHandle"])
 
@@ -158,6 +159,7 @@ class ContentSources:
                     f"requested volume size {want} is less than the size {have} "
                     f"for the source snapshot {name}"
                 )
-        if (problem := restore_mode_error(claim, content, prevent=self.prevent_mode_conversion)) is not None:
+        problem = restore_mode_error(pvc_view(claim), content, prevent=self.prevent_mode_conversion)
+        if problem is not None:
             raise ProvisionError(problem)
         return Content(snapshot=str(handle), mode_change_granted=mode_change_granted(content))

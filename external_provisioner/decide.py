@@ -11,9 +11,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 from controller_runtime import node_affinity, storage
 from controller_runtime.goflags import parse_bool
+from controller_runtime.kinds import PersistentVolume, PersistentVolumeClaim, StorageClass
 from controller_runtime.resources import Obj
 from controller_runtime.storage import is_deleting, volume_class
 from kubeloop_grpc.csi import csi_pb2
@@ -53,7 +55,7 @@ class DataSource:
         return not (self.clone or self.snapshot)
 
 
-def data_source(claim: Obj) -> DataSource | None:
+def data_source(claim: PersistentVolumeClaim) -> DataSource | None:
     """The claim's data source as the sidecar reads it: `dataSource` first, else `dataSourceRef`
     (whose namespace needs the CrossNamespaceVolumeDataSource gate, off by default). Raises the
     errors that end a provisioning attempt before any capability is looked at."""
@@ -111,11 +113,11 @@ def capability_error(
 # -- volumes: which are ours, their finalizer, when to delete -------------------------------------
 
 
-def _annotations(obj: Obj) -> Mapping[str, str]:
+def _annotations(obj: Mapping[str, Any]) -> Mapping[str, str]:
     return obj.get("metadata", {}).get("annotations") or {}
 
 
-def responsible_for(pv: Obj, driver: str) -> bool:
+def responsible_for(pv: PersistentVolume, driver: str) -> bool:
     """Whether this provisioner finalizes and deletes the PV. One it provisioned (provisioned-by
     or migrated-to names the driver) — and, without provisioned-by, a PV an admin created for the
     driver (spec.csi.driver): a static CSI volume with reclaim policy Delete is deleted in the
@@ -129,7 +131,7 @@ def responsible_for(pv: Obj, driver: str) -> bool:
     return ann.get(storage.ANN_MIGRATED_TO) == driver
 
 
-def finalizers_after(pv: Obj) -> list[str] | None:
+def finalizers_after(pv: PersistentVolume) -> list[str] | None:
     """The PV's finalizers once PV_FINALIZER is where it belongs, None if unchanged: added to a
     Bound, not deleting PV with policy Delete (so deleting the PV first still deletes the
     volume), removed when the policy is Retain or Recycle (the volume outlives the PV)."""
@@ -150,7 +152,7 @@ def finalizers_after(pv: Obj) -> list[str] | None:
     return None
 
 
-def should_delete(pv: Obj) -> bool:
+def should_delete(pv: PersistentVolume) -> bool:
     """Released with policy Delete, and — once the PV is being deleted — still holding our
     finalizer (without it the volume was deleted already). A PV in any other phase is left
     alone even when deleted, as upstream does: its finalizer stays until an admin removes it."""
@@ -163,7 +165,7 @@ def should_delete(pv: Obj) -> bool:
     )
 
 
-def deletion_secret(pv: Obj, storage_class: Obj | None) -> SecretRef | None:
+def deletion_secret(pv: PersistentVolume, storage_class: StorageClass | None) -> SecretRef | None:
     """The secret DeleteVolume gets. The PV's deletion-secret annotations when it has both (empty
     values: none); a PV without them (provisioned before they existed, or static) falls back to
     its class's provisioner secret resolved for its claimRef — which cannot use the claim's
@@ -194,7 +196,7 @@ def deletion_secret(pv: Obj, storage_class: Obj | None) -> SecretRef | None:
 # -- clone sources ---------------------------------------------------------------------------------
 
 
-def pending_clones(source: Obj, claims: Iterable[Obj]) -> list[str]:
+def pending_clones(source: PersistentVolumeClaim, claims: Iterable[PersistentVolumeClaim]) -> list[str]:
     """Claims in the source's namespace still being cloned from it: Pending, with a
     PersistentVolumeClaim `dataSource` of the source's name. While any exists, the source keeps
     its cloning-protection finalizer."""
@@ -216,18 +218,17 @@ def pending_clones(source: Obj, claims: Iterable[Obj]) -> list[str]:
 # -- snapshot sources ------------------------------------------------------------------------------
 
 
-def restored_snapshot(claim: Obj) -> str | None:
+def restored_snapshot(claim: PersistentVolumeClaim) -> str | None:
     """`namespace/name` of the VolumeSnapshot a claim restores from (its `dataSource`, else its
     `dataSourceRef`; no apiGroup counts as the snapshot group, as upstream reads it), or None."""
     spec, ns = claim.get("spec", {}), claim["metadata"]["namespace"]
-    for key in ("dataSource", "dataSourceRef"):
-        ref = spec.get(key) or {}
+    for ref in (spec.get("dataSource") or {}, spec.get("dataSourceRef") or {}):
         if ref.get("kind") == SNAPSHOT_KIND and ref.get("apiGroup") in (None, SNAPSHOT_GROUP):
             return f"{ref.get('namespace') or ns}/{ref.get('name', '')}"
     return None
 
 
-def pending_restores(claims: Iterable[Obj]) -> set[str]:
+def pending_restores(claims: Iterable[PersistentVolumeClaim]) -> set[str]:
     """The snapshots some claim still restores from: one not yet Bound (phase Pending, or none
     yet). A snapshot outside this set may lose its source protection."""
     found = set()
@@ -246,7 +247,7 @@ FILESYSTEM, BLOCK = "Filesystem", "Block"
 _CLONE_MODES = "the source PVC and destination PVCs must have the same volume mode for cloning.  "
 
 
-def clone_mode_error(claim: Obj, source_pv: Obj) -> str | None:
+def clone_mode_error(claim: PersistentVolumeClaim, source_pv: PersistentVolume) -> str | None:
     """Why a clone cannot have the claim's volumeMode, else None. A clone keeps its source's mode,
     always: upstream's getPVCSource checks it whatever --prevent-volume-mode-conversion says, and no
     annotation lifts it. A missing mode is Filesystem on either side."""
@@ -259,7 +260,7 @@ def clone_mode_error(claim: Obj, source_pv: Obj) -> str | None:
     return None
 
 
-def restore_mode_error(claim: Obj, content: Obj, *, prevent: bool) -> str | None:
+def restore_mode_error(claim: PersistentVolumeClaim, content: Obj, *, prevent: bool) -> str | None:
     """Why a claim may not be restored from a VolumeSnapshotContent in another volume mode than the
     snapshotted volume's, else None: upstream's --prevent-volume-mode-conversion (on by default).
     The modes are compared only when both are set, as upstream does: a content without
@@ -356,7 +357,7 @@ def node_check(
     return NodeCheck.ELECT if allowed_here else NodeCheck.IGNORE
 
 
-def volume_accessible(pv: Obj, segment: Mapping[str, str]) -> bool:
+def volume_accessible(pv: PersistentVolume, segment: Mapping[str, str]) -> bool:
     """Whether a node whose labels are just `segment` (its driver's NodeGetInfo topology) satisfies
     the PV's node affinity: upstream's VolumeIsAccessible, which decides which node-deployment
     provisioner deletes a volume. No affinity, or no topology from the driver: every node. The

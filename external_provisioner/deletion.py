@@ -18,6 +18,7 @@ from controller_runtime.client import ApiError
 from controller_runtime.controller import ControllerContext, run_workers
 from controller_runtime.csi_client import CSIConnection, SidecarController
 from controller_runtime.informer import EventHandler, SharedInformer
+from controller_runtime.kinds import PersistentVolume, as_obj, pv_view, storage_class_view
 from controller_runtime.logs import get_logger
 from controller_runtime.resources import (
     PERSISTENT_VOLUMES,
@@ -78,13 +79,13 @@ class DeletionController(SidecarController):
             )
             self.attachments.add_handler(EventHandler(None, None, self._attachment_deleted))
 
-    def _mine(self, pv: Obj) -> bool:
+    def _mine(self, pv: PersistentVolume) -> bool:
         return decide.responsible_for(pv, self.driver) and (
             self.segment is None or decide.volume_accessible(pv, self.segment)
         )
 
     def _volume_changed(self, pv: Obj) -> None:
-        if self._mine(pv):
+        if self._mine(pv_view(pv)):
             self.queue.add(pv["metadata"]["name"])
 
     def _attachment_deleted(self, va: Obj) -> None:
@@ -97,12 +98,12 @@ class DeletionController(SidecarController):
         await run_workers(self.queue, self.sync, self.options.workers)
 
     async def sync(self, name: str) -> float | None:
-        pv = self.volumes.store.get(name)
+        pv = pv_view(self.volumes.store.get(name))
         if pv is None or not self._mine(pv):
             return None
         finalizers = decide.finalizers_after(pv)
         if finalizers is not None:
-            pv = await self._patch_finalizer(name, keep=names.PV_FINALIZER in finalizers)
+            pv = pv_view(await self._patch_finalizer(name, keep=names.PV_FINALIZER in finalizers))
             if pv is None:
                 return None
         if not decide.should_delete(pv):
@@ -110,12 +111,14 @@ class DeletionController(SidecarController):
         try:
             await self._delete_backing_volume(pv)
         except ProvisionError as exc:
-            self.recorder.warning(typed(pv, PERSISTENT_VOLUMES), storage.VOLUME_FAILED_DELETE, str(exc))
+            self.recorder.warning(
+                typed(as_obj(pv), PERSISTENT_VOLUMES), storage.VOLUME_FAILED_DELETE, str(exc)
+            )
             raise
         md = pv["metadata"]
         if not is_deleting(pv):
             try:
-                pv = await self.client.delete(PERSISTENT_VOLUMES, name, uid=md["uid"])
+                pv = pv_view(await self.client.delete(PERSISTENT_VOLUMES, name, uid=md["uid"]))
             except ApiError as exc:
                 if exc.not_found:
                     return None
@@ -125,7 +128,7 @@ class DeletionController(SidecarController):
         log.info("deleted volume", volume=name, handle=pv["spec"]["csi"]["volumeHandle"])
         return None
 
-    async def _delete_backing_volume(self, pv: Obj) -> None:
+    async def _delete_backing_volume(self, pv: PersistentVolume) -> None:
         """DeleteVolume for a Released PV, in the sidecar's order: the driver must be able to,
         the provisioner secret is looked up (a missing Secret is no reason to keep the volume:
         DeleteVolume goes without it), and no VolumeAttachment may still name the PV."""
@@ -138,7 +141,8 @@ class DeletionController(SidecarController):
         if problem is not None:
             raise ProvisionError(problem)
         class_name = volume_class(pv)
-        ref = decide.deletion_secret(pv, self.classes.store.get(class_name) if class_name else None)
+        storage_class = storage_class_view(self.classes.store.get(class_name)) if class_name else None
+        ref = decide.deletion_secret(pv, storage_class)
         secrets = await self.calls.secrets(ref, required=False)
         if self.attachments is not None:
             for va in self.attachments.store.by_index(VA_BY_PV_INDEX, name):

@@ -21,6 +21,7 @@ from controller_runtime.controller import ControllerContext, run_workers
 from controller_runtime.csi_client import CSIConnection, SidecarController
 from controller_runtime.csi_errors import OperationState
 from controller_runtime.informer import EventHandler, SharedInformer
+from controller_runtime.kinds import pvc_view
 from controller_runtime.logs import get_logger
 from controller_runtime.mutation_cache import MutationCache
 from controller_runtime.resources import (
@@ -327,7 +328,7 @@ class ProvisioningController(SidecarController):
         is asked directly (ControllerGetVolume, ListSnapshots by id); a source that cannot be
         resolved, or a driver that cannot say, lets the node compete, so that provisioning's event
         says what is wrong."""
-        source = decide.data_source(claim)
+        source = decide.data_source(pvc_view(claim))
         if source is None or source.populated:
             return True
         try:
@@ -361,7 +362,7 @@ class ProvisioningController(SidecarController):
         obj = typed(claim, PERSISTENT_VOLUME_CLAIMS)
         self.recorder.normal(obj, names.PROVISIONING, names.msg_provisioning(md["namespace"], md["name"]))
         try:
-            source = decide.data_source(claim)
+            source = decide.data_source(pvc_view(claim))
             if source is not None and source.populated:
                 self.recorder.normal(obj, names.PROVISIONING, names.MSG_POPULATOR)
                 return  # a volume populator's claim

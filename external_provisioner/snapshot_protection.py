@@ -11,6 +11,7 @@ from __future__ import annotations
 from controller_runtime.client import ApiError
 from controller_runtime.controller import ControllerContext
 from controller_runtime.csi_client import CSIConnection, SidecarController
+from controller_runtime.kinds import pvc_view
 from controller_runtime.logs import get_logger
 from controller_runtime.resources import PERSISTENT_VOLUME_CLAIMS, VOLUME_SNAPSHOTS, Obj, key_of
 from kubeloop_grpc.csi import csi_pb2
@@ -100,7 +101,7 @@ class SnapshotProtectionController(SidecarController):
 
     async def _sweep(self) -> None:
         snapshots, _ = await self.client.list_all(VOLUME_SNAPSHOTS)
-        pending = decide.pending_restores(self.claims.store.values())
+        pending = decide.pending_restores(pvc_view(c) for c in self.claims.store.values())
         for snap in snapshots:
             md = snap["metadata"]
             if names.SNAPSHOT_FINALIZER in (md.get("finalizers") or []) and key_of(snap) not in pending:

@@ -30,7 +30,7 @@ from controller_runtime.controller import ControllerContext, run_workers
 from controller_runtime.csi_client import CSIConnection, SidecarController, SidecarOptions, error_text
 from controller_runtime.csi_errors import EXPAND_VOLUME, OperationState, classify, status_code
 from controller_runtime.informer import EventHandler, SharedInformer
-from controller_runtime.kinds import pod_view, pv_view
+from controller_runtime.kinds import Node, PersistentVolume, node_view, pod_view, pv_view
 from controller_runtime.logs import get_logger
 from controller_runtime.mutation_cache import MutationCache
 from controller_runtime.quantity import format_quantity, parse_quantity
@@ -218,11 +218,11 @@ class Resizer(SidecarController):
         )
         await run_workers(self.queue, self.sync, self.options.workers)
 
-    def _own_node(self) -> Obj | None:
+    def _own_node(self) -> Node | None:
         assert self.node is not None and self.options.node_name is not None
-        return self.node.store.get(self.options.node_name)
+        return node_view(self.node.store.get(self.options.node_name))
 
-    def serves(self, pv: Obj) -> bool:
+    def serves(self, pv: PersistentVolume) -> bool:
         """Whether this resizer acts on the PV's claim: every PV without --node-deployment, and
         only this node's with it."""
         return self.node is None or served_by_node(pv, self._own_node())
@@ -250,7 +250,7 @@ class Resizer(SidecarController):
             if self.node is not None:
                 raise VolumeNotCached(f'PV "{pv_name}" bound to pvc "{key}" not found')
             raise ResizeError(f'PV "{pv_name}" bound to pvc "{key}" not found')
-        if not self.serves(pv):
+        if not self.serves(pv_view(pv)):
             return None  # another node's volume (or one no node deployment serves): not a word
         s = sizes(claim, pv)
         if s.capacity >= s.pv and rs.PRE_RESIZE_CAPACITY in _annotations(pv):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from controller_runtime.kinds import ModifyVolumeStatus, Node, PersistentVolume, PersistentVolumeClaim
 from controller_runtime.node_affinity import required_affinity, selector_matches
 from controller_runtime.resize_status import (
     CONTROLLER_IN_PROGRESS,
@@ -82,7 +83,7 @@ def target(s: Sizes, final_error: bool, trivial: bool) -> Attempt | None:
     return Attempt(size, update_status=alloc != size)
 
 
-def served_by_node(pv: Obj, node: Obj | None) -> bool:
+def served_by_node(pv: PersistentVolume, node: Node | None) -> bool:
     """Whether a resizer in node deployment (`node`: its own Node, None while it has none) expands
     this PV: only when the PV's required node affinity is satisfied by that Node's labels (or
     name). A PV without a required affinity is reachable everywhere, so every node's resizer
@@ -118,12 +119,11 @@ class ModifyPlan:
     target: str = ""  # the class to modify to (CONTINUE, MODIFY)
 
 
-def _modify_status(claim: Obj) -> Obj | None:
-    status: Obj | None = (claim.get("status") or {}).get("modifyVolumeStatus")
-    return status
+def _modify_status(claim: PersistentVolumeClaim) -> ModifyVolumeStatus | None:
+    return (claim.get("status") or {}).get("modifyVolumeStatus")
 
 
-def modify_plan(claim: Obj, uncertain: bool) -> ModifyPlan:
+def modify_plan(claim: PersistentVolumeClaim, uncertain: bool) -> ModifyPlan:
     """What the modify controller does for a bound claim of its driver. `uncertain`: the last
     ControllerModifyVolume for it failed in a way that leaves it possibly still running, so its
     target is kept whatever the claim now asks (changing course mid-modification could leave the
@@ -142,7 +142,7 @@ def modify_plan(claim: Obj, uncertain: bool) -> ModifyPlan:
     return ModifyPlan(Step.MODIFY, wanted)
 
 
-def retried_slowly(claim: Obj) -> bool:
+def retried_slowly(claim: PersistentVolumeClaim) -> bool:
     """Whether an Infeasible result still stands for what the claim asks: its recorded target is
     the class in its spec. A claim that asks for another class (or none) is tried at once."""
     status = _modify_status(claim)
@@ -152,12 +152,12 @@ def retried_slowly(claim: Obj) -> bool:
     )
 
 
-def infeasible(claim: Obj) -> bool:
+def infeasible(claim: PersistentVolumeClaim) -> bool:
     status = _modify_status(claim)
     return status is not None and status.get("status") == MODIFY_INFEASIBLE
 
 
-def _merged(claim: Obj, condition: Obj) -> Obj:
+def _merged(claim: PersistentVolumeClaim, condition: Obj) -> Obj:
     """external-resizer's MergePVCConditions for one condition: the transition time moves only
     when the reason or status changes."""
     for old in (claim.get("status") or {}).get("conditions") or []:
@@ -175,7 +175,9 @@ class ModifyFailure:
     final: bool  # the driver certainly stopped
 
 
-def modify_status_patch(claim: Obj, state: str, now: str, failure: ModifyFailure | None = None) -> Obj:
+def modify_status_patch(
+    claim: PersistentVolumeClaim, state: str, now: str, failure: ModifyFailure | None = None
+) -> Obj:
     """The strategic merge patch of the claim's status that marks a modification Pending,
     InProgress or Infeasible (upstream's markControllerModifyVolumeStatus). Pending says only that;
     InProgress without a failure starts a modification towards the class the claim asks for; with
@@ -207,13 +209,13 @@ def modify_status_patch(claim: Obj, state: str, now: str, failure: ModifyFailure
     return patch
 
 
-def _without(claim: Obj, kinds: tuple[str, ...]) -> list[Obj]:
+def _without(claim: PersistentVolumeClaim, kinds: tuple[str, ...]) -> list[Obj]:
     """Strategic merge directives deleting the claim's conditions of these types."""
     present = {c.get("type") for c in (claim.get("status") or {}).get("conditions") or []}
     return [{"type": kind, "$patch": "delete"} for kind in kinds if kind in present]
 
 
-def modify_completed_patch(claim: Obj, target: str) -> Obj:
+def modify_completed_patch(claim: PersistentVolumeClaim, target: str) -> Obj:
     """The claim's status once the driver has the target class: current, no modification, no
     modify conditions."""
     patch: Obj = {"modifyVolumeStatus": None, "currentVolumeAttributesClassName": target}
@@ -222,7 +224,7 @@ def modify_completed_patch(claim: Obj, target: str) -> Obj:
     return patch
 
 
-def cancel_patch(claim: Obj) -> Obj | None:
+def cancel_patch(claim: PersistentVolumeClaim) -> Obj | None:
     """A cancelled modification loses its ModifyingVolume condition and keeps the rest (the last
     result stays on record); None when there is none to cancel."""
     deleted = _without(claim, (MODIFYING_VOLUME,))

@@ -29,7 +29,7 @@ from controller_runtime.controller import ControllerContext, run_workers
 from controller_runtime.csi_client import CSIConnection, SidecarController, error_text, go_code
 from controller_runtime.csi_errors import MODIFY_VOLUME, classify, status_code
 from controller_runtime.informer import EventHandler
-from controller_runtime.kinds import pv_view
+from controller_runtime.kinds import PersistentVolume, PersistentVolumeClaim, as_obj, pv_view, pvc_view
 from controller_runtime.logs import get_logger
 from controller_runtime.mutation_cache import MutationCache
 from controller_runtime.resources import (
@@ -117,7 +117,7 @@ class Modifier(SidecarController):
         *,
         claim_view: MutationCache,
         volume_view: MutationCache,
-        serves: Callable[[Obj], bool],
+        serves: Callable[[PersistentVolume], bool],
         workers: int,
         timeout: float,
         retry_start: float,
@@ -177,16 +177,16 @@ class Modifier(SidecarController):
     # -- the sync ---------------------------------------------------------------------------------
 
     async def sync(self, key: str) -> float | None:
-        claim = self.claim_view.get(key)
+        claim = pvc_view(self.claim_view.get(key))
         if claim is None:
             return None
         pv_name = (claim.get("spec") or {}).get("volumeName")
         if not pv_name:
             return None
-        pv = self.volume_view.get(pv_name)
+        pv = pv_view(self.volume_view.get(pv_name))
         if pv is None:
             raise ModifyError(f'Get PV "{pv_name}" of pvc "{key}" in PVInformer cache failed: not found')
-        vol = csi_volume(pv_view(pv))
+        vol = csi_volume(pv)
         if vol is None or vol.driver != self.driver or not self.serves(pv):
             return None
         if (claim.get("status") or {}).get("phase") != "Bound":
@@ -208,11 +208,11 @@ class Modifier(SidecarController):
         await self._modify(key, claim, pv)
         return None
 
-    async def _modify(self, key: str, claim: Obj, pv: Obj) -> None:
+    async def _modify(self, key: str, claim: PersistentVolumeClaim, pv: PersistentVolume) -> None:
         plan = modify_plan(claim, key in self.uncertain)
         if plan.step is Step.NONE:
             return
-        obj = typed(claim, PERSISTENT_VOLUME_CLAIMS)
+        obj = typed(as_obj(claim), PERSISTENT_VOLUME_CLAIMS)
         if plan.step is Step.CANCEL:
             patch = cancel_patch(claim)
             if patch is not None:
@@ -242,8 +242,8 @@ class Modifier(SidecarController):
             )
         await self._call(key, claim, pv, vac)
 
-    async def _call(self, key: str, claim: Obj, pv: Obj, vac: Obj) -> None:
-        vol = csi_volume(pv_view(pv))
+    async def _call(self, key: str, claim: PersistentVolumeClaim, pv: PersistentVolume, vac: Obj) -> None:
+        vol = csi_volume(pv)
         assert vol is not None
         name, target = claim["metadata"]["name"], vac["metadata"]["name"]
         params = dict(vac.get("parameters") or {})
@@ -279,13 +279,15 @@ class Modifier(SidecarController):
                 f'mark PVC "{name}" as ModifyVolumeCompleted failed, errored with: {e}'
             ) from e
         self.recorder.normal(
-            typed(claim, PERSISTENT_VOLUME_CLAIMS),
+            typed(as_obj(claim), PERSISTENT_VOLUME_CLAIMS),
             EVENT_MODIFY_SUCCESSFUL,
             f"external resizer modified volume {name} with vac {target} successfully",
         )
         log.info("modified volume", pvc=key, pv=pv["metadata"]["name"], vac=target)
 
-    async def _failed(self, key: str, claim: Obj, target: str, exc: BaseException) -> ModifyError:
+    async def _failed(
+        self, key: str, claim: PersistentVolumeClaim, target: str, exc: BaseException
+    ) -> ModifyError:
         """What a failed ControllerModifyVolume leaves on the claim; the error the sync fails with."""
         code = status_code(exc)
         text = error_text(exc)
@@ -308,10 +310,12 @@ class Modifier(SidecarController):
             return e
         if infeasible(claim):
             self.slow.mark(key)
-        self.recorder.warning(typed(claim, PERSISTENT_VOLUME_CLAIMS), EVENT_MODIFY_FAILED, text)
+        self.recorder.warning(typed(as_obj(claim), PERSISTENT_VOLUME_CLAIMS), EVENT_MODIFY_FAILED, text)
         return ModifyError(text)
 
-    async def _mark(self, claim: Obj, state: str, failure: ModifyFailure | None = None) -> Obj:
+    async def _mark(
+        self, claim: PersistentVolumeClaim, state: str, failure: ModifyFailure | None = None
+    ) -> PersistentVolumeClaim:
         patch = modify_status_patch(claim, state, now_rfc3339(), failure)
         try:
             return await self._patch_claim(claim, patch, resource_version=True)
@@ -320,7 +324,7 @@ class Modifier(SidecarController):
                 f'mark PVC "{claim["metadata"]["name"]}" as modify volume failed, errored with: {e}'
             ) from e
 
-    async def _secrets(self, pv: Obj) -> dict[str, str]:
+    async def _secrets(self, pv: PersistentVolume) -> dict[str, str]:
         annotations = pv["metadata"].get("annotations") or {}
         name = annotations.get(ANN_MODIFY_SECRET_NAME)
         namespace = annotations.get(ANN_MODIFY_SECRET_NAMESPACE)
@@ -331,11 +335,13 @@ class Modifier(SidecarController):
             return {}
         return await read_csi_secrets(self.client, str(name), str(namespace or ""))
 
-    async def _patch_pv(self, pv: Obj, patch: Obj) -> None:
+    async def _patch_pv(self, pv: PersistentVolume, patch: Obj) -> None:
         updated = await self.client.patch(PERSISTENT_VOLUMES, pv["metadata"]["name"], patch)
         self.volume_view.mutated(updated)
 
-    async def _patch_claim(self, claim: Obj, status: Obj, *, resource_version: bool) -> Obj:
+    async def _patch_claim(
+        self, claim: PersistentVolumeClaim, status: Obj, *, resource_version: bool
+    ) -> PersistentVolumeClaim:
         """A strategic merge patch of the claim's status (conditions merge by type, as upstream's
         two-way patch), with the resourceVersion read when the write must not cross another."""
         body: Obj = {"status": status}
@@ -350,7 +356,7 @@ class Modifier(SidecarController):
             subresource="status",
         )
         self.claim_view.mutated(updated)
-        return updated
+        return pvc_view(updated)
 
 
 def _class_of(claim: Obj) -> list[str]:

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from controller_runtime.kinds import PersistentVolumeClaim, pvc_view
 from controller_runtime.resources import Obj
 from external_resizer.decide import (
     ModifyFailure,
@@ -25,7 +26,7 @@ NOW = "2026-11-27T02:00:00Z"
 
 def pvc(
     spec: str | None, current: str | None = None, status: str | None = None, target: str = "", **st: Any
-) -> Obj:
+) -> PersistentVolumeClaim:
     claim: Obj = {"metadata": {"name": "c"}, "spec": {}, "status": {"phase": "Bound", **st}}
     if spec is not None:
         claim["spec"]["volumeAttributesClassName"] = spec
@@ -33,7 +34,7 @@ def pvc(
         claim["status"]["currentVolumeAttributesClassName"] = current
     if status is not None:
         claim["status"]["modifyVolumeStatus"] = {"status": status, "targetVolumeAttributesClassName": target}
-    return claim
+    return pvc_view(claim)
 
 
 @pytest.mark.parametrize(
@@ -55,7 +56,7 @@ def pvc(
         (pvc(None, None, "InProgress", "bronze"), False, ModifyPlan(Step.CONTINUE, "bronze")),
     ],
 )
-def test_modify_plan(claim: Obj, uncertain: bool, plan: ModifyPlan) -> None:
+def test_modify_plan(claim: PersistentVolumeClaim, uncertain: bool, plan: ModifyPlan) -> None:
     assert modify_plan(claim, uncertain) == plan
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from controller_runtime.kinds import node_view, pv_view
 from controller_runtime.node_affinity import selector_matches
 from controller_runtime.resources import Obj
 from external_resizer.decide import served_by_node
@@ -67,9 +68,10 @@ def test_node_selector(selector: Obj, expected: bool) -> None:
 def test_a_node_deployment_serves_only_volumes_pinned_where_its_node_is() -> None:
     pinned_b = pv(terms({"matchExpressions": [expr(KEY, "In", "node-b")]}))
     pinned_a = pv(terms({"matchExpressions": [expr(KEY, "In", "node-a")]}))
-    assert served_by_node(pinned_b, NODE_B)
-    assert not served_by_node(pinned_a, NODE_B)
+    node_b = node_view(NODE_B)
+    assert served_by_node(pv_view(pinned_b), node_b)
+    assert not served_by_node(pv_view(pinned_a), node_b)
     # No affinity: reachable everywhere, so every node's resizer would expand it at once; none does.
-    assert not served_by_node(pv(None), NODE_B)
+    assert not served_by_node(pv_view(pv(None)), node_b)
     # Its own Node not seen yet: nothing is served.
-    assert not served_by_node(pinned_b, None)
+    assert not served_by_node(pv_view(pinned_b), None)

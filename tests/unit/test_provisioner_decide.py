@@ -10,6 +10,14 @@ from typing import Any
 import pytest
 
 from controller_runtime import storage
+from controller_runtime.kinds import (
+    PersistentVolume,
+    PersistentVolumeClaim,
+    StorageClass,
+    as_obj,
+    pv_view,
+    pvc_view,
+)
 from controller_runtime.resources import Obj
 from external_provisioner import names
 from external_provisioner.decide import (
@@ -44,12 +52,14 @@ CLONE = DataSource("PersistentVolumeClaim", "src", "ns", "")
 SNAPSHOT = DataSource("VolumeSnapshot", "snap", "ns", "snapshot.storage.k8s.io")
 
 
-def claim(name: str = "data", phase: str = "Pending", **spec: Any) -> Obj:
-    return {
-        "metadata": {"name": name, "namespace": "ns", "uid": f"u-{name}", "annotations": {"team": "a"}},
-        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}, **spec},
-        "status": {"phase": phase},
-    }
+def claim(name: str = "data", phase: str = "Pending", **spec: Any) -> PersistentVolumeClaim:
+    return pvc_view(
+        {
+            "metadata": {"name": name, "namespace": "ns", "uid": f"u-{name}", "annotations": {"team": "a"}},
+            "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}, **spec},
+            "status": {"phase": phase},
+        }
+    )
 
 
 def pv(
@@ -59,7 +69,7 @@ def pv(
     finalizers: list[str] | None = None,
     deleting: bool = False,
     csi_driver: str | None = DRIVER,
-) -> Obj:
+) -> PersistentVolume:
     md: Obj = {"name": "pv1", "annotations": dict(annotations or {}), "finalizers": list(finalizers or [])}
     if deleting:
         md["deletionTimestamp"] = "2026-01-01T00:00:00Z"
@@ -70,7 +80,7 @@ def pv(
     }
     if csi_driver is not None:
         spec["csi"] = {"driver": csi_driver, "volumeHandle": "h1"}
-    return {"metadata": md, "spec": spec, "status": {"phase": phase}}
+    return pv_view({"metadata": md, "spec": spec, "status": {"phase": phase}})
 
 
 # -- capabilities and data sources -----------------------------------------------------------------
@@ -193,7 +203,7 @@ def test_bad_data_sources(spec: Obj, message: str) -> None:
         (pv(csi_driver=None, annotations={storage.ANN_MIGRATED_TO: DRIVER}), True),
     ],
 )
-def test_responsible_for(volume: Obj, ours: bool) -> None:
+def test_responsible_for(volume: PersistentVolume, ours: bool) -> None:
     assert responsible_for(volume, DRIVER) is ours
 
 
@@ -229,13 +239,13 @@ def test_finalizer_follows_phase_and_policy() -> None:
         (pv(phase="Available", finalizers=[names.PV_FINALIZER], deleting=True), False),
     ],
 )
-def test_should_delete(volume: Obj, delete: bool) -> None:
+def test_should_delete(volume: PersistentVolume, delete: bool) -> None:
     assert should_delete(volume) is delete
 
 
 # -- secrets ---------------------------------------------------------------------------------------
 
-SECRET_CLASS: Obj = {
+SECRET_CLASS: StorageClass = {
     "metadata": {"name": "fast"},
     "parameters": {
         "csi.storage.k8s.io/provisioner-secret-name": "${pv.name}-key",
@@ -260,7 +270,7 @@ def test_deletion_secret_falls_back_to_the_class() -> None:
     unreferenced = pv()
     del unreferenced["spec"]["claimRef"]
     assert deletion_secret(unreferenced, SECRET_CLASS) is None
-    by_annotation = {
+    by_annotation: StorageClass = {
         "parameters": {
             "csi.storage.k8s.io/provisioner-secret-name": "${pvc.annotations['team']}",
             "csi.storage.k8s.io/provisioner-secret-namespace": "ns",
@@ -280,7 +290,7 @@ def test_the_pv_records_the_deletion_secret() -> None:
         "reclaimPolicy": "Delete",
         "parameters": SECRET_CLASS["parameters"],
     }
-    c = claim()
+    c = as_obj(claim())
     params = split_parameters(sc["parameters"], c, "pvc-u-data", "")
     spec = volume_spec(c, sc, params, "pvc-u-data", extra_metadata=False, multi_writer=True, topology=None)
     assert spec.secret == SecretRef("pvc-u-data-key", "ns")
@@ -401,7 +411,7 @@ def test_templates_expand_like_os_expand() -> None:
 
 def test_unknown_reserved_keys_are_refused_after_the_secrets() -> None:
     with pytest.raises(ProvisionError) as err:
-        split_parameters({"csi.storage.k8s.io/typo": "x"}, claim(), "pv1", "")
+        split_parameters({"csi.storage.k8s.io/typo": "x"}, as_obj(claim()), "pv1", "")
     assert str(err.value) == (
         "failed to strip CSI Parameters of prefixed keys: found unknown parameter key "
         '"csi.storage.k8s.io/typo" with reserved namespace csi.storage.k8s.io/'
@@ -414,7 +424,7 @@ def test_unknown_reserved_keys_are_refused_after_the_secrets() -> None:
             "csi.storage.k8s.io/controller-modify-secret-name": "m",
             "csi.storage.k8s.io/controller-modify-secret-namespace": "ns",
         },
-        claim(),
+        as_obj(claim()),
         "pv1",
         "",
     )
@@ -472,11 +482,13 @@ def test_an_infeasible_claim_waits_unless_its_class_changed() -> None:
 
 
 def test_the_deprecated_fstype_key() -> None:
-    out = split_parameters({"fsType": "xfs"}, claim(), "pv1", "ext4")
+    out = split_parameters({"fsType": "xfs"}, as_obj(claim()), "pv1", "ext4")
     assert out.fs_type == "xfs" and out.driver == {"fsType": "xfs"}
-    assert split_parameters({"csi.storage.k8s.io/fstype": ""}, claim(), "pv1", "ext4").fs_type == "ext4"
+    assert (
+        split_parameters({"csi.storage.k8s.io/fstype": ""}, as_obj(claim()), "pv1", "ext4").fs_type == "ext4"
+    )
     with pytest.raises(ProvisionError) as err:
-        split_parameters({"fstype": "xfs", "csi.storage.k8s.io/fstype": "ext4"}, claim(), "pv1", "")
+        split_parameters({"fstype": "xfs", "csi.storage.k8s.io/fstype": "ext4"}, as_obj(claim()), "pv1", "")
     assert (
         str(err.value)
         == 'fstype specified in parameters with both "fstype" and "csi.storage.k8s.io/fstype" keys'

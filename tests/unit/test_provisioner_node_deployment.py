@@ -14,6 +14,7 @@ import pytest
 
 from controller_runtime import storage
 from controller_runtime.clock_testing import FakeClock
+from controller_runtime.kinds import PersistentVolume, pv_view
 from controller_runtime.resources import Obj
 from controller_runtime.store import Store
 from external_provisioner import names, owner
@@ -88,13 +89,15 @@ def test_an_unselected_claim_is_elected_only_when_immediate_allowed_and_enabled(
 # -- which node deletes a volume --------------------------------------------------------------------
 
 
-def pv_with(*terms: list[Obj]) -> Obj:
-    return {
-        "metadata": {"name": "pv"},
-        "spec": {
-            "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": t} for t in terms]}}
-        },
-    }
+def pv_with(*terms: list[Obj]) -> PersistentVolume:
+    return pv_view(
+        {
+            "metadata": {"name": "pv"},
+            "spec": {
+                "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": t} for t in terms]}}
+            },
+        }
+    )
 
 
 def test_a_volume_belongs_to_the_node_whose_topology_satisfies_its_affinity() -> None:
@@ -113,7 +116,7 @@ def test_a_volume_belongs_to_the_node_whose_topology_satisfies_its_affinity() ->
     assert volume_accessible(pv_with([{"key": "rank", "operator": "Gt", "values": ["3"]}]), {"rank": "4"})
     assert not volume_accessible(pv_with([{"key": "rank", "operator": "Lt", "values": ["3"]}]), {"rank": "4"})
     # matchFields cannot match a node known by its labels alone.
-    fields = {
+    fields: PersistentVolume = {
         "metadata": {"name": "pv"},
         "spec": {
             "nodeAffinity": {

@@ -11,6 +11,7 @@ import pytest
 
 from controller_runtime.client import ApiClient, ApiError
 from controller_runtime.goflags import parse_bool
+from controller_runtime.kinds import PersistentVolume, PersistentVolumeClaim, as_obj, pv_view, pvc_view
 from controller_runtime.resources import VOLUME_SNAPSHOT_CONTENTS, VOLUME_SNAPSHOTS, Obj
 from controller_runtime.store import Store
 from external_provisioner.content_source import Content, ContentSources
@@ -31,11 +32,11 @@ SNAPSHOT = DataSource("VolumeSnapshot", "snap", "ns", "snapshot.storage.k8s.io")
 CLASS = {"metadata": {"name": "kubeloop"}, "provisioner": "loop.csi.kubeloop.dev"}
 
 
-def claim(mode: str | None = "Block") -> Obj:
+def claim(mode: str | None = "Block") -> PersistentVolumeClaim:
     spec: Obj = {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}
     if mode is not None:
         spec["volumeMode"] = mode
-    return {"metadata": {"name": "data", "namespace": "ns", "uid": "u-data"}, "spec": spec}
+    return pvc_view({"metadata": {"name": "data", "namespace": "ns", "uid": "u-data"}, "spec": spec})
 
 
 def content(source_mode: str | None = "Filesystem", allow: str | None = None) -> Obj:
@@ -53,8 +54,8 @@ def content(source_mode: str | None = "Filesystem", allow: str | None = None) ->
     }
 
 
-def source_pv(mode: str | None) -> Obj:
-    return {"spec": {} if mode is None else {"volumeMode": mode}}
+def source_pv(mode: str | None) -> PersistentVolume:
+    return pv_view({"spec": {} if mode is None else {"volumeMode": mode}})
 
 
 # -- restores: --prevent-volume-mode-conversion ----------------------------------------------------
@@ -199,7 +200,7 @@ class Api:
 
 def restore(snapcontent: Obj, mode: str, prevent: bool = True) -> Content:
     sources = ContentSources(cast(ApiClient, Api(snapcontent)), cast(Store, None), prevent)
-    return asyncio.run(sources.content(claim(mode), CLASS, SNAPSHOT))
+    return asyncio.run(sources.content(as_obj(claim(mode)), CLASS, SNAPSHOT))
 
 
 def test_the_event_text_of_a_refused_restore() -> None:
@@ -222,7 +223,7 @@ def test_a_restore_carries_the_grant_to_the_driver() -> None:
     assert granted == Content(snapshot="snap-handle", mode_change_granted=True)
     assert restore(content("Filesystem"), "Filesystem") == Content(snapshot="snap-handle")
     assert restore(content("Filesystem"), "Block", prevent=False) == Content(snapshot="snap-handle")
-    c = claim("Block")
+    c = as_obj(claim("Block"))
     params = split_parameters({"kind": "fast"}, c, "pvc-u-data", "")
 
     def parameters(grant: bool) -> dict[str, str]:
