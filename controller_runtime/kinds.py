@@ -307,6 +307,7 @@ class CSIDriver(KubeObject, total=False):
 
 class VolumeAttachmentSource(TypedDict, total=False):
     persistentVolumeName: str
+    inlineVolumeSpec: dict[str, Any]  # migrated in-tree volumes: only tested for presence
 
 
 class VolumeAttachmentSpec(TypedDict, total=False):

@@ -29,7 +29,13 @@ from controller_runtime.controller import ControllerContext, run_workers
 from controller_runtime.csi_client import CSIConnection, SidecarController, SidecarOptions, error_text
 from controller_runtime.csi_errors import PUBLISH_VOLUME, classify
 from controller_runtime.informer import EventHandler
-from controller_runtime.kinds import pv_view
+from controller_runtime.kinds import (
+    KubeObject,
+    PersistentVolume,
+    VolumeAttachment,
+    pv_view,
+    volume_attachment_view,
+)
 from controller_runtime.logs import get_logger
 from controller_runtime.mutation_cache import MutationCache
 from controller_runtime.resources import (
@@ -92,7 +98,7 @@ def call_failed(method: str, va: str, exc: grpc.aio.AioRpcError) -> AttachError:
     return AttachError(error_text(exc), code=exc.code().value[0])
 
 
-def va_pv_name(va: Obj) -> str:
+def va_pv_name(va: VolumeAttachment) -> str:
     return str(va.get("spec", {}).get("source", {}).get("persistentVolumeName") or "")
 
 
@@ -134,7 +140,7 @@ class Attacher(SidecarController):
         )
         self.pvs = self.factory.informer(PERSISTENT_VOLUMES)
         self.csinodes = self.factory.informer(CSI_NODES)
-        self.vas.add_index(VA_BY_PV, lambda va: [n] if (n := va_pv_name(va)) else [])
+        self.vas.add_index(VA_BY_PV, lambda va: [n] if (n := va_pv_name(volume_attachment_view(va))) else [])
         self.vas.add_handler(EventHandler(self._va_changed, lambda _o, n: self._va_changed(n), self._va_gone))
         # The VolumeAttachment list that PV checks begun before it started may share.
         self._va_list: tuple[float, asyncio.Task[list[Obj]]] | None = None
@@ -142,20 +148,20 @@ class Attacher(SidecarController):
 
     # -- handlers: enqueue only -------------------------------------------------------------------
 
-    def _ours(self, va: Obj) -> bool:
+    def _ours(self, va: VolumeAttachment) -> bool:
         return bool(va.get("spec", {}).get("attacher") == self.driver)
 
     def _va_changed(self, va: Obj) -> None:
-        if self._ours(va):
+        if self._ours(volume_attachment_view(va)):
             self.va_queue.add(va["metadata"]["name"])
 
     def _va_gone(self, va: Obj) -> None:
         self.va_view.deleted(va)
-        if pv := va_pv_name(va):
+        if pv := va_pv_name(volume_attachment_view(va)):
             self.pv_queue.add(pv)
 
-    def _pv_changed(self, pv: Obj) -> None:
-        md = pv.get("metadata", {})
+    def _pv_changed(self, obj: Obj) -> None:
+        md = pv_view(obj).get("metadata", {})
         if self.finalizer in (md.get("finalizers") or []) and md.get("deletionTimestamp"):
             self.pv_queue.add(md["name"])
 
@@ -179,7 +185,7 @@ class Attacher(SidecarController):
     # -- VolumeAttachment sync --------------------------------------------------------------------
 
     async def sync_va(self, name: str) -> float | None:
-        va = self.va_view.get(name)
+        va = volume_attachment_view(self.va_view.get(name))
         if va is None or not self._ours(va):
             return None
         if not self.can_publish:
@@ -198,7 +204,7 @@ class Attacher(SidecarController):
             await self._guarded(va, "attachError", self._attach(va))
         return None
 
-    async def _guarded(self, va: Obj, error_field: str, work: Awaitable[None]) -> None:
+    async def _guarded(self, va: VolumeAttachment, error_field: str, work: Awaitable[None]) -> None:
         """Runs an attach or detach; its failure is written to the VA's status and raised again, so
         the queue retries with backoff."""
         try:
@@ -219,7 +225,7 @@ class Attacher(SidecarController):
                 return str(drv["nodeID"])
         raise AttachError(f"CSINode {node} does not contain driver {self.driver}")
 
-    def _node_id(self, va: Obj) -> str:
+    def _node_id(self, va: VolumeAttachment) -> str:
         """For a detach or the ListVolumes pass: the CSINode's node id, else the one the attach
         recorded on the VA (the node and its CSINode may be gone by now)."""
         try:
@@ -230,23 +236,23 @@ class Attacher(SidecarController):
                 raise
             return str(recorded)
 
-    def _pv_of(self, va: Obj) -> Obj:
+    def _pv_of(self, va: VolumeAttachment) -> PersistentVolume:
         if va["spec"].get("source", {}).get("inlineVolumeSpec"):
             raise AttachError("inline volumes are not supported")
         pv_name = va_pv_name(va)
-        pv = self.pvs.store.get(pv_name)
+        pv = pv_view(self.pvs.store.get(pv_name))
         if pv is None:
             raise AttachError(f'persistentvolume "{pv_name}" not found')
         return pv
 
     @staticmethod
-    def _csi_source(pv: Obj) -> CSIVolume:
-        vol = csi_volume(pv_view(pv))
+    def _csi_source(pv: PersistentVolume) -> CSIVolume:
+        vol = csi_volume(pv)
         if vol is None:
             raise AttachError("pv spec contained non-csi source that was not migrated")
         return vol
 
-    async def _attach(self, va: Obj) -> None:
+    async def _attach(self, va: VolumeAttachment) -> None:
         name = va["metadata"]["name"]
         pv = self._pv_of(va)
         if pv["metadata"].get("deletionTimestamp"):
@@ -275,7 +281,7 @@ class Attacher(SidecarController):
         for result in (pv_result, va_result):
             if isinstance(result, BaseException):
                 raise result
-        assert isinstance(va_result, dict)
+        assert not isinstance(va_result, BaseException)  # raised above
         req = csi_pb2.ControllerPublishVolumeRequest(
             volume_id=vol.handle,
             node_id=node_id,
@@ -291,14 +297,14 @@ class Attacher(SidecarController):
         await self._mark_attached(va_result, dict(resp.publish_context))
         log.info("attached", va=name, pv=pv["metadata"]["name"], node=node)
 
-    async def _mark_attached(self, va: Obj, context: dict[str, str]) -> None:
+    async def _mark_attached(self, va: VolumeAttachment, context: dict[str, str]) -> None:
         status = {"attached": True, "attachmentMetadata": context or None, "attachError": None}
         name = va["metadata"]["name"]
         self.va_view.mutated(
             await self.client.patch(VOLUME_ATTACHMENTS, name, {"status": status}, subresource="status")
         )
 
-    async def _publish_secret(self, pv: Obj) -> Obj | None:
+    async def _publish_secret(self, pv: PersistentVolume) -> Obj | None:
         """The Secret the PV's controllerPublishSecretRef names, None without one. As csi-attacher,
         one that cannot be read fails the attach or detach (the driver may need it to act); the
         attacher's RBAC, like upstream's default, does not let it read Secrets, so a PV naming
@@ -321,7 +327,7 @@ class Attacher(SidecarController):
         except SecretNotSendable as exc:
             raise AttachError(str(exc)) from exc
 
-    async def _detach(self, va: Obj) -> None:
+    async def _detach(self, va: VolumeAttachment) -> None:
         name = va["metadata"]["name"]
         pv = self._pv_of(va)
         vol = self._csi_source(pv)
@@ -356,7 +362,7 @@ class Attacher(SidecarController):
                     raise
         log.info("detached", va=name, pv=va_pv_name(va), node=va["spec"]["nodeName"])
 
-    async def _ensure_va_finalizer(self, va: Obj, node_id: str) -> Obj:
+    async def _ensure_va_finalizer(self, va: VolumeAttachment, node_id: str) -> VolumeAttachment:
         finalizers = va["metadata"].get("finalizers") or []
         annotations = va["metadata"].get("annotations") or {}
         if self.finalizer in finalizers and annotations.get(ANN_VA_NODE_ID) == node_id:
@@ -369,9 +375,9 @@ class Attacher(SidecarController):
         except ApiError as exc:
             raise AttachError(f"could not save VolumeAttachment: {exc.message}") from exc
         self.va_view.mutated(saved)
-        return saved
+        return volume_attachment_view(saved)
 
-    async def _ensure_pv_finalizer(self, pv: Obj) -> None:
+    async def _ensure_pv_finalizer(self, pv: PersistentVolume) -> None:
         # Several VAs of one PV (ReadOnlyMany on two nodes) race to add the same finalizer. A 409
         # means someone else wrote the PV first: read it again rather than report a failed attach.
         # (The patch names the resourceVersion read, so it cannot drop a finalizer added meanwhile.)
@@ -388,11 +394,11 @@ class Attacher(SidecarController):
                 if not exc.conflict or attempt == PV_FINALIZER_TRIES - 1:
                     raise AttachError(f"could not add PersistentVolume finalizer: {exc.message}") from exc
             try:
-                pv = await self.client.get(PERSISTENT_VOLUMES, pv["metadata"]["name"])
+                pv = pv_view(await self.client.get(PERSISTENT_VOLUMES, pv["metadata"]["name"]))
             except ApiError as exc:
                 raise AttachError(f"could not add PersistentVolume finalizer: {exc.message}") from exc
 
-    async def _patch_metadata(self, res: Resource, obj: Obj, change: Obj) -> Obj:
+    async def _patch_metadata(self, res: Resource, obj: KubeObject, change: Obj) -> Obj:
         """Writes `change` into the object's metadata with a merge patch (csi-attacher patches PVs
         and VolumeAttachments; its published RBAC grants `patch`, not `update`). The patch carries
         the resourceVersion read, which the apiserver enforces: a stale one fails with 409 as an
@@ -401,7 +407,9 @@ class Attacher(SidecarController):
         version = {"resourceVersion": md["resourceVersion"]} if md.get("resourceVersion") else {}
         return await self.client.patch(res, md["name"], {"metadata": {**change, **version}})
 
-    async def _set_error(self, va: Obj, field: str, message: str, code: int | None = None) -> None:
+    async def _set_error(
+        self, va: VolumeAttachment, field: str, message: str, code: int | None = None
+    ) -> None:
         error: Obj = {"time": now_rfc3339(), "message": message}
         if code is not None:
             error["errorCode"] = code
@@ -418,7 +426,7 @@ class Attacher(SidecarController):
     async def sync_pv(self, name: str) -> float | None:
         """Lets go of a PV that is being deleted once no VolumeAttachment (of any driver) names it.
         A PV that is not being deleted keeps the finalizer, as with csi-attacher."""
-        pv = self.pvs.store.get(name)
+        pv = pv_view(self.pvs.store.get(name))
         if pv is None or not self.can_publish:
             return None
         if not pv["metadata"].get("deletionTimestamp"):
@@ -430,7 +438,7 @@ class Attacher(SidecarController):
             return None
         # The cache may lag behind a VA just created for this PV: ask the API before letting go.
         items = await self._vas_listed_after(checked)
-        if any(va_pv_name(va) == name for va in items):
+        if any(va_pv_name(volume_attachment_view(va)) == name for va in items):
             return None
         remaining = [f for f in pv["metadata"]["finalizers"] if f != self.finalizer]
         try:
@@ -484,7 +492,7 @@ class Attacher(SidecarController):
                 break
         queued = 0
         for name in list(self.vas.store.keys()):
-            va = self.va_view.get(name)
+            va = volume_attachment_view(self.va_view.get(name))
             if va is None or not self._ours(va):
                 continue
             try:

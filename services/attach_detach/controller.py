@@ -23,14 +23,17 @@ from controller_runtime.client import ApiError
 from controller_runtime.controller import ControllerContext, InformerController, run_workers
 from controller_runtime.informer import EventHandler
 from controller_runtime.kinds import (
+    Node,
     PersistentVolume,
     PersistentVolumeClaim,
     Pod,
+    VolumeAttachmentStatus,
     csi_driver_view,
     node_view,
     pod_view,
     pv_view,
     pvc_view,
+    volume_attachment_view,
 )
 from controller_runtime.logs import get_logger
 from controller_runtime.operations import Backoff, OperationExecutor
@@ -105,21 +108,22 @@ def _pod_node(pod: Obj) -> list[str]:
     return [node] if node else []
 
 
-def _is_managed(node: Obj) -> bool:
+def _is_managed(node: Node) -> bool:
     # kcm looks only at the annotation's presence, whatever its value.
     return ANN_CONTROLLER_MANAGED in (node.get("metadata", {}).get("annotations") or {})
 
 
-def _va_state(va: Obj) -> tuple[Any, Any]:
+def _va_state(obj: Obj) -> tuple[VolumeAttachmentStatus | None, str | None]:
     """What a pass reads of a VA that can change after it is created: its status and deletion."""
+    va = volume_attachment_view(obj)
     return va.get("status"), va["metadata"].get("deletionTimestamp")
 
 
-def _in_use(node: Obj) -> set[str]:
+def _in_use(node: Node) -> set[str]:
     return set((node.get("status") or {}).get("volumesInUse") or ())
 
 
-def _out_of_service(node: Obj) -> bool:
+def _out_of_service(node: Node) -> bool:
     return any(t.get("key") == TAINT_OUT_OF_SERVICE for t in node.get("spec", {}).get("taints") or [])
 
 
@@ -218,7 +222,8 @@ class AttachDetachController(InformerController):
         for key in self.pods.store.index_keys(POD_BY_NODE, node["metadata"]["name"]):
             self.pod_queue.add(key)
 
-    def _node_seen(self, node: Obj) -> None:
+    def _node_seen(self, obj: Obj) -> None:
+        node = node_view(obj)
         name = node["metadata"]["name"]
         self.actual.set_volumes_mounted_by_node(name, _in_use(node))
         if _is_managed(node):
@@ -232,12 +237,13 @@ class AttachDetachController(InformerController):
         if _va_state(old) != _va_state(new):
             self._wake.set()
 
-    def _node_updated(self, old: Obj, new: Obj) -> None:
+    def _node_updated(self, old_obj: Obj, new_obj: Obj) -> None:
+        old, new = node_view(old_obj), node_view(new_obj)
         was_managed = self.desired.node_exists(old["metadata"]["name"])
-        self._node_seen(new)
+        self._node_seen(new_obj)
         managed = self.desired.node_exists(new["metadata"]["name"])
         if not was_managed and managed:
-            self._node_changed(new)
+            self._node_changed(new_obj)
         # A volume the node stopped using may be detached now, and readiness or the out-of-service
         # taint decide forced detaches. A volume it started using, or this controller's own
         # volumesAttached write, allows nothing new: no pass for those (while pods mount, each
@@ -245,12 +251,12 @@ class AttachDetachController(InformerController):
         if (
             was_managed != managed
             or not _in_use(old) <= _in_use(new)
-            or (node_ready(node_view(old)), _out_of_service(old))
-            != (node_ready(node_view(new)), _out_of_service(new))
+            or (node_ready(old), _out_of_service(old)) != (node_ready(new), _out_of_service(new))
         ):
             self._wake.set()
 
-    def _node_deleted(self, node: Obj) -> None:
+    def _node_deleted(self, obj: Obj) -> None:
+        node = node_view(obj)
         name = node["metadata"]["name"]
         self.actual.set_volumes_mounted_by_node(name, _in_use(node), deleted=True)
         self.desired.delete_node(name)
@@ -287,13 +293,14 @@ class AttachDetachController(InformerController):
 
     # -- actual state -------------------------------------------------------------------------------
 
-    def _attachment(self, va: Obj) -> Attachment:
+    def _attachment(self, obj: Obj) -> Attachment:
         """A VA as the actual state sees it (never pending), built again only when the VA or its
         PV changed: a pass runs on every event, over every VA."""
+        va = volume_attachment_view(obj)
         name = va["metadata"]["name"]
         spec = va.get("spec", {})
         pv_name = spec.get("source", {}).get("persistentVolumeName") or ""
-        pv = self.pvs.store.get(pv_name) if pv_name else None
+        pv = pv_view(self.pvs.store.get(pv_name)) if pv_name else None
         version = (
             va["metadata"].get("resourceVersion"),
             (pv or {}).get("metadata", {}).get("resourceVersion"),
@@ -303,7 +310,7 @@ class AttachDetachController(InformerController):
         cached = self._attachment_cache.get(name)
         if cacheable and cached is not None and cached[0] == version:
             return cached[1]
-        vol = csi_volume(pv_view(pv)) if pv is not None else None
+        vol = csi_volume(pv) if pv is not None else None
         driver = str(spec.get("attacher", ""))
         handle = vol.handle if vol is not None else ""
         status = va.get("status") or {}
@@ -332,13 +339,14 @@ class AttachDetachController(InformerController):
 
     def node_infos(self) -> dict[str, NodeInfo]:
         infos = {}
-        for node in self.nodes.store.values():
+        for obj in self.nodes.store.values():
+            node = node_view(obj)
             name = node["metadata"]["name"]
             status = node.get("status") or {}
             infos[name] = NodeInfo(
                 name=name,
                 managed=self.desired.node_exists(name),
-                ready=node_ready(node_view(node)),
+                ready=node_ready(node),
                 in_use=self.actual.get_volumes_mounted_by_node(name),
                 attached=tuple(v.get("name", "") for v in status.get("volumesAttached") or ()),
                 out_of_service=_out_of_service(node),

@@ -16,7 +16,7 @@ from controller_runtime import mounts
 from controller_runtime.attach_rules import attach_required
 from controller_runtime.csi_client import error_text
 from controller_runtime.events import EventRecorder
-from controller_runtime.kinds import csi_driver_view, pod_view
+from controller_runtime.kinds import csi_driver_view, pod_view, volume_attachment_view
 from controller_runtime.logs import get_logger
 from controller_runtime.operations import RetryLater
 from controller_runtime.resources import Obj
@@ -70,8 +70,8 @@ class OperationGenerator:
 
     def _lifecycle_modes(self, driver: str) -> list[str]:
         """The CSIDriver's volumeLifecycleModes; Persistent alone without one (kubelet's default)."""
-        obj = self.drivers.get(driver)
-        return list((obj or {}).get("spec", {}).get("volumeLifecycleModes") or ["Persistent"])
+        csidriver = csi_driver_view(self.drivers.get(driver))
+        return list((csidriver or {}).get("spec", {}).get("volumeLifecycleModes") or ["Persistent"])
 
     def _plugin(self, driver: str) -> Plugin:
         plugin = self.plugins.get(driver)
@@ -92,10 +92,10 @@ class OperationGenerator:
 
     def still_wanted(self, pv: PodVolume) -> bool:
         """Whether the pod still wants the volume (an operation may wait for a slot a while)."""
-        pod = self.pods.get(pv.pod_key)
+        pod = pod_view(self.pods.get(pv.pod_key))
         if pod is None or pod["metadata"].get("uid", "") != pv.pod_uid:
             return False
-        return not (pod["metadata"].get("deletionTimestamp") or pod_terminated(pod_view(pod)))
+        return not (pod["metadata"].get("deletionTimestamp") or pod_terminated(pod))
 
     def _begun(self, pv: PodVolume) -> bool:
         return (
@@ -121,7 +121,7 @@ class OperationGenerator:
         plugin = self._plugin(vol.driver)
         context: dict[str, str] = {}
         if self.attach_required(vol.driver):
-            va = self.attachments.get(va_name(vol.handle, vol.driver, self.node_name))
+            va = volume_attachment_view(self.attachments.get(va_name(vol.handle, vol.driver, self.node_name)))
             if va is None or not va.get("status", {}).get("attached"):
                 raise NotReady(f"VolumeAttachment of {vol.pv_name} is not attached yet")
             context = dict(va["status"].get("attachmentMetadata") or {})

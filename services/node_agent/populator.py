@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from controller_runtime.kinds import Pod, pod_view, pv_view, pvc_view
+from controller_runtime.kinds import Pod, csi_driver_view, pod_view, pv_view, pvc_view
 from controller_runtime.store import Store
 from controller_runtime.volumes import (
     bound_volume_name,
@@ -82,5 +82,5 @@ class DesiredStateOfWorldPopulator:
         return vols, resolved
 
     def _pod_info_on_mount(self, driver: str) -> bool:
-        obj = self.drivers.get(driver)
-        return obj is not None and obj.get("spec", {}).get("podInfoOnMount") is True
+        csidriver = csi_driver_view(self.drivers.get(driver))
+        return csidriver is not None and csidriver.get("spec", {}).get("podInfoOnMount") is True
