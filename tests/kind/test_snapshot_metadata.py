@@ -22,8 +22,8 @@ from csi_driver import DRIVER_NAME
 from kubeloop_grpc.snapshotmetadata import schema_pb2, schema_pb2_grpc
 from localstack import kind
 
-from .conftest import KindCluster, wait_for
-from .workloads import wait_ready
+from .conftest import KindCluster
+from .workloads import take_snapshot, wait_ready
 
 pytestmark = pytest.mark.root
 BLOCK = 4096
@@ -68,23 +68,7 @@ def write_blocks(kc: KindCluster, ns: str, first_block: int, count: int) -> None
 
 def snapshot(kc: KindCluster, ns: str, name: str) -> str:
     """Takes a VolumeSnapshot of the claim; returns its CSI snapshot handle once ready."""
-    kc.apply(
-        f"""
-apiVersion: snapshot.storage.k8s.io/v1
-kind: VolumeSnapshot
-metadata: {{name: {name}, namespace: {ns}}}
-spec:
-  volumeSnapshotClassName: kubeloop
-  source: {{persistentVolumeClaimName: disk}}
-"""
-    )
-    wait_for(
-        f"snapshot {name} to be ready",
-        lambda: kc.get("volumesnapshot", "-n", ns, name).get("status", {}).get("readyToUse"),
-        timeout=120,
-    )
-    content = kc.get("volumesnapshot", "-n", ns, name)["status"]["boundVolumeSnapshotContentName"]
-    return str(kc.get("volumesnapshotcontent", content)["status"]["snapshotHandle"])
+    return str(take_snapshot(kc, ns, name, "disk")["status"]["snapshotHandle"])
 
 
 @contextmanager

@@ -9,7 +9,7 @@ from typing import Any
 from controller_runtime.toolchain import Toolchain
 from localstack import kind
 
-from .conftest import KindCluster
+from .conftest import KindCluster, wait_for
 
 
 def claim(ns: str, name: str, size: str = "64Mi", storage_class: str = "kubeloop") -> str:
@@ -53,6 +53,27 @@ WRITE = (
 SLEEP = "sleep 3600"
 # Exits (the pod never becomes Ready) unless WRITE's blob checks out.
 CHECK = "cd /data && sha256sum -c blob.sha && sleep 3600"
+
+
+def take_snapshot(
+    kc: KindCluster, ns: str, name: str, claim_name: str, timeout: float = 120
+) -> dict[str, Any]:
+    """A VolumeSnapshot (class kubeloop) of the claim; returns its VolumeSnapshotContent once ready."""
+    kc.apply(f"""
+apiVersion: snapshot.storage.k8s.io/v1
+kind: VolumeSnapshot
+metadata: {{name: {name}, namespace: {ns}}}
+spec:
+  volumeSnapshotClassName: kubeloop
+  source: {{persistentVolumeClaimName: {claim_name}}}
+""")
+    wait_for(
+        f"snapshot {name} to be ready",
+        lambda: kc.get("volumesnapshot", "-n", ns, name).get("status", {}).get("readyToUse"),
+        timeout=timeout,
+    )
+    content = kc.get("volumesnapshot", "-n", ns, name)["status"]["boundVolumeSnapshotContentName"]
+    return kc.get("volumesnapshotcontent", content)
 
 
 def wait_ready(kc: KindCluster, ns: str, name: str, timeout: int = 180) -> None:

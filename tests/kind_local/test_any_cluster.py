@@ -28,7 +28,7 @@ from controller_runtime.toolchain import REPO_ROOT
 from localstack import kind
 
 from ..kind.conftest import KindCluster, scratch_namespace, wait_for
-from ..kind.workloads import CHECK, WRITE, attachments, claim, pod, volume_of, wait_ready
+from ..kind.workloads import CHECK, WRITE, attachments, claim, pod, take_snapshot, volume_of, wait_ready
 
 pytestmark = pytest.mark.root
 
@@ -64,6 +64,11 @@ echo "verified after $i writes"
 
 def helm(kc: KindCluster, *args: str, timeout: float = 420) -> str:
     return kc.cluster.helm(*args, "--namespace", "kube-system", timeout=timeout)
+
+
+def install(kc: KindCluster, values: list[str]) -> None:
+    """`helm install` of this chart as the release, waiting for its pods."""
+    helm(kc, "install", kind.HELM_RELEASE, str(kind.HELM_CHART), *values, "--wait", "--timeout=5m")
 
 
 def node_local_values(kc: KindCluster) -> list[str]:
@@ -285,15 +290,7 @@ def test_uninstall_keeps_the_volumes_and_a_new_install_serves_them(
     assert kc.get("pv", pv["metadata"]["name"])["status"]["phase"] == "Bound"
     assert (kc.cluster.pool_dir(node) / "volumes" / f"{handle}.img").exists()
 
-    helm(
-        kc,
-        "install",
-        kind.HELM_RELEASE,
-        str(kind.HELM_CHART),
-        *node_local_values(kc),
-        "--wait",
-        "--timeout=5m",
-    )
+    install(kc, node_local_values(kc))
     kc.apply(pod(ns, "after", "kept", None, CHECK))
     wait_ready(kc, ns, "after")  # CHECK exits unless the data checks out
     assert kc.get("pod", "-n", ns, "after")["spec"]["nodeName"] == node
@@ -318,21 +315,12 @@ def shared_release(local_cluster: KindCluster) -> Iterator[KindCluster]:
     no_volumes_left(kc)
     helm(kc, "uninstall", kind.HELM_RELEASE, "--wait", "--timeout=5m")
     try:
-        helm(
-            kc,
-            "install",
-            kind.HELM_RELEASE,
-            str(kind.HELM_CHART),
-            *shared_values(kc),
-            "--wait",
-            "--timeout=5m",
-        )
+        install(kc, shared_values(kc))
         yield kc
     finally:
         no_volumes_left(kc)
         helm(kc, "uninstall", kind.HELM_RELEASE, "--wait", "--timeout=5m")
-        helm(kc, "install", kind.HELM_RELEASE, str(kind.HELM_CHART), *node_local_values(kc), "--wait",
-             "--timeout=5m")  # fmt: skip
+        install(kc, node_local_values(kc))
 
 
 @pytest.fixture
@@ -378,19 +366,7 @@ def test_shared_mode_next_to_kcm(shared_release: KindCluster, shared_namespace: 
         lambda: kc.get("pvc", "-n", ns, "imm")["status"].get("capacity", {}).get("storage") == "128Mi",
         timeout=180,
     )
-    kc.apply(f"""
-apiVersion: snapshot.storage.k8s.io/v1
-kind: VolumeSnapshot
-metadata: {{name: snap, namespace: {ns}}}
-spec:
-  volumeSnapshotClassName: kubeloop
-  source: {{persistentVolumeClaimName: imm}}
-""")
-    wait_for(
-        "the snapshot to be ready",
-        lambda: kc.get("volumesnapshot", "-n", ns, "snap").get("status", {}).get("readyToUse"),
-        timeout=180,
-    )
+    take_snapshot(kc, ns, "snap", "imm", timeout=180)
     restored = claim(ns, "restored", size="128Mi", storage_class="kubeloop")
     restored += "  dataSource: {name: snap, kind: VolumeSnapshot, apiGroup: snapshot.storage.k8s.io}\n"
     kc.apply(restored)

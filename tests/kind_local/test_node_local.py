@@ -15,7 +15,17 @@ import pytest
 from localstack import kind
 
 from ..kind.conftest import KindCluster, wait_for
-from ..kind.workloads import CHECK, SLEEP, WRITE, attachments, claim, pod, volume_of, wait_ready
+from ..kind.workloads import (
+    CHECK,
+    SLEEP,
+    WRITE,
+    attachments,
+    claim,
+    pod,
+    take_snapshot,
+    volume_of,
+    wait_ready,
+)
 
 DRIVER = "loop.csi.kubeloop.dev"
 TOPOLOGY_KEY = "topology.loop.csi.kubeloop.dev/node"
@@ -197,23 +207,7 @@ def test_snapshot_restore_and_clone_land_on_the_source_node(
         lambda: "blob" in kc.kubectl("exec", "-n", ns, "writer", "--", "cat", "/data/blob.sha"),
     )
     kc.kubectl("exec", "-n", ns, "writer", "--", "sync")
-    kc.apply(
-        f"""
-apiVersion: snapshot.storage.k8s.io/v1
-kind: VolumeSnapshot
-metadata: {{name: snap, namespace: {ns}}}
-spec:
-  volumeSnapshotClassName: kubeloop
-  source: {{persistentVolumeClaimName: source}}
-"""
-    )
-    wait_for(
-        "the snapshot to be ready",
-        lambda: kc.get("volumesnapshot", "-n", ns, "snap").get("status", {}).get("readyToUse"),
-        timeout=120,
-    )
-    snapshot = kc.get("volumesnapshot", "-n", ns, "snap")
-    content = kc.get("volumesnapshotcontent", snapshot["status"]["boundVolumeSnapshotContentName"])
+    content = take_snapshot(kc, ns, "snap", "source")
     snapshot_handle = content["status"]["snapshotHandle"]
     assert {n: (p / "snapshots" / f"{snapshot_handle}.img").exists() for n, p in pools(kc).items()} == {
         n: n == node for n in kc.workers()
