@@ -228,6 +228,11 @@ def helm_test(kc: KindCluster) -> None:
     wait_no_volume_of_claim(kc, "kube-system", f"{kind.HELM_RELEASE}-test-volume")
 
 
+def registered(kc: KindCluster, node: str) -> bool:
+    listed = kc.node_exec(node, "ls", f"{kind.ELSEWHERE_KUBELET_DIR}/plugins_registry", check=False)
+    return "loop.csi.kubeloop.dev-reg.sock" in listed.split()
+
+
 def test_kcm_binds_node_local_volumes_with_kubelet_elsewhere(
     local_cluster: KindCluster, namespace: str
 ) -> None:
@@ -238,8 +243,11 @@ def test_kcm_binds_node_local_volumes_with_kubelet_elsewhere(
     for node in kc.workers():
         flags = kc.node_exec(node, "cat", "/var/lib/kubelet/kubeadm-flags.env")
         assert f"--root-dir={kind.ELSEWHERE_KUBELET_DIR}" in flags, flags
-        registered = kc.node_exec(node, "ls", f"{kind.ELSEWHERE_KUBELET_DIR}/plugins_registry")
-        assert "loop.csi.kubeloop.dev-reg.sock" in registered.split()
+        # The registrar has no readiness probe: its pod is Ready before its socket is made.
+        wait_for(
+            f"the registrar's socket in {node}'s {kind.ELSEWHERE_KUBELET_DIR}/plugins_registry",
+            partial(registered, kc, node),
+        )
     workloads = kc.kubectl("get", "deployments", "-n", "kube-system", "-o", "name").split()
     assert not [w for w in workloads if w.split("/", 1)[1] in KUBELOOP_CONTROLLERS], workloads
 
