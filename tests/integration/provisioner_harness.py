@@ -58,6 +58,17 @@ async def kubectl(cp: ControlPlane, *args: str) -> str:
     return out.decode()
 
 
+async def terminate(proc: asyncio.subprocess.Process | None) -> None:
+    """SIGTERM to a provisioner process still running, SIGKILL if it has not ended 15 s later."""
+    if proc is not None and proc.returncode is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(proc.wait(), 15)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+
+
 class Harness:
     def __init__(self, cp: ControlPlane, api: ApiClient, namespace: str) -> None:
         self.cp, self.api, self.ns = cp, api, namespace
@@ -149,13 +160,7 @@ class Harness:
         return await asyncio.wait_for(self.proc.wait(), timeout)
 
     async def stop_provisioner(self) -> None:
-        if self.proc is not None and self.proc.returncode is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(self.proc.wait(), 15)
-            except TimeoutError:
-                self.proc.kill()
-                await self.proc.wait()
+        await terminate(self.proc)
         self.proc = None
 
     def log_tail(self) -> str:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import signal
 import sys
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
@@ -45,6 +44,7 @@ from external_provisioner import names
 from localstack.controlplane import ControlPlane
 from localstack.proc import free_ports
 from tests.csi.conftest import Driver
+from tests.integration.provisioner_harness import terminate
 from tests.support.waits import consistently_async, eventually_async, no_problems
 
 from .provisioner_harness import IDENTITY, Harness, create_topology_node, kubectl
@@ -119,13 +119,7 @@ class NodeSide:
         self.proc = None
 
     async def stop(self) -> None:
-        if self.proc is not None and self.proc.returncode is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(self.proc.wait(), 15)
-            except TimeoutError:
-                self.proc.kill()
-                await self.proc.wait()
+        await terminate(self.proc)
         self.proc = None
 
     async def calls(self, method: str) -> int:
