@@ -18,14 +18,15 @@ Expansion = csi_pb2.PluginCapability.VolumeExpansion
 
 
 class IdentityServer(csi_pb2_grpc.IdentityServicer):  # type: ignore[misc]
-    def __init__(self, state: DriverState, controller: bool) -> None:
+    def __init__(self, state: DriverState, controller: bool, name: str = DRIVER_NAME) -> None:
         self.state = state
         self.controller = controller
+        self.name = name
 
     async def GetPluginInfo(
         self, req: csi_pb2.GetPluginInfoRequest, _: grpc.aio.ServicerContext
     ) -> csi_pb2.GetPluginInfoResponse:
-        return csi_pb2.GetPluginInfoResponse(name=DRIVER_NAME, vendor_version=driver_version())
+        return csi_pb2.GetPluginInfoResponse(name=self.name, vendor_version=driver_version())
 
     async def GetPluginCapabilities(
         self, req: csi_pb2.GetPluginCapabilitiesRequest, _: grpc.aio.ServicerContext

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import re
 import socket
 from collections.abc import Sequence
 from pathlib import Path
@@ -60,6 +61,20 @@ def _capacity(text: str) -> tuple[str, int]:
         raise argparse.ArgumentTypeError(str(e)) from e
 
 
+# The CSI spec's rule for a plugin name: at most 63 characters, alphanumerics, '-' and '.', beginning
+# and ending with an alphanumeric. kubelet also uses it as a directory name, so the rule matters here.
+_DRIVER_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]{0,61}[A-Za-z0-9])?")
+
+
+def _driver_name(text: str) -> str:
+    if not _DRIVER_NAME.fullmatch(text):
+        raise argparse.ArgumentTypeError(
+            f"{text[:100]!r} is not a CSI driver name: at most 63 letters, digits, '-' or '.', "
+            "beginning and ending with a letter or digit"
+        )
+    return text
+
+
 class _Parser(argparse.ArgumentParser):
     """Flags that depend on each other are checked as a parse error: the usage and exit status 2."""
 
@@ -95,6 +110,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--endpoint",
         default="unix:///run/kubeloop/csi.sock",
         help="CSI socket, unix:///path or a path (default: unix:///run/kubeloop/csi.sock)",
+    )
+    parser.add_argument(
+        "--drivername",
+        type=_driver_name,
+        default=DRIVER_NAME,
+        help="the name GetPluginInfo reports, which CSIDriver objects, StorageClasses and kubelet's "
+        "registration use (csi-driver-host-path's flag; for running the driver in manifests written "
+        f"for another driver's name; default: {DRIVER_NAME})",
     )
     parser.add_argument(
         "--mode",
@@ -179,7 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--kubelet-registration-dir",
         default="",
         help="kubelet's plugins_registry directory; when set (node and all modes) the plugin "
-        f"serves the registration API on <dir>/{DRIVER_NAME}-reg.sock",
+        "serves the registration API on <dir>/<drivername>-reg.sock",
     )
     parser.add_argument(
         "--kubelet-root-dir",
@@ -234,7 +257,7 @@ async def _serve(
     node_mode: bool,
     health: HealthServer | None,
 ) -> None:
-    identity = IdentityServer(state, controller=controller_mode)
+    identity = IdentityServer(state, controller=controller_mode, name=args.drivername)
     controller = node = None
     group: GroupControllerServer | None = None
     watcher: asyncio.Task[None] | None = None
@@ -266,6 +289,7 @@ async def _serve(
                 direct_io=args.direct_io == "on",
                 node_local=args.node_local,
                 max_volume_size=args.max_volume_size,
+                driver_name=args.drivername,
             ),
         )
         await node.reconcile()
@@ -285,7 +309,9 @@ async def _serve(
             csi_pb2_grpc.add_NodeServicer_to_server(node, server)
 
     path = socket_path(args.endpoint)
-    server = await start_unix_server(path, register, [CsiInterceptor()], group=args.socket_group)
+    server = await start_unix_server(
+        path, register, [CsiInterceptor(args.drivername)], group=args.socket_group
+    )
     reg_server = None
     registration: RegistrationServer | None = None
     try:
@@ -293,11 +319,11 @@ async def _serve(
             os.path.join(args.kubelet_root_dir, "plugins_registry") if args.kubelet_root_dir else ""
         )
         if node_mode and reg_dir:
-            registration = RegistrationServer(DRIVER_NAME, args.kubelet_registration_path or path)
-            reg_server = await registration.serve(reg_dir, [CsiInterceptor()])
+            registration = RegistrationServer(args.drivername, args.kubelet_registration_path or path)
+            reg_server = await registration.serve(reg_dir, [CsiInterceptor(args.drivername)])
         log.info(
             "CSI driver ready",
-            driver=DRIVER_NAME,
+            driver=args.drivername,
             version=driver_version(),
             mode=args.mode,
             node_local=args.node_local,

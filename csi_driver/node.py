@@ -65,6 +65,8 @@ class NodeConfig:
     node_local: bool = False
     # The largest inline ephemeral volume a pod may ask for (--max-volume-size).
     max_volume_size: int = 1 << 40
+    # --drivername: inline volumes are staged under kubelet's plugins/<name>/, the plugin's own.
+    driver_name: str = DRIVER_NAME
 
 
 def _restage_mismatch(rec: StagingRecord, cap: Capability) -> str | None:
@@ -645,7 +647,7 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
     def _ephemeral_staging(self, volume_id: str) -> str:
         """Where the plugin mounts an inline volume's filesystem before binding it to the pod's
         target: its own directory under the kubelet directory."""
-        return os.path.join(self.kubelet.root, "plugins", DRIVER_NAME, "ephemeral", volume_id)
+        return os.path.join(self.kubelet.root, "plugins", self.config.driver_name, "ephemeral", volume_id)
 
     async def _publish_ephemeral(
         self, volume_id: str, target: str, cap: Capability, req: csi_pb2.NodePublishVolumeRequest

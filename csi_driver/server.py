@@ -71,6 +71,9 @@ class _Undecodable:
 
 
 class CsiInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    def __init__(self, driver: str = DRIVER_NAME) -> None:
+        self.driver = driver  # the driver_name label of the operation metric
+
     async def intercept_service(
         self,
         continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
@@ -95,7 +98,7 @@ class CsiInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             start = time.monotonic()
             if isinstance(request, _Undecodable):
                 message = f"the request is not a valid {method} message: {request.error}"
-                OPERATIONS.labels(DRIVER_NAME, method, grpc.StatusCode.INVALID_ARGUMENT.name).observe(0)
+                OPERATIONS.labels(self.driver, method, grpc.StatusCode.INVALID_ARGUMENT.name).observe(0)
                 log.warning("rpc failed", method=method, code="INVALID_ARGUMENT", error=message)
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
             # Shielded: a CO that gives up (deadline) must not interrupt an operation half way;
@@ -121,7 +124,7 @@ class CsiInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                 code, message = grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}"
             finally:
                 elapsed = time.monotonic() - start
-                OPERATIONS.labels(DRIVER_NAME, method, code.name).observe(elapsed)
+                OPERATIONS.labels(self.driver, method, code.name).observe(elapsed)
                 fields = {"method": method, "code": code.name, "ms": round(elapsed * 1000, 1)}
                 if code != grpc.StatusCode.OK:
                     log.warning("rpc failed", **fields, error=message)
