@@ -13,7 +13,7 @@ import json
 import os
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +22,7 @@ import pytest
 
 from localstack import kind
 from localstack.kind import Cluster, KindError
+from tests.support.waits import eventually
 
 
 @dataclass
@@ -44,18 +45,6 @@ class KindCluster:
 
     def workers(self) -> list[str]:
         return sorted(n for n in self.cluster.nodes() if "control-plane" not in n)
-
-
-def wait_for(what: str, probe: Callable[[], Any], timeout: float = 120, interval: float = 0.5) -> Any:
-    """Polls until probe() returns something truthy; fails with the last value seen."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last seen: {last!r})")
 
 
 @contextmanager
@@ -128,12 +117,13 @@ def scratch_namespace(kc: KindCluster) -> Iterator[str]:
     kc.kubectl("create", "namespace", name)
     try:
         # Admission refuses pods until kcm has made the namespace's default ServiceAccount.
-        deadline = time.monotonic() + 60
-        while "serviceaccount/default" not in kc.kubectl(
-            "-n", name, "get", "serviceaccounts", "-o", "name", check=False
-        ):
-            assert time.monotonic() < deadline, f"kcm never made serviceaccount {name}/default"
-            time.sleep(0.5)
+        eventually(
+            f"kcm to make serviceaccount {name}/default",
+            lambda: kc.kubectl("-n", name, "get", "serviceaccounts", "-o", "name", check=False),
+            60,
+            0.5,
+            satisfied=lambda accounts: "serviceaccount/default" in accounts,
+        )
         yield name
     finally:
         kc.kubectl("delete", "namespace", name, "--wait=true", "--timeout=180s", check=False, timeout=200)

@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 
 from localstack import kind
+from tests.support.waits import consistently, eventually
 
-from .conftest import KindCluster, wait_for
+from .conftest import KindCluster
 from .workloads import SLEEP, WRITE, attachments, claim, host_loops, node_mounts, pod, volume_of, wait_ready
 
 DRIVER = "loop.csi.kubeloop.dev"
@@ -78,9 +79,12 @@ def test_volume_follows_its_pod_across_nodes_then_is_deleted(
     kc.apply(pod(ns, "reader", "data", second, SLEEP))
     wait_ready(kc, ns, "reader")
     kc.kubectl("exec", "-n", ns, "reader", "--", "sha256sum", "-c", "/data/blob.sha")
-    wait_for(
+    eventually(
         "the attachment to the first node to go",
-        lambda: [va["spec"]["nodeName"] for va in attachments(kc, name)] == [second],
+        lambda: [va["spec"]["nodeName"] for va in attachments(kc, name)],
+        120,
+        0.5,
+        satisfied=lambda nodes: nodes == [second],
     )
     assert not [m for m in node_mounts(kc, first) if name in m or f"/csi/{DRIVER}/" in m]
     assert len(host_loops(handle)) == 1
@@ -88,8 +92,8 @@ def test_volume_follows_its_pod_across_nodes_then_is_deleted(
     # Delete: unmounted, detached, the PV and its backing file gone.
     kc.kubectl("delete", "pod", "-n", ns, "reader", "--wait=true", "--timeout=120s", timeout=150)
     kc.kubectl("delete", "pvc", "-n", ns, "data", "--wait=true", "--timeout=120s", timeout=150)
-    wait_for("the PV to be deleted", lambda: name not in kc.kubectl("get", "pv", "-o", "name"))
-    wait_for("the attachment to go", lambda: not attachments(kc, name))
+    eventually("the PV to be deleted", lambda: name not in kc.kubectl("get", "pv", "-o", "name"), 120, 0.5)
+    eventually("the attachment to go", lambda: not attachments(kc, name), 120, 0.5)
     assert not (kind.SHARED_DIR / "pool" / "volumes" / f"{handle}.img").exists()
     assert not [m for m in node_mounts(kc, second) if name in m or f"/csi/{DRIVER}/" in m]
     assert not host_loops(handle)
@@ -101,8 +105,13 @@ def test_wait_for_first_consumer_provisions_on_the_scheduled_node(
     kc, ns = kind_cluster, namespace
     target = kc.workers()[1]
     kc.apply(claim(ns, "late", storage_class="kubeloop-wffc"))
-    time.sleep(2)
-    assert kc.get("pvc", "-n", ns, "late")["status"]["phase"] == "Pending"
+    consistently(
+        "the WaitForFirstConsumer claim Pending while no pod uses it",
+        lambda: kc.get("pvc", "-n", ns, "late").get("status", {}).get("phase"),
+        2,
+        0.5,
+        satisfied=lambda phase: phase == "Pending",
+    )
     kc.apply(pod(ns, "consumer", "late", target, SLEEP))
     wait_ready(kc, ns, "consumer")
     pvc = kc.get("pvc", "-n", ns, "late")
@@ -116,8 +125,11 @@ def test_wait_for_first_consumer_provisions_on_the_scheduled_node(
     assert nodes[0] == target and set(nodes) <= set(kc.workers()), nodes
     kc.kubectl("delete", "pod", "-n", ns, "consumer", "--wait=true", "--timeout=120s", timeout=150)
     kc.kubectl("delete", "pvc", "-n", ns, "late", "--wait=true", "--timeout=120s", timeout=150)
-    wait_for(
-        "the PV to be deleted", lambda: pv["metadata"]["name"] not in kc.kubectl("get", "pv", "-o", "name")
+    eventually(
+        "the PV to be deleted",
+        lambda: pv["metadata"]["name"] not in kc.kubectl("get", "pv", "-o", "name"),
+        120,
+        0.5,
     )
 
 
@@ -153,13 +165,16 @@ def test_online_expansion_through_the_real_kubelet(kind_cluster: KindCluster, na
             "patch", "pvc", "-n", ns, "grow", "-p", '{"spec":{"resources":{"requests":{"storage":"768Mi"}}}}'
         )
 
-        def grown() -> bool:
-            pvc = kc.get("pvc", "-n", ns, "grow")
-            return pvc["status"].get("capacity", {}).get("storage") == "768Mi" and not pvc["status"].get(
-                "conditions"
-            )
+        def grown(status: dict[str, Any]) -> bool:
+            return status.get("capacity", {}).get("storage") == "768Mi" and not status.get("conditions")
 
-        wait_for("the claim to report 768Mi with no resize condition", grown, timeout=180)
+        eventually(
+            "the claim to report 768Mi with no resize condition",
+            lambda: kc.get("pvc", "-n", ns, "grow")["status"],
+            180,
+            0.5,
+            satisfied=grown,
+        )
         kc.figures["online_expansion_s"] = time.monotonic() - start
         after = size_kib()
         assert after > before + 200 * 1024, (before, after)

@@ -10,8 +10,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from services.node_agent.volume_stats import ClaimRef, VolumeStats, VolumeStatsCollector
+from tests.support.waits import eventually
 
-from .conftest import KindCluster, wait_for
+from .conftest import KindCluster
 from .workloads import WRITE, claim, pod, wait_ready
 
 pytestmark = pytest.mark.root
@@ -42,7 +43,7 @@ def test_the_real_kubelets_volume_metrics_are_the_node_agents(
         used = [v for labels, v in found.get(PREFIX + "used_bytes", ("", "", []))[2] if labels == mine]
         return found if used and used[0] >= 4 << 20 else None
 
-    real = wait_for("kubelet to report the 4 MiB the pod wrote", kubelets, timeout=90, interval=2)
+    real = eventually("kubelet to report the 4 MiB the pod wrote", kubelets, 90, 2)
     registry = CollectorRegistry()
     collector = VolumeStatsCollector()
     collector.replace({ClaimRef(ns, "data"): VolumeStats(1, 1, 1, 1, 1, 1, abnormal=False)})

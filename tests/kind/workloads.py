@@ -8,8 +8,9 @@ from typing import Any
 
 from controller_runtime.toolchain import Toolchain
 from localstack import kind
+from tests.support.waits import eventually
 
-from .conftest import KindCluster, wait_for
+from .conftest import KindCluster
 
 
 def claim(ns: str, name: str, size: str = "64Mi", storage_class: str = "kubeloop") -> str:
@@ -67,10 +68,12 @@ spec:
   volumeSnapshotClassName: kubeloop
   source: {{persistentVolumeClaimName: {claim_name}}}
 """)
-    wait_for(
+    eventually(
         f"snapshot {name} to be ready",
-        lambda: kc.get("volumesnapshot", "-n", ns, name).get("status", {}).get("readyToUse"),
-        timeout=timeout,
+        lambda: kc.get("volumesnapshot", "-n", ns, name).get("status", {}),
+        timeout,
+        0.5,
+        satisfied=lambda status: status.get("readyToUse"),
     )
     content = kc.get("volumesnapshot", "-n", ns, name)["status"]["boundVolumeSnapshotContentName"]
     return kc.get("volumesnapshotcontent", content)

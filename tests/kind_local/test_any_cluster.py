@@ -26,8 +26,9 @@ import yaml
 
 from controller_runtime.toolchain import REPO_ROOT
 from localstack import kind
+from tests.support.waits import eventually, no_problems
 
-from ..kind.conftest import KindCluster, scratch_namespace, wait_for
+from ..kind.conftest import KindCluster, scratch_namespace
 from ..kind.workloads import CHECK, WRITE, attachments, claim, pod, take_snapshot, volume_of, wait_ready
 
 pytestmark = pytest.mark.root
@@ -184,24 +185,33 @@ def upgrade_under_a_writer(
     kc.apply(writer_pod(ns, "writer", "live"))
     wait_ready(kc, ns, "writer")
     node = kc.get("pod", "-n", ns, "writer")["spec"]["nodeName"]
-    wait_for("the writer's first writes", lambda: writes(kc, ns, "writer") >= 5)
+    eventually(
+        "the writer's first writes", partial(writes, kc, ns, "writer"), 120, 0.5, satisfied=lambda n: n >= 5
+    )
     before = node_plugin(kc, node)["metadata"]["uid"]
     helm(kc, "upgrade", kind.HELM_RELEASE, str(kind.HELM_CHART), *values, "--set", "logLevel=3",
          "--wait", "--timeout=5m")  # fmt: skip
-    wait_for(
+    eventually(
         f"a new node plugin on {node}",
         lambda: (p := node_plugin(kc, node)) and p["metadata"]["uid"] != before and ready(p),
-        timeout=240,
+        240,
+        0.5,
     )
     upgraded_at = writes(kc, ns, "writer")
-    wait_for("writes after the upgrade", lambda: writes(kc, ns, "writer") >= upgraded_at + 10, timeout=120)
+    eventually(
+        "writes after the upgrade",
+        partial(writes, kc, ns, "writer"),
+        120,
+        0.5,
+        satisfied=lambda n: n >= upgraded_at + 10,
+    )
     kc.kubectl("exec", "-n", ns, "writer", "--", "touch", "/data/stop")
-    phase = wait_for(
+    phase = eventually(
         "the writer to stop and check its data",
-        lambda: (
-            kc.get("pod", "-n", ns, "writer")["status"]["phase"] in ("Succeeded", "Failed")
-            and kc.get("pod", "-n", ns, "writer")["status"]["phase"]
-        ),
+        lambda: kc.get("pod", "-n", ns, "writer")["status"]["phase"],
+        120,
+        0.5,
+        satisfied=lambda phase: phase in ("Succeeded", "Failed"),
     )
     said = kc.kubectl("logs", "-n", ns, "writer")
     assert phase == "Succeeded", f"the writer ended {phase}: {said}"
@@ -218,7 +228,7 @@ def wait_no_volume_of_claim(kc: KindCluster, ns: str, claim_name: str) -> None:
             and pv["spec"]["claimRef"].get("namespace") == ns
         ]
 
-    wait_for(f"the volume of {ns}/{claim_name} to be deleted", gone, timeout=120)
+    eventually(f"the volume of {ns}/{claim_name} to be deleted", gone, 120, 0.5)
 
 
 def helm_test(kc: KindCluster) -> None:
@@ -244,9 +254,11 @@ def test_kcm_binds_node_local_volumes_with_kubelet_elsewhere(
         flags = kc.node_exec(node, "cat", "/var/lib/kubelet/kubeadm-flags.env")
         assert f"--root-dir={kind.ELSEWHERE_KUBELET_DIR}" in flags, flags
         # The registrar has no readiness probe: its pod is Ready before its socket is made.
-        wait_for(
+        eventually(
             f"the registrar's socket in {node}'s {kind.ELSEWHERE_KUBELET_DIR}/plugins_registry",
             partial(registered, kc, node),
+            120,
+            0.5,
         )
     workloads = kc.kubectl("get", "deployments", "-n", "kube-system", "-o", "name").split()
     assert not [w for w in workloads if w.split("/", 1)[1] in KUBELOOP_CONTROLLERS], workloads
@@ -287,13 +299,14 @@ def test_uninstall_keeps_the_volumes_and_a_new_install_serves_them(
 
     helm(kc, "uninstall", kind.HELM_RELEASE, "--wait", "--timeout=5m")
     # The garbage collector deletes the workloads' pods after them.
-    wait_for(
+    eventually(
         "kubeloop's pods to go",
-        lambda: (
-            not kc.kubectl(
-                "get", "pods", "-n", "kube-system", "-l", "app.kubernetes.io/name=kubeloop", "-o", "name"
-            )
+        lambda: kc.kubectl(
+            "get", "pods", "-n", "kube-system", "-l", "app.kubernetes.io/name=kubeloop", "-o", "name"
         ),
+        120,
+        0.5,
+        satisfied=no_problems,
     )
     assert kc.get("pv", pv["metadata"]["name"])["status"]["phase"] == "Bound"
     assert (kc.cluster.pool_dir(node) / "volumes" / f"{handle}.img").exists()
@@ -308,10 +321,12 @@ def test_uninstall_keeps_the_volumes_and_a_new_install_serves_them(
 def no_volumes_left(kc: KindCluster) -> None:
     """Waits until the release has deleted (and detached) every volume of the claims the tests
     deleted: a release uninstalled before then would leave them to a driver of the other mode."""
-    wait_for(
+    eventually(
         "every PV and VolumeAttachment to go",
-        lambda: not kc.kubectl("get", "pv,volumeattachments", "-o", "name").split(),
-        timeout=180,
+        lambda: kc.kubectl("get", "pv,volumeattachments", "-o", "name").split(),
+        180,
+        0.5,
+        satisfied=no_problems,
     )
 
 
@@ -369,10 +384,12 @@ def test_shared_mode_next_to_kcm(shared_release: KindCluster, shared_namespace: 
     kc.kubectl("delete", "pod", "-n", ns, "app", "--wait=true", "--timeout=120s", timeout=150)
     kc.apply(pod(ns, "grown", "imm", None, CHECK))
     wait_ready(kc, ns, "grown")
-    wait_for(
+    eventually(
         "the claim's capacity to reach 128Mi",
-        lambda: kc.get("pvc", "-n", ns, "imm")["status"].get("capacity", {}).get("storage") == "128Mi",
-        timeout=180,
+        lambda: kc.get("pvc", "-n", ns, "imm")["status"].get("capacity", {}).get("storage"),
+        180,
+        0.5,
+        satisfied=lambda capacity: capacity == "128Mi",
     )
     take_snapshot(kc, ns, "snap", "imm", timeout=180)
     restored = claim(ns, "restored", size="128Mi", storage_class="kubeloop")
@@ -418,10 +435,12 @@ def grow(kc: KindCluster, ns: str, name: str, size: str) -> None:
     ControllerExpandVolume; the filesystem follows at kubelet's next NodeExpandVolume)."""
     patch = json.dumps({"spec": {"resources": {"requests": {"storage": size}}}})
     kc.kubectl("patch", "pvc", "-n", ns, name, "--type=merge", "-p", patch)
-    wait_for(
+    eventually(
         f"claim {name}'s volume to reach {size}",
-        lambda: volume_of(kc, ns, name)["spec"]["capacity"]["storage"] == size,
-        timeout=180,
+        lambda: volume_of(kc, ns, name)["spec"]["capacity"]["storage"],
+        180,
+        0.5,
+        satisfied=lambda capacity: capacity == size,
     )
 
 
@@ -479,9 +498,11 @@ def test_kubeloops_controllers_deployed_by_mistake_stand_down(
             if all(reports(kc, d, line) for d, line in lines.items()):
                 break
         for deployment, kcm_controller in KUBELOOP_CONTROLLERS.items():
-            wait_for(
+            eventually(
                 f"{deployment} to report kcm's {kcm_controller}",
                 partial(reports, kc, deployment, lines[deployment]),
+                120,
+                0.5,
             )
             logs = kc.kubectl("logs", "-n", "kube-system", f"deploy/{deployment}")
             assert "standing down" in logs and f"--controllers=*,-{kcm_controller}" in logs, logs[-2000:]
@@ -491,14 +512,14 @@ def test_kubeloops_controllers_deployed_by_mistake_stand_down(
             events = kc.get("events", "-A", "--field-selector", "reason=KubeControllerManagerActive")["items"]
             return {e["source"].get("component", "") for e in events if e["type"] == "Warning"}
 
-        assert (
-            len(
-                wait_for(
-                    "three Warnings KubeControllerManagerActive", lambda: len(warned()) >= 3 and warned()
-                )
-            )
-            == 3
+        components = eventually(
+            "three Warnings KubeControllerManagerActive",
+            warned,
+            120,
+            0.5,
+            satisfied=lambda found: len(found) >= 3,
         )
+        assert len(components) == 3, components
         raced = [w for c in canaries for w in kubeloop_writes(kc, ns, c)]
         print(f"stood down {took:.1f} s after the first of {len(canaries)} claims; their writes: {raced}")
         grown_claim(kc, ns, "second", "96Mi")

@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from localstack import kind
+from tests.support.waits import consistently, eventually
 
-from ..kind.conftest import KindCluster, wait_for
+from ..kind.conftest import KindCluster
 from ..kind.workloads import (
     CHECK,
     SLEEP,
@@ -26,25 +26,16 @@ from ..kind.workloads import (
     volume_of,
     wait_ready,
 )
+from .placement import TOPOLOGY_KEY, pinned_nodes, pools
 
 DRIVER = "loop.csi.kubeloop.dev"
-TOPOLOGY_KEY = "topology.loop.csi.kubeloop.dev/node"
 WFFC = "kubeloop-wffc"
 pytestmark = pytest.mark.root
-
-
-def pools(kc: KindCluster) -> dict[str, Path]:
-    return {node: kc.cluster.pool_dir(node) for node in kc.workers()}
 
 
 def backing_files(kc: KindCluster, handle: str) -> dict[str, bool]:
     """Whether each worker's own host directory holds the volume's backing file."""
     return {node: (pool / "volumes" / f"{handle}.img").exists() for node, pool in pools(kc).items()}
-
-
-def pinned_nodes(pv: dict[str, Any]) -> list[str]:
-    terms = pv["spec"]["nodeAffinity"]["required"]["nodeSelectorTerms"]
-    return [v for t in terms for e in t["matchExpressions"] if e["key"] == TOPOLOGY_KEY for v in e["values"]]
 
 
 def node_of(kc: KindCluster, ns: str, pod_name: str) -> str:
@@ -97,8 +88,12 @@ def test_every_worker_runs_the_whole_driver_and_publishes_its_capacity(local_clu
             if c["storageClassName"] == WFFC
         }
 
-    seen = wait_for(
-        "a CSIStorageCapacity of kubeloop-wffc per worker", lambda: len(capacities()) == 3 and capacities()
+    seen = eventually(
+        "a CSIStorageCapacity of kubeloop-wffc per worker",
+        capacities,
+        120,
+        0.5,
+        satisfied=lambda by_node: len(by_node) == 3,
     )
     assert sorted(seen) == kc.workers(), seen
 
@@ -116,9 +111,11 @@ def test_wait_for_first_consumer_volume_lives_on_the_scheduled_node_only(
         == node
     )
     pv = assert_lives_on(kc, ns, "data", node)
-    wait_for(
+    eventually(
         "the data written",
         lambda: "blob" in kc.kubectl("exec", "-n", ns, "writer", "--", "cat", "/data/blob.sha"),
+        120,
+        0.5,
     )
     # A new pod, placed by the scheduler alone, goes where the volume is and reads the data back.
     delete_and_wait(kc, ns, "pod/writer")
@@ -128,7 +125,9 @@ def test_wait_for_first_consumer_volume_lives_on_the_scheduled_node_only(
     assert attachments(kc, pv["metadata"]["name"]) == []
     delete_and_wait(kc, ns, "pod/reader", "pvc/data")
     handle = pv["spec"]["csi"]["volumeHandle"]
-    wait_for("the backing file to be deleted", lambda: not any(backing_files(kc, handle).values()))
+    eventually(
+        "the backing file to be deleted", lambda: not any(backing_files(kc, handle).values()), 120, 0.5
+    )
 
 
 def scheduling_messages(kc: KindCluster, ns: str, pod_name: str) -> list[str]:
@@ -154,8 +153,12 @@ def test_scheduler_places_pods_by_each_nodes_free_capacity(
                 return str(c.get("capacity", ""))
         return ""
 
-    wait_for(
-        f"{full}'s capacity to drop below 400Mi", lambda: reported(full) not in ("", "1Gi") and reported(full)
+    eventually(
+        f"{full}'s capacity to drop below 400Mi",
+        lambda: reported(full),
+        120,
+        0.5,
+        satisfied=lambda capacity: capacity not in ("", "1Gi"),
     )
     for round_ in range(3):
         name = f"fits-{round_}"
@@ -169,12 +172,17 @@ def test_scheduler_places_pods_by_each_nodes_free_capacity(
     # No node can hold 8Gi: the pod stays Pending with the scheduler's message, and no volume is made.
     kc.apply(claim(ns, "huge", size="8Gi", storage_class=WFFC))
     kc.apply(pod(ns, "waiting", "huge", None, SLEEP))
-    messages = wait_for(
-        "the scheduler's storage capacity message", lambda: scheduling_messages(kc, ns, "waiting"), timeout=90
+    messages = eventually(
+        "the scheduler's storage capacity message", lambda: scheduling_messages(kc, ns, "waiting"), 90, 0.5
     )
     assert any("did not have enough free storage" in m for m in messages), messages
-    time.sleep(5)
-    assert kc.get("pod", "-n", ns, "waiting")["status"]["phase"] == "Pending"
+    consistently(
+        "the pod no node has room for Pending",
+        lambda: kc.get("pod", "-n", ns, "waiting").get("status", {}).get("phase"),
+        5,
+        0.5,
+        satisfied=lambda phase: phase == "Pending",
+    )
     huge = kc.get("pvc", "-n", ns, "huge")
     assert huge["status"]["phase"] == "Pending" and not huge["spec"].get("volumeName")
     assert "selected-node" not in json.dumps(huge["metadata"].get("annotations", {}))
@@ -202,9 +210,11 @@ def test_snapshot_restore_and_clone_land_on_the_source_node(
     kc.apply(pod(ns, "writer", "source", None, WRITE))
     wait_ready(kc, ns, "writer")
     node = node_of(kc, ns, "writer")
-    wait_for(
+    eventually(
         "the data written",
         lambda: "blob" in kc.kubectl("exec", "-n", ns, "writer", "--", "cat", "/data/blob.sha"),
+        120,
+        0.5,
     )
     kc.kubectl("exec", "-n", ns, "writer", "--", "sync")
     content = take_snapshot(kc, ns, "snap", "source")
@@ -257,13 +267,16 @@ def test_expansion_of_a_node_local_volume(local_cluster: KindCluster, namespace:
             "patch", "pvc", "-n", ns, "grow", "-p", '{"spec":{"resources":{"requests":{"storage":"512Mi"}}}}'
         )
 
-        def grown() -> bool:
-            pvc = kc.get("pvc", "-n", ns, "grow")
-            return pvc["status"].get("capacity", {}).get("storage") == "512Mi" and not pvc["status"].get(
-                "conditions"
-            )
+        def grown(status: dict[str, Any]) -> bool:
+            return status.get("capacity", {}).get("storage") == "512Mi" and not status.get("conditions")
 
-        wait_for("the claim to report 512Mi with no resize condition", grown, timeout=180)
+        eventually(
+            "the claim to report 512Mi with no resize condition",
+            lambda: kc.get("pvc", "-n", ns, "grow")["status"],
+            180,
+            0.5,
+            satisfied=grown,
+        )
         kc.figures["node_local_expansion_s"] = time.monotonic() - start
         assert size_kib() > before + 100 * 1024
         pv = assert_lives_on(kc, ns, "grow", node)

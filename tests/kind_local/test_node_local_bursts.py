@@ -13,10 +13,11 @@ from typing import Any
 import pytest
 
 from localstack import kind
+from tests.support.waits import eventually, no_problems
 
-from ..kind.conftest import KindCluster, wait_for
+from ..kind.conftest import KindCluster
 from ..kind.workloads import claim
-from .test_node_local import pinned_nodes, pools
+from .placement import pinned_nodes, pools
 
 IMMEDIATE = "kubeloop"
 pytestmark = pytest.mark.root
@@ -38,7 +39,7 @@ def bound_volumes(kc: KindCluster, ns: str, names: list[str]) -> dict[str, dict[
         done = [n for n in names if claims.get(n, {}).get("status", {}).get("phase") == "Bound"]
         return [claims[n]["spec"]["volumeName"] for n in names] if len(done) == len(names) else None
 
-    wait_for(f"{len(names)} claims Bound", all_bound, timeout=300, interval=2)
+    eventually(f"{len(names)} claims Bound", all_bound, 300, 2)
     volumes = {pv["metadata"]["name"]: pv for pv in kc.get("pv")["items"]}
     claims = {c["metadata"]["name"]: c for c in kc.get("pvc", "-n", ns)["items"]}
     return {n: volumes[claims[n]["spec"]["volumeName"]] for n in names}
@@ -92,7 +93,13 @@ def test_twenty_immediate_claims_are_each_provisioned_once_on_one_node(
     handles = {pv["spec"]["csi"]["volumeHandle"] for pv in pvs.values()}
     assert len(handles) == 20
     delete_all(kc, ns, names)
-    wait_for("the backing files removed", lambda: not handles & set().union(*pool_files(kc).values()))
+    eventually(
+        "the backing files removed",
+        lambda: handles & set().union(*pool_files(kc).values()),
+        120,
+        0.5,
+        satisfied=no_problems,
+    )
 
 
 def test_a_burst_survives_a_killed_provisioner_and_plugin(local_cluster: KindCluster, namespace: str) -> None:
@@ -101,7 +108,7 @@ def test_a_burst_survives_a_killed_provisioner_and_plugin(local_cluster: KindClu
     names = [f"burst-{i:02d}" for i in range(30)]
     kc.apply("---".join(claim(ns, n, size="32Mi", storage_class=IMMEDIATE) for n in names))
     # Mid-burst: one node's provisioner and another node's plugin die with SIGKILL.
-    wait_for("the first volumes made", lambda: any(pool_files(kc).values()), timeout=120)
+    eventually("the first volumes made", lambda: any(pool_files(kc).values()), 120, 0.5)
     kill_in(first, "kubeloop-external-provisioner")
     kill_in(second, "kubeloop-csi-driver")
     pvs = bound_volumes(kc, ns, names)
@@ -112,5 +119,5 @@ def test_a_burst_survives_a_killed_provisioner_and_plugin(local_cluster: KindClu
     def leftovers() -> set[str]:
         return handles & set().union(*pool_files(kc).values())
 
-    wait_for("every backing file removed", lambda: not leftovers(), timeout=180)
+    eventually("every backing file removed", leftovers, 180, 0.5, satisfied=no_problems)
     assert all(Path(p).is_dir() for p in pools(kc).values())

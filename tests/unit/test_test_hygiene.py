@@ -24,10 +24,7 @@ import pytest
 from controller_runtime.toolchain import REPO_ROOT
 
 TESTS = REPO_ROOT / "tests"
-# tests/kind and tests/kind_local move to tests.support.waits next (another change is rewriting
-# them); until then they keep their own waits.
-NOT_YET = ("kind", "kind_local")
-EXEMPT = ("support", *NOT_YET)
+EXEMPT = ("support",)
 AFTER_A_SLEEP = 2  # statements after a sleep in which an assert counts as its look
 
 
