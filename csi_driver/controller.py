@@ -104,6 +104,8 @@ class ControllerConfig:
     # --node-local: the pool is local_node_id's alone, so are the volumes made in it (their
     # topology is that node only) and the sources a clone or restore can copy.
     node_local: bool = False
+    # The key of the topology segments it reads and writes (follows --drivername).
+    topology_key: str = TOPOLOGY_KEY
 
 
 def _timestamp(seconds: float) -> Timestamp:
@@ -331,22 +333,23 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
         A node-local pool is its node's alone: the volume is accessible from that node only."""
         reqs = checked_requirements(req)
         if self.config.node_local:
-            return local_topology(reqs, self.config.local_node_id)
+            return local_topology(reqs, self.config.local_node_id, self.config.topology_key)
         if reqs is None:
             return []
+        key = self.config.topology_key
         named: list[str] = []
         for segment in [*reqs.preferred, *reqs.requisite]:
-            node = segment.segments.get(TOPOLOGY_KEY)
+            node = segment.segments.get(key)
             if node and node not in named:
                 named.append(node)
         reachable = [n for n in named if self.state.known_node(n) is not None]
         if reachable:
-            return [{TOPOLOGY_KEY: n} for n in reachable]
+            return [{key: n} for n in reachable]
         if named:
             # No node plugin has announced itself yet: keep the preferred node, as a local volume.
-            return [{TOPOLOGY_KEY: named[0]}]
+            return [{key: named[0]}]
         if reqs.requisite:
-            raise exhausted(f"no requisite topology segment names a node with key {TOPOLOGY_KEY}")
+            raise exhausted(f"no requisite topology segment names a node with key {key}")
         return []
 
     def _csi_volume(self, vol: VolumeRecord) -> csi_pb2.Volume:
@@ -593,10 +596,11 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
                 raise not_found(
                     f"node {node_id} is unknown: no node plugin with that --node-id uses this pool"
                 )
-            if vol.topology and all(t.get(TOPOLOGY_KEY) != node_id for t in vol.topology):
+            key = self.config.topology_key
+            if vol.topology and all(t.get(key) != node_id for t in vol.topology):
                 raise failed_precondition(
                     f"volume {volume_id} is only accessible from nodes "
-                    f"{', '.join(t.get(TOPOLOGY_KEY, '?') for t in vol.topology)}"
+                    f"{', '.join(t.get(key, '?') for t in vol.topology)}"
                 )
             readonly = req.readonly
             existing = vol.published.get(node_id)
@@ -740,7 +744,11 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
         """Whether a GetCapacity asks about a topology segment this node-local pool does not serve
         (no segment, or an empty one, asks about the pool itself)."""
         segment = req.accessible_topology.segments
-        return self.config.node_local and bool(segment) and not names_node(segment, self.config.local_node_id)
+        return (
+            self.config.node_local
+            and bool(segment)
+            and not names_node(segment, self.config.local_node_id, self.config.topology_key)
+        )
 
     async def ControllerGetCapabilities(
         self, req: csi_pb2.ControllerGetCapabilitiesRequest, _: grpc.aio.ServicerContext

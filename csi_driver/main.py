@@ -21,6 +21,7 @@ import grpc
 from prometheus_client import REGISTRY
 
 from controller_runtime import process
+from controller_runtime.driver_names import topology_key
 from controller_runtime.health import HealthServer
 from controller_runtime.logs import get_logger
 from controller_runtime.plugin_registration import RegistrationServer
@@ -269,6 +270,7 @@ async def _serve(
                 capacity=args.capacity,
                 local_node_id=args.node_id if node_mode else "",
                 node_local=args.node_local,
+                topology_key=topology_key(args.drivername),
             ),
         )
         await controller.reconcile()
@@ -290,6 +292,7 @@ async def _serve(
                 node_local=args.node_local,
                 max_volume_size=args.max_volume_size,
                 driver_name=args.drivername,
+                topology_key=topology_key(args.drivername),
             ),
         )
         await node.reconcile()

@@ -67,6 +67,7 @@ class NodeConfig:
     max_volume_size: int = 1 << 40
     # --drivername: inline volumes are staged under kubelet's plugins/<name>/, the plugin's own.
     driver_name: str = DRIVER_NAME
+    topology_key: str = TOPOLOGY_KEY  # what NodeGetInfo reports (follows --drivername)
 
 
 def _restage_mismatch(rec: StagingRecord, cap: Capability) -> str | None:
@@ -822,5 +823,5 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
         return csi_pb2.NodeGetInfoResponse(
             node_id=self.config.node_id,
             max_volumes_per_node=self.config.max_volumes_per_node,
-            accessible_topology=csi_pb2.Topology(segments={TOPOLOGY_KEY: self.config.node_id}),
+            accessible_topology=csi_pb2.Topology(segments={self.config.topology_key: self.config.node_id}),
         )

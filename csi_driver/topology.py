@@ -11,16 +11,17 @@ from . import TOPOLOGY_KEY
 from .errors import exhausted, invalid
 
 
-def node_segment(node_id: str) -> dict[str, str]:
-    """The one topology segment of a node: what NodeGetInfo reports and node-local volumes carry."""
-    return {TOPOLOGY_KEY: node_id}
+def node_segment(node_id: str, key: str = TOPOLOGY_KEY) -> dict[str, str]:
+    """The one topology segment of a node: what NodeGetInfo reports and node-local volumes carry
+    (`key`: the driver's topology key, controller_runtime.driver_names.topology_key)."""
+    return {key: node_id}
 
 
-def names_node(segment: Mapping[str, str], node_id: str) -> bool:
+def names_node(segment: Mapping[str, str], node_id: str, key: str = TOPOLOGY_KEY) -> bool:
     """Whether a topology segment is satisfied by the node: every key of the segment must hold on
     it, and the node has only its own key, so a segment with another key (or another node's name)
     is not this node's."""
-    return dict(segment) == node_segment(node_id)
+    return dict(segment) == node_segment(node_id, key)
 
 
 def checked_requirements(req: csi_pb2.CreateVolumeRequest) -> csi_pb2.TopologyRequirement | None:
@@ -39,16 +40,18 @@ def _described(segments: Sequence[csi_pb2.Topology]) -> str:
     return "; ".join(",".join(f"{k}={v}" for k, v in sorted(t.segments.items())) or "{}" for t in segments)
 
 
-def local_topology(reqs: csi_pb2.TopologyRequirement | None, node_id: str) -> list[dict[str, str]]:
+def local_topology(
+    reqs: csi_pb2.TopologyRequirement | None, node_id: str, key: str = TOPOLOGY_KEY
+) -> list[dict[str, str]]:
     """The topology of a volume made in a node-local pool: the node itself, and only it. The
     requisite segments (or, without any, the preferred ones) must include this node; otherwise the
     spec's RESOURCE_EXHAUSTED, "unable to provision in accessible_topology", which lets the
     external-provisioner reschedule a WaitForFirstConsumer claim to another node."""
     if reqs is not None:
         kind, allowed = ("requisite", reqs.requisite) if reqs.requisite else ("preferred", reqs.preferred)
-        if not any(names_node(t.segments, node_id) for t in allowed):
+        if not any(names_node(t.segments, node_id, key) for t in allowed):
             raise exhausted(
-                f"volumes of node {node_id} are node-local (accessible from {TOPOLOGY_KEY}={node_id} "
+                f"volumes of node {node_id} are node-local (accessible from {key}={node_id} "
                 f"only), and the {kind} topology excludes that node: {_described(allowed)[:500]}"
             )
-    return [node_segment(node_id)]
+    return [node_segment(node_id, key)]

@@ -2,7 +2,7 @@
 it can stand where a manifest written for another driver expects that driver's name (the kind test of
 upstream's storage-csi manifests runs it as hostpath.csi.k8s.io). Every place the name shows must
 then say the new one: GetPluginInfo, kubelet's registration, the operation metric's label, and the
-directory an inline volume is staged in."""
+directory an inline volume is staged in, and the topology key, which follows the name."""
 
 from __future__ import annotations
 
@@ -24,6 +24,12 @@ from .conftest import REPO, Client, Driver, stop_and_clean
 from .processes import free_port
 
 OTHER_NAME = "hostpath.csi.k8s.io"
+MOUNT = csi_pb2.VolumeCapability(
+    mount=csi_pb2.VolumeCapability.MountVolume(fs_type="ext4"),
+    access_mode=csi_pb2.VolumeCapability.AccessMode(
+        mode=csi_pb2.VolumeCapability.AccessMode.SINGLE_NODE_WRITER
+    ),
+)
 
 
 @pytest.fixture
@@ -51,6 +57,23 @@ def test_the_driver_answers_and_registers_under_the_name_it_is_given(renamed: tu
     try:
         info = client.identity.GetPluginInfo(csi_pb2.GetPluginInfoRequest(), timeout=5)
         assert info.name == OTHER_NAME
+        # Its topology key follows the name, so its nodes' labels tell them from kubeloop's own.
+        key = f"topology.{OTHER_NAME}/node"
+        node = client.node.NodeGetInfo(csi_pb2.NodeGetInfoRequest(), timeout=5)
+        assert dict(node.accessible_topology.segments) == {key: "node-a"}
+        made = client.controller.CreateVolume(
+            csi_pb2.CreateVolumeRequest(
+                name="pvc-renamed",
+                capacity_range=csi_pb2.CapacityRange(required_bytes=16 << 20),
+                volume_capabilities=[MOUNT],
+                accessibility_requirements=csi_pb2.TopologyRequirement(
+                    requisite=[csi_pb2.Topology(segments={key: "node-a"})]
+                ),
+            ),
+            timeout=60,
+        ).volume
+        assert [dict(t.segments) for t in made.accessible_topology] == [{key: "node-a"}]
+        client.controller.DeleteVolume(csi_pb2.DeleteVolumeRequest(volume_id=made.volume_id), timeout=60)
         # An inline volume, staged in the plugin's own directory under kubelet's, which carries its name.
         target = d.kubelet / "pods" / "p1" / "volumes" / "v"
         volume_id = "csi-0f3a9c"
@@ -58,12 +81,7 @@ def test_the_driver_answers_and_registers_under_the_name_it_is_given(renamed: tu
             csi_pb2.NodePublishVolumeRequest(
                 volume_id=volume_id,
                 target_path=str(target),
-                volume_capability=csi_pb2.VolumeCapability(
-                    mount=csi_pb2.VolumeCapability.MountVolume(fs_type="ext4"),
-                    access_mode=csi_pb2.VolumeCapability.AccessMode(
-                        mode=csi_pb2.VolumeCapability.AccessMode.SINGLE_NODE_WRITER
-                    ),
-                ),
+                volume_capability=MOUNT,
                 volume_context={"csi.storage.k8s.io/ephemeral": "true", "size": "16Mi"},
             ),
             timeout=60,
