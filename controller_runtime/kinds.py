@@ -1,15 +1,17 @@
 """Typed views of the API objects the controllers decide on: PersistentVolume, PersistentVolumeClaim,
-VolumeAttachment, Pod (its volume sources), Node, StorageClass and CSIDriver, as `TypedDict`s (kopf's
-typed bodies are the model). A view lists only the fields kubeloop reads, under the API's own
-names, all optional (`total=False`): an object from the API may omit any of them.
+VolumeAttachment, Pod (its volume sources), Node, StorageClass, CSIDriver, CSINode, VolumeSnapshot
+and VolumeSnapshotContent, as `TypedDict`s (kopf's typed bodies are the model). A view lists only
+the fields kubeloop reads, under the API's own names, all optional (`total=False`): an object from
+the API may omit any of them.
 
 A view is a type, not a copy: the informers keep handing out `resources.Obj` (a plain dict), and
 the code that decides converts it once where it enters, with the helper of its kind (`pv_view`,
-`pvc_view`, `pod_view`, `node_view`, `storage_class_view`, `csi_driver_view`,
-`volume_attachment_view`). The helper is `typing.cast`: no copy, no validation, no cost; what
-changes is that mypy checks every subscript read of a field against these declarations, so a
-misspelt `["spce"]` fails the lint. (mypy lets `.get` take any key, by PEP 589; the keys the typed
-modules read are checked against these declarations by `tests/unit/test_typed_views.py`.)
+`pvc_view`, `pod_view`, `node_view`, `storage_class_view`, `csi_driver_view`, `csi_node_view`,
+`volume_attachment_view`, `snapshot_view`, `snapshot_content_view`). The helper is `typing.cast`:
+no copy, no validation, no cost; what changes is that mypy checks every subscript read of a field
+against these declarations, so a misspelt `["spce"]` fails the lint. (mypy lets `.get` take any
+key, by PEP 589; the keys the typed modules read are checked against these declarations by
+`tests/unit/test_typed_views.py`.)
 """
 
 from __future__ import annotations
@@ -283,8 +285,20 @@ class Node(KubeObject, total=False):
 # -- storage.k8s.io/v1 -----------------------------------------------------------------------------
 
 
+class TopologySelectorLabelRequirement(TypedDict, total=False):
+    key: str
+    values: list[str]
+
+
+class TopologySelectorTerm(TypedDict, total=False):
+    """A term of a class's allowedTopologies."""
+
+    matchLabelExpressions: list[TopologySelectorLabelRequirement]
+
+
 class StorageClass(KubeObject, total=False):
     provisioner: str
+    allowedTopologies: list[TopologySelectorTerm]
     parameters: dict[str, str]
     reclaimPolicy: str
     volumeBindingMode: str
@@ -303,6 +317,21 @@ class CSIDriverSpec(TypedDict, total=False):
 
 class CSIDriver(KubeObject, total=False):
     spec: CSIDriverSpec
+
+
+class CSINodeDriver(TypedDict, total=False):
+    name: str
+    nodeID: str
+    topologyKeys: list[str]
+    allocatable: dict[str, int]
+
+
+class CSINodeSpec(TypedDict, total=False):
+    drivers: list[CSINodeDriver]
+
+
+class CSINode(KubeObject, total=False):
+    spec: CSINodeSpec
 
 
 class VolumeAttachmentSource(TypedDict, total=False):
@@ -333,6 +362,59 @@ class VolumeAttachment(KubeObject, total=False):
     status: VolumeAttachmentStatus
 
 
+# -- snapshot.storage.k8s.io/v1 --------------------------------------------------------------------
+
+
+class VolumeSnapshotSource(TypedDict, total=False):
+    persistentVolumeClaimName: str
+    volumeSnapshotContentName: str
+
+
+class VolumeSnapshotSpec(TypedDict, total=False):
+    source: VolumeSnapshotSource
+    volumeSnapshotClassName: str
+
+
+class VolumeSnapshotStatus(TypedDict, total=False):
+    boundVolumeSnapshotContentName: str
+    readyToUse: bool
+    restoreSize: str  # a quantity
+    creationTime: str
+    error: VolumeError
+
+
+class VolumeSnapshot(KubeObject, total=False):
+    spec: VolumeSnapshotSpec
+    status: VolumeSnapshotStatus
+
+
+class VolumeSnapshotContentSource(TypedDict, total=False):
+    volumeHandle: str
+    snapshotHandle: str
+
+
+class VolumeSnapshotContentSpec(TypedDict, total=False):
+    driver: str
+    deletionPolicy: str
+    source: VolumeSnapshotContentSource
+    sourceVolumeMode: str
+    volumeSnapshotClassName: str
+    volumeSnapshotRef: ObjectReference
+
+
+class VolumeSnapshotContentStatus(TypedDict, total=False):
+    snapshotHandle: str
+    readyToUse: bool
+    restoreSize: int  # bytes
+    creationTime: int  # nanoseconds since the epoch
+    error: VolumeError
+
+
+class VolumeSnapshotContent(KubeObject, total=False):
+    spec: VolumeSnapshotContentSpec
+    status: VolumeSnapshotContentStatus
+
+
 # -- the boundary: an informer's Obj seen as its kind (a cast: no copy, no validation) --------------
 
 
@@ -360,4 +442,7 @@ pod_view: Final = _View[Pod]()
 node_view: Final = _View[Node]()
 storage_class_view: Final = _View[StorageClass]()
 csi_driver_view: Final = _View[CSIDriver]()
+csi_node_view: Final = _View[CSINode]()
 volume_attachment_view: Final = _View[VolumeAttachment]()
+snapshot_view: Final = _View[VolumeSnapshot]()
+snapshot_content_view: Final = _View[VolumeSnapshotContent]()

@@ -21,6 +21,7 @@ from controller_runtime.client import ApiClient, ApiError
 from controller_runtime.csi_client import CSIConnection
 from controller_runtime.events import EventRecorder
 from controller_runtime.informer import EventHandler, SharedInformer
+from controller_runtime.kinds import StorageClass, as_obj, csi_node_view, node_view, storage_class_view
 from controller_runtime.logs import get_logger
 from controller_runtime.quantity import format_quantity
 from controller_runtime.resources import CSI_STORAGE_CAPACITIES, Obj
@@ -122,7 +123,7 @@ class CapacityPublisher:
 
     def _on_node_update(self, old: Obj, new: Obj) -> None:
         # Status updates are frequent and never change a segment; labels are what segments are made of.
-        if old["metadata"].get("labels") != new["metadata"].get("labels"):
+        if node_view(old)["metadata"].get("labels") != node_view(new)["metadata"].get("labels"):
             self._changed.set()
 
     def segments(self) -> list[Segment | None]:
@@ -134,23 +135,24 @@ class CapacityPublisher:
             return [dict(self.options.fixed_segment) or None]
         assert self.csinodes is not None and self.nodes is not None
         out: list[Segment | None] = []
-        for csinode in self.csinodes.store.values():
+        for obj in self.csinodes.store.values():
+            csinode = csi_node_view(obj)
             keys = driver_topology_keys(csinode, self.driver)
-            node = self.nodes.store.get(csinode["metadata"]["name"])
+            node = node_view(self.nodes.store.get(csinode["metadata"]["name"]))
             segment = node_segment(node, keys) if node is not None and keys else None
             if segment is not None and segment not in out:
                 out.append(segment)
         return out
 
-    def classes_to_publish(self) -> list[Obj]:
+    def classes_to_publish(self) -> list[StorageClass]:
         return [
             c
-            for c in self.classes.store.values()
+            for c in map(storage_class_view, self.classes.store.values())
             if c.get("provisioner") == self.driver
             and (self.options.immediate_binding or c.get("volumeBindingMode") == "WaitForFirstConsumer")
         ]
 
-    async def get_capacity(self, storage_class: Obj, segment: Segment | None) -> tuple[int, int]:
+    async def get_capacity(self, storage_class: StorageClass, segment: Segment | None) -> tuple[int, int]:
         params = {
             k: v
             for k, v in (storage_class.get("parameters") or {}).items()
@@ -225,7 +227,9 @@ class CapacityPublisher:
             await self._delete(obj)
         OBSOLETE.set(0)
 
-    def _refused(self, storage_class: Obj, segment: Segment | None, exc: grpc.aio.AioRpcError) -> None:
+    def _refused(
+        self, storage_class: StorageClass, segment: Segment | None, exc: grpc.aio.AioRpcError
+    ) -> None:
         """The driver refused the class's parameters (an unknown pool kind, say): without a
         capacity object the scheduler only tells the claim's pod "did not have enough free
         storage", so the cause goes on the class, where `kubectl describe storageclass` shows it.
@@ -234,7 +238,7 @@ class CapacityPublisher:
             return
         where = f" for {', '.join(f'{k}={v}' for k, v in sorted(segment.items()))}" if segment else ""
         self.recorder.warning(
-            storage_class,
+            as_obj(storage_class),
             names.REASON_CAPACITY_FAILED,
             f"GetCapacity{where} failed: {exc.details()}; no storage capacity is published for this class "
             "there, so the scheduler places none of its WaitForFirstConsumer claims there",

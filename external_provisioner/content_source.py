@@ -9,14 +9,20 @@ from dataclasses import dataclass
 
 from controller_runtime import storage
 from controller_runtime.client import ApiClient, ApiError
-from controller_runtime.kinds import pv_view, pvc_view
+from controller_runtime.kinds import (
+    PersistentVolumeClaim,
+    StorageClass,
+    pv_view,
+    pvc_view,
+    snapshot_content_view,
+    snapshot_view,
+)
 from controller_runtime.logs import get_logger
 from controller_runtime.quantity import parse_quantity
 from controller_runtime.resources import (
     PERSISTENT_VOLUMES,
     VOLUME_SNAPSHOT_CONTENTS,
     VOLUME_SNAPSHOTS,
-    Obj,
     key_of,
     object_key,
 )
@@ -39,7 +45,7 @@ class Content:
     mode_change_granted: bool = False
 
 
-def _claim_status(claim: Obj) -> str:
+def _claim_status(claim: PersistentVolumeClaim) -> str:
     """A claim's status as Go prints the struct with %v, for the one message that quotes it."""
     st = claim.get("status") or {}
     modes = " ".join(st.get("accessModes") or [])
@@ -57,7 +63,9 @@ class ContentSources:
         self.claims = claims
         self.prevent_mode_conversion = prevent_mode_conversion
 
-    async def content(self, claim: Obj, storage_class: Obj, source: DataSource) -> Content:
+    async def content(
+        self, claim: PersistentVolumeClaim, storage_class: StorageClass, source: DataSource
+    ) -> Content:
         try:
             if source.clone:
                 return Content(volume=await self._clone_source(claim, storage_class, source))
@@ -67,8 +75,10 @@ class ContentSources:
                 f"error getting handle for DataSource Type {source.kind} by Name {source.name}: {exc}"
             ) from exc
 
-    async def _clone_source(self, claim: Obj, storage_class: Obj, source: DataSource) -> str:
-        src = self.claims.get(object_key(source.namespace, source.name))
+    async def _clone_source(
+        self, claim: PersistentVolumeClaim, storage_class: StorageClass, source: DataSource
+    ) -> str:
+        src = pvc_view(self.claims.get(object_key(source.namespace, source.name)))
         if src is None:
             namespace = go_quote(claim["metadata"]["namespace"])
             raise ProvisionError(
@@ -97,7 +107,7 @@ class ContentSources:
         if not volume_name:
             raise ProvisionError(f"volume name is empty in source PVC {source.name}")
         try:
-            pv = await self.client.get(PERSISTENT_VOLUMES, volume_name)
+            pv = pv_view(await self.client.get(PERSISTENT_VOLUMES, volume_name))
         except ApiError as exc:
             log.warning("cannot read the source claim's volume", volume=volume_name, error=exc.message)
             raise ProvisionError("claim in dataSource not bound or invalid") from exc
@@ -112,14 +122,16 @@ class ContentSources:
         ):
             log.warning("the source claim's volume does not back it", volume=volume_name, claim=key_of(src))
             raise ProvisionError("claim in dataSource not bound or invalid")
-        if (problem := clone_mode_error(pvc_view(claim), pv_view(pv))) is not None:
+        if (problem := clone_mode_error(claim, pv)) is not None:
             raise ProvisionError(problem)
         return str(csi["volumeHandle"])
 
-    async def _snapshot_source(self, claim: Obj, storage_class: Obj, source: DataSource) -> Content:
+    async def _snapshot_source(
+        self, claim: PersistentVolumeClaim, storage_class: StorageClass, source: DataSource
+    ) -> Content:
         name = source.name
         try:
-            snap = await self.client.get(VOLUME_SNAPSHOTS, name, source.namespace)
+            snap = snapshot_view(await self.client.get(VOLUME_SNAPSHOTS, name, source.namespace))
         except ApiError as exc:
             raise ProvisionError(f"error getting snapshot {name} from api server: {exc.message}") from exc
         if is_deleting(snap) and names.SNAPSHOT_FINALIZER not in (snap["metadata"].get("finalizers") or []):
@@ -129,7 +141,7 @@ class ContentSources:
         if not content_name:
             raise ProvisionError(f"snapshot {name} not bound")
         try:
-            content = await self.client.get(VOLUME_SNAPSHOT_CONTENTS, content_name)
+            content = snapshot_content_view(await self.client.get(VOLUME_SNAPSHOT_CONTENTS, content_name))
         except ApiError as exc:
             raise ProvisionError(f"error getting snapshotcontent {content_name} for snapshot {name}") from exc
         ref, smd = content.get("spec", {}).get("volumeSnapshotRef") or {}, snap["metadata"]
@@ -159,7 +171,7 @@ class ContentSources:
                     f"requested volume size {want} is less than the size {have} "
                     f"for the source snapshot {name}"
                 )
-        problem = restore_mode_error(pvc_view(claim), content, prevent=self.prevent_mode_conversion)
+        problem = restore_mode_error(claim, content, prevent=self.prevent_mode_conversion)
         if problem is not None:
             raise ProvisionError(problem)
         return Content(snapshot=str(handle), mode_change_granted=mode_change_granted(content))

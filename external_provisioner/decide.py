@@ -15,8 +15,12 @@ from typing import Any
 
 from controller_runtime import node_affinity, storage
 from controller_runtime.goflags import parse_bool
-from controller_runtime.kinds import PersistentVolume, PersistentVolumeClaim, StorageClass
-from controller_runtime.resources import Obj
+from controller_runtime.kinds import (
+    PersistentVolume,
+    PersistentVolumeClaim,
+    StorageClass,
+    VolumeSnapshotContent,
+)
 from controller_runtime.storage import is_deleting, volume_class
 from kubeloop_grpc.csi import csi_pb2
 
@@ -260,7 +264,9 @@ def clone_mode_error(claim: PersistentVolumeClaim, source_pv: PersistentVolume) 
     return None
 
 
-def restore_mode_error(claim: PersistentVolumeClaim, content: Obj, *, prevent: bool) -> str | None:
+def restore_mode_error(
+    claim: PersistentVolumeClaim, content: VolumeSnapshotContent, *, prevent: bool
+) -> str | None:
     """Why a claim may not be restored from a VolumeSnapshotContent in another volume mode than the
     snapshotted volume's, else None: upstream's --prevent-volume-mode-conversion (on by default).
     The modes are compared only when both are set, as upstream does: a content without
@@ -288,7 +294,7 @@ def restore_mode_error(claim: PersistentVolumeClaim, content: Obj, *, prevent: b
     return None
 
 
-def mode_change_granted(content: Obj) -> bool:
+def mode_change_granted(content: VolumeSnapshotContent) -> bool:
     """Whether an admin allowed claims restored from this VolumeSnapshotContent another volume
     mode (its annotation reads true as Go's ParseBool reads it). kubeloop's provisioner passes the
     grant on to the driver, which refuses a mode change it is not told about (docs/contracts.md)."""
@@ -343,7 +349,12 @@ class NodeCheck(Enum):
 
 
 def node_check(
-    claim: Obj, storage_class: Obj, node_name: str, *, immediate_binding: bool, allowed_here: bool
+    claim: PersistentVolumeClaim,
+    storage_class: StorageClass,
+    node_name: str,
+    *,
+    immediate_binding: bool,
+    allowed_here: bool,
 ) -> NodeCheck:
     """Whether this node provisions the claim, ignores it, or tries to own it first. An Immediate
     claim is tried only with --node-deployment-immediate-binding and when the class's

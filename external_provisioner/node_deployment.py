@@ -23,8 +23,9 @@ from controller_runtime import storage
 from controller_runtime.client import ApiClient, ApiError
 from controller_runtime.clock import Clock
 from controller_runtime.csi_client import CSIConnection
+from controller_runtime.kinds import CSINode, Node, PersistentVolumeClaim, StorageClass, as_obj, pvc_view
 from controller_runtime.logs import get_logger
-from controller_runtime.resources import Obj, object_key
+from controller_runtime.resources import object_key
 from controller_runtime.storage import claim_request
 from controller_runtime.store import Store
 from controller_runtime.workqueue import ItemExponentialRateLimiter
@@ -61,17 +62,17 @@ class NodeDeployment:
     base_delay: float = 20.0
     max_delay: float = 60.0
 
-    def local_objects(self, driver: str) -> tuple[Obj, Obj]:
+    def local_objects(self, driver: str) -> tuple[CSINode, Node]:
         """The CSINode and Node the topology code sees, made from NodeGetInfo alone, as upstream
         does in node deployment: a provisioner on every node watching every Node object would
         load the API server for nothing, and only this node's segment is its to serve."""
-        csinode = {
+        csinode: CSINode = {
             "metadata": {"name": self.node_name},
             "spec": {
                 "drivers": [{"name": driver, "nodeID": self.node_id, "topologyKeys": sorted(self.segment)}]
             },
         }
-        node = {"metadata": {"name": self.node_name, "labels": dict(self.segment)}}
+        node: Node = {"metadata": {"name": self.node_name, "labels": dict(self.segment)}}
         return csinode, node
 
 
@@ -128,11 +129,11 @@ class OwnerElection:
     def forget(self, uid: str) -> None:
         self.delays.forget(uid)
 
-    def _taken(self, claim: Obj) -> tuple[bool, Obj]:
+    def _taken(self, claim: PersistentVolumeClaim) -> tuple[bool, PersistentVolumeClaim]:
         """The claim as cached now, and whether another node owns it. Raises when it is gone or
         was replaced (another UID under the same name): the sync's backoff looks again."""
         md = claim["metadata"]
-        current = self.claims.get(object_key(md["namespace"], md["name"]))
+        current = pvc_view(self.claims.get(object_key(md["namespace"], md["name"])))
         if current is None:
             raise ClaimChanged(f"PVC {object_key(md['namespace'], md['name'])}: PVC not found")
         if current["metadata"]["uid"] != md["uid"]:
@@ -140,7 +141,7 @@ class OwnerElection:
         selected = (current["metadata"].get("annotations") or {}).get(storage.ANN_SELECTED_NODE)
         return bool(selected) and selected != self.node.node_name, current
 
-    async def _wait(self, claim: Obj) -> tuple[bool, Obj]:
+    async def _wait(self, claim: PersistentVolumeClaim) -> tuple[bool, PersistentVolumeClaim]:
         """Sleeps this attempt's delay, looking at the cache every poll interval so a claim
         another node took ends the wait early."""
         uid = claim["metadata"]["uid"]
@@ -164,7 +165,11 @@ class OwnerElection:
                 return taken, current
 
     async def become_owner(
-        self, claim: Obj, storage_class: Obj, pv_name: str, topology: Topology | None
+        self,
+        claim: PersistentVolumeClaim,
+        storage_class: StorageClass,
+        pv_name: str,
+        topology: Topology | None,
     ) -> Ownership:
         """Tries to make this node the claim's selected node. `topology` is what CreateVolume
         would ask for from this node (None: no requirement), `pv_name` its volume's name."""
@@ -187,7 +192,7 @@ class OwnerElection:
             # An update of the claim read, as upstream's (a stale one is a conflict).
             try:
                 await update_claim_metadata(
-                    self.client, current, annotations={storage.ANN_SELECTED_NODE: self.node.node_name}
+                    self.client, as_obj(current), annotations={storage.ANN_SELECTED_NODE: self.node.node_name}
                 )
             except ApiError as exc:
                 if not exc.conflict:
@@ -201,7 +206,13 @@ class OwnerElection:
             log.info("selected this node for the claim", claim=where, node=self.node.node_name)
             return Ownership.OWNED
 
-    async def _fits(self, claim: Obj, storage_class: Obj, pv_name: str, topology: Topology | None) -> bool:
+    async def _fits(
+        self,
+        claim: PersistentVolumeClaim,
+        storage_class: StorageClass,
+        pv_name: str,
+        topology: Topology | None,
+    ) -> bool:
         """Whether the driver says a segment of this node can hold the claim now. A check that
         cannot be made (bad parameters, a failed call) lets this node try to own the claim, as
         upstream: provisioning then fails with an event that tells the user why. A driver that

@@ -21,7 +21,18 @@ from controller_runtime.controller import ControllerContext, run_workers
 from controller_runtime.csi_client import CSIConnection, SidecarController
 from controller_runtime.csi_errors import OperationState
 from controller_runtime.informer import EventHandler, SharedInformer
-from controller_runtime.kinds import pvc_view
+from controller_runtime.kinds import (
+    CSINode,
+    Node,
+    PersistentVolumeClaim,
+    StorageClass,
+    as_obj,
+    csi_node_view,
+    node_view,
+    pv_view,
+    pvc_view,
+    storage_class_view,
+)
 from controller_runtime.logs import get_logger
 from controller_runtime.mutation_cache import MutationCache
 from controller_runtime.resources import (
@@ -78,8 +89,8 @@ class DelayRetryError(Exception):
     not tried, and no event (the one that marked the claim said retries would be delayed)."""
 
 
-def _annotation(obj: Obj, key: str) -> str:
-    return str((obj.get("metadata", {}).get("annotations") or {}).get(key) or "")
+def _annotation(claim: PersistentVolumeClaim, key: str) -> str:
+    return str((claim.get("metadata", {}).get("annotations") or {}).get(key) or "")
 
 
 class ProvisioningController(SidecarController):
@@ -141,20 +152,21 @@ class ProvisioningController(SidecarController):
 
     # -- handlers: decide only whether a key is worth a sync ------------------------------------------
 
-    def _ours(self, claim: Obj) -> bool:
+    def _ours(self, claim: PersistentVolumeClaim) -> bool:
         ann = claim.get("metadata", {}).get("annotations") or {}
         return self.driver in (
             ann.get(storage.ANN_STORAGE_PROVISIONER),
             ann.get(storage.ANN_BETA_STORAGE_PROVISIONER),
         )
 
-    def _claim_changed(self, claim: Obj) -> None:
+    def _claim_changed(self, obj: Obj) -> None:
+        claim = pvc_view(obj)
         uid = claim["metadata"]["uid"]
         if uid in self.journal.entries or (self._ours(claim) and not claim["spec"].get("volumeName")):
             self.queue.add(uid)
 
-    def _claim_deleted(self, claim: Obj) -> None:
-        uid = claim.get("metadata", {}).get("uid", "")
+    def _claim_deleted(self, obj: Obj) -> None:
+        uid = pvc_view(obj).get("metadata", {}).get("uid", "")
         self.infeasible.forget(uid)
         if self.election is not None:
             self.election.forget(uid)
@@ -190,9 +202,9 @@ class ProvisioningController(SidecarController):
 
     # -- the sync --------------------------------------------------------------------------------------
 
-    def _claim_by_uid(self, uid: str) -> Obj | None:
+    def _claim_by_uid(self, uid: str) -> PersistentVolumeClaim | None:
         found = self.claims.store.by_index(UID_INDEX, uid)
-        return found[0] if found else None
+        return pvc_view(found[0]) if found else None
 
     async def _pv_exists(self, name: str) -> bool:
         """Asks the API when the cache says no: only a confirmed absence may lead to deleting a
@@ -222,7 +234,7 @@ class ProvisioningController(SidecarController):
         if claim is None:
             # The cache may simply not have seen it yet: never clean up on the cache's word.
             try:
-                live = await self.client.get(PERSISTENT_VOLUME_CLAIMS, entry.claim, entry.namespace)
+                live = pvc_view(await self.client.get(PERSISTENT_VOLUME_CLAIMS, entry.claim, entry.namespace))
             except ApiError as exc:
                 if not exc.not_found:
                     raise
@@ -232,7 +244,7 @@ class ProvisioningController(SidecarController):
         await self._abandon(entry)
         return None
 
-    async def _sync_pending_claim(self, claim: Obj, entry: Entry | None) -> float | None:
+    async def _sync_pending_claim(self, claim: PersistentVolumeClaim, entry: Entry | None) -> float | None:
         """Provisions a pending claim of ours; a number is when to look again (an Immediate claim
         no node could take yet, in node deployment)."""
         pv_name = pv_name_for(self.options.prefix, claim)
@@ -241,7 +253,7 @@ class ProvisioningController(SidecarController):
                 await self.journal.remove(entry.uid)
             return None  # provisioned; the binder completes the bind
         class_name = claim_class(claim)
-        storage_class = self.classes.store.get(class_name) if class_name else None
+        storage_class = storage_class_view(self.classes.store.get(class_name)) if class_name else None
         if storage_class is None:
             raise StorageClassNotFound(f'storageclass.storage.k8s.io "{class_name}" not found')
         if storage_class.get("provisioner") != self.driver:
@@ -272,18 +284,18 @@ class ProvisioningController(SidecarController):
         await self._attempt(claim, storage_class, pv_name, entry, selected)
         return None
 
-    def _topology(self, storage_class: Obj, pv_name: str, node: Obj | None) -> Topology | None:
+    def _topology(self, storage_class: StorageClass, pv_name: str, node: Node | None) -> Topology | None:
         """CreateVolume's accessibility requirements for a volume on `node` (None: unscheduled);
         in node deployment from this node's own CSINode and Node, as upstream."""
         if not self.topology:
             return None
         if self.node is not None:
-            csinodes: list[Obj] = [self.local_csinode]
+            csinodes: list[CSINode] = [self.local_csinode]
             nodes = {self.node.node_name: self.local_node}
         else:
             assert self.csinodes is not None and self.nodes is not None
-            csinodes = list(self.csinodes.store.values())
-            nodes = {n["metadata"]["name"]: n for n in self.nodes.store.values()}
+            csinodes = [csi_node_view(c) for c in self.csinodes.store.values()]
+            nodes = {n["metadata"]["name"]: node_view(n) for n in self.nodes.store.values()}
         return accessibility(
             self.driver,
             storage_class,
@@ -295,7 +307,7 @@ class ProvisioningController(SidecarController):
             immediate=self.options.immediate_topology,
         )
 
-    def _allowed_here(self, storage_class: Obj, pv_name: str) -> bool:
+    def _allowed_here(self, storage_class: StorageClass, pv_name: str) -> bool:
         """Whether the class's allowedTopologies admit this node (upstream asks for the
         requirements a volume here would get, and an error means no)."""
         if not storage_class.get("allowedTopologies") or not self.topology:
@@ -307,7 +319,9 @@ class ProvisioningController(SidecarController):
             return False
         return True
 
-    async def _elect(self, claim: Obj, storage_class: Obj, pv_name: str) -> float | None:
+    async def _elect(
+        self, claim: PersistentVolumeClaim, storage_class: StorageClass, pv_name: str
+    ) -> float | None:
         """Tries to make this node the Immediate claim's selected node (upstream's becomeOwner).
         Won or lost, the claim's next event decides; a claim this node has no room for is looked
         at again after --node-deployment-max-delay, in case no other node takes it either."""
@@ -321,14 +335,14 @@ class ProvisioningController(SidecarController):
         outcome = await self.election.become_owner(claim, storage_class, pv_name, topology)
         return self.node.max_delay if outcome is Ownership.NO_ROOM else None
 
-    async def _holds_source(self, claim: Obj, storage_class: Obj) -> bool:
+    async def _holds_source(self, claim: PersistentVolumeClaim, storage_class: StorageClass) -> bool:
         """For an Immediate clone or restore (kubeloop extension): whether this node's driver
         holds its source. A node-local copy can only be made where the source is, and upstream's
         election would let any node win it, whose CreateVolume then answers NOT_FOUND. The driver
         is asked directly (ControllerGetVolume, ListSnapshots by id); a source that cannot be
         resolved, or a driver that cannot say, lets the node compete, so that provisioning's event
         says what is wrong."""
-        source = decide.data_source(pvc_view(claim))
+        source = decide.data_source(claim)
         if source is None or source.populated:
             return True
         try:
@@ -354,15 +368,20 @@ class ProvisioningController(SidecarController):
             return held
 
     async def _attempt(
-        self, claim: Obj, storage_class: Obj, pv_name: str, entry: Entry | None, selected: str
+        self,
+        claim: PersistentVolumeClaim,
+        storage_class: StorageClass,
+        pv_name: str,
+        entry: Entry | None,
+        selected: str,
     ) -> None:
         """One attempt, between its Provisioning event and, should it fail, its ProvisioningFailed
         event (and the selected node given back when its state says so)."""
         md = claim["metadata"]
-        obj = typed(claim, PERSISTENT_VOLUME_CLAIMS)
+        obj = typed(as_obj(claim), PERSISTENT_VOLUME_CLAIMS)
         self.recorder.normal(obj, names.PROVISIONING, names.msg_provisioning(md["namespace"], md["name"]))
         try:
-            source = decide.data_source(pvc_view(claim))
+            source = decide.data_source(claim)
             if source is not None and source.populated:
                 self.recorder.normal(obj, names.PROVISIONING, names.MSG_POPULATOR)
                 return  # a volume populator's claim
@@ -383,33 +402,35 @@ class ProvisioningController(SidecarController):
                 await self._reschedule(claim)
             raise
 
-    async def _selected_node(self, name: str) -> Obj:
+    async def _selected_node(self, name: str) -> Node:
         if self.node is not None:
             return self.local_node  # only claims whose selected node is this one get here
         assert self.nodes is not None
-        node = self.nodes.store.get(name)
+        node = node_view(self.nodes.store.get(name))
         if node is not None:
             return node
         try:
-            node = await self.client.get(NODES, name)
+            node = node_view(await self.client.get(NODES, name))
         except ApiError as exc:
             if exc.not_found:
                 raise ProvisionError(exc.message, OperationState.RESCHEDULE) from exc
             raise
         return node
 
-    async def _reschedule(self, claim: Obj) -> None:
+    async def _reschedule(self, claim: PersistentVolumeClaim) -> None:
         """Removes selected-node so the scheduler picks again (a full pool, a vanished node)."""
         log.info("asking the scheduler for another node", claim=key_of(claim))
         with contextlib.suppress(ApiError):  # a conflict: the next sync sees the newer claim
-            await update_claim_metadata(self.client, claim, annotations={storage.ANN_SELECTED_NODE: None})
+            await update_claim_metadata(
+                self.client, as_obj(claim), annotations={storage.ANN_SELECTED_NODE: None}
+            )
 
     def _new_spec(
         self,
-        claim: Obj,
-        storage_class: Obj,
+        claim: PersistentVolumeClaim,
+        storage_class: StorageClass,
         pv_name: str,
-        node: Obj | None,
+        node: Node | None,
         content: Content,
         mutable_parameters: dict[str, str],
     ) -> VolumeSpec:
@@ -431,7 +452,7 @@ class ProvisioningController(SidecarController):
             mutable_parameters=mutable_parameters,
         )
 
-    async def _mutable_parameters(self, claim: Obj) -> dict[str, str]:
+    async def _mutable_parameters(self, claim: PersistentVolumeClaim) -> dict[str, str]:
         """The parameters of the claim's VolumeAttributesClass, read live as upstream reads it: a
         class that is not there yet (or cannot be read) fails the attempt with the apiserver's
         words and is tried again; a class of another driver can never serve the claim."""
@@ -450,7 +471,12 @@ class ProvisioningController(SidecarController):
         return dict(vac.get("parameters") or {})
 
     async def _record_intent(
-        self, claim: Obj, storage_class: Obj, pv_name: str, selected: str, source: DataSource | None
+        self,
+        claim: PersistentVolumeClaim,
+        storage_class: StorageClass,
+        pv_name: str,
+        selected: str,
+        source: DataSource | None,
     ) -> tuple[Entry, dict[str, str]]:
         """A first attempt's request, and the secrets it is sent with, journalled before it is
         sent. In the sidecar's order: the source, its protection, the node's topology, then the
@@ -473,8 +499,8 @@ class ProvisioningController(SidecarController):
 
     async def _provision(
         self,
-        claim: Obj,
-        storage_class: Obj,
+        claim: PersistentVolumeClaim,
+        storage_class: StorageClass,
         pv_name: str,
         entry: Entry | None,
         selected: str,
@@ -520,13 +546,15 @@ class ProvisioningController(SidecarController):
         if restored.get("kind") == decide.SNAPSHOT_KIND:
             await self.snapshots.release(md["namespace"], restored.get("name", ""))
         self.recorder.normal(
-            typed(claim, PERSISTENT_VOLUME_CLAIMS), names.PROVISIONING_SUCCEEDED, names.msg_succeeded(pv_name)
+            typed(as_obj(claim), PERSISTENT_VOLUME_CLAIMS),
+            names.PROVISIONING_SUCCEEDED,
+            names.msg_succeeded(pv_name),
         )
 
     async def _create_volume(
         self,
-        claim: Obj,
-        storage_class: Obj,
+        claim: PersistentVolumeClaim,
+        storage_class: StorageClass,
         entry: Entry,
         secrets: Mapping[str, str],
         *,
@@ -551,7 +579,9 @@ class ProvisioningController(SidecarController):
                 ) from exc
             raise
 
-    async def _save_pv(self, pv: Obj, claim: Obj, entry: Entry, secrets: Mapping[str, str]) -> None:
+    async def _save_pv(
+        self, pv: Obj, claim: PersistentVolumeClaim, entry: Entry, secrets: Mapping[str, str]
+    ) -> None:
         name = pv["metadata"]["name"]
         error = ""
         for attempt in range(self.options.pv_save_attempts):
@@ -564,7 +594,7 @@ class ProvisioningController(SidecarController):
                 saved = await self.client.create(PERSISTENT_VOLUMES, pv)
             except ApiError as exc:
                 if exc.already_exists:
-                    existing = await self.client.get(PERSISTENT_VOLUMES, name)
+                    existing = pv_view(await self.client.get(PERSISTENT_VOLUMES, name))
                     ref = existing["spec"].get("claimRef") or {}
                     if ref.get("uid") == claim["metadata"]["uid"]:
                         return  # saved by an earlier attempt whose answer was lost
@@ -581,7 +611,7 @@ class ProvisioningController(SidecarController):
             await self.calls.delete_volume(entry.volume_id, secrets)
         except ProvisionError as exc:
             self.recorder.warning(
-                typed(claim, PERSISTENT_VOLUME_CLAIMS),
+                typed(as_obj(claim), PERSISTENT_VOLUME_CLAIMS),
                 names.PROVISIONING_CLEANUP_FAILED,
                 f"Failed to clean up volume {name} after failing to save its PersistentVolume: {exc}",
             )

@@ -14,6 +14,7 @@ from typing import Any
 
 from controller_runtime import storage, volumes
 from controller_runtime.csi_errors import OperationState
+from controller_runtime.kinds import CSINode, Node, PersistentVolumeClaim, StorageClass, TopologySelectorTerm
 from controller_runtime.quantity import format_quantity
 from controller_runtime.resources import Obj
 from controller_runtime.storage import claim_class, claim_reference, claim_request
@@ -97,7 +98,7 @@ class ProvisionError(Exception):
         return self.state is OperationState.RESCHEDULE
 
 
-def pv_name_for(prefix: str, claim: Obj) -> str:
+def pv_name_for(prefix: str, claim: PersistentVolumeClaim) -> str:
     """`<prefix>-<claim UID>`: both the PV's name and CreateVolume's idempotency key."""
     return f"{prefix}-{claim['metadata']['uid']}"
 
@@ -237,7 +238,9 @@ def secret_reference(
     return SecretRef(name=name, namespace=namespace)
 
 
-def split_parameters(params: Mapping[str, str], claim: Obj, pv_name: str, default_fs: str) -> ClassParameters:
+def split_parameters(
+    params: Mapping[str, str], claim: PersistentVolumeClaim, pv_name: str, default_fs: str
+) -> ClassParameters:
     """Separates the class's parameters for the driver from the provisioner's own reserved keys,
     resolving every secret reference first (the sidecar's order, so its first error is ours).
     Unknown reserved keys are refused (a typo would otherwise silently drop a secret)."""
@@ -269,7 +272,7 @@ def split_parameters(params: Mapping[str, str], claim: Obj, pv_name: str, defaul
 # -- topology --------------------------------------------------------------------------------------
 
 
-def driver_topology_keys(csinode: Obj | None, driver: str) -> list[str] | None:
+def driver_topology_keys(csinode: CSINode | None, driver: str) -> list[str] | None:
     """The topology keys the node's plugin of `driver` reported, None when it has none there."""
     for d in (csinode or {}).get("spec", {}).get("drivers") or []:
         if d.get("name") == driver:
@@ -277,7 +280,7 @@ def driver_topology_keys(csinode: Obj | None, driver: str) -> list[str] | None:
     return None
 
 
-def node_segment(node: Obj, keys: Iterable[str]) -> Segment | None:
+def node_segment(node: Node, keys: Iterable[str]) -> Segment | None:
     labels = node.get("metadata", {}).get("labels") or {}
     keys = list(keys)
     if not keys or any(k not in labels for k in keys):
@@ -285,7 +288,7 @@ def node_segment(node: Obj, keys: Iterable[str]) -> Segment | None:
     return {k: labels[k] for k in keys}
 
 
-def allowed_segments(allowed_topologies: list[Obj]) -> list[Segment]:
+def allowed_segments(allowed_topologies: list[TopologySelectorTerm]) -> list[Segment]:
     """A class's allowedTopologies as segments: each term is the product of its expressions' values."""
     out: list[Segment] = []
     # Deduplicated through a set: a membership test on the list made a class with a few hundred
@@ -331,11 +334,11 @@ class Topology:
 
 def accessibility(
     driver: str,
-    storage_class: Obj,
+    storage_class: StorageClass,
     pv_name: str,
-    selected_node: Obj | None,
-    csinodes: Iterable[Obj],
-    nodes: Mapping[str, Obj],
+    selected_node: Node | None,
+    csinodes: Iterable[CSINode],
+    nodes: Mapping[str, Node],
     *,
     strict: bool = False,
     immediate: bool = True,
@@ -497,13 +500,13 @@ def volume_capabilities(
     return [volumes.capability(csi_access_mode(m, multi_writer), block, fs_type, mount_flags) for m in modes]
 
 
-def is_block(claim: Obj) -> bool:
+def is_block(claim: PersistentVolumeClaim) -> bool:
     return bool(claim.get("spec", {}).get("volumeMode") == "Block")
 
 
 def volume_spec(
-    claim: Obj,
-    storage_class: Obj,
+    claim: PersistentVolumeClaim,
+    storage_class: StorageClass,
     params: ClassParameters,
     pv_name: str,
     *,
@@ -585,8 +588,8 @@ def build_pv(
     *,
     driver: str,
     identity: str,
-    claim: Obj,
-    storage_class: Obj,
+    claim: PersistentVolumeClaim,
+    storage_class: StorageClass,
     spec: VolumeSpec,
     params: ClassParameters,
     created: CreatedVolume,

@@ -18,6 +18,7 @@ from controller_runtime.csi_client import CSIConnection
 from controller_runtime.csi_errors import OperationState
 from controller_runtime.events import EventRecorder
 from controller_runtime.informer import SharedInformerFactory
+from controller_runtime.kinds import PersistentVolumeClaim, StorageClass
 from external_provisioner.clone_protection import CloneProtectionController
 from external_provisioner.journal import Entry, Journal
 from external_provisioner.options import Options
@@ -28,8 +29,8 @@ from external_provisioner.volume_calls import VolumeCalls
 
 Code = grpc.StatusCode
 SPEC = VolumeSpec("pvc-u-1", 1 << 30, False, "ext4", [], ["ReadWriteOnce"], {})
-CLASS = {"metadata": {"name": "fast", "uid": "class-1"}}
-CLAIM = {"metadata": {"name": "data", "namespace": "ns", "uid": "u-1"}}
+CLASS: StorageClass = {"metadata": {"name": "fast", "uid": "class-1"}}
+CLAIM: PersistentVolumeClaim = {"metadata": {"name": "data", "namespace": "ns", "uid": "u-1"}}
 
 
 class Refusing:

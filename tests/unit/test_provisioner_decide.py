@@ -14,7 +14,6 @@ from controller_runtime.kinds import (
     PersistentVolume,
     PersistentVolumeClaim,
     StorageClass,
-    as_obj,
     pv_view,
     pvc_view,
 )
@@ -285,12 +284,12 @@ def test_deletion_secret_falls_back_to_the_class() -> None:
 
 
 def test_the_pv_records_the_deletion_secret() -> None:
-    sc: Obj = {
+    sc: StorageClass = {
         "metadata": {"name": "fast"},
         "reclaimPolicy": "Delete",
         "parameters": SECRET_CLASS["parameters"],
     }
-    c = as_obj(claim())
+    c = claim()
     params = split_parameters(sc["parameters"], c, "pvc-u-data", "")
     spec = volume_spec(c, sc, params, "pvc-u-data", extra_metadata=False, multi_writer=True, topology=None)
     assert spec.secret == SecretRef("pvc-u-data-key", "ns")
@@ -411,7 +410,7 @@ def test_templates_expand_like_os_expand() -> None:
 
 def test_unknown_reserved_keys_are_refused_after_the_secrets() -> None:
     with pytest.raises(ProvisionError) as err:
-        split_parameters({"csi.storage.k8s.io/typo": "x"}, as_obj(claim()), "pv1", "")
+        split_parameters({"csi.storage.k8s.io/typo": "x"}, claim(), "pv1", "")
     assert str(err.value) == (
         "failed to strip CSI Parameters of prefixed keys: found unknown parameter key "
         '"csi.storage.k8s.io/typo" with reserved namespace csi.storage.k8s.io/'
@@ -424,7 +423,7 @@ def test_unknown_reserved_keys_are_refused_after_the_secrets() -> None:
             "csi.storage.k8s.io/controller-modify-secret-name": "m",
             "csi.storage.k8s.io/controller-modify-secret-namespace": "ns",
         },
-        as_obj(claim()),
+        claim(),
         "pv1",
         "",
     )
@@ -482,13 +481,11 @@ def test_an_infeasible_claim_waits_unless_its_class_changed() -> None:
 
 
 def test_the_deprecated_fstype_key() -> None:
-    out = split_parameters({"fsType": "xfs"}, as_obj(claim()), "pv1", "ext4")
+    out = split_parameters({"fsType": "xfs"}, claim(), "pv1", "ext4")
     assert out.fs_type == "xfs" and out.driver == {"fsType": "xfs"}
-    assert (
-        split_parameters({"csi.storage.k8s.io/fstype": ""}, as_obj(claim()), "pv1", "ext4").fs_type == "ext4"
-    )
+    assert split_parameters({"csi.storage.k8s.io/fstype": ""}, claim(), "pv1", "ext4").fs_type == "ext4"
     with pytest.raises(ProvisionError) as err:
-        split_parameters({"fstype": "xfs", "csi.storage.k8s.io/fstype": "ext4"}, as_obj(claim()), "pv1", "")
+        split_parameters({"fstype": "xfs", "csi.storage.k8s.io/fstype": "ext4"}, claim(), "pv1", "")
     assert (
         str(err.value)
         == 'fstype specified in parameters with both "fstype" and "csi.storage.k8s.io/fstype" keys'

@@ -14,7 +14,16 @@ import pytest
 
 from controller_runtime import storage
 from controller_runtime.clock_testing import FakeClock
-from controller_runtime.kinds import PersistentVolume, pv_view
+from controller_runtime.kinds import (
+    CSINode,
+    Node,
+    PersistentVolume,
+    PersistentVolumeClaim,
+    StorageClass,
+    as_obj,
+    pv_view,
+    pvc_view,
+)
 from controller_runtime.resources import Obj
 from controller_runtime.store import Store
 from external_provisioner import names, owner
@@ -36,23 +45,33 @@ KEY = "topology.loop.csi.kubeloop.dev/node"
 ACCESSIBILITY = "error generating accessibility requirements: "
 
 
-def claim(selected: str = "", **meta: Any) -> Obj:
+def claim(selected: str = "", **meta: Any) -> PersistentVolumeClaim:
     annotations = {storage.ANN_SELECTED_NODE: selected} if selected else {}
-    return {
-        "metadata": {
-            "name": "data",
-            "namespace": "ns",
-            "uid": "u-1",
-            "resourceVersion": "5",
-            "annotations": annotations,
-            **meta,
-        },
-        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
-    }
+    return pvc_view(
+        {
+            "metadata": {
+                "name": "data",
+                "namespace": "ns",
+                "uid": "u-1",
+                "resourceVersion": "5",
+                "annotations": annotations,
+                **meta,
+            },
+            "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+        }
+    )
 
 
-IMMEDIATE: Obj = {"metadata": {"name": "now"}, "provisioner": DRIVER, "volumeBindingMode": "Immediate"}
-WFFC: Obj = {"metadata": {"name": "late"}, "provisioner": DRIVER, "volumeBindingMode": "WaitForFirstConsumer"}
+IMMEDIATE: StorageClass = {
+    "metadata": {"name": "now"},
+    "provisioner": DRIVER,
+    "volumeBindingMode": "Immediate",
+}
+WFFC: StorageClass = {
+    "metadata": {"name": "late"},
+    "provisioner": DRIVER,
+    "volumeBindingMode": "WaitForFirstConsumer",
+}
 
 
 # -- which node handles a claim ---------------------------------------------------------------------
@@ -73,7 +92,7 @@ def test_an_unselected_claim_is_elected_only_when_immediate_allowed_and_enabled(
     check = node_check(claim(), IMMEDIATE, "n1", immediate_binding=True, allowed_here=True)
     assert check is NodeCheck.ELECT
     # A class without a binding mode is Immediate (the API's default).
-    unset = {"metadata": {"name": "x"}, "provisioner": DRIVER}
+    unset: StorageClass = {"metadata": {"name": "x"}, "provisioner": DRIVER}
     assert node_check(claim(), unset, "n1", immediate_binding=True, allowed_here=True) is NodeCheck.ELECT
     # The scheduler picks for WaitForFirstConsumer; --node-deployment-immediate-binding=false
     # leaves Immediate claims to a controller of the admin's; allowedTopologies may exclude us.
@@ -161,14 +180,14 @@ def waiting_election(store: Store, clock: FakeClock, base: float, maximum: float
 async def test_the_wait_ends_early_when_another_node_took_the_claim() -> None:
     clock = FakeClock()
     store = Store()
-    store.upsert(claim())
+    store.upsert(as_obj(claim()))
     election = waiting_election(store, clock, 20.0, 60.0)
     task = asyncio.create_task(election.become_owner(claim(), IMMEDIATE, "pvc-u-1", None))
     await clock.until_waiting()
     assert clock.waiting() == [pytest.approx(0.2)]  # a look at the cache every base/100
     await clock.advance(1.0)
     assert not task.done()
-    store.upsert(claim("n2", resourceVersion="6"))
+    store.upsert(as_obj(claim("n2", resourceVersion="6")))
     await clock.advance(0.2)
     assert await task is Ownership.TAKEN
     assert election.delays.attempts("u-1") == 0  # forgotten: a reschedule starts from the base delay
@@ -178,11 +197,11 @@ async def test_the_wait_ends_early_when_another_node_took_the_claim() -> None:
 async def test_a_claim_that_went_away_ends_the_wait_with_an_error() -> None:
     clock = FakeClock()
     store = Store()
-    store.upsert(claim())
+    store.upsert(as_obj(claim()))
     election = waiting_election(store, clock, 1.0, 2.0)
     task = asyncio.create_task(election.become_owner(claim(), IMMEDIATE, "pvc-u-1", None))
     await clock.until_waiting()
-    store.upsert(claim(uid="u-2"))  # deleted and created again under the same name
+    store.upsert(as_obj(claim(uid="u-2")))  # deleted and created again under the same name
     await clock.advance(0.01)
     with pytest.raises(ClaimChanged, match="PVC was replaced"):
         await task
@@ -191,11 +210,11 @@ async def test_a_claim_that_went_away_ends_the_wait_with_an_error() -> None:
 # -- accessibility requirements: --strict-topology and --immediate-topology ------------------------
 
 
-def node(name: str) -> Obj:
+def node(name: str) -> Node:
     return {"metadata": {"name": name, "labels": {KEY: name}}}
 
 
-def csinode(name: str) -> Obj:
+def csinode(name: str) -> CSINode:
     return {"metadata": {"name": name}, "spec": {"drivers": [{"name": DRIVER, "topologyKeys": [KEY]}]}}
 
 
@@ -203,7 +222,7 @@ NODES = {n: node(n) for n in ("n1", "n2", "n3")}
 CSINODES = [csinode(n) for n in NODES]
 
 
-def allowed(*values: str) -> Obj:
+def allowed(*values: str) -> StorageClass:
     return {"allowedTopologies": [{"matchLabelExpressions": [{"key": KEY, "values": list(values)}]}]}
 
 

@@ -13,8 +13,17 @@ import pytest
 from controller_runtime import storage
 from controller_runtime.csi_client import error_text
 from controller_runtime.files import temp_name
+from controller_runtime.kinds import (
+    CSINode,
+    Node,
+    PersistentVolumeClaim,
+    StorageClass,
+    TopologySelectorTerm,
+    csi_node_view,
+    node_view,
+    pvc_view,
+)
 from controller_runtime.quantity import format_quantity
-from controller_runtime.resources import Obj
 from external_provisioner import names
 from external_provisioner.journal import Entry, Journal
 from external_provisioner.request import (
@@ -39,33 +48,37 @@ KEY = "topology.loop.csi.kubeloop.dev/node"
 ACCESSIBILITY = "error generating accessibility requirements: "  # the Go sidecar's prefix
 
 
-def claim(**spec: object) -> Obj:
-    return {
-        "metadata": {
-            "name": "data",
-            "namespace": "ns",
-            "uid": "u-1",
-            "resourceVersion": "7",
-            "annotations": {"team": "a"},
-        },
-        "spec": {
-            "accessModes": ["ReadWriteOnce"],
-            "resources": {"requests": {"storage": "1Gi"}},
-            "storageClassName": "fast",
-            **spec,
-        },
-    }
+def claim(**spec: object) -> PersistentVolumeClaim:
+    return pvc_view(
+        {
+            "metadata": {
+                "name": "data",
+                "namespace": "ns",
+                "uid": "u-1",
+                "resourceVersion": "7",
+                "annotations": {"team": "a"},
+            },
+            "spec": {
+                "accessModes": ["ReadWriteOnce"],
+                "resources": {"requests": {"storage": "1Gi"}},
+                "storageClassName": "fast",
+                **spec,
+            },
+        }
+    )
 
 
-def node(name: str) -> Obj:
-    return {"metadata": {"name": name, "labels": {KEY: name}}}
+def node(name: str) -> Node:
+    return node_view({"metadata": {"name": name, "labels": {KEY: name}}})
 
 
-def csinode(name: str, keys: list[str] | None = None) -> Obj:
-    return {
-        "metadata": {"name": name},
-        "spec": {"drivers": [{"name": DRIVER, "nodeID": name, "topologyKeys": keys or [KEY]}]},
-    }
+def csinode(name: str, keys: list[str] | None = None) -> CSINode:
+    return csi_node_view(
+        {
+            "metadata": {"name": name},
+            "spec": {"drivers": [{"name": DRIVER, "nodeID": name, "topologyKeys": keys or [KEY]}]},
+        }
+    )
 
 
 def test_reserved_parameters_are_stripped_and_secrets_resolved() -> None:
@@ -112,7 +125,7 @@ def test_access_modes_depend_on_single_node_multi_writer() -> None:
 
 
 def test_request_for_mount_and_block() -> None:
-    sc = {"metadata": {"name": "fast"}, "mountOptions": ["noatime"]}
+    sc: StorageClass = {"metadata": {"name": "fast"}, "mountOptions": ["noatime"]}
     params = split_parameters({"csi.storage.k8s.io/fstype": "ext3", "a": "b"}, claim(), "pvc-u-1", "")
     spec = volume_spec(claim(), sc, params, "pvc-u-1", extra_metadata=True, multi_writer=True, topology=None)
     req = spec.to_request({"token": "s"})
@@ -171,7 +184,9 @@ def test_topology_without_selected_node_spreads_and_respects_allowed_topologies(
         for i in range(30)
     }
     assert len(firsts) > 1  # rotated by volume name
-    allowed = {"allowedTopologies": [{"matchLabelExpressions": [{"key": KEY, "values": ["n3", "n1"]}]}]}
+    allowed: StorageClass = {
+        "allowedTopologies": [{"matchLabelExpressions": [{"key": KEY, "values": ["n3", "n1"]}]}]
+    }
     topo = accessibility(DRIVER, allowed, "pvc-x", None, [csinode(n) for n in nodes], nodes)
     assert topo is not None and sorted(s[KEY] for s in topo.requisite) == ["n1", "n3"]
     assert accessibility(DRIVER, {}, "pvc-x", None, [], {}) is None
@@ -184,8 +199,8 @@ def test_topology_errors_for_a_selected_node_without_the_driver() -> None:
     assert err.value.reschedule
     assert str(err.value) == 'failed to get selected CSINode n1: csinode.storage.k8s.io "n1" not found'
     # A CSINode without the driver, or the driver without topology keys: an error, no reschedule.
-    other = {"metadata": {"name": "n1"}, "spec": {"drivers": [{"name": "other.example.com"}]}}
-    keyless = {"metadata": {"name": "n1"}, "spec": {"drivers": [{"name": DRIVER, "nodeID": "n1"}]}}
+    other: CSINode = {"metadata": {"name": "n1"}, "spec": {"drivers": [{"name": "other.example.com"}]}}
+    keyless: CSINode = {"metadata": {"name": "n1"}, "spec": {"drivers": [{"name": DRIVER, "nodeID": "n1"}]}}
     for found in (other, keyless):
         with pytest.raises(ProvisionError) as err:
             accessibility(DRIVER, {}, "pvc-x", node("n1"), [found], {"n1": node("n1")})
@@ -206,7 +221,9 @@ def test_a_selected_node_outside_allowed_topologies_is_refused_not_requested() -
     message; kubeloop sent that node's segment as the only requisite one, so the volume was made
     where the admin had not allowed it)."""
     nodes = {n: node(n) for n in ("n1", "n2", "n3")}
-    allowed = {"allowedTopologies": [{"matchLabelExpressions": [{"key": KEY, "values": ["n3", "n1"]}]}]}
+    allowed: StorageClass = {
+        "allowedTopologies": [{"matchLabelExpressions": [{"key": KEY, "values": ["n3", "n1"]}]}]
+    }
     with pytest.raises(ProvisionError) as err:
         accessibility(DRIVER, allowed, "pvc-x", nodes["n2"], [csinode(n) for n in nodes], nodes)
     assert not err.value.reschedule
@@ -221,8 +238,10 @@ def test_a_selected_node_outside_allowed_topologies_is_refused_not_requested() -
     assert topo.requisite == [{KEY: "n1"}, {KEY: "n3"}]
     assert topo.preferred == [{KEY: "n3"}, {KEY: "n1"}]
     # A term coarser than the node's segment covers it.
-    zoned = {**nodes["n1"], "metadata": {"name": "n1", "labels": {KEY: "n1", "zone": "a"}}}
-    coarse = {"allowedTopologies": [{"matchLabelExpressions": [{"key": "zone", "values": ["a"]}]}]}
+    zoned: Node = {**nodes["n1"], "metadata": {"name": "n1", "labels": {KEY: "n1", "zone": "a"}}}
+    coarse: StorageClass = {
+        "allowedTopologies": [{"matchLabelExpressions": [{"key": "zone", "values": ["a"]}]}]
+    }
     topo = accessibility(DRIVER, coarse, "pvc-x", zoned, [csinode("n1", [KEY, "zone"])], {"n1": zoned})
     assert topo is not None and topo.requisite == [{"zone": "a"}] and topo.preferred == [{"zone": "a"}]
 
@@ -231,7 +250,9 @@ def test_allowed_topologies_with_many_values_stay_cheap() -> None:
     """The product of a class's expressions was deduplicated with a list membership test:
     quadratic, on the event loop, for every claim of the class (40,000 segments took a minute)."""
     values = [f"v{i}" for i in range(200)]
-    terms = [{"matchLabelExpressions": [{"key": "a", "values": values}, {"key": "b", "values": values}]}]
+    terms: list[TopologySelectorTerm] = [
+        {"matchLabelExpressions": [{"key": "a", "values": values}, {"key": "b", "values": values}]}
+    ]
     start = time.monotonic()
     segments = allowed_segments(terms + terms)  # the second term repeats the first
     assert len(segments) == 200 * 200
@@ -239,14 +260,14 @@ def test_allowed_topologies_with_many_values_stay_cheap() -> None:
 
 
 def test_allowed_segments_are_the_product_of_expressions() -> None:
-    terms = [
+    terms: list[TopologySelectorTerm] = [
         {"matchLabelExpressions": [{"key": "zone", "values": ["a", "b"]}, {"key": "rack", "values": ["1"]}]}
     ]
     assert allowed_segments(terms) == [{"zone": "a", "rack": "1"}, {"zone": "b", "rack": "1"}]
 
 
 def test_pv_is_pre_bound_with_finalizer_affinity_and_identity() -> None:
-    sc = {"metadata": {"name": "fast"}, "reclaimPolicy": "Delete", "mountOptions": ["noatime"]}
+    sc: StorageClass = {"metadata": {"name": "fast"}, "reclaimPolicy": "Delete", "mountOptions": ["noatime"]}
     c = claim()
     params = split_parameters({"csi.storage.k8s.io/fstype": "ext4"}, c, "pvc-u-1", "")
     spec = volume_spec(c, sc, params, "pvc-u-1", extra_metadata=False, multi_writer=True, topology=None)

@@ -11,7 +11,16 @@ import pytest
 
 from controller_runtime.client import ApiClient, ApiError
 from controller_runtime.goflags import parse_bool
-from controller_runtime.kinds import PersistentVolume, PersistentVolumeClaim, as_obj, pv_view, pvc_view
+from controller_runtime.kinds import (
+    PersistentVolume,
+    PersistentVolumeClaim,
+    StorageClass,
+    VolumeSnapshotContent,
+    as_obj,
+    pv_view,
+    pvc_view,
+    snapshot_content_view,
+)
 from controller_runtime.resources import VOLUME_SNAPSHOT_CONTENTS, VOLUME_SNAPSHOTS, Obj
 from controller_runtime.store import Store
 from external_provisioner.content_source import Content, ContentSources
@@ -29,7 +38,7 @@ REFUSED = (
     "requested volume ns/data modifies the mode of the source volume but does not have permission to do so. "
 )
 SNAPSHOT = DataSource("VolumeSnapshot", "snap", "ns", "snapshot.storage.k8s.io")
-CLASS = {"metadata": {"name": "kubeloop"}, "provisioner": "loop.csi.kubeloop.dev"}
+CLASS: StorageClass = {"metadata": {"name": "kubeloop"}, "provisioner": "loop.csi.kubeloop.dev"}
 
 
 def claim(mode: str | None = "Block") -> PersistentVolumeClaim:
@@ -39,7 +48,7 @@ def claim(mode: str | None = "Block") -> PersistentVolumeClaim:
     return pvc_view({"metadata": {"name": "data", "namespace": "ns", "uid": "u-data"}, "spec": spec})
 
 
-def content(source_mode: str | None = "Filesystem", allow: str | None = None) -> Obj:
+def content(source_mode: str | None = "Filesystem", allow: str | None = None) -> VolumeSnapshotContent:
     spec: Obj = {
         "driver": "loop.csi.kubeloop.dev",
         "volumeSnapshotRef": {"name": "snap", "namespace": "ns", "uid": "u-snap"},
@@ -47,11 +56,13 @@ def content(source_mode: str | None = "Filesystem", allow: str | None = None) ->
     if source_mode is not None:
         spec["sourceVolumeMode"] = source_mode
     annotations = {} if allow is None else {KEY: allow}
-    return {
-        "metadata": {"name": "snapcontent-1", "annotations": annotations},
-        "spec": spec,
-        "status": {"snapshotHandle": "snap-handle"},
-    }
+    return snapshot_content_view(
+        {
+            "metadata": {"name": "snapcontent-1", "annotations": annotations},
+            "spec": spec,
+            "status": {"snapshotHandle": "snap-handle"},
+        }
+    )
 
 
 def source_pv(mode: str | None) -> PersistentVolume:
@@ -198,9 +209,9 @@ class Api:
         return found
 
 
-def restore(snapcontent: Obj, mode: str, prevent: bool = True) -> Content:
-    sources = ContentSources(cast(ApiClient, Api(snapcontent)), cast(Store, None), prevent)
-    return asyncio.run(sources.content(as_obj(claim(mode)), CLASS, SNAPSHOT))
+def restore(snapcontent: VolumeSnapshotContent, mode: str, prevent: bool = True) -> Content:
+    sources = ContentSources(cast(ApiClient, Api(as_obj(snapcontent))), cast(Store, None), prevent)
+    return asyncio.run(sources.content(claim(mode), CLASS, SNAPSHOT))
 
 
 def test_the_event_text_of_a_refused_restore() -> None:
@@ -223,7 +234,7 @@ def test_a_restore_carries_the_grant_to_the_driver() -> None:
     assert granted == Content(snapshot="snap-handle", mode_change_granted=True)
     assert restore(content("Filesystem"), "Filesystem") == Content(snapshot="snap-handle")
     assert restore(content("Filesystem"), "Block", prevent=False) == Content(snapshot="snap-handle")
-    c = as_obj(claim("Block"))
+    c = claim("Block")
     params = split_parameters({"kind": "fast"}, c, "pvc-u-data", "")
 
     def parameters(grant: bool) -> dict[str, str]:
