@@ -31,6 +31,7 @@ import yaml
 from controller_runtime.toolchain import REPO_ROOT, Toolchain, read_versions
 
 from .compose import KUBELOOP_IMAGE
+from .sidecar_images import sidecar_images
 from .snapshotter import snapshot_crds, snapshot_metadata_crd
 
 CLUSTER_NAME = "kubeloop"
@@ -271,7 +272,7 @@ class Cluster:
         start = time.monotonic()
         self.kind(
             "load", "docker-image", "--name", self.name, KUBELOOP_IMAGE, BUSYBOX_IMAGE, SNAPSHOTTER_IMAGE,
-            SNAPSHOT_METADATA_IMAGE,
+            SNAPSHOT_METADATA_IMAGE, *sidecar_images(),
             timeout=600,
         )  # fmt: skip
         return time.monotonic() - start

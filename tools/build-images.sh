@@ -9,7 +9,9 @@
 #      ..., external-snapshotter's registry.k8s.io/sig-storage/snapshot-controller and csi-snapshotter):
 #      the Go binaries cached by tools/build-binaries.sh, each in a scratch image (rebuilt only when
 #      the binary changes), and external-snapshotter's CRDs into build/crds for the kubeloop image;
-#   4. the kubeloop image from Dockerfile (docker's layer cache makes a warm rebuild quick).
+#   4. the kubeloop image from Dockerfile (docker's layer cache makes a warm rebuild quick);
+#   5. kubeloop/csi-provisioner, csi-attacher, csi-resizer, csi-node-driver-registrar and livenessprobe:
+#      that image with one sidecar as entrypoint, for manifests written for upstream's images.
 # A daemon is started by tools/docker-env.sh when none answers (and left running: `tools/docker-env.sh
 # stop` stops it). Environment: PYTHON (default .venv/bin/python), BASE_IMAGE, DEBIAN_MIRROR.
 # `build-images.sh wheels` does step 2 only (what `docker-compose up --build` needs beside a registry).
@@ -135,6 +137,15 @@ docker build -q --network host --build-arg BASE_IMAGE="$BASE_IMAGE" \
   --build-arg KUBECTL_IMAGE="$(image_of kubectl)" -t "$kubeloop_image" . >/dev/null \
   2> >(grep -v -e DEPRECATED -e BuildKit -e 'environment-variable' -e '^$' >&2)
 step "$kubeloop_image built"
+
+# --- 5. the sidecar images --------------------------------------------------------------------------
+# kubeloop's image once per upstream sidecar it replaces, the sidecar as entrypoint, so a manifest
+# written for upstream's images runs kubeloop's with only the image swapped (localstack/sidecar_images.py).
+while read -r tag name; do
+  "$PY" -m localstack.sidecar_images dockerfile "$name" | docker build -q -t "$tag" - >/dev/null \
+    2> >(grep -v -e DEPRECATED -e BuildKit -e 'environment-variable' -e '^$' >&2)
+done < <("$PY" -m localstack.sidecar_images)
+step "sidecar images built"
 
 say "all images ready in $((SECONDS - started))s:"
 docker image ls --format '  {{.Repository}}:{{.Tag}}\t{{.Size}}' | grep -E "kubeloop|registry.k8s.io|${BASE_IMAGE%%:*}" >&2 || true

@@ -17,11 +17,14 @@ from localstack.kind import Cluster
 
 
 def assert_quick_specs_pass(
-    cluster: Cluster, results: Path, specs: tuple[str, ...] = QUICK_SPECS
+    cluster: Cluster, results: Path, specs: tuple[str, ...] = QUICK_SPECS, driver: Path | None = None
 ) -> dict[str, float]:
-    """Runs `specs` (the quick selection unless told) into `results`; fails unless every one ran
-    and passed. Returns the counts and the seconds taken."""
+    """Runs `specs` (the quick selection unless told) into `results`, against the driver the e2e
+    driver file `driver` describes (kubeloop's deploy/kind/e2e-driver.yaml unless told); fails unless
+    every one ran and passed. Returns the counts and the seconds taken."""
     focus = [] if specs == QUICK_SPECS else ["--focus", external_specs(specs)]
+    if driver is not None:
+        focus += ["--driver", str(driver)]
     # Node-local pools: the specs' claims wait for their pods, as in hostpath's distributed test driver.
     if cluster.pools == "separate":
         focus += ["--storage-class", NODE_LOCAL_E2E_CLASS]
