@@ -226,9 +226,17 @@ class Volume(TypedDict, total=False):
     csi: CSIVolumeSource
 
 
+class Container(TypedDict, total=False):
+    """A pod's container: what the node agent reports of it."""
+
+    name: str
+    image: str
+
+
 class PodSpec(TypedDict, total=False):
     nodeName: str
     serviceAccountName: str
+    containers: list[Container]
     volumes: list[Volume]
 
 
@@ -240,6 +248,7 @@ class ContainerStatus(TypedDict, total=False):
 
 class PodStatus(TypedDict, total=False):
     phase: str
+    startTime: str
     conditions: list[Condition]
     containerStatuses: list[ContainerStatus]
 

@@ -5,10 +5,13 @@ side (kubelet, here the node agent) share: the condition types and allocatedReso
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
+from typing import Any
 
 import grpc
 
 from .csi_errors import EXPAND_VOLUME, OperationState, classify
+from .kinds import PersistentVolumeClaim
 from .resources import Obj
 
 # status.conditions[].type values the resize path owns; any other condition is always kept.
@@ -46,16 +49,21 @@ def is_infeasible(code: grpc.StatusCode | None) -> bool:
     return classify(EXPAND_VOLUME, code) is OperationState.INFEASIBLE
 
 
-def resize_status(claim: Obj) -> str:
+def resize_status(claim: PersistentVolumeClaim) -> str:
     """allocatedResourceStatuses["storage"], "" when no resize is in progress."""
     return str(((claim.get("status") or {}).get("allocatedResourceStatuses") or {}).get("storage") or "")
 
 
-def has_condition(claim: Obj, kind: str) -> bool:
+def has_condition(claim: PersistentVolumeClaim, kind: str) -> bool:
     return any(
         c.get("type") == kind and c.get("status") == "True"
         for c in (claim.get("status") or {}).get("conditions") or []
     )
+
+
+def _copy(status: Mapping[str, Any]) -> Obj:
+    """A deep copy of a claim's status (a typed view or a plain dict) to build the next one from."""
+    return dict(copy.deepcopy(status))
 
 
 def _condition(kind: str, now: str, message: str = "") -> Obj:
@@ -65,7 +73,7 @@ def _condition(kind: str, now: str, message: str = "") -> Obj:
     return cond
 
 
-def _conditions(status: Obj, drop: tuple[str, ...], add: list[Obj]) -> list[Obj]:
+def _conditions(status: Mapping[str, Any], drop: tuple[str, ...], add: list[Obj]) -> list[Obj]:
     kinds = {c["type"] for c in add}
     kept = [
         c for c in status.get("conditions") or [] if c.get("type") not in drop and c.get("type") not in kinds
@@ -73,7 +81,7 @@ def _conditions(status: Obj, drop: tuple[str, ...], add: list[Obj]) -> list[Obj]
     return kept + add
 
 
-def _with_resize_status(status: Obj, value: str | None) -> Obj:
+def _with_resize_status(status: Mapping[str, Any], value: str | None) -> Obj:
     statuses = dict(status.get("allocatedResourceStatuses") or {})
     if value is None:
         statuses.pop("storage", None)
@@ -82,10 +90,10 @@ def _with_resize_status(status: Obj, value: str | None) -> Obj:
     return statuses
 
 
-def in_progress(status: Obj, size_text: str, update_status: bool, now: str) -> Obj:
+def in_progress(status: Mapping[str, Any], size_text: str, update_status: bool, now: str) -> Obj:
     """Step 1 of a controller attempt: Resizing, and the size worked towards. `update_status` False
     repeats an attempt at the allocated size: the other resize conditions and status stay."""
-    new = copy.deepcopy(status)
+    new = _copy(status)
     if update_status:
         new["conditions"] = _conditions(status, RESIZE_CONDITIONS, [_condition(RESIZING, now)])
         new["allocatedResourceStatuses"] = _with_resize_status(status, CONTROLLER_IN_PROGRESS)
@@ -95,32 +103,32 @@ def in_progress(status: Obj, size_text: str, update_status: bool, now: str) -> O
     return new
 
 
-def controller_failed(status: Obj, message: str, infeasible: bool, now: str) -> Obj:
-    new = copy.deepcopy(status)
+def controller_failed(status: Mapping[str, Any], message: str, infeasible: bool, now: str) -> Obj:
+    new = _copy(status)
     new["conditions"] = _conditions(status, (), [_condition(CONTROLLER_RESIZE_ERROR, now, message)])
     if infeasible:
         new["allocatedResourceStatuses"] = _with_resize_status(status, CONTROLLER_INFEASIBLE)
     return new
 
 
-def node_expansion_pending(status: Obj, now: str) -> Obj:
-    new = copy.deepcopy(status)
+def node_expansion_pending(status: Mapping[str, Any], now: str) -> Obj:
+    new = _copy(status)
     pending = _condition(FS_RESIZE_PENDING, now, MSG_FS_RESIZE_PENDING)
     new["conditions"] = _conditions(status, (), [pending])
     new["allocatedResourceStatuses"] = _with_resize_status(status, NODE_PENDING)
     return new
 
 
-def finished(status: Obj, capacity_text: str) -> Obj:
+def finished(status: Mapping[str, Any], capacity_text: str) -> Obj:
     """The resizer's end when no node expansion is needed, and the node side's after it."""
-    new = copy.deepcopy(status)
+    new = _copy(status)
     new["capacity"] = {**(status.get("capacity") or {}), "storage": capacity_text}
     new["conditions"] = _conditions(status, RESIZE_CONDITIONS, [])
     new["allocatedResourceStatuses"] = _with_resize_status(status, None)
     return new
 
 
-def status_patch(old: Obj, new: Obj) -> Obj:
+def status_patch(old: Mapping[str, Any], new: Obj) -> Obj:
     """A JSON merge patch turning status `old` into `new` for the keys the resize path owns: lists
     are replaced whole, and a map key that went away is sent as null."""
     patch: Obj = {}
@@ -137,14 +145,14 @@ def status_patch(old: Obj, new: Obj) -> Obj:
     return patch
 
 
-def node_in_progress(status: Obj) -> Obj:
-    new = copy.deepcopy(status)
+def node_in_progress(status: Mapping[str, Any]) -> Obj:
+    new = _copy(status)
     new["allocatedResourceStatuses"] = _with_resize_status(status, NODE_IN_PROGRESS)
     return new
 
 
-def node_failed(status: Obj, message: str, infeasible: bool, now: str) -> Obj:
-    new = copy.deepcopy(status)
+def node_failed(status: Mapping[str, Any], message: str, infeasible: bool, now: str) -> Obj:
+    new = _copy(status)
     new["conditions"] = _conditions(status, (), [_condition(NODE_RESIZE_ERROR, now, message)])
     if infeasible:
         new["allocatedResourceStatuses"] = _with_resize_status(status, NODE_INFEASIBLE)

@@ -295,7 +295,7 @@ class ProvisioningController(SidecarController):
         else:
             assert self.csinodes is not None and self.nodes is not None
             csinodes = [csi_node_view(c) for c in self.csinodes.store.values()]
-            nodes = {n["metadata"]["name"]: node_view(n) for n in self.nodes.store.values()}
+            nodes = {n["metadata"]["name"]: n for n in map(node_view, self.nodes.store.values())}
         return accessibility(
             self.driver,
             storage_class,

@@ -30,7 +30,16 @@ from controller_runtime.controller import ControllerContext, run_workers
 from controller_runtime.csi_client import CSIConnection, SidecarController, SidecarOptions, error_text
 from controller_runtime.csi_errors import EXPAND_VOLUME, OperationState, classify, status_code
 from controller_runtime.informer import EventHandler, SharedInformer
-from controller_runtime.kinds import Node, PersistentVolume, node_view, pod_view, pv_view
+from controller_runtime.kinds import (
+    Node,
+    PersistentVolume,
+    PersistentVolumeClaim,
+    as_obj,
+    node_view,
+    pod_view,
+    pv_view,
+    pvc_view,
+)
 from controller_runtime.logs import get_logger
 from controller_runtime.mutation_cache import MutationCache
 from controller_runtime.quantity import format_quantity, parse_quantity
@@ -107,11 +116,11 @@ def lease_name(driver: str) -> str:
     return name + "X" if name.endswith("-") else name
 
 
-def _annotations(obj: Obj) -> dict[str, str]:
-    return obj["metadata"].get("annotations") or {}
+def _annotations(pv: PersistentVolume) -> dict[str, str]:
+    return pv["metadata"].get("annotations") or {}
 
 
-def sizes(claim: Obj, pv: Obj) -> Sizes:
+def sizes(claim: PersistentVolumeClaim, pv: PersistentVolume) -> Sizes:
     status = claim.get("status") or {}
     allocated = (status.get("allocatedResources") or {}).get("storage")
     return Sizes(
@@ -178,7 +187,8 @@ class Resizer(SidecarController):
 
     # -- handlers: enqueue only -------------------------------------------------------------------
 
-    def _claim_updated(self, old: Obj, new: Obj) -> None:
+    def _claim_updated(self, old_obj: Obj, new_obj: Obj) -> None:
+        old, new = pvc_view(old_obj), pvc_view(new_obj)
         o_status, n_status = old.get("status") or {}, new.get("status") or {}
         annotations = (old["metadata"].get("annotations") or {}, new["metadata"].get("annotations") or {})
         if (
@@ -191,7 +201,7 @@ class Resizer(SidecarController):
             self.queue.add(key_of(new))
 
     def _node_updated(self, old: Obj, new: Obj) -> None:
-        if old["metadata"].get("labels") != new["metadata"].get("labels"):
+        if node_view(old)["metadata"].get("labels") != node_view(new)["metadata"].get("labels"):
             self._node_changed(new)
 
     def _node_changed(self, _node: Obj) -> None:
@@ -229,28 +239,28 @@ class Resizer(SidecarController):
 
     # -- the sync ---------------------------------------------------------------------------------
 
-    def _ours(self, pv: Obj) -> bool:
+    def _ours(self, pv: PersistentVolume) -> bool:
         """A claim is ours by its PV's driver only. Upstream also honours the claim's
         storage-resizer annotation, but only for a driver that in-tree volumes migrate to, which
         no kubeloop driver is; and the annotation is the claim author's to write: naming this
         driver on a claim of another driver's volume, or of a non-CSI one, made this resizer
         expand it (or, without EXPAND_VOLUME, write the PV's capacity without expanding anything)."""
-        vol = csi_volume(pv_view(pv))
+        vol = csi_volume(pv)
         return vol is not None and vol.driver == self.driver
 
     async def sync(self, key: str) -> float | None:
-        claim = self.claim_view.get(key)
+        claim = pvc_view(self.claim_view.get(key))
         if claim is None:
             return None
         pv_name = (claim.get("spec") or {}).get("volumeName")
         if not pv_name:
             return None
-        pv = self.volume_view.get(pv_name)
+        pv = pv_view(self.volume_view.get(pv_name))
         if pv is None:
             if self.node is not None:
                 raise VolumeNotCached(f'PV "{pv_name}" bound to pvc "{key}" not found')
             raise ResizeError(f'PV "{pv_name}" bound to pvc "{key}" not found')
-        if not self.serves(pv_view(pv)):
+        if not self.serves(pv):
             return None  # another node's volume (or one no node deployment serves): not a word
         s = sizes(claim, pv)
         if s.capacity >= s.pv and rs.PRE_RESIZE_CAPACITY in _annotations(pv):
@@ -288,11 +298,13 @@ class Resizer(SidecarController):
         try:
             await self._attempt(key, claim, pv, attempt)
         except ResizeError as e:
-            self.recorder.warning(typed(claim, PERSISTENT_VOLUME_CLAIMS), EVENT_RESIZE_FAILED, str(e))
+            self.recorder.warning(typed(as_obj(claim), PERSISTENT_VOLUME_CLAIMS), EVENT_RESIZE_FAILED, str(e))
             raise
         return None
 
-    async def _attempt(self, key: str, claim: Obj, pv: Obj, attempt: Attempt) -> None:
+    async def _attempt(
+        self, key: str, claim: PersistentVolumeClaim, pv: PersistentVolume, attempt: Attempt
+    ) -> None:
         status = claim.get("status") or {}
         # Upstream records the claim's capacity as the sync found it ("0" without one).
         old_capacity = str((status.get("capacity") or {}).get("storage") or "0")
@@ -311,7 +323,7 @@ class Resizer(SidecarController):
                 "and volume is currently in-use"
             )
         self.recorder.normal(
-            typed(claim, PERSISTENT_VOLUME_CLAIMS),
+            typed(as_obj(claim), PERSISTENT_VOLUME_CLAIMS),
             EVENT_RESIZING,
             f"External resizer is resizing volume {pv_name}",
         )
@@ -337,7 +349,9 @@ class Resizer(SidecarController):
             except ApiError as e:
                 raise ResizeError(f'mark PVC "{key}" as node expansion required failed: {e}') from e
             self.recorder.normal(
-                typed(claim, PERSISTENT_VOLUME_CLAIMS), EVENT_FS_RESIZE_REQUIRED, MSG_FS_RESIZE_REQUIRED
+                typed(as_obj(claim), PERSISTENT_VOLUME_CLAIMS),
+                EVENT_FS_RESIZE_REQUIRED,
+                MSG_FS_RESIZE_REQUIRED,
             )
         else:
             try:
@@ -349,15 +363,17 @@ class Resizer(SidecarController):
             except ApiError as e:
                 raise ResizeError(f'mark PVC "{key}" as resize finished failed: {e}') from e
             self.recorder.normal(
-                typed(claim, PERSISTENT_VOLUME_CLAIMS), EVENT_RESIZE_SUCCESSFUL, MSG_RESIZE_SUCCEEDED
+                typed(as_obj(claim), PERSISTENT_VOLUME_CLAIMS), EVENT_RESIZE_SUCCESSFUL, MSG_RESIZE_SUCCEEDED
             )
         log.info("resized volume", pvc=key, pv=pv_name, size=new_size, node_expansion=node_expansion)
 
-    async def _expand(self, key: str, claim: Obj, pv: Obj, size: int) -> tuple[int, bool]:
+    async def _expand(
+        self, key: str, claim: PersistentVolumeClaim, pv: PersistentVolume, size: int
+    ) -> tuple[int, bool]:
         """ControllerExpandVolume; a failure is recorded on the claim before it is raised."""
         if self.trivial:
             return size, True
-        vol = csi_volume(pv_view(pv))
+        vol = csi_volume(pv)
         assert vol is not None  # _ours checked it
         self.in_use.discard(key)
         try:
@@ -389,7 +405,7 @@ class Resizer(SidecarController):
         return int(rsp.capacity_bytes) or size, bool(rsp.node_expansion_required)
 
     async def _expansion_failed(
-        self, key: str, claim: Obj, pv: Obj, text: str, state: OperationState
+        self, key: str, claim: PersistentVolumeClaim, pv: PersistentVolume, text: str, state: OperationState
     ) -> ResizeError:
         """What a failed expansion leaves: a final one is written to the claim (and an infeasible
         size keeps its slow retries); after one that may still be running the next attempt repeats
@@ -415,7 +431,7 @@ class Resizer(SidecarController):
             )
         return failed
 
-    async def _secrets(self, pv: Obj) -> dict[str, str]:
+    async def _secrets(self, pv: PersistentVolume) -> dict[str, str]:
         """The PV's controllerExpandSecretRef, read for ControllerExpandVolume as upstream reads it
         (a Secret that cannot be read fails the attempt: the driver may need it)."""
         ref = ((pv.get("spec") or {}).get("csi") or {}).get("controllerExpandSecretRef")
@@ -425,31 +441,31 @@ class Resizer(SidecarController):
             self.client, str(ref.get("name") or ""), str(ref.get("namespace") or "")
         )
 
-    async def _patch_pv(self, pv: Obj, patch: Obj) -> None:
+    async def _patch_pv(self, pv: PersistentVolume, patch: Obj) -> None:
         """Patches the PV; the next sync must see the annotation this one wrote, even before the
         watch delivers it (upstream writes the answer into its informer's cache; kubeloop keeps
         that cache read-only and overlays the answer)."""
         updated = await self.client.patch(PERSISTENT_VOLUMES, pv["metadata"]["name"], patch)
         self.volume_view.mutated(updated)
 
-    def _in_use(self, claim: Obj) -> bool:
+    def _in_use(self, claim: PersistentVolumeClaim) -> bool:
         """True when the driver said this volume cannot grow while in use and a running pod uses it."""
         key = key_of(claim)
         if key not in self.in_use or self.pods is None:
             return False
         return any(
-            (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+            (pod_view(p).get("status") or {}).get("phase") not in ("Succeeded", "Failed")
             for p in self.pods.store.by_index(CLAIMS_BY_POD, key)
         )
 
     async def _patch_claim(
         self,
-        claim: Obj,
+        claim: PersistentVolumeClaim,
         status: Obj,
         *,
         annotations: dict[str, str | None] | None = None,
         resource_version: bool = True,
-    ) -> Obj:
+    ) -> PersistentVolumeClaim:
         """Merge-patches the claim's status subresource from its cached status to `status`."""
         metadata: Obj = {}
         if resource_version:
@@ -469,7 +485,7 @@ class Resizer(SidecarController):
             subresource="status",
         )
         self.claim_view.mutated(updated)  # the next step of this attempt reads what it wrote
-        return updated
+        return pvc_view(updated)
 
 
 class ResizerProcess:

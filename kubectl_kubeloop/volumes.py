@@ -11,8 +11,9 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from controller_runtime.client import ApiClient, ApiError
+from controller_runtime.kinds import Node, node_view, pv_view, volume_attachment_view
 from controller_runtime.quantity import format_quantity
-from controller_runtime.resources import NODES, PERSISTENT_VOLUMES, VOLUME_ATTACHMENTS, Obj
+from controller_runtime.resources import NODES, PERSISTENT_VOLUMES, VOLUME_ATTACHMENTS
 from controller_runtime.volumes import ANN_METRICS_URL, unique_volume_name
 
 ClaimKey = tuple[str, str]
@@ -31,7 +32,7 @@ class Row:
     health: str  # ok / abnormal / - (no condition reported)
 
 
-async def _node_metrics(api: ApiClient, node: Obj) -> str:
+async def _node_metrics(api: ApiClient, node: Node) -> str:
     url = (node["metadata"].get("annotations") or {}).get(ANN_METRICS_URL)
     try:
         if url:
@@ -57,9 +58,11 @@ def _stats(texts: list[str]) -> tuple[dict[ClaimKey, int], dict[ClaimKey, bool]]
 
 
 async def rows(api: ApiClient) -> list[Row]:
-    (pvs, _), (vas, _), (nodes, _) = await asyncio.gather(
+    (pv_objs, _), (va_objs, _), (node_objs, _) = await asyncio.gather(
         api.list_all(PERSISTENT_VOLUMES), api.list_all(VOLUME_ATTACHMENTS), api.list_all(NODES)
     )
+    pvs, vas = [pv_view(p) for p in pv_objs], [volume_attachment_view(va) for va in va_objs]
+    nodes = [node_view(n) for n in node_objs]
     used, abnormal = _stats(list(await asyncio.gather(*(_node_metrics(api, n) for n in nodes))))
     in_use = {n["metadata"]["name"]: set((n.get("status") or {}).get("volumesInUse") or []) for n in nodes}
     out = []

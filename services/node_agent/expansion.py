@@ -18,6 +18,7 @@ from controller_runtime.client import ApiClient
 from controller_runtime.clock import now_rfc3339
 from controller_runtime.csi_client import error_text
 from controller_runtime.events import EventRecorder
+from controller_runtime.kinds import PersistentVolume, PersistentVolumeClaim, as_obj, pvc_view
 from controller_runtime.logs import get_logger
 from controller_runtime.quantity import format_quantity, parse_quantity
 from controller_runtime.resources import PERSISTENT_VOLUME_CLAIMS, Obj, typed
@@ -32,7 +33,7 @@ FS_RESIZE_FAILED = "FileSystemResizeFailed"
 VOLUME_RESIZE_FAILED = "VolumeResizeFailed"
 
 
-def pending_size(claim: Obj, pv: Obj) -> int | None:
+def pending_size(claim: PersistentVolumeClaim, pv: PersistentVolume) -> int | None:
     """The size the node must grow the volume to, or None when the node has nothing to do: the
     claim's status is below the PV's capacity and the resizer handed it over (NodeResizePending,
     or NodeResizeInProgress after an interrupted attempt)."""
@@ -72,16 +73,21 @@ class NodeExpander:
         self.csi_timeout = csi_timeout
 
     async def expand(
-        self, node: csi_pb2_grpc.NodeStub, t: Target, claim_ns: str, claim_name: str, pv: Obj
+        self,
+        node: csi_pb2_grpc.NodeStub,
+        t: Target,
+        claim_ns: str,
+        claim_name: str,
+        pv: PersistentVolume,
     ) -> bool:
         """Grows the volume if its claim still asks for it; whether it did. Raises on failure
         (InUseExpansionError when only an offline expansion can work)."""
-        claim = await self.client.get(PERSISTENT_VOLUME_CLAIMS, claim_name, claim_ns)
+        claim = pvc_view(await self.client.get(PERSISTENT_VOLUME_CLAIMS, claim_name, claim_ns))
         size = pending_size(claim, pv)
         if size is None:
             return False
         pv_name = t.volume.pv_name
-        claim_ref = typed(claim, PERSISTENT_VOLUME_CLAIMS)
+        claim_ref = typed(as_obj(claim), PERSISTENT_VOLUME_CLAIMS)
         if t.read_only:
             message = (
                 f'MountVolume.NodeExpandVolume failed for volume "{pv_name}" requested read-only file system'
@@ -121,14 +127,17 @@ class NodeExpander:
         log.info("expanded volume on node", pv=pv_name, size=size, pvc=f"{claim_ns}/{claim_name}")
         return True
 
-    async def _patch(self, claim: Obj, status: Obj, *, resource_version: bool = True) -> Obj:
+    async def _patch(
+        self, claim: PersistentVolumeClaim, status: Obj, *, resource_version: bool = True
+    ) -> PersistentVolumeClaim:
         body: Obj = {"status": rs.status_patch(claim.get("status") or {}, status)}
         if resource_version:
             body["metadata"] = {"resourceVersion": claim["metadata"]["resourceVersion"]}
-        return await self.client.patch(
+        updated = await self.client.patch(
             PERSISTENT_VOLUME_CLAIMS,
             claim["metadata"]["name"],
             body,
             namespace=claim["metadata"]["namespace"],
             subresource="status",
         )
+        return pvc_view(updated)

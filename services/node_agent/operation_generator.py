@@ -16,7 +16,7 @@ from controller_runtime import mounts
 from controller_runtime.attach_rules import attach_required
 from controller_runtime.csi_client import error_text
 from controller_runtime.events import EventRecorder
-from controller_runtime.kinds import csi_driver_view, pod_view, volume_attachment_view
+from controller_runtime.kinds import csi_driver_view, pod_view, pv_view, volume_attachment_view
 from controller_runtime.logs import get_logger
 from controller_runtime.operations import RetryLater
 from controller_runtime.resources import Obj
@@ -232,7 +232,7 @@ class OperationGenerator:
     async def expand(self, pv: PodVolume) -> None:
         vol = pv.volume
         plugin = self._plugin(vol.driver)
-        volume = self.volumes.get(vol.pv_name)
+        volume = pv_view(self.volumes.get(vol.pv_name))
         if volume is None or not self.actual.pod_exists_in_volume(pv.pod_uid, vol.pv_name):
             return
         ref = volume.get("spec", {}).get("claimRef") or {}

@@ -18,9 +18,9 @@ import aiohttp
 from controller_runtime.client import ApiClient, ApiError
 from controller_runtime.clock import now_rfc3339
 from controller_runtime.informer import SharedInformer
-from controller_runtime.kinds import pod_view
+from controller_runtime.kinds import Pod, pod_view
 from controller_runtime.logs import get_logger
-from controller_runtime.resources import PODS, Obj
+from controller_runtime.resources import PODS
 from controller_runtime.volumes import pod_terminated
 
 from .decide import PodVolume
@@ -50,7 +50,8 @@ class PodStatus:
         its volumes (from the volume pass). A write that fails is started again by a later call."""
         writes: list[tuple[Coroutine[Any, Any, None], str, set[str]]] = []
         present = set()
-        for pod in self.pods.store.values():
+        for obj in self.pods.store.values():
+            pod = pod_view(obj)
             md = pod["metadata"]
             key, uid = f"{md.get('namespace', '')}/{md['name']}", md.get("uid", "")
             present.add(uid)
@@ -61,7 +62,7 @@ class PodStatus:
                     writes.append((self._finish_deletion(pod), uid, self._deleting))
                 continue
             vols = complete.get(key)
-            if vols is None or pod_terminated(pod_view(pod)) or uid in self._reported_running:
+            if vols is None or pod_terminated(pod) or uid in self._reported_running:
                 continue
             if self.volumes.all_mounted(vols):
                 self._reported_running.add(uid)
@@ -95,7 +96,7 @@ class PodStatus:
             task.cancel()
         await self.settled()
 
-    async def _set_running(self, pod: Obj) -> None:
+    async def _set_running(self, pod: Pod) -> None:
         md = pod["metadata"]
         status = pod.get("status") or {}
         if status.get("phase") == "Running" and any(
@@ -146,7 +147,7 @@ class PodStatus:
             self._reported_running.discard(md.get("uid", ""))
             log.warning("could not update pod status", pod=md["name"], error=str(exc))
 
-    async def _finish_deletion(self, pod: Obj) -> None:
+    async def _finish_deletion(self, pod: Pod) -> None:
         """Deletes the pod for good (grace period 0) once nothing of it is mounted, as kubelet does
         after its containers stopped and volumes were torn down."""
         md = pod["metadata"]

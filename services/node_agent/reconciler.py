@@ -18,6 +18,7 @@ from controller_runtime import mounts
 from controller_runtime.client import ApiClient
 from controller_runtime.clock import Clock
 from controller_runtime.csi_client import error_text
+from controller_runtime.kinds import pv_view, pvc_view
 from controller_runtime.logs import get_logger
 from controller_runtime.operations import OperationExecutor
 from controller_runtime.passes import CpuMeter
@@ -134,9 +135,9 @@ class Reconciler:
                 or self.actual.has_in_use_expansion_error(pv.stage_key)
             ):
                 continue
-            volume = self.volumes.get(pv.volume.pv_name)
+            volume = pv_view(self.volumes.get(pv.volume.pv_name))
             ref = (volume or {}).get("spec", {}).get("claimRef") or {}
-            claim = self.claims.get(f"{ref.get('namespace')}/{ref.get('name')}")
+            claim = pvc_view(self.claims.get(f"{ref.get('namespace')}/{ref.get('name')}"))
             if volume is not None and claim is not None and pending_size(claim, volume) is not None:
                 out[pv.stage_key] = pv
         return list(out.values())

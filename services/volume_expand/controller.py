@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from controller_runtime.client import ApiError
 from controller_runtime.controller import ControllerContext, InformerController, run_workers
 from controller_runtime.informer import EventHandler
+from controller_runtime.kinds import PersistentVolumeClaim, as_obj, pv_view, pvc_view
 from controller_runtime.logs import get_logger
 from controller_runtime.resize_status import PRE_RESIZE_CAPACITY
 from controller_runtime.resources import PERSISTENT_VOLUME_CLAIMS, PERSISTENT_VOLUMES, Obj, key_of, typed
@@ -35,11 +36,11 @@ class Options:
     workers: int = 10  # kcm's fixed worker count
 
 
-def _bound(claim: Obj) -> bool:
+def _bound(claim: PersistentVolumeClaim) -> bool:
     return (claim.get("status") or {}).get("phase") == "Bound"
 
 
-def _capacity(claim: Obj) -> int:
+def _capacity(claim: PersistentVolumeClaim) -> int:
     return storage_of((claim.get("status") or {}).get("capacity"))
 
 
@@ -53,14 +54,16 @@ class ExpandController(InformerController):
         self.claims = self.factory.informer(PERSISTENT_VOLUME_CLAIMS)
         self.claims.add_handler(EventHandler(self._enqueue, self._updated, self._enqueue))
 
-    def _enqueue(self, claim: Obj) -> None:
+    def _enqueue(self, obj: Obj) -> None:
+        claim = pvc_view(obj)
         if _bound(claim):
             self.queue.add(key_of(claim))
 
-    def _updated(self, old: Obj, new: Obj) -> None:
+    def _updated(self, old_obj: Obj, new_obj: Obj) -> None:
+        old, new = pvc_view(old_obj), pvc_view(new_obj)
         # Only a grown request or a grown capacity is news to this controller (not a resync).
         if claim_request(new) > claim_request(old) or _capacity(new) > _capacity(old):
-            self._enqueue(new)
+            self._enqueue(new_obj)
 
     async def run(self) -> None:
         await self.start_informers()
@@ -68,7 +71,7 @@ class ExpandController(InformerController):
         await run_workers(self.queue, self.sync, self.options.workers)
 
     async def sync(self, key: str) -> None:
-        claim = self.claims.store.get(key)
+        claim = pvc_view(self.claims.store.get(key))
         if claim is None:
             return
         pv_name = str((claim.get("spec") or {}).get("volumeName") or "")
@@ -76,7 +79,7 @@ class ExpandController(InformerController):
             return
         try:
             # A live read, as kcm does: the decision is about the PV as it is now.
-            pv = await self.client.get(PERSISTENT_VOLUMES, pv_name)
+            pv = pv_view(await self.client.get(PERSISTENT_VOLUMES, pv_name))
         except ApiError as e:
             raise RuntimeError(f'failed to get PV "{pv_name}": {e}') from e
         md, ref = claim["metadata"], (pv.get("spec") or {}).get("claimRef") or {}
@@ -85,5 +88,5 @@ class ExpandController(InformerController):
         annotations = pv["metadata"].get("annotations") or {}
         if claim_request(claim) <= _capacity(claim) and PRE_RESIZE_CAPACITY not in annotations:
             return
-        self.recorder.normal(typed(claim, PERSISTENT_VOLUME_CLAIMS), EXTERNAL_EXPANDING, MSG_EXTERNAL)
+        self.recorder.normal(typed(as_obj(claim), PERSISTENT_VOLUME_CLAIMS), EXTERNAL_EXPANDING, MSG_EXTERNAL)
         log.info("claim waits for an external resizer", pvc=key, pv=pv_name)

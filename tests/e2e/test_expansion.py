@@ -16,6 +16,7 @@ import pytest_asyncio
 
 from controller_runtime import resize_status as rs
 from controller_runtime.client import ApiClient, ApiError
+from controller_runtime.kinds import pvc_view
 from controller_runtime.resources import PERSISTENT_VOLUME_CLAIMS, PERSISTENT_VOLUMES, STORAGE_CLASSES, Obj
 from csi_driver import DRIVER_NAME
 from localstack.controlplane import ControlPlane
@@ -94,7 +95,7 @@ async def wait_capacity(api: ApiClient, namespace: str, name: str, size: str, ti
     async def done() -> Obj | None:
         pvc = await claim(api, namespace, name)
         st = status_of(pvc)
-        finished = st.get("capacity", {}).get("storage") == size and not rs.resize_status(pvc)
+        finished = st.get("capacity", {}).get("storage") == size and not rs.resize_status(pvc_view(pvc))
         return pvc if finished else None
 
     pvc: Obj = await eventually_async(f"claim {name} at {size}", done, timeout)
@@ -106,7 +107,7 @@ async def wait_resize_status(
 ) -> Obj:
     async def reached() -> Obj | None:
         pvc = await claim(api, namespace, name)
-        return pvc if rs.resize_status(pvc) == value else None
+        return pvc if rs.resize_status(pvc_view(pvc)) == value else None
 
     pvc: Obj = await eventually_async(f"claim {name} resize status {value}", reached, timeout)
     return pvc
@@ -190,7 +191,7 @@ async def test_ext4_grows_online_or_at_the_next_mount(stack: StorageStack, names
         (event,) = await eventually_async("FileSystemResizeFailed on the pod", refused, 60)
         assert "CAP_SYS_RESOURCE" in event["message"]
         pending = await claim(stack.api, namespace, pvc)
-        assert rs.resize_status(pending) == rs.NODE_IN_PROGRESS  # as kubelet leaves it
+        assert rs.resize_status(pvc_view(pending)) == rs.NODE_IN_PROGRESS  # as kubelet leaves it
         assert status_of(pending)["capacity"]["storage"] == "128Mi"
         await stack.delete_pod(namespace, current)
         current = "second"
@@ -333,7 +334,7 @@ async def test_fifty_claims_resized_at_once_one_operation_each(stack: StorageSta
     await eventually_async("50 claims at 16Mi", all_done, 120, 0.5)
     for pvc, pv, handle in volumes:
         done = await claim(stack.api, namespace, pvc)
-        assert not rs.resize_status(done)
+        assert not rs.resize_status(pvc_view(done))
         assert done["metadata"]["annotations"][rs.NODE_EXPANSION_NOT_REQUIRED] == "true"
         assert (await stack.api.get(PERSISTENT_VOLUMES, pv))["spec"]["capacity"]["storage"] == "16Mi"
         assert (stack.pool / "volumes" / f"{handle}.img").stat().st_size == 16 * MI
