@@ -7,7 +7,7 @@ PYTEST_ARGS ?=
 
 .PHONY: up down test unit integration sanity stress-start bench bench-scaling profile lint deps binaries prometheus-deps system-deps python-deps clean \
 	docker-deps images wheels compose-test conformance kind-deps helm-deps kind-images kind-up kind-down kind-test e2e-deps \
-	e2e-storage e2e-storage-disruptive chaos
+	e2e-storage e2e-storage-disruptive e2e-csi-mock chaos
 
 # exec: the launcher is make's own child, not a shell's (bash execs a lone command anyway; this keeps
 # it so), so the SIGTERM make passes on to its child reaches the launcher, which stops in order.
@@ -191,6 +191,13 @@ e2e-storage: deps binaries kind-deps e2e-deps
 	$(PY) -m localstack.kind up --pools $(E2E_POOLS) --storage-controllers $(E2E_CONTROLLERS)
 	$(PY) -m localstack.e2e_storage run --results .kubeloop/e2e-storage$(E2E_SUFFIX) $(E2E_CLASS) $(E2E_ARGS); rc=$$?; \
 		$(PY) -m localstack.kind down; exit $$rc
+
+# The e2e suite's CSI Mock specs (localstack/csi_mock.py, docs/e2e-storage.md): its mock driver, run inside
+# e2e.test, behind kubeloop's sidecars in the suite's own mock manifests; results in .kubeloop/e2e-csi-mock/.
+e2e-csi-mock: deps binaries kind-deps e2e-deps
+	$(PY) -m localstack.kind up --pools shared --storage-controllers $(E2E_CONTROLLERS)
+	$(PY) -m localstack.e2e_storage run --suite csi-mock --results .kubeloop/e2e-csi-mock$(E2E_SUFFIX) $(E2E_ARGS); \
+		rc=$$?; $(PY) -m localstack.kind down; exit $$rc
 
 e2e-storage-disruptive: deps binaries kind-deps e2e-deps
 	$(PY) -m localstack.kind up --pools $(E2E_POOLS) --storage-controllers $(E2E_CONTROLLERS)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +26,25 @@ def read_versions(path: Path = VERSIONS_FILE) -> dict[str, str]:
 
 class MissingBinaryError(RuntimeError):
     pass
+
+
+class MissingModuleError(RuntimeError):
+    pass
+
+
+def go_module_dir(module: str, version: str) -> Path:
+    """A Go module's source in the module cache, fetched through the Go module proxy when it is not
+    there yet (`go mod download`): where upstream's manifests and sources are read from."""
+    go = shutil.which("go") or "/usr/local/go/bin/go"
+    proc = subprocess.run(
+        [go, "mod", "download", "-json", f"{module}@{version}"], capture_output=True, text=True, cwd="/"
+    )
+    info = json.loads(proc.stdout or "{}")
+    if "Dir" not in info:
+        raise MissingModuleError(
+            f"{module}@{version} is not in the Go module cache: {info.get('Error') or proc.stderr}"
+        )
+    return Path(info["Dir"])
 
 
 @dataclass(frozen=True)

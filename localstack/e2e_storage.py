@@ -29,6 +29,7 @@ import yaml
 
 from controller_runtime.toolchain import REPO_ROOT, Toolchain
 
+from . import csi_mock
 from .kind import CLUSTER_NAME, DEFAULT_KUBECONFIG, Cluster, KindError, run
 
 DRIVER_FILE = REPO_ROOT / "deploy" / "kind" / "e2e-driver.yaml"
@@ -72,6 +73,8 @@ class Suite:
     about: str
     # Its specs stop and start kubelet over ssh to the node (test/e2e/storage/utils KubeletCommand).
     node_ssh: bool = False
+    # Its specs deploy the CSI mock driver's manifests, whose images localstack.csi_mock makes.
+    csi_mock: bool = False
 
 
 SUITES = {
@@ -90,6 +93,15 @@ SUITES = {
         "Disruptive|Serial|Slow",
         "provisioning, data, block mode, clones, snapshots, offline expansion, topology and capacity: "
         "a few minutes",
+    ),
+    # The CSI Mock specs: the suite's own mock driver behind kubeloop's sidecars (docs/e2e-storage.md),
+    # how the sidecars and kubelet treat each CSIDriver field and the driver's errors. Those that need
+    # SELinux on the nodes, or restart things, are left out.
+    "csi-mock": Suite(
+        r"\[sig-storage\] CSI Mock",
+        r"Disruptive|Serial|Slow|Feature:SELinux|SELinuxMount",
+        "the CSI Mock specs: the e2e suite's mock driver behind kubeloop's sidecars",
+        csi_mock=True,
     ),
 }
 FOCUS, SKIP = SUITES["default"].focus, SUITES["default"].skip
@@ -388,6 +400,11 @@ def main(argv: Sequence[str] | None = None) -> None:
             if not args.no_load_images:
                 say("building the test images and loading them into the cluster")
                 say(f"images loaded in {load_images(cluster):.0f}s")
+            if SUITES[args.suite].csi_mock:
+                say("making the CSI Mock specs' images (localstack.csi_mock) and loading them")
+                cluster.kind(
+                    "load", "docker-image", "--name", cluster.name, *csi_mock.build_all(), timeout=900
+                )
             if SUITES[args.suite].node_ssh:
                 say("starting sshd on every node with a key of this run (kubelet restarts)")
                 options.env.update(enable_node_ssh(cluster, options.results))

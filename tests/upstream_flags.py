@@ -15,15 +15,13 @@ When a pin moves the recorded file of the new version is missing, and the flag t
 
 from __future__ import annotations
 
-import json
 import re
-import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from controller_runtime import goflags
+from controller_runtime import goflags, toolchain
 from controller_runtime.toolchain import REPO_ROOT, MissingBinaryError, Toolchain
 from localstack.go_sidecars import ATTACHER, PROVISIONER, RESIZER, GoSidecar, go_sidecar_binary
 
@@ -70,16 +68,10 @@ _SOURCE_GATE = re.compile(r"(\w+):\s*\{Default: (true|false), PreRelease: featur
 
 def go_module_dir(module: str, version: str) -> Path:
     """A module's source in the Go module cache (`go mod download` fetches it through the proxy)."""
-    go = shutil.which("go") or "/usr/local/go/bin/go"
-    proc = subprocess.run(
-        [go, "mod", "download", "-json", f"{module}@{version}"], capture_output=True, text=True, cwd="/"
-    )
-    info = json.loads(proc.stdout or "{}")
-    if "Dir" not in info:
-        raise MissingUpstream(
-            f"{module}@{version} is not in the Go module cache: {info.get('Error') or proc.stderr}"
-        )
-    return Path(info["Dir"])
+    try:
+        return toolchain.go_module_dir(module, version)
+    except toolchain.MissingModuleError as exc:
+        raise MissingUpstream(str(exc)) from exc
 
 
 def source_gates(sidecar: str, tools: Toolchain | None = None) -> dict[str, tuple[str, bool]]:
