@@ -11,7 +11,7 @@ from controller_runtime.client import ApiError
 from controller_runtime.controller import ControllerContext, run_workers
 from controller_runtime.csi_client import CSIConnection, SidecarController
 from controller_runtime.informer import EventHandler
-from controller_runtime.kinds import pvc_view
+from controller_runtime.kinds import as_obj, pvc_view
 from controller_runtime.logs import get_logger
 from controller_runtime.mutation_cache import MutationCache
 from controller_runtime.resources import PERSISTENT_VOLUME_CLAIMS, Obj, key_of, object_key
@@ -55,7 +55,8 @@ class CloneProtectionController(SidecarController):
                 )
             )
 
-    def _claim_changed(self, claim: Obj) -> None:
+    def _claim_changed(self, obj: Obj) -> None:
+        claim = pvc_view(obj)
         if is_deleting(claim) and names.CLONE_FINALIZER in (claim["metadata"].get("finalizers") or []):
             self.queue.add(key_of(claim))
 
@@ -68,7 +69,7 @@ class CloneProtectionController(SidecarController):
         """Puts the finalizer on the source claim before the first CreateVolume that copies it, so
         the source cannot vanish while the driver copies. An update of the cached claim, as
         csi-provisioner's: a stale cache is a conflict, reported and retried."""
-        src = self.claim_view.get(object_key(source.namespace, source.name))
+        src = pvc_view(self.claim_view.get(object_key(source.namespace, source.name)))
         if src is None:
             raise ProvisionError(f'persistentvolumeclaim "{source.name}" not found')
         md = src["metadata"]
@@ -77,7 +78,7 @@ class CloneProtectionController(SidecarController):
             return
         finalizers.append(names.CLONE_FINALIZER)
         try:
-            saved = await update_claim_metadata(self.client, src, finalizers=finalizers)
+            saved = await update_claim_metadata(self.client, as_obj(src), finalizers=finalizers)
         except ApiError as exc:
             raise ProvisionError(exc.message) from exc
         self.claim_view.mutated(saved)  # a second clone of it in this round must not patch again
@@ -86,16 +87,16 @@ class CloneProtectionController(SidecarController):
         """The finalizer goes once no claim is Pending with the source as its data source.
         Level-triggered from the cache, so a restart anywhere converges: the initial list
         re-queues every deleting source."""
-        src = self.claim_view.get(key)
+        src = pvc_view(self.claim_view.get(key))
         if src is None or names.CLONE_FINALIZER not in (src["metadata"].get("finalizers") or []):
             return None
-        pending = decide.pending_clones(pvc_view(src), (pvc_view(c) for c in self.claims.store.values()))
+        pending = decide.pending_clones(src, (pvc_view(c) for c in self.claims.store.values()))
         if pending:
             raise ClonesPending(f"PVC '{pending[0]}' is in 'Pending' state, cloning in progress")
         md = src["metadata"]
         rest = [f for f in md.get("finalizers") or [] if f != names.CLONE_FINALIZER]
         try:
-            await update_claim_metadata(self.client, src, finalizers=rest)
+            await update_claim_metadata(self.client, as_obj(src), finalizers=rest)
         except ApiError as exc:
             if not exc.not_found:
                 raise

@@ -18,7 +18,13 @@ from controller_runtime.client import ApiError
 from controller_runtime.controller import ControllerContext, run_workers
 from controller_runtime.csi_client import CSIConnection, SidecarController
 from controller_runtime.informer import EventHandler, SharedInformer
-from controller_runtime.kinds import PersistentVolume, as_obj, pv_view, storage_class_view
+from controller_runtime.kinds import (
+    PersistentVolume,
+    as_obj,
+    pv_view,
+    storage_class_view,
+    volume_attachment_view,
+)
 from controller_runtime.logs import get_logger
 from controller_runtime.resources import (
     PERSISTENT_VOLUMES,
@@ -84,12 +90,13 @@ class DeletionController(SidecarController):
             self.segment is None or decide.volume_accessible(pv, self.segment)
         )
 
-    def _volume_changed(self, pv: Obj) -> None:
-        if self._mine(pv_view(pv)):
+    def _volume_changed(self, obj: Obj) -> None:
+        pv = pv_view(obj)
+        if self._mine(pv):
             self.queue.add(pv["metadata"]["name"])
 
-    def _attachment_deleted(self, va: Obj) -> None:
-        pv = va.get("spec", {}).get("source", {}).get("persistentVolumeName")
+    def _attachment_deleted(self, obj: Obj) -> None:
+        pv = volume_attachment_view(obj).get("spec", {}).get("source", {}).get("persistentVolumeName")
         if pv:
             self.queue.add(pv)
 
@@ -145,7 +152,7 @@ class DeletionController(SidecarController):
         ref = decide.deletion_secret(pv, storage_class)
         secrets = await self.calls.secrets(ref, required=False)
         if self.attachments is not None:
-            for va in self.attachments.store.by_index(VA_BY_PV_INDEX, name):
+            for va in map(volume_attachment_view, self.attachments.store.by_index(VA_BY_PV_INDEX, name)):
                 raise ProvisionError(names.msg_still_attached(name, va["spec"].get("nodeName", "")))
         await self.calls.delete_volume(csi["volumeHandle"], secrets)
         if self.volume_deleted is not None:

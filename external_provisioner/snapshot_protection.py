@@ -11,9 +11,9 @@ from __future__ import annotations
 from controller_runtime.client import ApiError
 from controller_runtime.controller import ControllerContext
 from controller_runtime.csi_client import CSIConnection, SidecarController
-from controller_runtime.kinds import pvc_view
+from controller_runtime.kinds import VolumeSnapshot, pvc_view, snapshot_view
 from controller_runtime.logs import get_logger
-from controller_runtime.resources import PERSISTENT_VOLUME_CLAIMS, VOLUME_SNAPSHOTS, Obj, key_of
+from controller_runtime.resources import PERSISTENT_VOLUME_CLAIMS, VOLUME_SNAPSHOTS, key_of
 from kubeloop_grpc.csi import csi_pb2
 
 from . import decide, names
@@ -39,7 +39,7 @@ class SnapshotProtectionController(SidecarController):
         restore runs. Without the RBAC to update snapshots, provisioning goes on unprotected, as
         upstream (the permission is optional there)."""
         try:
-            snap = await self.client.get(VOLUME_SNAPSHOTS, source.name, source.namespace)
+            snap = snapshot_view(await self.client.get(VOLUME_SNAPSHOTS, source.name, source.namespace))
             finalizers = list(snap["metadata"].get("finalizers") or [])
             if names.SNAPSHOT_FINALIZER in finalizers:
                 return
@@ -56,12 +56,12 @@ class SnapshotProtectionController(SidecarController):
                 return
             raise ProvisionError(exc.message) from exc
 
-    async def release(self, namespace: str, name: str, snap: Obj | None = None) -> None:
+    async def release(self, namespace: str, name: str, snap: VolumeSnapshot | None = None) -> None:
         """Takes the finalizer off a snapshot. Failures are only logged: the sweep (or the next
         restore from it) finishes the job."""
         try:
             if snap is None:
-                snap = await self.client.get(VOLUME_SNAPSHOTS, name, namespace)
+                snap = snapshot_view(await self.client.get(VOLUME_SNAPSHOTS, name, namespace))
             finalizers = list(snap["metadata"].get("finalizers") or [])
             if names.SNAPSHOT_FINALIZER not in finalizers:
                 return
@@ -102,7 +102,7 @@ class SnapshotProtectionController(SidecarController):
     async def _sweep(self) -> None:
         snapshots, _ = await self.client.list_all(VOLUME_SNAPSHOTS)
         pending = decide.pending_restores(pvc_view(c) for c in self.claims.store.values())
-        for snap in snapshots:
+        for snap in map(snapshot_view, snapshots):
             md = snap["metadata"]
             if names.SNAPSHOT_FINALIZER in (md.get("finalizers") or []) and key_of(snap) not in pending:
                 await self.release(md["namespace"], md["name"], snap)

@@ -133,7 +133,7 @@ class Modifier(SidecarController):
         self.claims = self.factory.informer(PERSISTENT_VOLUME_CLAIMS)
         self.volumes = self.factory.informer(PERSISTENT_VOLUMES)
         self.classes = self.factory.informer(VOLUME_ATTRIBUTES_CLASSES)
-        self.claims.add_index(CLAIMS_BY_CLASS, _class_of)
+        self.claims.add_index(CLAIMS_BY_CLASS, lambda c: _class_of(pvc_view(c)))
         self.claims.add_handler(
             EventHandler(lambda c: self.queue.add(key_of(c)), self._claim_updated, self._claim_deleted)
         )
@@ -145,7 +145,8 @@ class Modifier(SidecarController):
 
     # -- handlers: enqueue only -------------------------------------------------------------------
 
-    def _claim_updated(self, old: Obj, new: Obj) -> None:
+    def _claim_updated(self, old_obj: Obj, new_obj: Obj) -> None:
+        old, new = pvc_view(old_obj), pvc_view(new_obj)
         status = new.get("status") or {}
         asked = _class_of(old) != _class_of(new) or status.get("modifyVolumeStatus") is None
         if asked and status.get("phase") == "Bound":
@@ -167,7 +168,7 @@ class Modifier(SidecarController):
     async def run(self) -> None:
         """Runs on the informers the resizer starts (one factory)."""
         await self.factory.wait_for_sync()
-        for claim in self.claims.store.values():
+        for claim in map(pvc_view, self.claims.store.values()):
             status = (claim.get("status") or {}).get("modifyVolumeStatus") or {}
             if status.get("status") == MODIFY_IN_PROGRESS:
                 self.uncertain.add(key_of(claim))
@@ -359,6 +360,6 @@ class Modifier(SidecarController):
         return pvc_view(updated)
 
 
-def _class_of(claim: Obj) -> list[str]:
+def _class_of(claim: PersistentVolumeClaim) -> list[str]:
     name = (claim.get("spec") or {}).get("volumeAttributesClassName")
     return [name] if name else []

@@ -18,7 +18,7 @@ from controller_runtime import mounts
 from controller_runtime.client import ApiClient
 from controller_runtime.clock import Clock
 from controller_runtime.csi_client import error_text
-from controller_runtime.kinds import pv_view, pvc_view
+from controller_runtime.kinds import node_view, pv_view, pvc_view
 from controller_runtime.logs import get_logger
 from controller_runtime.operations import OperationExecutor
 from controller_runtime.passes import CpuMeter
@@ -144,7 +144,7 @@ class Reconciler:
 
     async def _write_in_use(self, names: tuple[str, ...]) -> bool:
         """Reports `names` as the node's volumesInUse; whether it had to write."""
-        node = self.node.get(self.node_name)
+        node = node_view(self.node.get(self.node_name))
         current = tuple(sorted((node or {}).get("status", {}).get("volumesInUse") or ()))
         if current == names:
             return False

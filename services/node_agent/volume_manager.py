@@ -20,6 +20,7 @@ from controller_runtime.clock import SYSTEM_CLOCK, Clock
 from controller_runtime.csi_client import error_text
 from controller_runtime.events import EventRecorder
 from controller_runtime.informer import EventHandler, SharedInformerFactory
+from controller_runtime.kinds import pod_view, pv_view
 from controller_runtime.logs import get_logger
 from controller_runtime.operations import Backoff, OperationExecutor
 from controller_runtime.resources import (
@@ -143,7 +144,7 @@ class VolumeManager:
     def remove_orphan_pod_dirs(self) -> None:
         """Pod directories of pods that are gone and hold no volume record: left by a crash after
         the last unpublish. Directories with records are handled by the unmount path."""
-        known = {p["metadata"].get("uid") for p in self.pods.store.values()}
+        known = {p["metadata"].get("uid") for p in map(pod_view, self.pods.store.values())}
         with_records = {uid for uid, _ in self.actual.get_all_mounted_volumes()}
         for uid in self.layout.pod_dirs():
             if uid not in known and uid not in with_records:
@@ -165,7 +166,7 @@ class VolumeManager:
         for m in self.actual.get_mounted_volumes():
             if m.ephemeral:
                 continue
-            pv = self._volumes.get(m.pv_name) or {}
+            pv = pv_view(self._volumes.get(m.pv_name)) or {}
             ref = (pv.get("spec") or {}).get("claimRef") or {}
             plugin = self.plugins.get(m.driver)
             if not ref.get("name") or plugin is None or not plugin.volume_stats:
