@@ -5,7 +5,8 @@ while it waits, as the Go sidecars do), then reads the driver's name and capabil
 call made through the stubs should pass `timeout=conn.timeout`; each call's latency and gRPC code
 are recorded in `csi_sidecar_operations_seconds`, the upstream metric.
 
-`SidecarController` and `SidecarOptions` are what the external-attacher's and external-resizer's
+`SidecarController` (controller_runtime.sidecar_controller, importable from here) and
+`SidecarOptions` are what the external-attacher's and external-resizer's
 controllers share: the connection and driver name, and the workers, CSI timeout and retry backoff.
 """
 
@@ -15,17 +16,19 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from prometheus_client import Histogram
 
 from kubeloop_grpc.csi import csi_pb2, csi_pb2_grpc
 
-from .controller import ControllerContext, InformerController
 from .csi_errors import IN_PROGRESS_CODES
 from .logs import get_logger
 from .unix_grpc import socket_path
+
+if TYPE_CHECKING:
+    from .sidecar_controller import SidecarController as SidecarController
 
 log = get_logger("csi")
 
@@ -227,10 +230,12 @@ class SidecarOptions:
     retry_max: float = 300.0
 
 
-class SidecarController(InformerController):
-    """A CSI sidecar's controller: an informer-fed controller with its driver's connection and name."""
+def __getattr__(name: str) -> Any:
+    # SidecarController lives in controller_runtime.sidecar_controller and is imported from here
+    # only when asked for: its base, the informer controller, brings the API client (aiohttp,
+    # yaml) into processes that never talk to an apiserver (node-driver-registrar, livenessprobe).
+    if name == "SidecarController":
+        from .sidecar_controller import SidecarController
 
-    def __init__(self, context: ControllerContext, csi: CSIConnection) -> None:
-        super().__init__(context)
-        self.csi = csi
-        self.driver = csi.driver_name
+        return SidecarController
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -6,9 +6,13 @@ failure is what the Go sidecar's event or status carries, and so what kubeloop's
 from __future__ import annotations
 
 import base64
+from typing import TYPE_CHECKING
 
-from .client import ApiClient, ApiError
 from .resources import SECRETS, Obj
+
+if TYPE_CHECKING:  # the client is imported where a Secret is read: csi_errors, which imports this
+    # module, is imported by processes that talk to no apiserver (node-driver-registrar)
+    from .client import ApiClient
 
 # grpc-go's error for a request that proto.Marshal refuses, as a Go client prints it.
 NOT_UTF8 = (
@@ -41,6 +45,8 @@ async def read_csi_secrets(client: ApiClient, name: str, namespace: str) -> dict
     """The named Secret's data for a CSI request, as external-provisioner and external-resizer read
     it: SecretUnavailable, in their words, when it cannot be read; SecretNotSendable when it can
     but cannot be sent."""
+    from .client import ApiError
+
     try:
         secret = await client.get(SECRETS, name, namespace)
     except ApiError as exc:

@@ -74,6 +74,56 @@ async def test_liveness_checks_may_be_coroutines_and_fail_with_500() -> None:
         await server.stop()
 
 
+async def _exchange(port: int, data: bytes) -> bytes:
+    """Sends raw bytes and reads until the server closes the connection."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(data)
+        await writer.drain()
+        return await asyncio.wait_for(reader.read(), 10)
+    finally:
+        writer.close()
+
+
+async def test_the_endpoint_speaks_http_as_its_clients_expect() -> None:
+    """The endpoint's own HTTP/1.1 server (issue 49, in place of aiohttp's): keep-alive, HEAD, the
+    errors worded as aiohttp's, a request it cannot read refused with 400."""
+    server = HealthServer("127.0.0.1:0", registry=CollectorRegistry())
+    await server.start()
+    try:
+        async with aiohttp.ClientSession() as http:
+            base = f"http://127.0.0.1:{server.port}"
+            async with http.get(f"{base}/nothing") as resp:
+                assert (resp.status, await resp.text()) == (404, "404: Not Found")
+            async with http.post(f"{base}/healthz", data=b"x" * 100) as resp:
+                assert (resp.status, await resp.text()) == (405, "405: Method Not Allowed")
+                assert resp.headers["Allow"] == "GET,HEAD"
+            async with http.head(f"{base}/healthz") as resp:
+                assert (resp.status, resp.headers["Content-Length"]) == (200, "2")
+            async with http.get(f"{base}/healthz?verbose=1") as resp:
+                assert resp.headers["Content-Type"] == "text/plain; charset=utf-8"
+            async with http.get(f"{base}/debug/queues") as resp:
+                assert resp.headers["Content-Type"] == "application/json; charset=utf-8"
+                assert isinstance(await resp.json(), (dict, list))
+            async with http.get(f"{base}/metrics") as resp:
+                assert resp.headers["Content-Type"].startswith("text/plain; version=")
+        # Two requests on one connection, the second asking to close it.
+        two = await _exchange(
+            server.port,
+            b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\nGET /livez HTTP/1.1\r\nConnection: close\r\n\r\n",
+        )
+        assert two.count(b"HTTP/1.1 200 OK\r\n") == 2 and two.endswith(b"ok")
+        # HTTP/1.0 closes after the answer unless asked to keep the connection.
+        assert (await _exchange(server.port, b"GET /readyz HTTP/1.0\r\n\r\n")).endswith(b"\r\n\r\nok")
+        for bad in (b"nonsense\r\n\r\n", b"GET /healthz HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"):
+            assert (await _exchange(server.port, bad)).startswith(b"HTTP/1.1 400 Bad Request\r\n")
+        # A connection left open does not keep stop() waiting.
+        _reader, idle = await asyncio.open_connection("127.0.0.1", server.port)
+    finally:
+        await asyncio.wait_for(server.stop(), 5)
+    idle.close()
+
+
 def _ipv6_loopback() -> bool:
     try:
         with socket.socket(socket.AF_INET6) as s:
