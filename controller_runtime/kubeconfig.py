@@ -19,8 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-import yaml
-
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 # client-go re-reads a projected service-account token at most this often.
 TOKEN_REFRESH_SECONDS = 60.0
@@ -106,6 +104,8 @@ def _token_hook(path: Path) -> Any:
 def parse_kubeconfig(path: str, context: str | None = None) -> Config:
     """The configuration of `context` (default: the current context) of the kubeconfig at
     `path`; NeedsFullLoaderError for credential plugins and other auth this module does not do."""
+    import yaml  # here: a pod's in-cluster configuration needs no YAML parser (issue 49)
+
     base = Path(path).resolve().parent
     doc = yaml.safe_load(Path(path).read_text()) or {}
     name = context or doc.get("current-context")
