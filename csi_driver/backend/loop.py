@@ -41,6 +41,10 @@ LO_FLAGS_DIRECT_IO = 16
 # lo_encrypt_type, lo_encrypt_key_size, lo_flags; lo_file_name, lo_crypt_name, lo_encrypt_key;
 # lo_init[2]. struct loop_config: fd, block_size, info, reserved[8].
 _INFO64 = struct.Struct("=5Q4I64s64s32s2Q")
+# The owner mark also goes into lo_file_name, behind this prefix: kernels since cryptoloop's removal
+# (5.19) no longer keep lo_crypt_name, while lo_file_name is kept and returned as given. Nothing
+# reads the path from there (sysfs backing_file, which losetup lists, is the kernel's own).
+_OWNER_IN_FILE_NAME = "kubeloop-owner="
 _CONFIG = struct.Struct(f"=2I{_INFO64.size}s8Q")
 
 
@@ -131,6 +135,14 @@ def _read(path: Path) -> str:
         return ""
 
 
+def _owner_of(file_name: bytes, crypt_name: bytes) -> str:
+    """The owner mark of a device's status: lo_crypt_name where the kernel keeps it, else what
+    follows the prefix in lo_file_name."""
+    crypt = crypt_name.rstrip(b"\0").decode("utf-8", "replace")
+    named = file_name.rstrip(b"\0").decode("utf-8", "replace")
+    return crypt or (named[len(_OWNER_IN_FILE_NAME) :] if named.startswith(_OWNER_IN_FILE_NAME) else "")
+
+
 def _device(name: str, nodes: DeviceNodes) -> LoopDevice | None:
     """What sysfs and the device say of loopN; None when it has no backing file."""
     loop_dir = nodes.sys_block / name / "loop"
@@ -145,7 +157,7 @@ def _device(name: str, nodes: DeviceNodes) -> LoopDevice | None:
         finally:
             os.close(fd)
         back_dev, back_ino = f"{os.major(info[0])}:{os.minor(info[0])}", int(info[1])
-        owner = info[10].rstrip(b"\0").decode("utf-8", "replace")
+        owner = _owner_of(info[9], info[10])
     except OSError:
         pass  # detached meanwhile, or a node that cannot be made: the path has to do
     return LoopDevice(
@@ -205,7 +217,7 @@ def _configure_once(back_file: str, direct_io: bool, read_only: bool, owner: str
     # Never through a symlink, never anything but a regular file (files.open_regular says why).
     backing = open_regular(back_file, flags | (os.O_DIRECT if direct_io else 0))
     lo_flags = (LO_FLAGS_READ_ONLY if read_only else 0) | (LO_FLAGS_DIRECT_IO if direct_io else 0)
-    name = os.fsencode(back_file)[:63]
+    name = (_OWNER_IN_FILE_NAME + owner).encode()[:63] if owner else os.fsencode(back_file)[:63]
     info = _INFO64.pack(0, 0, 0, 0, 0, 0, 0, 0, lo_flags, name, owner.encode()[:63], b"", 0, 0)
     try:
         for _ in range(_ATTACH_TRIES):
