@@ -5,7 +5,8 @@
 #   ${KUBELOOP_CACHE:-~/.cache/kubeloop}/bin/<component>-<version>/
 # A second run finds every binary in place and does nothing. Usage: build-binaries.sh [group...]
 # where a group is kubernetes, kind (the kind node image's binaries), e2e (the e2e.test suite binary and
-# agnhost, for tools/kind-e2e), etcd, csi-sanity, external-provisioner, external-attacher,
+# agnhost, for tools/kind-e2e), csi-mock (the e2e suite's mock CSI driver as a command, for its CSI Mock
+# specs), etcd, csi-sanity, external-provisioner, external-attacher,
 # external-resizer, snapshotter (external-snapshotter's controller, sidecar and VolumeSnapshot CRDs,
 # for the kind cluster), snapshot-metadata (external-snapshot-metadata's sidecar, its CRD and its
 # Kubernetes-facing schema.proto, for the kind cluster), prometheus (prometheus and promtool, for
@@ -13,6 +14,7 @@
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+root=$(dirname "$here")
 # shellcheck source=versions.env
 source "$here/versions.env"
 cache=${KUBELOOP_CACHE:-$HOME/.cache/kubeloop}
@@ -23,6 +25,10 @@ say() { printf '[build-binaries] %s\n' "$*" >&2; }
 die() { say "error: $*"; exit 1; }
 
 command -v go >/dev/null 2>&1 || die "the Go toolchain is not on PATH; install Go >= 1.26 (https://go.dev/doc/install) and run again"
+
+csi_mock_dir() {
+  echo "$cache/bin/csi-mock-driver-$KUBERNETES_VERSION-$(sha256sum "$root/tools/kind-e2e/csi-mock-driver/main.go" | cut -c1-12)"
+}
 
 have_all() { # dir binary...
   local dir=$1; shift
@@ -36,6 +42,10 @@ build_in_wrapper() { # dest gomod_text ldflags name=pkg...
   local work; work=$(mktemp -d)
   printf '%s\n' "$gomod" > "$work/go.mod"
   mkdir -p "$work/out"
+  # A package given as ./DIR is this repository's own source, built inside the wrapper module.
+  for spec in "$@"; do
+    case ${spec#*=} in ./*) mkdir -p "$work/${spec#*=./}" && cp -r "$root/${spec#*=./}"/. "$work/${spec#*=./}/" ;; esac
+  done
   (
     cd "$work"
     say "  resolving modules (first run downloads from the Go module proxy)"
@@ -284,6 +294,10 @@ for g in "${groups[@]}"; do
       build_sidecar external-snapshotter github.com/kubernetes-csi/external-snapshotter/v8 \
         "$EXTERNAL_SNAPSHOTTER_VERSION" snapshot-controller csi-snapshotter
       snapshot_crds ;;
+    # The e2e suite's mock CSI driver as a command (tools/kind-e2e/csi-mock-driver, for the CSI Mock
+    # specs: localstack/csi_mock.py), cached per version of its source.
+    csi-mock)
+      build_kubernetes "$(csi_mock_dir)" csi-mock-driver=./tools/kind-e2e/csi-mock-driver ;;
     snapshot-metadata)
       LOCAL_MODULES_VERSION=$EXTERNAL_SNAPSHOT_METADATA_CLIENT_VERSION \
         build_sidecar external-snapshot-metadata github.com/kubernetes-csi/external-snapshot-metadata \
@@ -295,7 +309,7 @@ for g in "${groups[@]}"; do
     prometheus)
       GOFLAGS="$GOFLAGS -tags=remove_all_sd" \
         build_sidecar prometheus github.com/prometheus/prometheus "$PROMETHEUS_VERSION" prometheus promtool ;;
-    *) die "unknown group '$g' (expected kubernetes, kind, e2e, etcd, csi-sanity, external-provisioner, external-attacher, external-resizer, snapshotter, snapshot-metadata, prometheus or helm)" ;;
+    *) die "unknown group '$g' (expected kubernetes, kind, e2e, csi-mock, etcd, csi-sanity, external-provisioner, external-attacher, external-resizer, snapshotter, snapshot-metadata, prometheus or helm)" ;;
   esac
 done
 say "binaries ready under $cache/bin"

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from controller_runtime.toolchain import REPO_ROOT
 from localstack.compose import KUBELOOP_IMAGE
-from localstack.csi_mock import PROXY_ENTRYPOINT, Image, images, mock_manifests, registry_map
+from localstack.csi_mock import NODE_PAUSE_IMAGE, images, mock_manifests, pause_image, registry_map
 from localstack.sidecar_images import sidecar_image
 
 REGISTRIES = {"registry.k8s.io/sig-storage": "local/sig", "registry.k8s.io/e2e-test-images": "local/e2e"}
@@ -25,8 +26,11 @@ def test_each_mock_image_is_made_from_kubeloops_under_its_upstream_name_and_tag(
     assert made["local/sig/csi-attacher"].source == sidecar_image("csi-attacher")
     assert made["local/sig/csi-resizer"].source == sidecar_image("csi-resizer")
     assert made["local/sig/csi-node-driver-registrar"].source == sidecar_image("csi-node-driver-registrar")
-    assert made["local/sig/hostpathplugin"] == Image(
-        made["local/sig/hostpathplugin"].name, KUBELOOP_IMAGE, PROXY_ENTRYPOINT
+    plugin = made["local/sig/hostpathplugin"]
+    assert plugin.source == KUBELOOP_IMAGE and plugin.entrypoint == '["/usr/local/bin/hostpathplugin"]'
+    files = dict(plugin.files)
+    assert (
+        files["csi-mock-driver"].is_file() and "localstack.csi_proxy" in files["hostpathplugin"].read_text()
     )
     assert made["local/sig/csi-snapshotter"].entrypoint == '["/csi-snapshotter"]'
     assert made["local/e2e/busybox"].source.startswith("kubeloop.local/e2e-test-images/busybox:")
@@ -45,3 +49,9 @@ def test_an_image_kubeloop_has_nothing_for_is_refused_naming_it(tmp_path: Path) 
     manifest.write_text("spec:\n  containers:\n    - image: quay.io/someone/thing:v1\n")
     with pytest.raises(ValueError, match=r"maps no registry quay\.io/someone"):
         images([manifest], REGISTRIES)
+
+
+def test_the_pause_image_is_the_kind_nodes_under_the_suites_tag() -> None:
+    assert f"PAUSE_IMAGE={NODE_PAUSE_IMAGE}\n" in (REPO_ROOT / "tools" / "build-kind-node.sh").read_text()
+    pause = pause_image()
+    assert pause.source == NODE_PAUSE_IMAGE and pause.name.startswith("registry.k8s.io/pause:")
