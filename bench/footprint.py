@@ -30,10 +30,12 @@ the kubeloop side only).
 `attach`: bench.attach's stack (one control plane, the shared node side, N pre-bound volumes
 formatted once), its kubeloop side (external-attacher and attach-detach controller) against its
 Go side (csi-attacher and kube-controller-manager with only its attach-detach controller): each
-side's two processes' RSS and PSS 10 s after they started, their peak RSS over one pass of N pods
-attached, mounted, unmounted and detached, and their RSS after it. Needs root.
+side's two processes' RSS and PSS at idle (10 s after an unmeasured pass of one pod, which
+bench.attach's passes start with), their peak RSS over one pass of N pods attached, mounted,
+unmounted and detached, and their RSS 5 s after it. Needs root.
 
-Rounds alternate kubeloop and Go (bench/method.py). Writes bench/results/footprint.json.
+Rounds alternate kubeloop and Go (bench/method.py). Writes bench/results/footprint.json (`node`)
+and bench/results/footprint_attach.json (`attach`).
 """
 
 from __future__ import annotations
@@ -475,10 +477,12 @@ async def attach_side(ses: Any, comps: list[Component], side: str, timeout: floa
         return {short: group.processes[full].pid for short, full in names.items() if full in group.processes}
 
     try:
-        await asyncio.sleep(IDLE_SETTLE_S)
-        record = readings("idle", pids(), ("attacher", "adc"))
+        # One pod first, unmeasured, as bench.attach's passes start (kcm answers before its
+        # controllers run; waiting before it, kcm's round after the first left that pod's
+        # VolumeAttachment in place for minutes).
         await one_pass(ses.stack, ses.clock, ses.volumes[:1], f"footprint-{side}-warm", timeout)
-        await asyncio.sleep(WARM_SETTLE_S)
+        await asyncio.sleep(max(WARM_SETTLE_S, IDLE_SETTLE_S))
+        record = readings("idle", pids(), ("attacher", "adc"))
         async with PeakRss(pids) as peaks:
             await one_pass(ses.stack, ses.clock, ses.volumes, f"footprint-{side}", timeout)
         record.update({f"{short}_peak_rss_mib": peaks.peaks.get(short, math.nan) for short in names})
