@@ -58,7 +58,7 @@ def test_the_driver_answers_and_registers_under_the_name_it_is_given(renamed: tu
         info = client.identity.GetPluginInfo(csi_pb2.GetPluginInfoRequest(), timeout=5)
         assert info.name == OTHER_NAME
         # Its topology key follows the name, so its nodes' labels tell them from kubeloop's own.
-        key = f"topology.{OTHER_NAME}/node"
+        key = f"topology.loop.csi.kubeloop.dev/{OTHER_NAME}"
         node = client.node.NodeGetInfo(csi_pb2.NodeGetInfoRequest(), timeout=5)
         assert dict(node.accessible_topology.segments) == {key: "node-a"}
         made = client.controller.CreateVolume(

@@ -141,7 +141,7 @@ def test_the_quick_e2e_specs_pass_through_kubeloops_sidecars_in_upstreams_manife
     assert not any("runAsUser" in (c.get("securityContext") or {}) for c in pod["spec"]["containers"])
     csinode = kc.get("csinode", upstream_deployment)["spec"]["drivers"]
     (entry,) = [d for d in csinode if d["name"] == DRIVER]
-    assert entry["topologyKeys"] == [f"topology.{DRIVER}/node"]
+    assert entry["topologyKeys"] == [f"topology.loop.csi.kubeloop.dev/{DRIVER}"]
     assert_quick_specs_pass(kc.cluster, tmp_path, SPECS, driver=E2E_DRIVER_FILE)
     # No sidecar or driver restarted on the way: none exited on a flag, a refused API call or the
     # socket, and kubeloop's livenessprobe kept the driver's liveness probe answered.
