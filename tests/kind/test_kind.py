@@ -12,7 +12,19 @@ from localstack import kind
 from tests.support.waits import consistently, eventually
 
 from .conftest import KindCluster
-from .workloads import SLEEP, WRITE, attachments, claim, host_loops, node_mounts, pod, volume_of, wait_ready
+from .workloads import (
+    SLEEP,
+    WRITE,
+    attachments,
+    claim,
+    data_kib,
+    grow,
+    host_loops,
+    node_mounts,
+    pod,
+    volume_of,
+    wait_ready,
+)
 
 DRIVER = "loop.csi.kubeloop.dev"
 ATTACHER_FINALIZER = "external-attacher/loop-csi-kubeloop-dev"
@@ -154,29 +166,11 @@ def test_online_expansion_through_the_real_kubelet(kind_cluster: KindCluster, na
         kc.apply(pod(ns, "user", "grow", kc.workers()[0], SLEEP))
         wait_ready(kc, ns, "user")
 
-        def size_kib() -> int:
-            return int(
-                kc.kubectl("exec", "-n", ns, "user", "--", "df", "-k", "/data").splitlines()[-1].split()[1]
-            )
-
-        before = size_kib()
+        before = data_kib(kc, ns, "user")
         start = time.monotonic()
-        kc.kubectl(
-            "patch", "pvc", "-n", ns, "grow", "-p", '{"spec":{"resources":{"requests":{"storage":"768Mi"}}}}'
-        )
-
-        def grown(status: dict[str, Any]) -> bool:
-            return status.get("capacity", {}).get("storage") == "768Mi" and not status.get("conditions")
-
-        eventually(
-            "the claim to report 768Mi with no resize condition",
-            lambda: kc.get("pvc", "-n", ns, "grow")["status"],
-            180,
-            0.5,
-            satisfied=grown,
-        )
+        grow(kc, ns, "grow", "768Mi")
         kc.figures["online_expansion_s"] = time.monotonic() - start
-        after = size_kib()
+        after = data_kib(kc, ns, "user")
         assert after > before + 200 * 1024, (before, after)
         assert (
             kc.get("pv", volume_of(kc, ns, "grow")["metadata"]["name"])["spec"]["capacity"]["storage"]

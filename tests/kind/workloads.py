@@ -4,6 +4,7 @@ tests/kind_local (node-local pools)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from controller_runtime.toolchain import Toolchain
@@ -110,3 +111,25 @@ def node_mounts(kc: KindCluster, node: str) -> list[str]:
 
 def host_loops(volume_handle: str) -> list[str]:
     return [line for line in kind.pool_loop_devices() if volume_handle in line]
+
+
+def data_kib(kc: KindCluster, ns: str, pod_name: str) -> int:
+    """The size of the file system at the pod's /data, in KiB (df)."""
+    return int(kc.kubectl("exec", "-n", ns, pod_name, "--", "df", "-k", "/data").splitlines()[-1].split()[1])
+
+
+def grow(kc: KindCluster, ns: str, claim_name: str, size: str, timeout: float = 180) -> None:
+    """Asks for `size` and waits until the claim reports it with no resize condition left."""
+    request = json.dumps({"spec": {"resources": {"requests": {"storage": size}}}})
+    kc.kubectl("patch", "pvc", "-n", ns, claim_name, "-p", request)
+
+    def grown(status: dict[str, Any]) -> bool:
+        return status.get("capacity", {}).get("storage") == size and not status.get("conditions")
+
+    eventually(
+        f"the claim to report {size} with no resize condition",
+        lambda: kc.get("pvc", "-n", ns, claim_name)["status"],
+        timeout,
+        0.5,
+        satisfied=grown,
+    )
