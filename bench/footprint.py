@@ -57,13 +57,11 @@ from typing import Any
 from controller_runtime.client import ApiClient
 from controller_runtime.informer import EventHandler, SharedInformer
 from controller_runtime.resources import (
-    CSI_DRIVERS,
     CSI_NODES,
     NAMESPACES,
     NODES,
     PERSISTENT_VOLUME_CLAIMS,
     PERSISTENT_VOLUMES,
-    STORAGE_CLASSES,
     Obj,
 )
 from controller_runtime.toolchain import REPO_ROOT, MissingBinaryError, Toolchain
@@ -73,13 +71,14 @@ from localstack.go_sidecars import PROVISIONER, RESIZER, GoSidecar, go_sidecar_b
 from localstack.snapshotter import snapshot_crds, snapshotter_binary
 from localstack.storage_stack import ShortHomeComponents
 
-from . import method
+from . import method, node_provisioning
 from .common import LogMark, PeakRss, control_plane, start, stop_process, wait_log, wait_socket
+from .node_provisioning import create_driver_and_class
 from .provisioning import start_binder
 
 MIB = 2**20
 NAMESPACE = "bench"
-CLASS = "bench-wffc"
+CLASS = node_provisioning.CLASS
 NODE = "bench-node"
 SELECTED_NODE = "volume.kubernetes.io/selected-node"
 FROM, TO = "16Mi", "32Mi"
@@ -250,22 +249,7 @@ async def node_objects(api: ApiClient) -> None:
     """The namespace, the CSIDriver as the chart installs it in node-local mode, a
     WaitForFirstConsumer class that allows expansion, and the Node with its CSINode."""
     await api.create(NAMESPACES, {"metadata": {"name": NAMESPACE}})
-    await api.create(
-        CSI_DRIVERS,
-        {
-            "metadata": {"name": DRIVER_NAME},
-            "spec": {"attachRequired": False, "storageCapacity": True, "podInfoOnMount": False},
-        },
-    )
-    await api.create(
-        STORAGE_CLASSES,
-        {
-            "metadata": {"name": CLASS},
-            "provisioner": DRIVER_NAME,
-            "volumeBindingMode": "WaitForFirstConsumer",
-            "allowVolumeExpansion": True,
-        },
-    )
+    await create_driver_and_class(api, allow_expansion=True)
     await api.create(
         NODES,
         {"metadata": {"name": NODE, "labels": {"kubernetes.io/hostname": NODE, TOPOLOGY_KEY: NODE}}},

@@ -37,6 +37,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from controller_runtime.client import ApiClient
 from controller_runtime.informer import EventHandler, SharedInformer
@@ -187,6 +188,26 @@ async def report_unscheduled(api: ApiClient) -> None:
             print(f"  pod {name}: {cond.get('type')} {reason} {cond.get('message', '')}")
 
 
+async def create_driver_and_class(api: ApiClient, allow_expansion: bool = False) -> None:
+    """The CSIDriver as the chart installs it in node-local mode, and the WaitForFirstConsumer class
+    CLASS of it (allowing expansion when asked)."""
+    await api.create(
+        CSI_DRIVERS,
+        {
+            "metadata": {"name": DRIVER_NAME},
+            "spec": {"attachRequired": False, "storageCapacity": True, "podInfoOnMount": False},
+        },
+    )
+    storage_class: dict[str, Any] = {
+        "metadata": {"name": CLASS},
+        "provisioner": DRIVER_NAME,
+        "volumeBindingMode": "WaitForFirstConsumer",
+    }
+    if allow_expansion:
+        storage_class["allowVolumeExpansion"] = True
+    await api.create(STORAGE_CLASSES, storage_class)
+
+
 async def run_one(scenario: str, side: str, n: int) -> Run:
     qps, burst = SCENARIOS[scenario]
     logs = REPO_ROOT / "bench" / "results" / "logs"
@@ -200,21 +221,7 @@ async def run_one(scenario: str, side: str, n: int) -> Run:
             # No kube-controller-manager makes the namespace's default ServiceAccount, which
             # admission wants before it takes a pod.
             await api.create(SERVICE_ACCOUNTS, {"metadata": {"name": "default"}}, NAMESPACE)
-            await api.create(
-                CSI_DRIVERS,
-                {
-                    "metadata": {"name": DRIVER_NAME},
-                    "spec": {"attachRequired": False, "storageCapacity": True, "podInfoOnMount": False},
-                },
-            )
-            await api.create(
-                STORAGE_CLASSES,
-                {
-                    "metadata": {"name": CLASS},
-                    "provisioner": DRIVER_NAME,
-                    "volumeBindingMode": "WaitForFirstConsumer",
-                },
-            )
+            await create_driver_and_class(api)
             drivers: dict[str, asyncio.subprocess.Process] = {}
             sockets: dict[str, Path] = {}
             for node in NODE_NAMES:
