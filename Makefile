@@ -146,9 +146,9 @@ helm-deps:
 prometheus-deps:
 	@bash tools/build-binaries.sh prometheus
 
-# Kubernetes' e2e.test and agnhost (docs/e2e-storage.md).
+# Kubernetes' e2e.test and agnhost, and the e2e suite's mock CSI driver as a command (docs/e2e-storage.md).
 e2e-deps:
-	@bash tools/build-binaries.sh e2e
+	@bash tools/build-binaries.sh e2e csi-mock
 
 kind-images: deps binaries kind-deps
 	PYTHON=$(PY) bash tools/build-kind-node.sh
