@@ -313,6 +313,12 @@ class AttachDetachController(InformerController):
         vol = csi_volume(pv) if pv is not None else None
         driver = str(spec.get("attacher", ""))
         handle = vol.handle if vol is not None else ""
+        if not handle and cached is not None:
+            # Its PV was deleted while it was attached (nothing holds a PV whose driver publishes
+            # nothing: the attacher puts no finalizer on it): kcm's actual state keeps the volume it
+            # saw attached and still detaches it once no pod wants it, so this one keeps the handle
+            # it had. Only a VA whose PV this process never saw stays unknown (kcm's start-up).
+            handle = cached[1].handle
         status = va.get("status") or {}
         att = Attachment(
             name=name,

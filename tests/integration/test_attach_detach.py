@@ -385,3 +385,33 @@ async def test_a_volume_whose_claim_ref_lacks_the_claim_uid_is_not_attached(clus
         return await exists(c.api, VOLUME_ATTACHMENTS, c.va("r", node))
 
     await eventually_async("a VolumeAttachment once the claimRef names the claim's UID", attaching, 20)
+
+
+async def test_a_volume_whose_pv_is_deleted_while_attached_is_still_detached(cluster: Cluster) -> None:
+    """Nothing holds the PV of a driver that publishes nothing (the attacher's trivial handler puts
+    no finalizer on it), so a claim deleted with its pod may take the PV before the detach. kcm's
+    actual state keeps the volume it saw attached and deletes the VA once no pod wants it; so does
+    this controller. (Found by tests/kind/test_upstream_manifests.py: the VAs stayed for good.)"""
+    c = cluster
+    pv = await c.volume("g")
+    node = await c.node("gone-pv", attached=(c.unique("g"),))
+    va = await c.attached_va("g", node)
+    await c.pod("p", node, "g")
+    await c.start()
+
+    async def kept() -> bool:
+        return await exists(c.api, VOLUME_ATTACHMENTS, va)
+
+    await consistently_async("the VA kept while its pod wants it", kept, 0.5)
+    await c.api.delete(PERSISTENT_VOLUMES, pv)
+    await eventually_async("the PV gone", lambda: _not(exists(c.api, PERSISTENT_VOLUMES, pv)), 20)
+    await c.delete_pod("p")
+
+    async def detached() -> bool:
+        return not await exists(c.api, VOLUME_ATTACHMENTS, va)
+
+    await eventually_async("the detach of the volume whose PV is gone", detached, 20)
+
+
+async def _not(value: Awaitable[bool]) -> bool:
+    return not await value
