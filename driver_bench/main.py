@@ -1,0 +1,89 @@
+"""`python -m driver_bench.main campaign --recipe R --out DIR` and `... replay FILE`
+(docs/driver-bench.md).
+
+campaign exits 0 when no scenario found anything, 1 when one did (the report and reproducers say
+what), 2 when the recipe cannot be used. replay exits 1 when the finding reproduces (the driver
+still has the bug), 0 when it does not, 2 when the recipe cannot be used."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from . import campaign
+from .faults import parse_kinds
+from .lifecycle import STEPS
+from .recipe import RecipeError, load
+from .reproducer import replay
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="driver_bench", description=__doc__.splitlines()[0] if __doc__ else "")
+    sub = p.add_subparsers(dest="command", required=True)
+    c = sub.add_parser("campaign", help="the lifecycle under every fault, against a driver run from a recipe")
+    c.add_argument("--recipe", required=True, help="the driver's recipe (YAML)")
+    c.add_argument("--out", required=True, help="where the report, reproducers and scenario directories go")
+    c.add_argument("--concurrency", type=int, default=1, help="lifecycles at once in each scenario")
+    c.add_argument("--parallel", type=int, default=1, help="scenarios at once, each its own driver")
+    c.add_argument("--faults", default="all", help="fault kinds, comma-separated, or all")
+    c.add_argument("--steps", default=",".join(STEPS), help="the lifecycle steps to inject at")
+    c.add_argument(
+        "--timeout-seconds", type=float, default=0.1, help="the caller's deadline in a timeout fault"
+    )
+    r = sub.add_parser("replay", help="a reproducer against the driver alone")
+    r.add_argument("file")
+    r.add_argument("--work", default="", help="the replay's directory (default: a new temporary one)")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        if args.command == "campaign":
+            return _campaign(args)
+        return _replay(args)
+    except RecipeError as e:
+        print(f"driver_bench: {e}", file=sys.stderr)
+        return 2
+
+
+def _campaign(args: argparse.Namespace) -> int:
+    steps = tuple(s for s in args.steps.split(",") if s)
+    unknown = [s for s in steps if s not in STEPS]
+    if unknown:
+        raise SystemExit(f"driver_bench: unknown steps {unknown} (known: {', '.join(STEPS)})")
+    try:
+        kinds = tuple(parse_kinds(args.faults))
+    except ValueError as e:
+        raise SystemExit(f"driver_bench: {e}") from None
+    options = campaign.Options(
+        out=Path(args.out).resolve(),
+        concurrency=args.concurrency,
+        kinds=kinds,
+        steps=steps,
+        parallel=args.parallel,
+        timeout_seconds=args.timeout_seconds,
+    )
+    outcome = asyncio.run(campaign.run(load(args.recipe), options))
+    print(outcome.report_md.read_text())
+    print(f"report: {outcome.report_md} and {outcome.report_json}")
+    return 1 if outcome.findings else 0
+
+
+def _replay(args: argparse.Namespace) -> int:
+    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="driver-bench-replay-"))
+    result = asyncio.run(replay(Path(args.file), work))
+    for f in result.findings:
+        print(f"{f.kind}: {f.summary}")
+    recorded = ", ".join(f.kind for f in result.recorded)
+    verdict = "reproduced" if result.reproduced else "not reproduced"
+    print(f"{verdict} in {result.seconds:.1f} s (recorded: {recorded}); the replay's directory: {work}")
+    return 1 if result.reproduced else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
