@@ -104,9 +104,10 @@ def create_sparse(path: str, size: int) -> None:
     fsync_dir(os.path.dirname(path))
 
 
-def _extents(fd: int, start: int, end: int) -> Iterator[tuple[int, int]]:
+def extents(fd: int, start: int, end: int) -> Iterator[tuple[int, int]]:
     """The allocated (offset, length) ranges of an open file between `start` and `end`, from
-    SEEK_DATA and SEEK_HOLE: what a sparse file holds, without reading it."""
+    SEEK_DATA and SEEK_HOLE: what a sparse file holds, without reading it. Shared by the local
+    copies here and the node-to-node transfer (csi_driver.transfer), which sends only these."""
     offset = start
     while offset < end:
         try:
@@ -124,7 +125,7 @@ def _extents(fd: int, start: int, end: int) -> Iterator[tuple[int, int]]:
 
 def _copy_data_ranges(src: int, dst: int, size: int) -> None:
     """Copies only the allocated ranges of src; holes stay holes in dst."""
-    for start, length in _extents(src, 0, size):
+    for start, length in extents(src, 0, size):
         pos, end = start, start + length
         while pos < end:
             n = os.copy_file_range(src, dst, min(_CHUNK, end - pos), pos, pos)
@@ -214,7 +215,7 @@ def data_ranges(path: str, start: int, end: int) -> list[tuple[int, int]]:
     """The allocated (offset, length) ranges of a backing file between `start` and `end`."""
     fd = open_regular(path, os.O_RDONLY)
     try:
-        return list(_extents(fd, start, end))
+        return list(extents(fd, start, end))
     finally:
         os.close(fd)
 
