@@ -10,8 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import report, reproducer
-from .faults import Fault, FaultKind, sweep
-from .lifecycle import STEPS
+from .faults import STEPS, Fault, FaultKind, sweep
 from .recipe import Recipe
 from .scenario import ScenarioResult, run_scenario
 

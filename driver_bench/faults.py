@@ -16,6 +16,39 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kubeloop_grpc.csi import csi_pb2
+
+from . import messages
+
+# The steps a fault may be injected at: the lifecycle's calls, in order. A restore is CreateVolume
+# with a snapshot as its source, told apart by `step_of`.
+STEPS = (
+    "CreateVolume",
+    "ControllerPublishVolume",
+    "NodeStageVolume",
+    "NodePublishVolume",
+    "ControllerExpandVolume",
+    "NodeExpandVolume",
+    "CreateSnapshot",
+    "CreateVolumeFromSnapshot",
+    "NodeUnpublishVolume",
+    "NodeUnstageVolume",
+    "ControllerUnpublishVolume",
+    "DeleteSnapshot",
+    "DeleteVolume",
+)
+
+
+def step_of(method: str, request: bytes) -> str:
+    """The lifecycle step a raw call is: its method's short name, or CreateVolumeFromSnapshot."""
+    short = messages.short_name(method)
+    if short == "CreateVolume" and messages.known(method):
+        req = messages.decode(method, request)
+        assert isinstance(req, csi_pb2.CreateVolumeRequest)
+        if req.volume_content_source.HasField("snapshot"):
+            return "CreateVolumeFromSnapshot"
+    return short
+
 
 class FaultKind(enum.StrEnum):
     KILL_BEFORE = "kill-before"  # kill -9 of the serving process before forwarding the call

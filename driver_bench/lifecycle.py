@@ -41,35 +41,6 @@ RETRYABLE = frozenset(
 DATA_FILE = "bench-data.bin"
 DATA_BYTES = 256 * 1024
 
-# The steps a fault may be injected at: the lifecycle's calls, in order. A restore is CreateVolume
-# with a snapshot as its source, told apart by `step_of`.
-STEPS = (
-    "CreateVolume",
-    "ControllerPublishVolume",
-    "NodeStageVolume",
-    "NodePublishVolume",
-    "ControllerExpandVolume",
-    "NodeExpandVolume",
-    "CreateSnapshot",
-    "CreateVolumeFromSnapshot",
-    "NodeUnpublishVolume",
-    "NodeUnstageVolume",
-    "ControllerUnpublishVolume",
-    "DeleteSnapshot",
-    "DeleteVolume",
-)
-
-
-def step_of(method: str, request: bytes) -> str:
-    """The lifecycle step a raw call is: its method's short name, or CreateVolumeFromSnapshot."""
-    short = messages.short_name(method)
-    if short == "CreateVolume" and messages.known(method):
-        req = messages.decode(method, request)
-        assert isinstance(req, csi_pb2.CreateVolumeRequest)
-        if req.volume_content_source.HasField("snapshot"):
-            return "CreateVolumeFromSnapshot"
-    return short
-
 
 def prepare_paths(request: Message) -> None:
     """What the CO creates before a node call: the staging directory, the target's parent."""

@@ -15,8 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from . import campaign
-from .faults import parse_kinds
-from .lifecycle import STEPS
+from .faults import STEPS, parse_kinds
 from .recipe import RecipeError, load
 from .reproducer import replay
 

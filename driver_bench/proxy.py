@@ -18,8 +18,7 @@ from typing import Any
 
 import grpc
 
-from .faults import Fault, FaultKind
-from .messages import short_name
+from .faults import Fault, FaultKind, step_of
 from .recipe import RecipeError
 from .runner import Driver
 
@@ -128,15 +127,13 @@ class FaultProxy:
     async def _handle(
         self, request: bytes, context: grpc.aio.ServicerContext[bytes, bytes], method: str
     ) -> bytes:
-        count = self.counts[method] = self.counts.get(method, 0) + 1
+        step = step_of(method, request)
+        count = self.counts[step] = self.counts.get(step, 0) + 1
         call = Call(len(self.calls), method, request, time.monotonic() - self._t0)
         self.calls.append(call)
         fault = self.fault
         firing = (
-            fault is not None
-            and self.fired is None
-            and short_name(method) == fault.method
-            and count == fault.occurrence
+            fault is not None and self.fired is None and step == fault.method and count == fault.occurrence
         )
         if firing:
             self.fired = call

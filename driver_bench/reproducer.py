@@ -21,8 +21,8 @@ from typing import Any
 import grpc
 
 from . import messages
-from .faults import Fault
-from .lifecycle import RETRYABLE, DataAction, prepare_paths, run_data_action, step_of
+from .faults import Fault, step_of
+from .lifecycle import RETRYABLE, DataAction, prepare_paths, run_data_action
 from .oracles import Finding, stacked_mounts
 from .recipe import load
 from .scenario import Bench, ScenarioResult
