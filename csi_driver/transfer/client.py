@@ -35,6 +35,8 @@ log = get_logger("csi.transfer.client")
 DURABLE_EVERY = 8
 # A peer silent this long (a connect, a response head, the next piece of the stream) is a cut stream.
 IDLE_TIMEOUT = 60.0
+# The slowest a server is expected to read a resumed part again (bytes/s), when it must.
+REREAD_RATE = 64 << 20
 PATHS = {"volume": "volumes", "snapshot": "snapshots"}
 _REFUSALS: dict[int, type[TransferError]] = {400: BadRequest, 405: BadRequest, 401: TransferDenied}
 _REFUSALS |= {403: TransferDenied, 404: SourceNotFound}
@@ -142,7 +144,9 @@ async def _request(peer: Peer, method: str, kind: str, source_id: str, from_regi
             NODE_HEADER: peer.node,
         }
         writer.write(wire.render_head(f"{method} {target} HTTP/1.1", headers))
-        async with asyncio.timeout(peer.idle_timeout):
+        # A server that no longer remembers the digests of the regions before from_region reads
+        # them again before it answers: allow for that.
+        async with asyncio.timeout(peer.idle_timeout + from_region * wire.REGION / REREAD_RATE):
             block = await reader.readuntil(b"\r\n\r\n")
         first, resp.headers = wire.parse_head(block)
         version, _, rest = first.partition(" ")

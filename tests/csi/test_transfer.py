@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import json
 import os
 import ssl
 from collections.abc import AsyncIterator, Iterator
@@ -73,14 +74,19 @@ class DirSources:
 
 
 class HookedServer(TransferServer):
-    """Records the regions it streams; can cut the stream before region `cut_at` (once) or flip a
-    byte of region `corrupt`."""
+    """Records the regions it reads and those it streams; can cut the stream before region
+    `cut_at` (once) or flip a byte of region `corrupt`."""
 
     def __init__(self, **kwargs: object) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.read: list[int] = []
         self.streamed: list[int] = []
         self.cut_at: int | None = None
         self.corrupt: int | None = None
+
+    def read_region(self, fd: int, index: int, size: int) -> Region:
+        self.read.append(index)
+        return super().read_region(fd, index, size)
 
     async def send_region(self, writer: asyncio.StreamWriter, index: int, region: Region) -> int:
         if index == self.cut_at:
@@ -126,18 +132,23 @@ class Env:
         return await client.describe(*self.args(**who), kind, source_id)
 
 
+def new_server(sources: DirSources, tls: ssl.SSLContext) -> HookedServer:
+    return HookedServer(
+        node="node-a", sources=sources, authenticate=authenticate, ssl_context=tls, host="127.0.0.1"
+    )
+
+
 @pytest.fixture
 async def env(tmp_path: Path, tls: tuple[ssl.SSLContext, ssl.SSLContext]) -> AsyncIterator[Env]:
     sources = DirSources(tmp_path / "pool-a")
-    server = HookedServer(
-        node="node-a", sources=sources, authenticate=authenticate, ssl_context=tls[0], host="127.0.0.1"
-    )
+    server = new_server(sources, tls[0])
     await server.start()
     (tmp_path / "pool-b").mkdir()
+    e = Env(server, sources, tls[1], tmp_path / "pool-b" / "vol-1.img")
     try:
-        yield Env(server, sources, tls[1], tmp_path / "pool-b" / "vol-1.img")
+        yield e
     finally:
-        await server.stop()
+        await e.server.stop()
 
 
 def write_sparse(path: Path, size: int = SIZE, layout: list[tuple[int, int]] = LAYOUT, seed: int = 0) -> None:
@@ -214,11 +225,31 @@ async def test_cut_stream_resumes_with_the_remaining_regions(env: Env) -> None:
         await env.pull()
     assert leftovers(env.dest) == ["vol-1.img.part", "vol-1.img.part.progress"]
     env.server.streamed.clear()
+    env.server.read.clear()
     result = await env.pull()
     assert env.server.streamed == [5, 6, 7]
+    assert env.server.read == [5, 6, 7]  # it remembers the digests of the regions it sent
     assert (result.resumed_from, result.regions_received) == (5, 3)
     assert sha256(env.dest) == sha256(src)
     assert leftovers(env.dest) == ["vol-1.img"]
+
+
+async def test_restarted_server_reads_the_resumed_part_again(
+    env: Env, tls: tuple[ssl.SSLContext, ssl.SSLContext]
+) -> None:
+    src = env.source()
+    write_sparse(src)
+    env.server.cut_at = 5
+    with pytest.raises(StreamCut):
+        await env.pull()
+    await env.server.stop()  # as after a kill -9 of the sending driver
+    env.server = new_server(env.sources, tls[0])
+    await env.server.start()
+    result = await env.pull()
+    assert env.server.streamed == [5, 6, 7]
+    assert env.server.read == list(range(8))  # the digests of 0-4 for the whole-file digest
+    assert result.resumed_from == 5
+    assert sha256(env.dest) == sha256(src)
 
 
 async def test_killed_client_resumes_from_its_last_durable_region(
@@ -323,3 +354,33 @@ async def test_refusals_are_readable_without_the_client(env: Env) -> None:
     head, _, body = response.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 401 Unauthorized\r\n")
     assert body == b"a bearer token is required (Authorization: Bearer ...)\n"
+
+
+def alter_recorded_digest(progress: str, region: int) -> None:
+    doc = json.loads(Path(progress).read_text())
+    doc["digests"][region] = "00" * wire.DIGEST_SIZE
+    Path(progress).write_text(json.dumps(doc))
+
+
+async def test_whole_file_digest_catches_a_bad_resumed_part(env: Env) -> None:
+    """A part whose recorded regions are not the source's (here: one recorded digest altered) fails
+    the whole-file digest at the end, and nothing of it is kept."""
+    src = env.source()
+    write_sparse(src)
+    env.server.cut_at = 5
+    with pytest.raises(StreamCut):
+        await env.pull()
+    alter_recorded_digest(client.part_paths(str(env.dest))[1], 1)
+    with pytest.raises(CorruptStream, match="does not match its whole-file digest"):
+        await env.pull()
+    assert leftovers(env.dest) == []
+
+
+async def test_discard_removes_part_and_progress(env: Env) -> None:
+    write_sparse(env.source())
+    env.server.cut_at = 3
+    with pytest.raises(StreamCut):
+        await env.pull()
+    assert leftovers(env.dest) == ["vol-1.img.part", "vol-1.img.part.progress"]
+    client.discard(str(env.dest))
+    assert leftovers(env.dest) == []
