@@ -16,8 +16,10 @@ import dataclasses
 import json
 import os
 import ssl
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 from controller_runtime.files import fsync_dir
@@ -242,18 +244,20 @@ async def pull(
     try:
         receiver.fd = await asyncio.to_thread(_open_part, part, start * wire.REGION, source.size)
         whole = await receiver.receive(start)
+        await receiver.settle()
         await asyncio.to_thread(
             _finish, receiver.take_fd(), part, progress_path, final_path, max(size, source.size)
         )
     except CorruptStream:
-        receiver.close_fd()
+        await receiver.close()
         await asyncio.to_thread(discard, final_path)
         raise
     except StreamCut:
+        await receiver.quiesce()
         await receiver.save()  # what arrived verified is kept: the next call starts after it
         raise
     finally:
-        receiver.close_fd()
+        await receiver.close()
         resp.close()
     log.info(
         "pulled",
@@ -268,7 +272,14 @@ async def pull(
 
 
 class _Receiver:
-    """Reads the framed stream of one GET into the part file, region by region."""
+    """Reads the framed stream of one GET into the part file, region by region.
+
+    Disk work runs in threads beside the network: each chunk is written while the next is read
+    (one write in flight), and every DURABLE_EVERY regions the fsync and the progress record run
+    while later regions arrive (one save in flight). Data is written before its region's digest
+    is checked: a region that fails it condemns the whole part, and one cut short lies past what
+    the progress records, which the next pull truncates away.
+    """
 
     def __init__(
         self, resp: _Response, source: wire.RemoteSource, done: Progress, part: str, progress: str
@@ -279,9 +290,11 @@ class _Receiver:
         self.part = part
         self.progress_path = progress
         self.fd = -1
-        self.pending = 0  # regions written and verified since the last save
+        self.pending = 0  # regions verified since the last save began
         self.regions = 0
         self.received = 0
+        self._write: asyncio.Future[None] | None = None
+        self._save: asyncio.Future[None] | None = None
 
     async def receive(self, start: int) -> bytes:
         """Every region from `start`, then the end; the whole-file digest once it matched."""
@@ -308,7 +321,6 @@ class _Receiver:
     async def _region(self, frame: wire.RegionStart, frame_bytes: bytes) -> None:
         start, end = wire.region_bounds(frame.index, self.source.size)
         digest = wire.RegionDigest(frame_bytes)
-        writes: list[tuple[int, bytes]] = []  # at most the region's data, written once verified
         after = start
         for _ in range(frame.extents):
             head = await self.resp.read(wire.EXTENT.size)
@@ -317,32 +329,62 @@ class _Receiver:
             for pos in range(offset, offset + length, wire.CHUNK):
                 data = await self.resp.read(min(wire.CHUNK, offset + length - pos))
                 digest.update(data)
-                writes.append((pos, data))
+                await _done(self._write)
+                self._write = _in_thread(_pwrite_all, self.fd, [(pos, data)])
+                self.received += len(data)
             after = offset + length
         if await self.resp.read(wire.DIGEST_SIZE) != digest.digest():
             raise CorruptStream(f"region {frame.index} from {self.resp.peer} does not match its digest")
-        await asyncio.to_thread(_pwrite_all, self.fd, writes)
+        await _done(self._write)  # the region is in the part (a save covers only whole regions)
         self.done.digests.append(digest.digest().hex())
         self.regions += 1
-        self.received += sum(len(d) for _, d in writes)
         self.pending += 1
         if self.pending >= DURABLE_EVERY:
-            await self.save()
+            await _done(self._save)
+            self._save = _in_thread(_save, self.fd, self.progress_path, self._snapshot())
+            self.pending = 0
+
+    def _snapshot(self) -> Progress:
+        """The progress as it stands: a save records this while later regions go on arriving."""
+        return dataclasses.replace(self.done, digests=list(self.done.digests))
 
     async def save(self) -> None:
         """Makes the regions received so far durable, then records them (in that order: the
-        record never claims a region the part might lose)."""
+        record never claims a region the part might lose). Nothing may be in flight."""
         if self.pending and self.fd >= 0:
-            await asyncio.to_thread(_save, self.fd, self.progress_path, self.done)
+            await asyncio.to_thread(_save, self.fd, self.progress_path, self._snapshot())
             self.pending = 0
+
+    async def settle(self) -> None:
+        """Waits for the write and the save in flight; their failure is this pull's."""
+        await _done(self._write)
+        await _done(self._save)
+
+    async def quiesce(self) -> None:
+        """Waits for the threads that use the descriptor, whatever became of their work."""
+        for work in (self._write, self._save):
+            with contextlib.suppress(Exception):
+                await _done(work)
 
     def take_fd(self) -> int:
         fd, self.fd = self.fd, -1
         return fd
 
-    def close_fd(self) -> None:
+    async def close(self) -> None:
         if self.fd >= 0:
+            await self.quiesce()
             os.close(self.take_fd())
+
+
+def _in_thread(func: Callable[..., None], *args: Any) -> asyncio.Future[None]:
+    return asyncio.ensure_future(asyncio.to_thread(func, *args))
+
+
+async def _done(work: asyncio.Future[None] | None) -> None:
+    """Waits for work in a thread. Shielded: a cancelled pull still waits for it, in `close`,
+    before the descriptor it uses is closed."""
+    if work is not None:
+        await asyncio.shield(work)
 
 
 # --- blocking file work (each runs in a thread) ---------------------------------------------------
