@@ -58,6 +58,7 @@ class FaultProxy:
         # Set while a service serves; cleared from its kill -9 until its restart is ready.
         self._serving = {role: asyncio.Event() for role in driver.services}
         self._channels: dict[str, grpc.aio.Channel] = {}
+        self._retired: list[grpc.aio.Channel] = []
         self._server: grpc.aio.Server | None = None
         self._t0 = time.monotonic()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -81,9 +82,10 @@ class FaultProxy:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._server is not None:
             await self._server.stop(grace=None)
-        for channel in self._channels.values():
+        for channel in [*self._channels.values(), *self._retired]:
             await channel.close()
         self._channels.clear()
+        self._retired.clear()
 
     async def settle(self) -> None:
         """Waits for every restart the fault started (the oracles judge a running driver)."""
@@ -111,9 +113,13 @@ class FaultProxy:
 
         async def run() -> None:
             try:
+                # The old channel is retired, not closed: closing it would cancel the calls still
+                # on it locally, and a cancelled call's handler answers the caller nothing (it
+                # waits out its deadline); the dead socket fails them UNAVAILABLE, as it would
+                # fail a sidecar's.
                 channel = self._channels.pop(role, None)
                 if channel is not None:
-                    await channel.close()
+                    self._retired.append(channel)
                 await self.driver.restart(role)
             except RecipeError as e:
                 self.restart_error = e

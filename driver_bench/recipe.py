@@ -182,10 +182,10 @@ class _Reader:
 
     def size(self, doc: Mapping[str, Any], key: str, where: str, default: str) -> int:
         value = doc.get(key, default)
-        try:
-            return int(parse_quantity(str(value)))
-        except (ValueError, ArithmeticError):
-            raise self.fail(f"{where}{key}", f"not a quantity: {value!r} (e.g. 64Mi)") from None
+        size = parse_quantity(str(value))  # 0 for a malformed quantity, as the apiserver's
+        if size <= 0:
+            raise self.fail(f"{where}{key}", f"not a quantity: {value!r} (e.g. 64Mi)")
+        return size
 
 
 KNOWN_KEYS = frozenset(

@@ -11,6 +11,7 @@ under the scenario's kubelet directory are moved to the replay's."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Callable
@@ -19,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+
+from kubeloop_grpc.csi import csi_pb2
 
 from . import messages
 from .faults import Fault, step_of
@@ -34,7 +37,13 @@ ID_FIELDS = ("volume_id", "snapshot_id", "source_volume_id")
 def write(result: ScenarioResult, recipe_path: Path, path: Path, timeout_seconds: float) -> Path:
     calls = []
     for c in result.calls:
-        entry: dict[str, Any] = {"method": c.method, "code": c.code}
+        # started and ended (seconds since the proxy started) say which calls overlapped.
+        entry: dict[str, Any] = {
+            "method": c.method,
+            "code": c.code,
+            "started": round(c.started, 6),
+            "ended": round(c.started + c.seconds, 6),
+        }
         if messages.known(c.method):
             entry["request"] = messages.to_json(c.method, c.request)
             if c.response is not None:
@@ -50,7 +59,7 @@ def write(result: ScenarioResult, recipe_path: Path, path: Path, timeout_seconds
         "scenario": result.name,
         "fault": result.fault.to_json() if result.fault else None,
         "timeout_seconds": timeout_seconds,
-        "kubelet_dir": str(result.kubelet_dir),
+        "work": str(result.work),
         "findings": [f.to_json() for f in result.findings],
         "calls": calls,
         "data": [d.to_json() for d in result.data],
@@ -84,22 +93,64 @@ def _rewrite(doc: Any, change: Callable[[str], str]) -> Any:
 
 @dataclass
 class Translation:
-    """Recorded ids and paths to the replay's."""
+    """Recorded ids and paths to the replay's. Replaced wherever they occur in a string, since
+    drivers embed them in others (a publish context naming `volumes/<id>.img`, a state path)."""
 
-    old_kubelet: str
-    new_kubelet: str
+    old_work: str
+    new_work: str
     ids: dict[str, str]
 
     def __call__(self, value: str) -> str:
-        if value in self.ids:
-            return self.ids[value]
-        if value == self.old_kubelet or value.startswith(self.old_kubelet + "/"):
-            return self.new_kubelet + value[len(self.old_kubelet) :]
-        return value
+        # The longest first, so an id that contains another is replaced whole.
+        for old in sorted(self.ids, key=len, reverse=True):
+            value = value.replace(old, self.ids[old])
+        return value.replace(self.old_work + "/", self.new_work + "/")
 
     def learn(self, recorded: Any, replayed: Any) -> None:
         for old, new in zip(_ids(recorded, []), _ids(replayed, []), strict=False):
-            self.ids.setdefault(old, new)
+            if old != new:
+                self.ids.setdefault(old, new)
+
+
+class _Sender:
+    """Sends recorded calls (ids and paths translated) and runs the data actions, collecting what
+    the oracles that judge as the caller goes find."""
+
+    def __init__(self, channel: grpc.aio.Channel, tr: Translation) -> None:
+        self.channel, self.tr = channel, tr
+        self.findings: list[Finding] = []
+        self.failed = False
+
+    def data(self, action: DataAction) -> None:
+        finding = run_data_action(action)
+        self.findings += [finding] if finding else []
+
+    async def send(self, entry: dict[str, Any]) -> None:
+        if "request" not in entry:
+            return
+        method = entry["method"]
+        request = messages.from_json(method, _rewrite(entry["request"], self.tr))
+        decoded = messages.decode(method, request)
+        prepare_paths(decoded)
+        try:
+            answer = await self.channel.unary_unary(method)(request, timeout=30)
+        except grpc.aio.AioRpcError as e:
+            if e.code() not in RETRYABLE:
+                step = step_of(method, request)
+                self.findings.append(
+                    Finding("call-failed", f"{step} answered {e.code().name}: {e.details()}")
+                )
+                self.failed = True
+            return
+        if "response" in entry:
+            self.tr.learn(entry["response"], messages.to_json(method, bytes(answer), response=True))
+        path = ""
+        if isinstance(decoded, csi_pb2.NodeStageVolumeRequest):
+            path = decoded.staging_target_path
+        elif isinstance(decoded, csi_pb2.NodePublishVolumeRequest):
+            path = decoded.target_path
+        stacked = stacked_mounts(path) if path else None
+        self.findings += [stacked] if stacked else []
 
 
 @dataclass
@@ -132,45 +183,24 @@ async def replay(path: Path, work: Path) -> Replay:
     t0 = time.monotonic()
     findings: list[Finding] = []
     async with Bench(recipe, work, fault, float(doc["timeout_seconds"])) as bench:
-        tr = Translation(doc["kubelet_dir"], str(bench.layout.kubelet_dir), {})
-        failed = False
+        tr = Translation(doc["work"], str(bench.layout.work), {})
         async with grpc.aio.insecure_channel(bench.proxy.endpoint) as channel:
-            for index, entry in enumerate(doc["calls"]):
-                for action in data:
-                    if action.after_call == index:
-                        moved = DataAction(action.kind, tr(action.path), action.seed, index)
-                        finding = run_data_action(moved)
-                        findings += [finding] if finding else []
-                if "request" not in entry:
-                    continue
-                method = entry["method"]
-                request = messages.from_json(method, _rewrite(entry["request"], tr))
-                prepare_paths(messages.decode(method, request))
-                try:
-                    answer = await channel.unary_unary(method)(request, timeout=30)
-                except grpc.aio.AioRpcError as e:
-                    if e.code() not in RETRYABLE:
-                        step = step_of(method, request)
-                        findings.append(
-                            Finding("call-failed", f"{step} answered {e.code().name}: {e.details()}")
-                        )
-                        failed = True
-                    continue
-                if "response" in entry:
-                    tr.learn(entry["response"], messages.to_json(method, bytes(answer), response=True))
-                short = messages.short_name(method)
-                if short in ("NodeStageVolume", "NodePublishVolume"):
-                    req = messages.decode(method, request)
-                    target = getattr(
-                        req, "staging_target_path" if short == "NodeStageVolume" else "target_path"
-                    )
-                    stacked = stacked_mounts(target)
-                    findings += [stacked] if stacked else []
-            for action in data:
-                if action.after_call >= len(doc["calls"]):
-                    finding = run_data_action(
-                        DataAction(action.kind, tr(action.path), action.seed, action.after_call)
-                    )
-                    findings += [finding] if finding else []
-        findings = await bench.judge(findings, completed=not failed)
+            sender = _Sender(channel, tr)
+            calls: list[dict[str, Any]] = doc["calls"]
+            tasks: list[asyncio.Task[None]] = []
+            for index, entry in enumerate(calls):
+                for action in (a for a in data if a.after_call == index):
+                    # The lifecycle wrote or read after its calls so far were answered.
+                    await asyncio.gather(*tasks)
+                    sender.data(DataAction(action.kind, tr(action.path), action.seed, index))
+                # Calls that overlapped in the campaign overlap here: a call waits only for those
+                # that had ended before it started, so a kill -9 lands on the same calls in flight.
+                await asyncio.gather(
+                    *(t for j, t in enumerate(tasks) if calls[j]["ended"] <= entry["started"])
+                )
+                tasks.append(asyncio.ensure_future(sender.send(entry)))
+            await asyncio.gather(*tasks)
+            for action in (a for a in data if a.after_call >= len(calls)):
+                sender.data(DataAction(action.kind, tr(action.path), action.seed, action.after_call))
+        findings = await bench.judge(sender.findings, completed=not sender.failed)
     return Replay(findings, recorded, time.monotonic() - t0, work)

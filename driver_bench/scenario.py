@@ -102,7 +102,6 @@ class ScenarioResult:
     data: list[DataAction]
     seconds: float
     fired: bool
-    kubelet_dir: Path
     reproducer: Path | None = None
     extra: dict[str, str] = field(default_factory=dict)
 
@@ -142,5 +141,4 @@ async def run_scenario(
             data=data,
             seconds=time.monotonic() - t0,
             fired=proxy.fired is not None,
-            kubelet_dir=bench.layout.kubelet_dir,
         )
