@@ -209,9 +209,6 @@ class TransferServer:
             raise _Refused(
                 http.HTTPStatus.UNAUTHORIZED, "a bearer token is required (Authorization: Bearer ...)"
             )
-        node = headers.get(NODE_HEADER.lower(), "")
-        if not node:
-            raise _Refused(http.HTTPStatus.BAD_REQUEST, f"the {NODE_HEADER} header is required")
         try:
             who = await self._authenticate(token.strip())
         except TransferDenied as e:
@@ -221,6 +218,9 @@ class TransferServer:
             raise _Refused(
                 http.HTTPStatus.SERVICE_UNAVAILABLE, f"cannot authenticate the token now: {e}"
             ) from None
+        node = headers.get(NODE_HEADER.lower(), "")
+        if not node:
+            raise _Refused(http.HTTPStatus.BAD_REQUEST, f"the {NODE_HEADER} header is required")
         if who != node:
             raise _Refused(
                 http.HTTPStatus.FORBIDDEN,
@@ -246,7 +246,8 @@ class TransferServer:
         values = parse_qs(url.query).get("from_region", ["0"])
         if len(values) != 1 or not values[0].isdecimal():
             raise _Refused(
-                http.HTTPStatus.BAD_REQUEST, f"from_region must be one non-negative integer, not {values}"
+                http.HTTPStatus.BAD_REQUEST,
+                f"from_region must be one non-negative integer, not {'&'.join(values)!r}",
             )
         return _Request(method, kind, source_id, int(values[0]), peer=f"{node} {peer}")
 
