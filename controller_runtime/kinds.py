@@ -248,6 +248,7 @@ class ContainerStatus(TypedDict, total=False):
 
 class PodStatus(TypedDict, total=False):
     phase: str
+    podIP: str
     startTime: str
     conditions: list[Condition]
     containerStatuses: list[ContainerStatus]
@@ -269,6 +270,7 @@ class Taint(TypedDict, total=False):
 
 class NodeSpec(TypedDict, total=False):
     taints: list[Taint]
+    unschedulable: bool
 
 
 class NodeCondition(Condition, total=False):
@@ -424,6 +426,27 @@ class VolumeSnapshotContent(KubeObject, total=False):
     status: VolumeSnapshotContentStatus
 
 
+# -- TokenReview (authentication.k8s.io/v1) ------------------------------------------------------
+
+
+class UserInfo(TypedDict, total=False):
+    username: str
+    uid: str
+    groups: list[str]
+    extra: dict[str, list[str]]
+
+
+class TokenReviewStatus(TypedDict, total=False):
+    authenticated: bool
+    user: UserInfo
+    audiences: list[str]
+    error: str
+
+
+class TokenReview(KubeObject, total=False):
+    status: TokenReviewStatus
+
+
 # -- the boundary: an informer's Obj seen as its kind (a cast: no copy, no validation) --------------
 
 
@@ -455,3 +478,4 @@ csi_node_view: Final = _View[CSINode]()
 volume_attachment_view: Final = _View[VolumeAttachment]()
 snapshot_view: Final = _View[VolumeSnapshot]()
 snapshot_content_view: Final = _View[VolumeSnapshotContent]()
+token_review_view: Final = _View[TokenReview]()

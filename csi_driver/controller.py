@@ -9,9 +9,11 @@ import dataclasses
 import errno
 import os
 import stat
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -45,6 +47,7 @@ from .mutable import check_mutable
 from .pool_kinds import KIND_PARAMETER, PoolCapacity, chosen_kind
 from .state import DriverState, SnapshotRecord, VolumeRecord
 from .topology import checked_requirements, local_topology, names_node
+from .transfer.client import discard as discard_part
 from .validation import (
     MIN_UNIT,
     SIZE_UNIT,
@@ -57,7 +60,14 @@ from .validation import (
     round_down,
 )
 
+if TYPE_CHECKING:
+    from .transfer.access import PeerAccess
+
 log = get_logger("csi.controller")
+
+# A half-made restore or clone pulled from a peer stays this long across restarts of its puller
+# for the CO's retry to resume it (_resumable); after it, the next start rolls it back.
+PULL_KEPT_SECONDS = 3600.0
 
 RPC = csi_pb2.ControllerServiceCapability.RPC
 CAPABILITIES = (
@@ -108,6 +118,15 @@ class ControllerConfig:
     topology_key: str = TOPOLOGY_KEY
 
 
+def part_of(name: str) -> str:
+    """The volume id whose pull a pool file belongs to (csi_driver.transfer.client's part and
+    progress files beside the volume's), or ""."""
+    for suffix in (".img.part", ".img.part.progress"):
+        if name.endswith(suffix):
+            return name.removesuffix(suffix)
+    return ""
+
+
 def _timestamp(seconds: float) -> Timestamp:
     ts = Timestamp()
     ts.FromNanoseconds(int(seconds * 1e9))
@@ -124,6 +143,7 @@ class _Source:
     size: int = 0
     access_type: str = ""  # what the source holds; "" for snapshots older than these fields
     fs_type: str = ""
+    node: str = ""  # node-local: the peer whose pool holds it ("" when this pool does)
 
 
 def _mode_change_granted(params: Mapping[str, str]) -> bool:
@@ -192,9 +212,12 @@ def _access_type(caps: Iterable[Capability]) -> str:
 
 
 class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
-    def __init__(self, state: DriverState, config: ControllerConfig) -> None:
+    def __init__(self, state: DriverState, config: ControllerConfig, peers: PeerAccess | None = None) -> None:
         self.state = state
         self.config = config
+        # Node-local with transfers on (--transfer-port): a source in another node's pool is
+        # pulled from there (csi_driver.transfer) instead of refused.
+        self.peers = peers
         # A record is what reserves room in the pool. The room check and the write of the record
         # that takes the room run under the pool's budget (csi_driver.budget: a lock shared with
         # the node plugins, whose inline volumes take from the same --capacity), so concurrent
@@ -224,6 +247,8 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
                 for entry in os.scandir(directory):
                     if is_temp_name(entry.name):  # we hold the pool's controller lock
                         os.unlink(entry.path)
+                    elif (pulled := part_of(entry.name)) and self.state.volume(pulled) is None:
+                        os.unlink(entry.path)  # a pull whose volume is gone: nothing resumes it
                     elif entry.name.endswith(".img"):
                         names[kind].add(entry.name.removesuffix(".img"))
             return names["volumes"], names["snapshots"]
@@ -233,7 +258,7 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
         # and the CO's retry by name makes it anew. Listing it instead would show a volume no
         # claim can own; finishing it would spend the pool on a name that may never be retried.
         half_made: list[VolumeRecord | SnapshotRecord] = [
-            *(v for v in self.state.list_volumes() if not v.ready),
+            *(v for v in self.state.list_volumes() if not v.ready and not self._resumable(v)),
             *(s for s in self.state.list_snapshots() if not s.ready),
         ]
         for record in half_made:
@@ -253,6 +278,16 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
         for orphan in sorted(snapshot_files - self.state.snapshot_ids()):
             log.warning("backing file without a snapshot record; leaving it for an operator", snapshot=orphan)
 
+    @staticmethod
+    def _resumable(vol: VolumeRecord) -> bool:
+        """A half-made volume kept across a restart, for its pull to resume rather than start over:
+        one a move brings in (the move decides its fate, csi_driver.transfer.moves), or a recent
+        restore or clone from a peer (the CO's retry by name resumes it; one never retried goes
+        at a start after PULL_KEPT_SECONDS)."""
+        if vol.incoming_from:
+            return True
+        return bool(vol.source_node) and time.time() - vol.created_at < PULL_KEPT_SECONDS
+
     # --- helpers --------------------------------------------------------------------------------
     async def _roll_back(self, record: VolumeRecord | SnapshotRecord) -> None:
         """Removes a volume or snapshot that was never handed to a CO: backing file first, then
@@ -260,7 +295,9 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
         the next start rolls the record back again."""
         try:
             if isinstance(record, VolumeRecord):
-                await asyncio.to_thread(files.remove, self.state.volume_file(record.volume_id))
+                path = self.state.volume_file(record.volume_id)
+                await asyncio.to_thread(discard_part, path)
+                await asyncio.to_thread(files.remove, path)
                 await self.state.delete_volume(record.volume_id)
                 log.info("rolled back a half-made volume", volume=record.volume_id, name=record.name)
             else:
@@ -269,6 +306,34 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
                 log.info("rolled back a half-made snapshot", snapshot=record.snapshot_id, name=record.name)
         except OSError as e:
             log.error("could not roll back; the next start tries again", name=record.name, error=str(e))
+
+    # --- moves (csi_driver.transfer.moves) -----------------------------------------------------
+    async def receive(self, wanted: VolumeRecord) -> VolumeRecord:
+        """The record of a volume a move brings in under its own id, made (not ready, taking its
+        room in this pool) unless it is there already."""
+        async with self.state.locks.hold(wanted.volume_id):
+            vol = self.state.volume(wanted.volume_id)
+            if vol is not None:
+                return vol
+            async with self._reserving(wanted.capacity, wanted.kind):
+                vol = dataclasses.replace(wanted, seq=self.state.next_seq())
+                await self.state.put_volume(vol)
+            return vol
+
+    async def drop_copy(self, volume_id: str, why: str) -> None:
+        """Removes this pool's copy of a volume that another node's pool now serves (or never
+        will: a cancelled move's pull), what was pulled of it included."""
+        async with self.state.locks.hold(volume_id):
+            vol = self.state.volume(volume_id)
+            if vol is None:
+                return
+            if self.state.staging(volume_id) is not None:
+                raise failed_precondition(f"volume {volume_id} is staged on node {self.config.local_node_id}")
+            path = self.state.volume_file(volume_id)
+            await asyncio.to_thread(discard_part, path)
+            await asyncio.to_thread(files.remove, path)
+            await self.state.delete_volume(volume_id)
+        log.info("dropped this pool's copy of a volume", volume=volume_id, why=why)
 
     def _volume(self, volume_id: str) -> VolumeRecord:
         check_id(volume_id, "volume_id")
@@ -399,8 +464,9 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
             raise
 
     # --- volumes --------------------------------------------------------------------------------
-    def _source(self, req: csi_pb2.CreateVolumeRequest) -> _Source:
-        """The snapshot or volume a CreateVolume copies, checked to exist and be complete."""
+    async def _source(self, req: csi_pb2.CreateVolumeRequest) -> _Source:
+        """The snapshot or volume a CreateVolume copies, checked to exist and be complete: in this
+        pool, or (node-local with transfers) in a peer's."""
         if not req.HasField("volume_content_source"):
             return _Source()
         src = req.volume_content_source
@@ -413,6 +479,12 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
             record, path = self.state.volume(source_id), self.state.volume_file(source_id)
         else:
             raise invalid("volume_content_source must name a snapshot or a volume")
+        if (record is None or not record.ready) and self.peers is not None:
+            located = await self.peers.locate(kind, source_id)
+            if located is None:
+                raise not_found(f"source {kind} {source_id} is in the pool of no node of this driver")
+            info = located.info
+            return _Source(kind, source_id, "", info.size, info.access_type, info.fs_type, located.node)
         if record is None or not record.ready:
             if self.config.node_local:
                 raise not_found(
@@ -427,7 +499,11 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
         """Fills the backing file of a recorded volume and marks it ready; a failure rolls it back."""
         async with self.state.locks.hold(vol.volume_id):
             try:
-                if source.path:
+                if source.node:
+                    assert self.peers is not None
+                    path = self.state.volume_file(vol.volume_id)
+                    await self.peers.pull(source.node, source.kind, source.id, path, vol.capacity)
+                elif source.path:
                     # Holding the source's lock keeps it from being deleted or grown mid-copy; what
                     # was read of it before the lock is read again under it.
                     async with self.state.locks.hold(source.id):
@@ -440,7 +516,11 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
                 await asyncio.to_thread(mutable.apply, path, vol.mutable_parameters)
                 vol.ready = True
                 await self.state.put_volume(vol)
-            except Exception:
+            except Exception as e:
+                if source.node and isinstance(e, CsiError) and e.code is grpc.StatusCode.UNAVAILABLE:
+                    # A cut stream or an absent peer: the record and what was pulled stay, and
+                    # the CO's retry resumes the pull where it stopped.
+                    raise
                 # A failed fill (a full pool, an unreadable source) gives the room back at once.
                 # A call cancelled by the driver stopping is not: its copy may still be running in
                 # a thread, and the next start rolls the record back.
@@ -481,7 +561,7 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
             # one code the external-provisioner answers by rescheduling a WaitForFirstConsumer
             # claim to another node instead of retrying this one forever.
             raise exhausted(f"{self._pool_owner()} cannot hold volumes: {problem}")
-        source = self._source(req)
+        source = await self._source(req)
         # A copy of a filesystem keeps its filesystem unless the request names another, which the
         # copy cannot be: the node would refuse to stage it, so the create refuses it now.
         mount = access_type == "mount"
@@ -508,6 +588,7 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
             parameters=dict(req.parameters),
             source_kind=source.kind,
             source_id=source.id,
+            source_node=source.node,
             topology=topology,
             kind=kind,
             mutable_parameters=mutable_parameters,
@@ -566,6 +647,7 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
                 # the record is kept, so the retry once the pool is back deletes the file.
                 raise failed_precondition(f"volume {volume_id} cannot be deleted now: {problem}")
             # File first, record last: a crash in between leaves a record whose retry deletes nothing.
+            await asyncio.to_thread(discard_part, self.state.volume_file(volume_id))
             await asyncio.to_thread(files.remove, self.state.volume_file(volume_id))
             await self.state.delete_volume(volume_id)
         log.info("deleted volume", volume=volume_id, name=vol.name)

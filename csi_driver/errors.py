@@ -44,3 +44,7 @@ def aborted(message: str) -> CsiError:
 
 def unimplemented(message: str) -> CsiError:
     return CsiError(grpc.StatusCode.UNIMPLEMENTED, message)
+
+
+def unavailable(message: str) -> CsiError:
+    return CsiError(grpc.StatusCode.UNAVAILABLE, message)

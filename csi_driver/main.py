@@ -16,6 +16,7 @@ import re
 import socket
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 from prometheus_client import REGISTRY
@@ -40,6 +41,9 @@ from .server import CsiInterceptor
 from .snapshot_metadata import SnapshotMetadataServer
 from .state import DriverState, NodeInfo
 from .validation import TiB, check_id, parse_size
+
+if TYPE_CHECKING:
+    from .transfer.service import Transfers
 
 log = get_logger("csi.main")
 
@@ -98,6 +102,13 @@ class _Parser(argparse.ArgumentParser):
                 f"--node-local requires --mode all (got --mode {parsed.mode}): a node-local pool is "
                 "served by the one process on its node, controller and node service together"
             )
+        if parsed.transfer_port and not parsed.node_local:
+            self.error(
+                "--transfer-port requires --node-local: a shared pool is every node's already, "
+                "there is nothing to transfer"
+            )
+        if not 0 <= parsed.transfer_port <= 65535:
+            self.error(f"--transfer-port must be a TCP port or 0 (got {parsed.transfer_port})")
         return parsed
 
 
@@ -229,6 +240,57 @@ def build_parser() -> argparse.ArgumentParser:
         default=10.0,
         help="how long SIGTERM waits for in-flight RPCs (default: 10s)",
     )
+    transfer = parser.add_argument_group(
+        "transfers between node-local pools (docs/transfer.md; all need --node-local and --transfer-port)"
+    )
+    transfer.add_argument(
+        "--transfer-port",
+        type=int,
+        default=0,
+        help="serve this pool's volumes and snapshots to the other nodes' plugins on this TCP port "
+        "(TLS), pull restores' and clones' sources from them, and carry out moves "
+        "(kubectl kubeloop move); 0 turns transfers off, and a source must be in this pool (default: 0)",
+    )
+    transfer.add_argument(
+        "--transfer-address",
+        default="0.0.0.0",
+        help="the address the transfer server listens on (default: 0.0.0.0, every address of the pod)",
+    )
+    transfer.add_argument(
+        "--transfer-token-file",
+        type=Path,
+        default=Path("/var/run/secrets/kubeloop-transfer/token"),
+        help="this plugin's projected ServiceAccount token for --transfer-audience, bound to its pod "
+        "(default: /var/run/secrets/kubeloop-transfer/token)",
+    )
+    transfer.add_argument(
+        "--transfer-audience",
+        default="",
+        help="the audience peers' tokens must carry (default: transfer.<drivername>)",
+    )
+    transfer.add_argument(
+        "--transfer-namespace",
+        default=os.environ.get("POD_NAMESPACE", "kube-system"),
+        help="the namespace of the node plugins' pods and of the TLS Secret (default: the env "
+        "POD_NAMESPACE, else kube-system)",
+    )
+    transfer.add_argument(
+        "--transfer-peers",
+        default="app.kubernetes.io/name=kubeloop,app.kubernetes.io/component=csi-node",
+        help="label selector of the node plugins' pods, whose pod IPs the peers are reached at "
+        "(default: app.kubernetes.io/name=kubeloop,app.kubernetes.io/component=csi-node)",
+    )
+    transfer.add_argument(
+        "--transfer-tls-secret",
+        default="kubeloop-transfer-tls",
+        help="the Secret holding the transfers' CA and serving pair, made by the first plugin that "
+        "finds none (default: kubeloop-transfer-tls)",
+    )
+    transfer.add_argument(
+        "--kubeconfig",
+        default="",
+        help="kubeconfig for the TokenReviews, peers and moves (default: the pod's service account)",
+    )
     process.add_http_flags(parser)
     process.add_logging_flags(parser)
     return parser
@@ -258,6 +320,7 @@ async def _serve(
     node_mode: bool,
     health: HealthServer | None,
 ) -> None:
+    transfers: Transfers | None = None
     identity = IdentityServer(state, controller=controller_mode, name=args.drivername)
     controller = node = None
     group: GroupControllerServer | None = None
@@ -299,6 +362,29 @@ async def _serve(
         await state.announce_node(NodeInfo(args.node_id, args.max_volumes_per_node))
         if not state.pool_problem():
             watcher = asyncio.create_task(FreezeWatcher(state, args.node_id).run(), name="freeze-watcher")
+    if controller is not None and args.transfer_port:
+        # Imported here: the API client it brings costs memory a plugin without transfers spares.
+        from .transfer.access import TransferConfig
+        from .transfer.service import start as start_transfers
+
+        transfers = await start_transfers(
+            args.kubeconfig,
+            TransferConfig(
+                node=args.node_id,
+                port=args.transfer_port,
+                address=args.transfer_address,
+                namespace=args.transfer_namespace,
+                peer_selector=args.transfer_peers,
+                token_file=args.transfer_token_file,
+                audience=args.transfer_audience or f"transfer.{args.drivername}",
+                tls_secret=args.transfer_tls_secret,
+                tls_dir=args.state_dir / "transfer-tls",
+                server_name=f"transfer.{args.drivername}",
+            ),
+            controller,
+            args.drivername,
+            topology_key(args.drivername),
+        )
     state.mark_ready()
 
     def register(server: grpc.aio.Server) -> None:
@@ -346,6 +432,8 @@ async def _serve(
         # Runs on SIGTERM (the run task is cancelled): finish in-flight RPCs, remove the sockets.
         if watcher is not None:
             watcher.cancel()
+        if transfers is not None:
+            await transfers.stop()
         try:
             if reg_server is not None:
                 await stop_unix_server(reg_server, 1.0)

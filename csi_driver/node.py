@@ -260,6 +260,12 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
         vol = self.state.volume(volume_id)
         if vol is None or not vol.ready:
             raise not_found(f"volume {volume_id} does not exist in the pool of node {self.config.node_id}")
+        if vol.leaving_to:
+            # A move released it (csi_driver.transfer.moves): its data must not change now.
+            raise failed_precondition(
+                f"volume {volume_id} is being moved from node {self.config.node_id} to node "
+                f"{vol.leaving_to} (kubectl kubeloop move); it is staged there once the move is done"
+            )
         # Read-only is the capability's (a reader-only mode) and the publish's readonly flag.
         return publish_context(vol, readonly=False)
 

@@ -75,6 +75,13 @@ class VolumeRecord:
     # The mutable parameters the backing file has been given (csi_driver.mutable), every key ever
     # set with its last value; a key never set has the attribute's default.
     mutable_parameters: dict[str, str] = field(default_factory=dict)
+    # Node-local pools (csi_driver.transfer): the node a restore or clone pulls its source from
+    # ("" for a local source); while a move (controller_runtime.volume_moves) is under way, the
+    # PV it is for and the node this copy leaves for (on the source) or comes from (on the target).
+    source_node: str = ""
+    move_pv: str = ""
+    leaving_to: str = ""
+    incoming_from: str = ""
 
 
 @dataclass

@@ -3,6 +3,8 @@ story in one view, and every volume on one line.
 
     kubectl kubeloop describe pvc NAME [-n NS] [-o json] [--watch]
     kubectl kubeloop get volumes [-o json]
+    kubectl kubeloop move pvc NAME --to NODE [-n NS] [--timeout 10m] [--cancel]
+    kubectl kubeloop drain NODE [--timeout 30m]
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ import sys
 from collections.abc import Sequence
 
 from controller_runtime.client import ApiClient, ApiError
+from controller_runtime.process import duration
 
-from . import retries, volumes
+from . import moves, retries, volumes
 from .diagnose import chain_keys, diagnose
 from .render import describe
 from .snapshot import take
@@ -46,6 +49,35 @@ def build_parser() -> argparse.ArgumentParser:
     get = sub.add_parser("get", help="get volumes: one line per PersistentVolume")
     get.add_argument("kind", choices=["volumes", "volume", "pv", "pvs"])
     get.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    mv = sub.add_parser(
+        "move",
+        help="move pvc NAME --to NODE: copy an unused node-local volume to another node and serve it there",
+        description="Moves the node-local volume of a claim no pod uses to another node: that node's plugin "
+        "copies it from the one that holds it, the PersistentVolume's node affinity is switched to it, and "
+        "the old copy is deleted. Needs the MutablePVNodeAffinity feature gate on kube-apiserver. The node "
+        "plugins carry the move out: stopping this command stops only the following of it.",
+    )
+    mv.add_argument("kind", choices=["pvc", "persistentvolumeclaim"])
+    mv.add_argument("name")
+    mv.add_argument("-n", "--namespace", default="default")
+    mv.add_argument("--to", dest="target", help="the node to move the volume to")
+    mv.add_argument(
+        "--timeout", type=duration, default=600.0, help="how long to follow the move (default: 10m)"
+    )
+    mv.add_argument(
+        "--cancel", action="store_true", help="abandon the claim's move, if it has not switched yet"
+    )
+    dr = sub.add_parser(
+        "drain",
+        help="drain NODE: move every node-local volume off a cordoned node",
+        description="Moves every node-local volume off a cordoned node to Ready nodes with room (the "
+        "CSIStorageCapacity of each volume's class), and says which it cannot move and why (a claim still "
+        "used by a pod that is not being evicted, no node with room, a released volume).",
+    )
+    dr.add_argument("node")
+    dr.add_argument(
+        "--timeout", type=duration, default=1800.0, help="how long to follow the moves (default: 30m)"
+    )
     return parser
 
 
@@ -81,6 +113,19 @@ async def _describe(api: ApiClient, args: argparse.Namespace) -> int:
         await asyncio.sleep(args.interval)
 
 
+async def _move(api: ApiClient, args: argparse.Namespace) -> int:
+    try:
+        if args.command == "drain":
+            return await moves.drain(api, args.node, args.timeout)
+        if not args.cancel and not args.target:
+            print("error: --to NODE is required (or --cancel)", file=sys.stderr)
+            return 2
+        return await moves.move(api, args.namespace, args.name, args.target, args.timeout, args.cancel)
+    except moves.Refused as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+
+
 async def _run(args: argparse.Namespace) -> int:
     api = await ApiClient.from_kubeconfig(
         _kubeconfig(args.kubeconfig), qps=50, burst=100, user_agent="kubectl-kubeloop"
@@ -88,6 +133,8 @@ async def _run(args: argparse.Namespace) -> int:
     try:
         if args.command == "describe":
             return await _describe(api, args)
+        if args.command in ("move", "drain"):
+            return await _move(api, args)
         rows = await volumes.rows(api)
         if args.output == "json":
             sys.stdout.write(json.dumps([vars(r) for r in rows], indent=2) + "\n")

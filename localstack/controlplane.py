@@ -353,6 +353,8 @@ class ControlPlane:
             # Endpoints validation rejects, and nothing in this stack reaches the apiserver via it.
             "--endpoint-reconciler-type=none",
             "--profiling=false",
+            # kubectl kubeloop move switches a PV's node affinity (KEP-5381, alpha in 1.36).
+            "--feature-gates=MutablePVNodeAffinity=true",
         ]
 
     async def _start_apiserver(self) -> float:

@@ -76,8 +76,10 @@ class Driver:
         extra: Sequence[str] = (),
         pool: Path | None = None,
         env: dict[str, str] | None = None,
+        module: str = "csi_driver.main",
     ) -> None:
         self.root = root
+        self.module = module
         self.env = env
         self.socket = root / "csi.sock"
         self.pool = pool or root / "pool"
@@ -102,7 +104,7 @@ class Driver:
         cmd = [
             sys.executable,
             "-m",
-            "csi_driver.main",
+            self.module,
             "--endpoint",
             self.endpoint,
             "--mode",

@@ -62,10 +62,11 @@ def test_kustomization_lists_every_manifest_but_the_local_stacks_kubelet() -> No
     present = {str(p.relative_to(DEPLOY)) for p in DEPLOY.glob("*.yaml") if p.name != "kustomization.yaml"}
     present |= {str(p.relative_to(DEPLOY)) for p in (DEPLOY / "rbac").glob("*.yaml")}
     present |= {str(p.relative_to(DEPLOY)) for p in (DEPLOY / "kubernetes").glob("*.yaml")}
-    # node-agent.yaml is the local stack's kubelet; node-deployment.yaml and node-finalizer.yaml are
-    # node-local mode's (deploy/node-local, rendered from the Helm chart).
+    # node-agent.yaml is the local stack's kubelet; csi-node-transfers.yaml, node-deployment.yaml and
+    # node-finalizer.yaml are node-local mode's (deploy/node-local, rendered from the Helm chart).
     assert listed == present - {
         "rbac/node-agent.yaml",
+        "rbac/csi-node-transfers.yaml",
         "rbac/node-deployment.yaml",
         "rbac/node-finalizer.yaml",
     }

@@ -1,0 +1,266 @@
+"""Who may take part in a transfer, and where the peers are (docs/transfer.md, "Who may pull").
+
+A node plugin pulls from another only as another node plugin of the same driver, proven the way the
+external-snapshot-metadata sidecar proves its clients: a ServiceAccount token bound to an audience
+of its own, checked by the server with a TokenReview. kubelet projects that token into the plugin's
+pod, bound to the pod, so the review also names the node the pod runs on
+(`authentication.kubernetes.io/node-name`, ServiceAccountTokenPodNodeInfo, GA in 1.32): the server
+learns which node asks without trusting anything the client says. A peer is accepted when the
+review authenticates the token for this transfer audience, under the very ServiceAccount this
+plugin runs as (it reviews its own token at start to learn it), from a pod on a node. Nothing to
+distribute or rotate: kubelet renews the token, and a node that leaves the cluster takes its pods'
+tokens with it.
+
+The bytes travel under TLS: the first plugin to start makes a CA and a serving pair for the name
+`transfer.<driver>` and keeps them in a Secret of its namespace; every plugin serves with that pair
+and trusts that CA only, so a volume's data never crosses the network in the clear and a token is
+never sent to anything but another plugin.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import errno
+import os
+import ssl
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from controller_runtime.certs import PKI
+from controller_runtime.client import ApiClient, ApiError
+from controller_runtime.kinds import pod_view, token_review_view
+from controller_runtime.logs import get_logger
+from controller_runtime.resources import PODS, SECRETS, TOKEN_REVIEWS
+
+from ..errors import exhausted, failed_precondition, not_found, unavailable
+from . import client as transfer_client
+from .errors import SourceNotFound, StreamCut, TransferDenied, TransferError
+from .wire import RemoteSource
+
+log = get_logger("csi.transfer")
+
+NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
+TLS_FILES = ("ca.crt", "tls.crt", "tls.key")
+# A reviewed token is trusted this long before it is reviewed again: a pull's requests come in
+# bursts (a HEAD to every peer, then a GET), and kubelet renews tokens hours before they expire.
+REVIEW_CACHE_SECONDS = 60.0
+REVIEW_CACHE_SIZE = 256
+
+
+class PeerRefused(Exception):
+    """A token that does not prove another node plugin of this driver; the message says why."""
+
+
+@dataclass(frozen=True)
+class TransferConfig:
+    node: str
+    port: int
+    address: str  # where this plugin's server listens; its peers are reached at their pod IPs
+    namespace: str
+    peer_selector: str  # label selector of the node plugins' pods
+    token_file: Path
+    audience: str
+    tls_secret: str
+    tls_dir: Path
+    server_name: str  # the DNS name of the serving certificate; every client checks it
+
+
+@dataclass(frozen=True)
+class Located:
+    node: str
+    endpoint: tuple[str, int]
+    info: RemoteSource
+
+
+class PeerAccess:
+    def __init__(self, client: ApiClient, config: TransferConfig) -> None:
+        self.client = client
+        self.config = config
+        self.own_user = ""
+        self._reviews: dict[str, tuple[str, float]] = {}
+        self.server_context: ssl.SSLContext | None = None
+        self._client_context: ssl.SSLContext | None = None
+
+    @property
+    def client_context(self) -> ssl.SSLContext:
+        assert self._client_context is not None, "PeerAccess.start() first"
+        return self._client_context
+
+    # --- start-up -------------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Learns this plugin's own identity and makes (or reads) the TLS material."""
+        user, node = await self._review(self.token())
+        if node != self.config.node:
+            raise RuntimeError(
+                f"the transfer token in {self.config.token_file} is bound to node {node or '(none)'}, "
+                f"not to this plugin's node {self.config.node}: mount a projected token of the pod"
+            )
+        self.own_user = user
+        await self._tls_material()
+        self.server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        self.server_context.load_cert_chain(self.config.tls_dir / "tls.crt", self.config.tls_dir / "tls.key")
+        self._client_context = ssl.create_default_context(cafile=str(self.config.tls_dir / "ca.crt"))
+        log.info("transfer peers authenticate as", user=user, audience=self.config.audience)
+
+    async def _tls_material(self) -> None:
+        name, namespace = self.config.tls_secret, self.config.namespace
+        try:
+            secret = await self.client.get(SECRETS, name, namespace)
+        except ApiError as e:
+            if not e.not_found:
+                raise
+            secret = await self._make_secret()
+        data = secret.get("data") or {}
+        missing = [f for f in TLS_FILES if f not in data]
+        if missing:
+            raise RuntimeError(
+                f"Secret {namespace}/{name} lacks {', '.join(missing)}; delete it to have it made anew"
+            )
+        self.config.tls_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.config.tls_dir, 0o700)
+        for f in TLS_FILES:
+            path = self.config.tls_dir / f
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "wb") as out:
+                out.write(base64.b64decode(data[f]))
+
+    async def _make_secret(self) -> dict[str, object]:
+        """The CA and serving pair, made here; the CA's key is dropped once it signed (a new pair
+        means a new Secret, and every plugin reads it at its next start)."""
+        with tempfile.TemporaryDirectory() as tmp:
+            pki = PKI(Path(tmp), ca_name=f"kubeloop-transfer-{self.config.server_name}")
+            ca = pki.ensure_ca()
+            serving = pki.ensure_serving("tls", self.config.server_name, [self.config.server_name], ())
+            data = {
+                "ca.crt": ca.cert.read_bytes(),
+                "tls.crt": serving.cert.read_bytes(),
+                "tls.key": serving.key.read_bytes(),
+            }
+        body = {
+            "metadata": {"name": self.config.tls_secret, "namespace": self.config.namespace},
+            "type": "Opaque",
+            "data": {k: base64.b64encode(v).decode() for k, v in data.items()},
+        }
+        try:
+            created = await self.client.create(SECRETS, body, self.config.namespace)
+            log.info("made the transfer CA and serving pair", secret=self.config.tls_secret)
+            return created
+        except ApiError as e:
+            if not e.already_exists:  # another plugin made it first: use theirs
+                raise
+            return await self.client.get(SECRETS, self.config.tls_secret, self.config.namespace)
+
+    # --- authentication -------------------------------------------------------------------------
+    def token(self) -> str:
+        """This plugin's current transfer token (kubelet rewrites the file as it renews it)."""
+        return self.config.token_file.read_text().strip()
+
+    async def _review(self, token: str) -> tuple[str, str]:
+        """(username, node) of a token the API server authenticates for the transfer audience."""
+        review = token_review_view(
+            await self.client.create(
+                TOKEN_REVIEWS,
+                {"spec": {"token": token, "audiences": [self.config.audience]}},
+            )
+        )
+        status = review.get("status") or {}
+        if not status.get("authenticated"):
+            raise PeerRefused(f"the token is not valid: {status.get('error') or 'not authenticated'}")
+        if self.config.audience not in (status.get("audiences") or []):
+            raise PeerRefused(f"the token is not for the audience {self.config.audience}")
+        user = status.get("user") or {}
+        nodes = (user.get("extra") or {}).get(NODE_NAME_EXTRA) or []
+        return str(user.get("username", "")), str(nodes[0]) if nodes else ""
+
+    async def authenticate(self, token: str) -> str:
+        """The node of the peer plugin whose token this is; PeerRefused when it is none."""
+        now = time.monotonic()
+        cached = self._reviews.get(token)
+        if cached is not None and cached[1] > now:
+            return cached[0]
+        try:
+            user, node = await self._review(token)
+        except ApiError as e:
+            raise PeerRefused(f"the token could not be reviewed: {e}") from e
+        if user != self.own_user:
+            raise PeerRefused(f"{user} is not a node plugin of this driver (they run as {self.own_user})")
+        if not node:
+            raise PeerRefused("the token is not bound to a pod on a node: use the pod's projected token")
+        if len(self._reviews) >= REVIEW_CACHE_SIZE:
+            self._reviews = {t: v for t, v in self._reviews.items() if v[1] > now}
+            if len(self._reviews) >= REVIEW_CACHE_SIZE:
+                self._reviews.clear()
+        self._reviews[token] = (node, now + REVIEW_CACHE_SECONDS)
+        return node
+
+    # --- peers ----------------------------------------------------------------------------------
+    async def endpoints(self) -> dict[str, tuple[str, int]]:
+        """node -> (address, port) of every running node plugin but this one."""
+        pods, _ = await self.client.list_all(
+            PODS, self.config.namespace, labelSelector=self.config.peer_selector
+        )
+        out: dict[str, tuple[str, int]] = {}
+        for pod in map(pod_view, pods):
+            node = pod.get("spec", {}).get("nodeName", "")
+            status = pod.get("status", {})
+            if node and node != self.config.node and status.get("phase") == "Running" and status.get("podIP"):
+                out[node] = (str(status["podIP"]), self.config.port)
+        return out
+
+    async def endpoint(self, node: str) -> tuple[str, int]:
+        found = (await self.endpoints()).get(node)
+        if found is None:
+            raise unavailable(f"no running node plugin of this driver on node {node}")
+        return found
+
+    async def ask(self, node: str, endpoint: tuple[str, int], kind: str, source_id: str) -> Located | None:
+        """Whether `node`'s plugin holds a ready `kind` (volume or snapshot) `source_id`; a peer
+        that does not answer counts as not holding it."""
+        try:
+            info = await transfer_client.describe(
+                endpoint, self.client_context, self.config.server_name, self.token(), self.config.node,
+                kind, source_id,
+            )  # fmt: skip
+        except (TimeoutError, OSError, TransferError) as e:
+            log.warning("a peer did not answer", node=node, error=str(e))
+            return None
+        return None if info is None else Located(node, endpoint, info)
+
+    async def locate(self, kind: str, source_id: str) -> Located | None:
+        """The peer that holds a ready `source_id`: every peer is asked at once."""
+        peers = await self.endpoints()
+        for found in await asyncio.gather(
+            *(self.ask(n, e, kind, source_id) for n, e in sorted(peers.items()))
+        ):
+            if found is not None:
+                return found
+        return None
+
+    async def pull(self, node: str, kind: str, source_id: str, final_path: str, size: int) -> None:
+        """Pulls `kind` `source_id` from `node`'s plugin into `final_path` (of `size` bytes),
+        resuming a pull a cut stream or a kill left; a CSI error says what failed. UNAVAILABLE
+        (a peer gone, a stream cut) is the one the caller's retry resumes from."""
+        endpoint = await self.endpoint(node)
+        where = f"{kind} {source_id} from node {node}"
+        try:
+            await transfer_client.pull(
+                endpoint, self.client_context, self.config.server_name, self.token(), self.config.node,
+                kind, source_id, final_path, size,
+            )  # fmt: skip
+        except SourceNotFound as e:
+            raise not_found(f"pulling {where}: {e.message}") from e
+        except TransferDenied as e:
+            raise failed_precondition(f"pulling {where} was refused: {e.message}") from e
+        except StreamCut as e:
+            raise unavailable(f"pulling {where} was cut ({e.message}); the next try resumes it") from e
+        except TransferError as e:
+            raise failed_precondition(f"pulling {where} failed: {e.message}") from e
+        except OSError as e:
+            if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise exhausted(f"the pool of node {self.config.node} is full: {e.strerror}") from e
+            if isinstance(e, ConnectionError | TimeoutError):
+                raise unavailable(f"pulling {where}: {e}; the next try resumes it") from e
+            raise
