@@ -1,12 +1,13 @@
 """The dependency rule between the repository's layers, checked on every .py file's imports.
 
 - A process package (one per Kubernetes component or binary: every top-level package but
-  `controller_runtime`, `kubeloop_grpc` and the tools on top, `localstack`, `tests` and `bench`;
+  `controller_runtime`, `kubeloop_grpc` and the tools on top, `localstack`, `tests`, `bench` and
+  `driver_bench`;
   each subpackage of `services/`) imports only itself, `controller_runtime`, `kubeloop_grpc`, the
   standard library and third-party libraries: never another process package, `localstack`, `tests`
   or `bench`. The packages are found in the tree, so a new one is checked the day it appears.
 - `controller_runtime` imports none of the process packages, `localstack`, `tests` or `bench`.
-- `bench` and `localstack` never import `tests`.
+- `bench`, `driver_bench` and `localstack` never import `tests`.
 
 Imports anywhere in a file count (inside functions and `if TYPE_CHECKING:` too). There is no list
 of allowed exceptions: a violation is fixed where it is, not recorded here.
@@ -25,7 +26,7 @@ from controller_runtime.toolchain import REPO_ROOT
 SHARED = "controller_runtime"
 GENERATED = "kubeloop_grpc"
 # The tools on top: they may import every layer below them (docs/architecture.md, "Layers").
-ON_TOP = frozenset({"localstack", "tests", "bench"})
+ON_TOP = frozenset({"localstack", "tests", "bench", "driver_bench"})
 # A folder of process packages rather than one: each of its subpackages is a process package.
 CONTAINERS = frozenset({"services"})
 # What stands above the shared layer besides the process packages.
@@ -82,8 +83,8 @@ class Layers:
             return f"a process package imports only itself, {SHARED} and {GENERATED}"
         if importer == SHARED and (target in self.processes or target in ABOVE_SHARED):
             return f"{SHARED} imports no process package, localstack, tests or bench"
-        if importer in ("bench", "localstack") and target == "tests":
-            return "bench and localstack never import tests"
+        if importer in ("bench", "driver_bench", "localstack") and target == "tests":
+            return "bench, driver_bench and localstack never import tests"
         return None
 
 
