@@ -7,7 +7,7 @@ PYTEST_ARGS ?=
 
 .PHONY: up down test unit integration sanity stress-start bench bench-scaling profile lint deps binaries prometheus-deps system-deps python-deps clean \
 	docker-deps images wheels compose-test conformance kind-deps helm-deps kind-images kind-up kind-down kind-test e2e-deps \
-	e2e-storage e2e-storage-disruptive e2e-csi-mock chaos
+	e2e-storage e2e-storage-disruptive e2e-csi-mock chaos bench-driver
 
 # exec: the launcher is make's own child, not a shell's (bash execs a lone command anyway; this keeps
 # it so), so the SIGTERM make passes on to its child reaches the launcher, which stops in order.
@@ -55,6 +55,17 @@ chaos: deps binaries
 	CHAOS_ROUNDS=$(CHAOS_ROUNDS) CHAOS_KILLS=$(CHAOS_KILLS) CHAOS_SEED=$(CHAOS_SEED) \
 		CHAOS_REPORT=$(CHAOS_REPORT) $(PY) -m tests.chaos
 
+# The driver bench (docs/driver-bench.md): a CSI driver run from its recipe, its volume lifecycle
+# under every fault (kill -9 before or after a call, a timeout, a duplicate, a lost answer) through
+# a fault-injecting proxy; the report and a reproducer per finding go to BENCH_DRIVER_OUT. Replay
+# one with `$(PY) -m driver_bench.main replay FILE`. `make test` runs kubeloop's sweep (tests/driver_bench).
+RECIPE ?= driver_bench/recipes/kubeloop.yaml
+BENCH_DRIVER_OUT ?= .kubeloop/driver-bench
+BENCH_DRIVER_ARGS ?=
+
+bench-driver: deps
+	$(PY) -m driver_bench.main campaign --recipe $(RECIPE) --out $(BENCH_DRIVER_OUT) $(BENCH_DRIVER_ARGS)
+
 # Every differential conformance scenario (docs/conformance.md): each run against kcm's storage
 # controllers and the Go sidecars, then against kubeloop, and compared. `make test` runs a subset.
 conformance: deps binaries
@@ -92,7 +103,7 @@ profile: deps binaries
 lint: python-deps
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy controller_runtime services csi_driver external_provisioner external_attacher external_resizer node_driver_registrar livenessprobe node_finalizer snapshot_metadata_setup kubectl_kubeloop localstack tests bench
+	$(VENV)/bin/mypy controller_runtime services csi_driver external_provisioner external_attacher external_resizer node_driver_registrar livenessprobe node_finalizer snapshot_metadata_setup kubectl_kubeloop localstack tests bench driver_bench
 
 deps: system-deps python-deps
 
