@@ -60,6 +60,9 @@ def write(result: ScenarioResult, recipe_path: Path, path: Path, timeout_seconds
         "fault": result.fault.to_json() if result.fault else None,
         "timeout_seconds": timeout_seconds,
         "work": str(result.work),
+        # A lifecycle that ended early left its volume in use: its end state is judged only if
+        # the calls ran to their end, in the campaign and in the replay alike.
+        "completed": result.completed,
         "findings": [f.to_json() for f in result.findings],
         "calls": calls,
         "data": [d.to_json() for d in result.data],
@@ -202,5 +205,5 @@ async def replay(path: Path, work: Path) -> Replay:
             await asyncio.gather(*tasks)
             for action in (a for a in data if a.after_call >= len(calls)):
                 sender.data(DataAction(action.kind, tr(action.path), action.seed, action.after_call))
-        findings = await bench.judge(sender.findings, completed=not sender.failed)
+        findings = await bench.judge(sender.findings, completed=bool(doc["completed"]) and not sender.failed)
     return Replay(findings, recorded, time.monotonic() - t0, work)

@@ -102,6 +102,7 @@ class ScenarioResult:
     data: list[DataAction]
     seconds: float
     fired: bool
+    completed: bool  # every lifecycle ran to its end (no call failed for good)
     reproducer: Path | None = None
     extra: dict[str, str] = field(default_factory=dict)
 
@@ -131,7 +132,8 @@ async def run_scenario(
                 findings.append(Finding("call-failed", str(r)))
             elif isinstance(r, BaseException):
                 raise r
-        findings = await bench.judge(findings, completed=not any(results))
+        completed = not any(results)
+        findings = await bench.judge(findings, completed=completed)
         return ScenarioResult(
             name=name,
             fault=fault,
@@ -141,4 +143,5 @@ async def run_scenario(
             data=data,
             seconds=time.monotonic() - t0,
             fired=proxy.fired is not None,
+            completed=completed,
         )
