@@ -21,6 +21,7 @@ from .access import PeerAccess, PeerRefused, TransferConfig
 from .errors import TransferDenied
 from .moves import MoveController
 from .server import TransferServer, file_generation
+from .snapshot_owners import SnapshotOwners
 from .wire import SourceInfo
 
 log = get_logger("csi.transfer")
@@ -63,10 +64,13 @@ class Transfers:
     client: ApiClient
     server: TransferServer
     moves: asyncio.Task[None]
+    owners: SnapshotOwners | None
 
     async def stop(self) -> None:
         self.moves.cancel()
         await asyncio.gather(self.moves, return_exceptions=True)
+        if self.owners is not None:
+            await self.owners.stop()
         await self.server.stop()
         await self.client.close()
 
@@ -101,5 +105,11 @@ async def start(
     controller.peers = peers
     moves = MoveController(client, peers, controller, driver, topology_key)
     task = asyncio.create_task(moves.run(), name="volume-moves")
+    owners: SnapshotOwners | None = SnapshotOwners(client, controller.state, config.node, driver)
+    if await owners.available():
+        owners.start()
+    else:
+        log.info("the cluster serves no VolumeSnapshotContents: pre-provisioned snapshots are not labelled")
+        owners = None
     log.info("transfers on", node=config.node, port=config.port, peers=config.peer_selector)
-    return Transfers(client, server, task)
+    return Transfers(client, server, task, owners)

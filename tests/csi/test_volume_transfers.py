@@ -19,15 +19,23 @@ import pytest_asyncio
 
 from controller_runtime.client import ApiClient, ApiError
 from controller_runtime.driver_names import DRIVER_NAME, TOPOLOGY_KEY
-from controller_runtime.resources import PERSISTENT_VOLUME_CLAIMS, PERSISTENT_VOLUMES, PODS, SERVICE_ACCOUNTS
+from controller_runtime.resources import (
+    PERSISTENT_VOLUME_CLAIMS,
+    PERSISTENT_VOLUMES,
+    PODS,
+    SERVICE_ACCOUNTS,
+    VOLUME_SNAPSHOT_CONTENTS,
+)
 from controller_runtime.toolchain import REPO_ROOT
 from controller_runtime.volume_moves import FROM_LABEL, PREFIX, TO_LABEL, affinity_node, node_affinity
 from csi_driver.transfer import client as transfer_client
 from csi_driver.transfer.errors import BadRequest, TransferDenied, TransferError
 from csi_driver.transfer.moves import AFTER_DROP, AFTER_PULL, AFTER_RELEASE, AFTER_SWITCH
+from csi_driver.transfer.snapshot_owners import MANAGED_BY
 from kubectl_kubeloop.moves import _start as ask_for_move
 from kubeloop_grpc.csi import csi_pb2
 from localstack.controlplane import ControlPlane
+from localstack.snapshotter import snapshot_crds
 from tests.integration.provisioner_harness import kubectl
 from tests.support.waits import eventually, eventually_async
 
@@ -58,6 +66,9 @@ async def cluster(
     rbac = csi_root / "transfer-rbac.yaml"
     rbac.write_text(chart_rbac())
     await kubectl(control_plane, "apply", "-f", str(rbac))
+    for crd in snapshot_crds():
+        await kubectl(control_plane, "apply", "-f", str(crd))
+        await kubectl(control_plane, "wait", "--for=condition=established", "--timeout=60s", "-f", str(crd))
     c = TransferCluster(control_plane, api, csi_root)
     try:
         yield c
@@ -143,6 +154,42 @@ async def test_a_restore_and_a_clone_made_on_another_node_pull_their_source(clus
     finally:
         ca.close()
         cb.close()
+
+
+async def test_a_pre_provisioned_snapshot_content_gets_the_label_of_the_node_that_holds_it(
+    cluster: TransferCluster, api: ApiClient
+) -> None:
+    a, _ = await start(cluster, 2)
+    ca = Client(a.driver.endpoint)
+    try:
+        vol = made_volume(ca, "backed-up", 32 * MiB)
+        snap = ca.controller.CreateSnapshot(
+            csi_pb2.CreateSnapshotRequest(name="backup", source_volume_id=vol.volume_id)
+        ).snapshot
+    finally:
+        ca.close()
+    name = f"pre-{cluster.suffix}"
+    await api.create(
+        VOLUME_SNAPSHOT_CONTENTS,
+        {
+            "metadata": {"name": name},
+            "spec": {
+                "driver": DRIVER_NAME,
+                "deletionPolicy": "Retain",
+                "source": {"snapshotHandle": snap.snapshot_id},
+                "volumeSnapshotRef": {"name": "restored-backup", "namespace": "default"},
+            },
+        },
+    )
+    try:
+
+        async def label() -> str:
+            content = await api.get(VOLUME_SNAPSHOT_CONTENTS, name)
+            return str((content["metadata"].get("labels") or {}).get(MANAGED_BY, ""))
+
+        assert await eventually_async("the content labelled", label, 30) == a.name
+    finally:
+        await api.delete(VOLUME_SNAPSHOT_CONTENTS, name)
 
 
 # --- who may pull ------------------------------------------------------------------------------------
