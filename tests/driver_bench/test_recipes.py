@@ -7,12 +7,13 @@ import os
 from pathlib import Path
 
 import pytest
+import yaml
 
 from driver_bench import main as cli
 from driver_bench.recipe import PLACEHOLDERS, RecipeError, load, parse
 from tests.support.waits import eventually
 
-from .recipes import write_recipe
+from .recipes import buggy_recipe, write_recipe
 
 REPO = Path(__file__).resolve().parents[2]
 KUBELOOP = REPO / "driver_bench" / "recipes" / "kubeloop.yaml"
@@ -114,3 +115,13 @@ def test_a_socket_that_is_not_csi(tmp_path: Path, capsys: pytest.CaptureFixture[
     err = campaign_fails(tmp_path, ["{python}", "-c", server, "{endpoint}", "{state_dir}/pids"], capsys)
     assert "answers, but not as a CSI driver" in err, err
     gone(next((tmp_path / "out").rglob("pids")))
+
+
+def test_a_driver_of_another_name(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    doc = yaml.safe_load(buggy_recipe(tmp_path, "").read_text())
+    doc["driver_name"] = "other.csi.example.com"
+    recipe = write_recipe(tmp_path / "other.yaml", doc)
+    rc = cli.main(["campaign", "--recipe", str(recipe), "--out", str(tmp_path / "out"), "--steps="])
+    err = capsys.readouterr().err
+    assert rc == 2 and "reports the driver name 'buggy.csi.bench.kubeloop.dev'" in err, err
+    assert "the recipe says 'other.csi.example.com'" in err, err
