@@ -138,11 +138,10 @@ class Caller:
 
     async def once(self, short: str, request: Message) -> Message:
         method = messages.method_of(short)
-        _, response_type = type(request), type(messages.decode(method, b"", response=True))
         stub = self.channel.unary_unary(
             method,
             request_serializer=lambda m: m.SerializeToString(),
-            response_deserializer=response_type.FromString,
+            response_deserializer=lambda data: messages.decode(method, data, response=True),
         )
         answer: Message = await stub(request, timeout=self.settings.call_timeout)
         return answer

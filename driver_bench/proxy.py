@@ -46,13 +46,17 @@ class _Abort(Exception):
 
 
 class FaultProxy:
+    """The proxy of one scenario: `fault` fires once, at the `occurrence`-th call of its step;
+    `calls` is every call the caller made, for the oracles, the reproducer and the timings. Its
+    socket lives in the scenario's private (0700) socket directory."""
+
     def __init__(
         self, driver: Driver, socket: Path, fault: Fault | None, timeout_seconds: float = 0.1
     ) -> None:
         self.driver, self.socket, self.fault = driver, socket, fault
         self.timeout_seconds = timeout_seconds
         self.calls: list[Call] = []
-        self.counts: dict[str, int] = {}
+        self.counts: dict[str, int] = {}  # calls so far per lifecycle step
         self.fired: Call | None = None
         self.restart_error: RecipeError | None = None
         # Set while a service serves; cleared from its kill -9 until its restart is ready.
