@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 from driver_bench import campaign
 from driver_bench.faults import Fault, FaultKind
@@ -17,7 +18,7 @@ from driver_bench.reproducer import replay
 from localstack.leftovers import find_leftovers
 from tests.csi.conftest import require_root
 
-from .recipes import buggy_recipe
+from .recipes import buggy_recipe, write_recipe
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -83,3 +84,26 @@ async def test_each_bug_is_found_and_replays_alone(
     fixed.write_text(json.dumps(doc))
     clean = await replay(fixed, tmp_path / "replay-fixed")
     assert not clean.reproduced and not clean.findings, clean.findings
+
+
+async def test_a_separate_node_plugin_is_killed_and_restarted_alone(tmp_path: Path) -> None:
+    """A recipe with a node command: Node calls go to that process, and a kill on a Node step
+    kills and restarts it alone (the controller's log shows one start, the node's two)."""
+    doc = yaml.safe_load(buggy_recipe(tmp_path, "").read_text())
+    doc["node"] = {"command": list(doc["controller"]["command"])}
+    recipe = load(write_recipe(tmp_path / "split.yaml", doc))
+    faults = [Fault(FaultKind.KILL_BEFORE, "NodeStageVolume"), Fault(FaultKind.KILL_AFTER, "CreateVolume")]
+    outcome = await campaign.run(recipe, campaign.Options(out=tmp_path / "out"), faults=faults)
+    assert not outcome.findings, [r.findings for r in outcome.results]
+    node_kill, controller_kill = (r.work for r in outcome.results)
+    starts = {
+        (work.name, role): (work / f"{role}.log").read_text().count("--- start")
+        for work in (node_kill, controller_kill)
+        for role in ("controller", "node")
+    }
+    assert starts == {
+        (node_kill.name, "controller"): 1,
+        (node_kill.name, "node"): 2,
+        (controller_kill.name, "controller"): 2,
+        (controller_kill.name, "node"): 1,
+    }
