@@ -4,6 +4,7 @@ scenario on a fresh driver; findings written as reproducers, the whole as a repo
 from __future__ import annotations
 
 import asyncio
+import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -45,6 +46,8 @@ def scenario_name(index: int, fault: Fault | None) -> str:
 
 async def run(recipe: Recipe, options: Options, faults: Sequence[Fault | None] | None = None) -> Outcome:
     t0 = time.monotonic()
+    # Reproducers of an earlier run in the same directory would read as this run's findings.
+    shutil.rmtree(options.out / "reproducers", ignore_errors=True)
     plan = list(faults) if faults is not None else sweep(options.kinds, options.steps)
     gate = asyncio.Semaphore(options.parallel)
 

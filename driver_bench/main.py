@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from . import campaign
+from .diagnosis import headline
 from .faults import STEPS, parse_kinds
 from .recipe import RecipeError, load
 from .reproducer import replay
@@ -77,7 +78,7 @@ def _replay(args: argparse.Namespace) -> int:
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="driver-bench-replay-"))
     result = asyncio.run(replay(Path(args.file), work))
     for f in result.findings:
-        print(f"{f.kind}: {f.summary}")
+        print(f"{headline(result.fault, f)} ({f.kind}): {f.summary}")
     recorded = ", ".join(f.kind for f in result.recorded)
     verdict = "reproduced" if result.reproduced else "not reproduced"
     print(f"{verdict} in {result.seconds:.1f} s (recorded: {recorded}); the replay's directory: {work}")

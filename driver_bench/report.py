@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from . import messages
+from .diagnosis import headline
 from .scenario import ScenarioResult
 
 
@@ -47,7 +48,7 @@ def to_json(
                 "fired": r.fired,
                 "seconds": round(r.seconds, 3),
                 "calls": len(r.calls),
-                "findings": [f.to_json() for f in r.findings],
+                "findings": [{**f.to_json(), "headline": headline(r.fault, f)} for f in r.findings],
                 "reproducer": str(r.reproducer) if r.reproducer else None,
             }
             for r in results
@@ -91,7 +92,7 @@ def to_markdown(doc: dict[str, Any]) -> str:
         lines += ["", "## Findings", ""]
         for s in failed:
             for f in s["findings"]:
-                lines.append(f"- {s['name']}: **{f['kind']}**: {f['summary']}")
+                lines.append(f"- {s['name']}: **{f['headline']}** ({f['kind']}): {f['summary']}")
     lines += ["", "## Time per CSI method (the driver's, through the proxy)", ""]
     lines += ["| method | calls | p50 s | max s |", "|---|---|---|---|"]
     for t in doc["timings"]:

@@ -24,6 +24,7 @@ import grpc
 from kubeloop_grpc.csi import csi_pb2
 
 from . import messages
+from .diagnosis import headline
 from .faults import Fault, step_of
 from .lifecycle import RETRYABLE, DataAction, prepare_paths, run_data_action
 from .oracles import Finding, stacked_mounts
@@ -63,7 +64,7 @@ def write(result: ScenarioResult, recipe_path: Path, path: Path, timeout_seconds
         # A lifecycle that ended early left its volume in use: its end state is judged only if
         # the calls ran to their end, in the campaign and in the replay alike.
         "completed": result.completed,
-        "findings": [f.to_json() for f in result.findings],
+        "findings": [{**f.to_json(), "headline": headline(result.fault, f)} for f in result.findings],
         "calls": calls,
         "data": [d.to_json() for d in result.data],
     }
@@ -158,6 +159,7 @@ class _Sender:
 
 @dataclass
 class Replay:
+    fault: Fault | None
     findings: list[Finding]
     recorded: list[Finding]
     seconds: float
@@ -206,4 +208,4 @@ async def replay(path: Path, work: Path) -> Replay:
             for action in (a for a in data if a.after_call >= len(calls)):
                 sender.data(DataAction(action.kind, tr(action.path), action.seed, action.after_call))
         findings = await bench.judge(sender.findings, completed=bool(doc["completed"]) and not sender.failed)
-    return Replay(findings, recorded, time.monotonic() - t0, work)
+    return Replay(fault, findings, recorded, time.monotonic() - t0, work)

@@ -37,6 +37,11 @@ class Bench:
         self.proxy = FaultProxy(self.driver, self.layout.sockets / "proxy.sock", fault, timeout_seconds)
 
     async def __aenter__(self) -> Bench:
+        # A directory left by an earlier run (the same --out twice) would hand the driver its old
+        # state and the inventory its old volumes: each scenario starts empty. Unmounted first,
+        # so that removing it never reaches into a volume still mounted there.
+        force_cleanup(self.layout.work)
+        shutil.rmtree(self.layout.work, ignore_errors=True)
         try:
             await self.driver.start()
             await self.proxy.start()

@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from driver_bench import campaign
+from driver_bench.diagnosis import headline
 from driver_bench.faults import Fault, FaultKind
 from driver_bench.recipe import load
 from driver_bench.reproducer import replay
@@ -50,24 +51,30 @@ async def test_the_correct_buggy_driver_runs_clean_under_duplicates(tmp_path: Pa
     assert not outcome.findings, [(r.name, r.findings) for r in outcome.results if r.findings]
 
 
-# Each bug, the fault that reveals it, and the finding it is named by.
+# Each bug, the fault that reveals it, the finding it is named by and words of its headline.
 BUGS = [
-    ("duplicate-create", Fault(FaultKind.DUPLICATE, "CreateVolume"), "leaked-volume"),
-    ("memory-state", Fault(FaultKind.KILL_AFTER, "ControllerPublishVolume"), "call-failed"),
-    ("republish-fails", Fault(FaultKind.DROP, "NodePublishVolume"), "call-failed"),
-    ("delete-timeout-leak", Fault(FaultKind.TIMEOUT, "DeleteVolume"), "leaked-volume"),
-    ("unstage-leaves-mount", None, "leftover-mount"),
+    ("duplicate-create", Fault(FaultKind.DUPLICATE, "CreateVolume"), "leaked-volume", "not idempotent"),
+    ("memory-state", Fault(FaultKind.KILL_AFTER, "ControllerPublishVolume"), "call-failed", "state lost"),
+    ("republish-fails", Fault(FaultKind.DROP, "NodePublishVolume"), "call-failed", "not idempotent"),
+    (
+        "delete-timeout-leak",
+        Fault(FaultKind.TIMEOUT, "DeleteVolume"),
+        "leaked-volume",
+        "cut off by its deadline",
+    ),
+    ("unstage-leaves-mount", None, "leftover-mount", "mounts left behind"),
 ]
 
 
-@pytest.mark.parametrize(("bug", "fault", "kind"), BUGS, ids=[b[0] for b in BUGS])
+@pytest.mark.parametrize(("bug", "fault", "kind", "name"), BUGS, ids=[b[0] for b in BUGS])
 async def test_each_bug_is_found_and_replays_alone(
-    tmp_path: Path, bug: str, fault: Fault | None, kind: str
+    tmp_path: Path, bug: str, fault: Fault | None, kind: str, name: str
 ) -> None:
     recipe = load(buggy_recipe(tmp_path, bug))
     outcome = await campaign.run(recipe, campaign.Options(out=tmp_path / "out"), faults=[fault])
     (result,) = outcome.results
     assert [f.kind for f in result.findings] == [kind], result.findings
+    assert name in headline(fault, result.findings[0]), headline(fault, result.findings[0])
     assert result.reproducer is not None and result.reproducer.exists()
     doc = json.loads(result.reproducer.read_text())
     assert doc["fault"] == (fault.to_json() if fault else None)
