@@ -181,10 +181,9 @@ class PeerAccess:
         cached = self._reviews.get(token)
         if cached is not None and cached[1] > now:
             return cached[0]
-        try:
-            user, node = await self._review(token)
-        except ApiError as e:
-            raise PeerRefused(f"the token could not be reviewed: {e}") from e
+        # An API server that cannot be asked is not a refusal: the server answers 503, and the
+        # peer's retry comes back.
+        user, node = await self._review(token)
         if user != self.own_user:
             raise PeerRefused(f"{user} is not a node plugin of this driver (they run as {self.own_user})")
         if not node:

@@ -105,11 +105,12 @@ async def start(
     controller.peers = peers
     moves = MoveController(client, peers, controller, driver, topology_key)
     task = asyncio.create_task(moves.run(), name="volume-moves")
-    owners: SnapshotOwners | None = SnapshotOwners(client, controller.state, config.node, driver)
-    if await owners.available():
-        owners.start()
+    owners: SnapshotOwners | None = None
+    candidate = SnapshotOwners(client, controller.state, config.node, driver)
+    if await candidate.available():
+        candidate.start()
+        owners = candidate
     else:
         log.info("the cluster serves no VolumeSnapshotContents: pre-provisioned snapshots are not labelled")
-        owners = None
     log.info("transfers on", node=config.node, port=config.port, peers=config.peer_selector)
     return Transfers(client, server, task, owners)
