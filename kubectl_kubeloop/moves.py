@@ -172,7 +172,8 @@ async def _start(api: ApiClient, pv: PersistentVolume, target: str) -> None:
     source = affinity_node(pv, key)
     await _check_mutable(api, pv, key, target)
     md = pv["metadata"]
-    await api.patch(PERSISTENT_VOLUMES, md["name"], intent_patch(source, target, md.get("resourceVersion", "")))
+    patch = intent_patch(source, target, md.get("resourceVersion", ""))
+    await api.patch(PERSISTENT_VOLUMES, md["name"], patch)
 
 
 async def follow(api: ApiClient, targets: dict[str, str], timeout: float) -> dict[str, str]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
 
 import pytest
 
@@ -25,39 +24,12 @@ from ..kind.workloads import (
     grow,
     pod,
     take_snapshot,
-    volume_of,
     wait_ready,
 )
-from .placement import TOPOLOGY_KEY, pinned_nodes, pools
+from .placement import TOPOLOGY_KEY, WFFC, assert_lives_on, backing_files, delete_and_wait, node_of, pools
 
 DRIVER = "loop.csi.kubeloop.dev"
-WFFC = "kubeloop-wffc"
 pytestmark = pytest.mark.root
-
-
-def backing_files(kc: KindCluster, handle: str) -> dict[str, bool]:
-    """Whether each worker's own host directory holds the volume's backing file."""
-    return {node: (pool / "volumes" / f"{handle}.img").exists() for node, pool in pools(kc).items()}
-
-
-def node_of(kc: KindCluster, ns: str, pod_name: str) -> str:
-    node: str = kc.get("pod", "-n", ns, pod_name)["spec"]["nodeName"]
-    return node
-
-
-def assert_lives_on(kc: KindCluster, ns: str, claim_name: str, node: str) -> dict[str, Any]:
-    """The claim's volume is pinned to `node` only, its backing file is in that node's pool only, and
-    nothing was attached."""
-    pv = volume_of(kc, ns, claim_name)
-    assert pinned_nodes(pv) == [node], pv["spec"]["nodeAffinity"]
-    handle = pv["spec"]["csi"]["volumeHandle"]
-    assert backing_files(kc, handle) == {n: n == node for n in kc.workers()}
-    assert attachments(kc, pv["metadata"]["name"]) == []
-    return pv
-
-
-def delete_and_wait(kc: KindCluster, ns: str, *objects: str) -> None:
-    kc.kubectl("delete", "-n", ns, *objects, "--wait=true", "--timeout=120s", timeout=150)
 
 
 def test_every_worker_runs_the_whole_driver_and_publishes_its_capacity(local_cluster: KindCluster) -> None:

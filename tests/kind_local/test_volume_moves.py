@@ -14,8 +14,7 @@ from tests.support.waits import eventually
 
 from ..kind.conftest import KindCluster
 from ..kind.workloads import CHECK, claim, pod, wait_ready
-from .placement import pools
-from .test_node_local import WFFC, assert_lives_on, delete_and_wait, node_of
+from .placement import WFFC, assert_lives_on, delete_and_wait, node_of, pools
 
 pytestmark = pytest.mark.root
 
