@@ -85,10 +85,12 @@ def intent_patch(source: str, target: str, resource_version: str) -> dict[str, A
     }
 
 
-def cancel_patch() -> dict[str, Any]:
-    """The merge patch that abandons a move that has not switched yet, or ends one that has."""
+def cancel_patch(resource_version: str = "") -> dict[str, Any]:
+    """The merge patch that abandons a move that has not switched yet, or ends one that has (made
+    on the PV of `resource_version` when given)."""
     return {
         "metadata": {
+            **({"resourceVersion": resource_version} if resource_version else {}),
             "labels": {TO_LABEL: None, FROM_LABEL: None},
             "annotations": {
                 TO_ANNOTATION: None,

@@ -35,6 +35,7 @@ from .capabilities import (
 )
 from .errors import (
     CsiError,
+    aborted,
     already_exists,
     exhausted,
     failed_precondition,
@@ -116,6 +117,8 @@ class ControllerConfig:
     node_local: bool = False
     # The key of the topology segments it reads and writes (follows --drivername).
     topology_key: str = TOPOLOGY_KEY
+    # --transfer-port: pulls and moves between node-local pools (csi_driver.transfer).
+    transfers: bool = False
 
 
 def part_of(name: str) -> str:
@@ -218,6 +221,7 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
         # Node-local with transfers on (--transfer-port): a source in another node's pool is
         # pulled from there (csi_driver.transfer) instead of refused.
         self.peers = peers
+        self._pulls: dict[str, asyncio.Task[object]] = {}
         # A record is what reserves room in the pool. The room check and the write of the record
         # that takes the room run under the pool's budget (csi_driver.budget: a lock shared with
         # the node plugins, whose inline volumes take from the same --capacity), so concurrent
@@ -263,6 +267,19 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
         ]
         for record in half_made:
             await self._roll_back(record)
+        if not self.config.transfers:
+            # Transfers turned off with a move under way: nothing would ever end it, and a
+            # released volume could never be staged again. The move's marks go; a complete copy a
+            # move brought in stays (its PV may have switched to it), a half-made one went above.
+            for vol in self.state.list_volumes():
+                if vol.incoming_from or vol.leaving_to:
+                    await self.state.put_volume(
+                        dataclasses.replace(vol, leaving_to="", incoming_from="", move_pv="")
+                    )
+                    log.warning(
+                        "a move was left unfinished (transfers are off); this copy stays",
+                        volume=vol.volume_id,
+                    )
         # Tells the node plugins on this pool the --capacity and what the records hold, before any
         # of them counts on a budget file a previous controller (maybe with other flags) wrote.
         await self.state.budget.publish()
@@ -278,12 +295,13 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
         for orphan in sorted(snapshot_files - self.state.snapshot_ids()):
             log.warning("backing file without a snapshot record; leaving it for an operator", snapshot=orphan)
 
-    @staticmethod
-    def _resumable(vol: VolumeRecord) -> bool:
+    def _resumable(self, vol: VolumeRecord) -> bool:
         """A half-made volume kept across a restart, for its pull to resume rather than start over:
         one a move brings in (the move decides its fate, csi_driver.transfer.moves), or a recent
         restore or clone from a peer (the CO's retry by name resumes it; one never retried goes
         at a start after PULL_KEPT_SECONDS)."""
+        if not self.config.transfers:
+            return False  # nothing would ever finish it
         if vol.incoming_from:
             return True
         return bool(vol.source_node) and time.time() - vol.created_at < PULL_KEPT_SECONDS
@@ -334,6 +352,16 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
             await asyncio.to_thread(files.remove, path)
             await self.state.delete_volume(volume_id)
         log.info("dropped this pool's copy of a volume", volume=volume_id, why=why)
+
+    def _refuse_moving(self, vol: VolumeRecord, what: str) -> None:
+        """A volume a move has released here, or is bringing here, is left as it is until the move
+        ends or is cancelled: a change to one copy would be lost with it or missing in the other."""
+        if vol.leaving_to or vol.incoming_from:
+            there = vol.leaving_to or vol.incoming_from
+            raise aborted(
+                f"volume {vol.volume_id} is being moved between node {self.config.local_node_id} and node "
+                f"{there} (kubectl kubeloop move); it can be {what} once the move ends or is cancelled"
+            )
 
     def _volume(self, volume_id: str) -> VolumeRecord:
         check_id(volume_id, "volume_id")
@@ -479,10 +507,17 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
             record, path = self.state.volume(source_id), self.state.volume_file(source_id)
         else:
             raise invalid("volume_content_source must name a snapshot or a volume")
+        if isinstance(record, VolumeRecord) and record.incoming_from:
+            record = None  # a move's copy is not the volume until the move switches to it
         if (record is None or not record.ready) and self.peers is not None:
+            half_made = self.state.volume_by_name(req.name)
+            if half_made is not None and half_made.source_node and half_made.source_id == source_id:
+                # A retry of a pull under way: its source is where it was found, not asked again.
+                return _Source(
+                    kind, source_id, "", half_made.capacity, half_made.access_type, half_made.fs_type,
+                    half_made.source_node,
+                )  # fmt: skip
             located = await self.peers.locate(kind, source_id)
-            if located is None:
-                raise not_found(f"source {kind} {source_id} is in the pool of no node of this driver")
             info = located.info
             return _Source(kind, source_id, "", info.size, info.access_type, info.fs_type, located.node)
         if record is None or not record.ready:
@@ -500,9 +535,7 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
         async with self.state.locks.hold(vol.volume_id):
             try:
                 if source.node:
-                    assert self.peers is not None
-                    path = self.state.volume_file(vol.volume_id)
-                    await self.peers.pull(source.node, source.kind, source.id, path, vol.capacity)
+                    await self._pulled(vol, source)
                 elif source.path:
                     # Holding the source's lock keeps it from being deleted or grown mid-copy; what
                     # was read of it before the lock is read again under it.
@@ -527,6 +560,21 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
                 await self._roll_back(vol)
                 raise
         return vol
+
+    async def _pulled(self, vol: VolumeRecord, source: _Source) -> None:
+        """Pulls a peer's source into the volume's file. The pull is this process's, not the call's:
+        a CreateVolume cut by its deadline leaves it running, and the retry waits for the same pull
+        (a large volume would otherwise start over, or from its last durable point, at every try)."""
+        assert self.peers is not None
+        pull = self._pulls.get(vol.volume_id)
+        if pull is None:
+            path = self.state.volume_file(vol.volume_id)
+            pull = asyncio.create_task(
+                self.peers.pull(source.node, source.kind, source.id, path, vol.capacity)
+            )
+            self._pulls[vol.volume_id] = pull
+            pull.add_done_callback(lambda _: self._pulls.pop(vol.volume_id, None))
+        await asyncio.shield(pull)
 
     def _check_source_again(self, source: _Source, capacity: int) -> None:
         """Under the source's lock: it still exists, and still fits the volume being made (an
@@ -635,6 +683,7 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
                     f"volume {volume_id} is still published to node(s) {', '.join(sorted(vol.published))}; "
                     "unpublish it first"
                 )
+            self._refuse_moving(vol, "deleted")
             if self.config.node_local and self.state.staging(volume_id) is not None:
                 # Never published (attachRequired: false), so the staging is what says it is in
                 # use: its loop device still holds the backing file.
@@ -866,6 +915,7 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
         size = choose_size(required, limit, self.config.max_volume_size)  # checks the range itself
         async with self.state.locks.hold(volume_id):
             vol = self._volume(volume_id)
+            self._refuse_moving(vol, "expanded")
             if fits(vol.capacity, required, limit):
                 size = vol.capacity  # already within the range: nothing to grow
             elif limit and vol.capacity > limit:
@@ -1011,6 +1061,8 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
         async with self.state.locks.hold(volume_id):
             vol = self._volume(volume_id)
             changed = {k: v for k, v in params.items() if vol.mutable_parameters.get(k) != v}
+            if changed:
+                self._refuse_moving(vol, "modified")
             if not changed:
                 return csi_pb2.ControllerModifyVolumeResponse()
             if problem := await asyncio.to_thread(self.state.pool_problem):

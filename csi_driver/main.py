@@ -334,6 +334,7 @@ async def _serve(
                 local_node_id=args.node_id if node_mode else "",
                 node_local=args.node_local,
                 topology_key=topology_key(args.drivername),
+                transfers=bool(args.transfer_port),
             ),
         )
         await controller.reconcile()
@@ -380,10 +381,10 @@ async def _serve(
                 tls_secret=args.transfer_tls_secret,
                 tls_dir=args.state_dir / "transfer-tls",
                 server_name=f"transfer.{args.drivername}",
+                topology_key=topology_key(args.drivername),
             ),
             controller,
             args.drivername,
-            topology_key(args.drivername),
         )
     state.mark_ready()
 

@@ -82,6 +82,9 @@ class VolumeRecord:
     move_pv: str = ""
     leaving_to: str = ""
     incoming_from: str = ""
+    # The generation (csi_driver.transfer.server.file_generation) of the source a move's copy was
+    # pulled from: a copy is switched to only while the source is still that file.
+    pulled_generation: str = ""
 
 
 @dataclass

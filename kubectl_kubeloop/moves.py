@@ -230,7 +230,18 @@ async def move(
     if cancel:
         if ongoing is None:
             raise Refused(f"volume {volume} is not being moved")
-        await api.patch(PERSISTENT_VOLUMES, volume, cancel_patch())
+        # On the PV as read: a switch that lands meanwhile makes this a conflict, not a false
+        # "cancelled".
+        try:
+            await api.patch(
+                PERSISTENT_VOLUMES, volume, cancel_patch(pv["metadata"].get("resourceVersion", ""))
+            )
+        except ApiError as e:
+            if e.conflict:
+                raise Refused(
+                    f"volume {volume} changed while cancelling (its move may have switched): run again"
+                ) from e
+            raise
         print(
             f"{volume}: move to node {ongoing[1]} cancelled"
             if source == ongoing[0]
@@ -270,6 +281,9 @@ async def plan_drain(api: ApiClient, node_name: str) -> list[Plan]:
     pvs = [pv_view(p) for p in (await api.list_all(PERSISTENT_VOLUMES))[0]]
     nodes = [node_view(n) for n in (await api.list_all(NODES))[0]]
     capacities, _ = await api.list_all(CSI_STORAGE_CAPACITIES)
+    # One account of room per topology key for the whole drain: each volume sent somewhere takes
+    # its size off that node's room for the next.
+    rooms_by_key: dict[str, Rooms] = {}
     plans: list[Plan] = []
     for pv in sorted(pvs, key=lambda p: p["metadata"]["name"]):
         key = topology_key_of(pv)
@@ -299,7 +313,7 @@ async def plan_drain(api: ApiClient, node_name: str) -> list[Plan]:
         if not candidates:
             plan.refused = "no other Ready, schedulable node runs this driver's node plugin"
             continue
-        rooms = Rooms.of(capacities, key)
+        rooms = rooms_by_key.setdefault(key, Rooms.of(capacities, key))
         target = rooms.pick(candidates, pv.get("spec", {}).get("storageClassName", ""), _size(pv))
         if target is None:
             plan.refused = (

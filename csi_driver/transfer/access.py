@@ -31,12 +31,13 @@ from pathlib import Path
 
 from controller_runtime.certs import PKI
 from controller_runtime.client import ApiClient, ApiError
-from controller_runtime.kinds import pod_view, token_review_view
+from controller_runtime.kinds import node_view, pod_view, token_review_view
 from controller_runtime.logs import get_logger
-from controller_runtime.resources import PODS, SECRETS, TOKEN_REVIEWS
+from controller_runtime.resources import NODES, PODS, SECRETS, TOKEN_REVIEWS
 
 from ..errors import exhausted, failed_precondition, not_found, unavailable
 from . import client as transfer_client
+from .client import PullResult
 from .errors import SourceNotFound, StreamCut, TransferDenied, TransferError
 from .wire import RemoteSource
 
@@ -66,6 +67,7 @@ class TransferConfig:
     tls_secret: str
     tls_dir: Path
     server_name: str  # the DNS name of the serving certificate; every client checks it
+    topology_key: str  # the label of the nodes this driver's plugins registered on
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,7 @@ class PeerAccess:
         self._reviews: dict[str, tuple[str, float]] = {}
         self.server_context: ssl.SSLContext | None = None
         self._client_context: ssl.SSLContext | None = None
+        self.ready = False  # started and serving (csi_driver.transfer.service)
 
     @property
     def client_context(self) -> ssl.SSLContext:
@@ -216,36 +219,61 @@ class PeerAccess:
         return found
 
     async def ask(self, node: str, endpoint: tuple[str, int], kind: str, source_id: str) -> Located | None:
-        """Whether `node`'s plugin holds a ready `kind` (volume or snapshot) `source_id`; a peer
-        that does not answer counts as not holding it."""
+        """Whether `node`'s plugin holds a ready `kind` (volume or snapshot) `source_id` (None: it
+        answered that it does not); a peer that cannot answer raises UNAVAILABLE."""
         try:
             info = await transfer_client.describe(
                 endpoint, self.client_context, self.config.server_name, self.token(), self.config.node,
                 kind, source_id,
             )  # fmt: skip
         except (TimeoutError, OSError, TransferError) as e:
-            log.warning("a peer did not answer", node=node, error=str(e))
-            return None
+            raise unavailable(f"the plugin of node {node} did not answer: {e}") from e
         return None if info is None else Located(node, endpoint, info)
 
-    async def locate(self, kind: str, source_id: str) -> Located | None:
-        """The peer that holds a ready `source_id`: every peer is asked at once."""
-        peers = await self.endpoints()
-        for found in await asyncio.gather(
-            *(self.ask(n, e, kind, source_id) for n, e in sorted(peers.items()))
-        ):
-            if found is not None:
-                return found
-        return None
+    def _check_ready(self) -> None:
+        if not self.ready:
+            raise unavailable(f"transfers of node {self.config.node} are not started yet (see its log)")
 
-    async def pull(self, node: str, kind: str, source_id: str, final_path: str, size: int) -> None:
+    async def locate(self, kind: str, source_id: str) -> Located:
+        """The peer that holds a ready `source_id`, every peer asked at once. NOT_FOUND only when
+        every node of the driver answered that it does not hold it; UNAVAILABLE when one that may
+        hold it did not answer (a claim must not be sent elsewhere for a peer that restarts)."""
+        self._check_ready()
+        peers = await self.endpoints()
+        answers = await asyncio.gather(
+            *(self.ask(n, e, kind, source_id) for n, e in sorted(peers.items())), return_exceptions=True
+        )
+        silent: list[str] = []
+        for node, answer in zip(sorted(peers), answers, strict=True):
+            if isinstance(answer, Located):
+                return answer
+            if isinstance(answer, BaseException):
+                log.warning("a peer did not answer", node=node, error=str(answer))
+                silent.append(node)
+        missing = await self._nodes_without_plugin(set(peers))
+        if silent or missing:
+            raise unavailable(
+                f"source {kind} {source_id} is not in the pools that answered; unanswered: "
+                f"{', '.join(sorted([*silent, *missing]))} (no running plugin, or no answer); "
+                "the next try asks again"
+            )
+        raise not_found(f"source {kind} {source_id} is in the pool of no node of this driver")
+
+    async def _nodes_without_plugin(self, answered: set[str]) -> list[str]:
+        """The nodes that carry this driver's topology label but no running plugin answered for."""
+        nodes, _ = await self.client.list_all(NODES, labelSelector=self.config.topology_key)
+        names = {node_view(n)["metadata"]["name"] for n in nodes}
+        return sorted(names - answered - {self.config.node})
+
+    async def pull(self, node: str, kind: str, source_id: str, final_path: str, size: int) -> PullResult:
         """Pulls `kind` `source_id` from `node`'s plugin into `final_path` (of `size` bytes),
         resuming a pull a cut stream or a kill left; a CSI error says what failed. UNAVAILABLE
         (a peer gone, a stream cut) is the one the caller's retry resumes from."""
+        self._check_ready()
         endpoint = await self.endpoint(node)
         where = f"{kind} {source_id} from node {node}"
         try:
-            await transfer_client.pull(
+            return await transfer_client.pull(
                 endpoint, self.client_context, self.config.server_name, self.token(), self.config.node,
                 kind, source_id, final_path, size,
             )  # fmt: skip

@@ -19,6 +19,7 @@ dropped, a cancelled move's source copy is released.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 from typing import Any
@@ -42,9 +43,11 @@ from controller_runtime.volume_moves import (
 )
 from controller_runtime.workqueue import ItemExponentialRateLimiter, ShutDown, WorkQueue
 
+from .. import mutable
 from ..controller import ControllerServer
 from ..errors import CsiError
 from ..state import VolumeRecord
+from ..validation import check_id
 from .access import PeerAccess
 from .wire import RemoteSource
 
@@ -88,14 +91,18 @@ class MoveController:
         self.outgoing = factory.informer(PERSISTENT_VOLUMES, label_selector=f"{FROM_LABEL}={mine}")
         self.factory = factory
         self.queue: WorkQueue[str] = WorkQueue("volume_moves", ItemExponentialRateLimiter(1.0, 60.0))
-        handler = EventHandler(
-            on_add=self._enqueue, on_update=lambda _, new: self._enqueue(new), on_delete=self._enqueue
-        )
+        handler = EventHandler(on_add=self._enqueue, on_update=self._updated, on_delete=self._enqueue)
         for informer in (self.incoming, self.outgoing):
             informer.add_handler(handler)
 
     def _enqueue(self, pv: Obj) -> None:
         self.queue.add(pv_view(pv)["metadata"]["name"])
+
+    def _updated(self, old: Obj, new: Obj) -> None:
+        # The state annotation is this process's own report: a change of it alone is no news, and
+        # reacting to it would turn every failed step into a loop of writes.
+        if _significant(old) != _significant(new):
+            self._enqueue(new)
 
     async def run(self) -> None:
         self.factory.start()
@@ -140,14 +147,27 @@ class MoveController:
             return
         source, target = ends
         handle = csi.get("volumeHandle", "")
+        try:
+            check_id(handle, "the PV's volumeHandle")
+        except CsiError as e:
+            raise StepBlocked(e.message) from e
         if target == self.node and source != self.node:
             await self._bring_in(pv, name, handle, source)
         elif source == self.node:
             await self._send_out(pv, name, handle, target)
 
     async def _send_out(self, pv: PersistentVolume, name: str, handle: str, target: str) -> None:
-        if affinity_node(pv, self.topology_key) != self.node:
-            # Switched: the target serves the volume now.
+        serving = affinity_node(pv, self.topology_key)
+        if serving != self.node:
+            # Switched: the target serves the volume now. The copy here goes only when everything
+            # agrees it is the move this node released it for; anything else (an affinity edited
+            # by hand, a move re-aimed) keeps it and says why.
+            vol = self.state.volume(handle)
+            if vol is not None and not (vol.leaving_to == target == serving):
+                raise StepBlocked(
+                    f"the PV's node affinity names {serving or 'no single node'}, but node {self.node} "
+                    f"released volume {handle} for node {vol.leaving_to or '(none)'}: its copy is kept"
+                )
             await self.controller.drop_copy(handle, f"moved to node {target}")
             MOVE_STEPS.reach(AFTER_DROP)
             await self._patch(name, cancel_patch())
@@ -164,24 +184,34 @@ class MoveController:
             if vol.leaving_to != target or vol.move_pv != name:
                 await self.state.put_volume(dataclasses.replace(vol, leaving_to=target, move_pv=name))
                 MOVE_STEPS.reach(AFTER_RELEASE)
-        annotations = pv.get("metadata", {}).get("annotations") or {}
-        if annotations.get(SOURCE_READY_ANNOTATION) != "true":
+        md = pv.get("metadata", {})
+        if (md.get("annotations") or {}).get(SOURCE_READY_ANNOTATION) != "true":
+            # On the PV as seen: after a cancel, the mark must not come back.
             await self._patch(
                 name,
-                {"metadata": {"annotations": {
+                {"metadata": {"resourceVersion": md.get("resourceVersion"), "annotations": {
                     SOURCE_READY_ANNOTATION: "true",
                     STATE_ANNOTATION: f"node {self.node} released the volume; node {target} copies it",
                 }}},
             )  # fmt: skip
 
     async def _bring_in(self, pv: PersistentVolume, name: str, handle: str, source: str) -> None:
-        annotations = pv.get("metadata", {}).get("annotations") or {}
+        md = pv.get("metadata", {})
         if affinity_node(pv, self.topology_key) != self.node:
-            if annotations.get(SOURCE_READY_ANNOTATION) != "true":
+            if (md.get("annotations") or {}).get(SOURCE_READY_ANNOTATION) != "true":
                 return  # the source has not released it yet; its patch brings the next event
+            if md.get("deletionTimestamp"):
+                raise StepBlocked(f"the PV is being deleted: node {self.node} does not take it")
+            info = await self._describe(source, handle)
             vol = self.state.volume(handle)
+            if vol is not None and not vol.incoming_from:
+                raise StepBlocked(f"node {self.node} already holds a volume {handle} of its own")
+            if vol is not None and vol.ready and vol.pulled_generation != info.generation:
+                # A copy of an earlier move (cancelled before it switched, the volume used on the
+                # source since): what it holds is not the volume now.
+                await self.controller.drop_copy(handle, "the source changed since this copy was made")
+                vol = None
             if vol is None:
-                info = await self._describe(source, handle)
                 vol = await self.controller.receive(
                     VolumeRecord(
                         volume_id=handle,
@@ -191,17 +221,22 @@ class MoveController:
                         access_type=info.access_type or "mount",
                         fs_type=info.fs_type,
                         topology=[{self.topology_key: self.node}],
+                        kind=info.pool_kind,
+                        mutable_parameters=dict(info.mutable_parameters),
                         move_pv=name,
                         incoming_from=source,
                     )
                 )
-            if not vol.incoming_from and vol.ready:
-                raise StepBlocked(f"node {self.node} already holds a volume {handle} of its own")
             if not vol.ready:
                 await self._tell(name, f"node {self.node} copies the volume from node {source}")
-                await self.peers.pull(source, "volume", handle, self.state.volume_file(handle), vol.capacity)
+                path = self.state.volume_file(handle)
+                pulled = await self.peers.pull(source, "volume", handle, path, vol.capacity)
+                # A copy starts with the attributes of a new file: it is given the volume's.
+                await asyncio.to_thread(mutable.apply, path, vol.mutable_parameters)
                 async with self.state.locks.hold(handle):
-                    await self.state.put_volume(dataclasses.replace(vol, ready=True))
+                    await self.state.put_volume(
+                        dataclasses.replace(vol, ready=True, pulled_generation=pulled.source.generation)
+                    )
             MOVE_STEPS.reach(AFTER_PULL)
             # One patch: the PV serves from here, and it leaves this node's informer. It is made
             # on the latest PV this plugin saw, so a cancel that came during the pull wins.
@@ -270,5 +305,18 @@ class MoveController:
         await self.client.patch(PERSISTENT_VOLUMES, name, patch)
 
     async def _tell(self, name: str, state: str) -> None:
+        seen = pv_view(
+            self.incoming.store.get(object_key(None, name)) or self.outgoing.store.get(object_key(None, name))
+        )
+        if seen is None or (seen["metadata"].get("annotations") or {}).get(STATE_ANNOTATION) == state:
+            return
         with contextlib.suppress(ApiError):
             await self._patch(name, {"metadata": {"annotations": {STATE_ANNOTATION: state}}})
+
+
+def _significant(obj: Obj) -> tuple[object, ...]:
+    """What of a PV a move step decides on: all but the resource version and the state report."""
+    pv = pv_view(obj)
+    md = pv.get("metadata", {})
+    annotations = {k: v for k, v in (md.get("annotations") or {}).items() if k != STATE_ANNOTATION}
+    return (md.get("labels"), annotations, md.get("deletionTimestamp"), pv.get("spec"))

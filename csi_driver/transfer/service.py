@@ -9,8 +9,8 @@ the pool, and `stop` on its way out.
 from __future__ import annotations
 
 import asyncio
+import itertools
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass
 
 from controller_runtime.client import ApiClient
 from controller_runtime.logs import get_logger
@@ -59,58 +59,80 @@ class PoolSources:
         return self.state.locks.hold(source_id)
 
 
-@dataclass
+# Between tries to start transfers (the API server unreachable, the TLS Secret not made yet).
+RETRY_SECONDS = (1.0, 2.0, 5.0, 10.0, 30.0)
+
+
 class Transfers:
-    client: ApiClient
-    server: TransferServer
-    moves: asyncio.Task[None]
-    owners: SnapshotOwners | None
+    """Transfers in this plugin, started in the background: the CSI socket is served meanwhile, so
+    a plugin restarted while the API server is away still stages and unstages its volumes, and a
+    restore that needs a peer answers UNAVAILABLE until transfers are up (PeerAccess.ready)."""
+
+    def __init__(
+        self, client: ApiClient, config: TransferConfig, controller: ControllerServer, driver: str
+    ) -> None:
+        self.client, self.config, self.controller, self.driver = client, config, controller, driver
+        self.peers = PeerAccess(client, config)
+        controller.peers = self.peers
+        self.server: TransferServer | None = None
+        self.owners: SnapshotOwners | None = None
+        self._tasks: list[asyncio.Task[None]] = [asyncio.create_task(self._start(), name="transfers")]
+
+    async def _start(self) -> None:
+        for attempt in itertools.count():
+            try:
+                await self.peers.start()
+                break
+            except Exception as e:
+                wait = RETRY_SECONDS[min(attempt, len(RETRY_SECONDS) - 1)]
+                log.error("transfers cannot start yet; retrying", error=str(e), retry_in=f"{wait}s")
+                await asyncio.sleep(wait)
+        assert self.peers.server_context is not None
+        self.server = TransferServer(
+            node=self.config.node,
+            sources=PoolSources(self.controller.state),
+            authenticate=self._authenticate,
+            ssl_context=self.peers.server_context,
+            host=self.config.address,
+            port=self.config.port,
+        )
+        await self.server.start()
+        self.peers.ready = True
+        moves = MoveController(
+            self.client, self.peers, self.controller, self.driver, self.config.topology_key
+        )
+        self._tasks.append(asyncio.create_task(moves.run(), name="volume-moves"))
+        owners = SnapshotOwners(self.client, self.controller.state, self.config.node, self.driver)
+        if await owners.available():
+            owners.start()
+            self.owners = owners
+        else:
+            log.info(
+                "the cluster serves no VolumeSnapshotContents: pre-provisioned snapshots are not labelled"
+            )
+        log.info(
+            "transfers on", node=self.config.node, port=self.config.port, peers=self.config.peer_selector
+        )
+
+    async def _authenticate(self, token: str) -> str:
+        try:
+            return await self.peers.authenticate(token)
+        except PeerRefused as e:
+            raise TransferDenied(str(e)) from e
 
     async def stop(self) -> None:
-        self.moves.cancel()
-        await asyncio.gather(self.moves, return_exceptions=True)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         if self.owners is not None:
             await self.owners.stop()
-        await self.server.stop()
+        if self.server is not None:
+            await self.server.stop()
         await self.client.close()
 
 
 async def start(
-    kubeconfig: str, config: TransferConfig, controller: ControllerServer, driver: str, topology_key: str
+    kubeconfig: str, config: TransferConfig, controller: ControllerServer, driver: str
 ) -> Transfers:
     client = await ApiClient.from_kubeconfig(kubeconfig, user_agent="kubeloop-csi-driver")
-    try:
-        peers = PeerAccess(client, config)
-        await peers.start()
-        assert peers.server_context is not None
-
-        async def authenticate(token: str) -> str:
-            try:
-                return await peers.authenticate(token)
-            except PeerRefused as e:
-                raise TransferDenied(str(e)) from e
-
-        server = TransferServer(
-            node=config.node,
-            sources=PoolSources(controller.state),
-            authenticate=authenticate,
-            ssl_context=peers.server_context,
-            host=config.address,
-            port=config.port,
-        )
-        await server.start()
-    except BaseException:
-        await client.close()
-        raise
-    controller.peers = peers
-    moves = MoveController(client, peers, controller, driver, topology_key)
-    task = asyncio.create_task(moves.run(), name="volume-moves")
-    owners: SnapshotOwners | None = None
-    candidate = SnapshotOwners(client, controller.state, config.node, driver)
-    if await candidate.available():
-        candidate.start()
-        owners = candidate
-    else:
-        log.info("the cluster serves no VolumeSnapshotContents: pre-provisioned snapshots are not labelled")
-    log.info("transfers on", node=config.node, port=config.port, peers=config.peer_selector)
-    return Transfers(client, server, task, owners)
+    return Transfers(client, config, controller, driver)

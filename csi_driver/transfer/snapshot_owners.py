@@ -37,9 +37,14 @@ class SnapshotOwners:
         self.informer = SharedInformer(
             client, VOLUME_SNAPSHOT_CONTENTS, label_selector=f"!{MANAGED_BY}", resync_period=60.0
         )
-        self.informer.add_handler(EventHandler(on_add=self._seen, on_update=lambda _, new: self._seen(new)))
+        self.informer.add_handler(
+            EventHandler(on_add=self._seen, on_update=lambda _, new: self._seen(new), on_delete=self._gone)
+        )
         self._asked: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
+        # A node name longer than a label value may be (63) cannot be the label: such a node's
+        # contents must be labelled by hand, as without this watch.
+        self.labellable = len(node) <= 63
 
     async def available(self) -> bool:
         """Whether the cluster serves VolumeSnapshotContents (snapshots may be left out)."""
@@ -60,12 +65,16 @@ class SnapshotOwners:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.informer.stop()
 
+    def _gone(self, obj: Obj) -> None:
+        # Labelled (it left the selector) or deleted: nothing more to do for it.
+        self._asked.discard(snapshot_content_view(obj)["metadata"]["name"])
+
     def _seen(self, obj: Obj) -> None:
         content = snapshot_content_view(obj)
         spec = content.get("spec", {})
         handle = spec.get("source", {}).get("snapshotHandle", "")
         name = content["metadata"]["name"]
-        if spec.get("driver") != self.driver or not handle or name in self._asked:
+        if spec.get("driver") != self.driver or not handle or name in self._asked or not self.labellable:
             return
         snap = self.state.snapshot(handle) if _valid(handle) else None
         if snap is None or not snap.ready:

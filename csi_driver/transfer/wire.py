@@ -20,9 +20,10 @@ again on its side.
 from __future__ import annotations
 
 import hashlib
+import json
 import struct
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 REGION = 8 << 20
 # The unit in which data is read off the stream and hashed, so a receiver holds at most a region
@@ -40,6 +41,10 @@ GENERATION_HEADER = "X-Kubeloop-Generation"
 ACCESS_TYPE_HEADER = "X-Kubeloop-Access-Type"
 FS_TYPE_HEADER = "X-Kubeloop-Fs-Type"
 REGION_SIZE_HEADER = "X-Kubeloop-Region-Size"
+# What a volume's copy must keep (a move): the pool kind whose budget it takes, and its mutable
+# parameters (VolumeAttributesClass), as a JSON object. Absent: none.
+POOL_KIND_HEADER = "X-Kubeloop-Pool-Kind"
+MUTABLE_HEADER = "X-Kubeloop-Mutable-Parameters"
 # Carries the one-line reason of a refusal, also on a HEAD response, which has no body.
 ERROR_HEADER = "X-Kubeloop-Error"
 
@@ -58,6 +63,8 @@ class SourceInfo:
     generation: str
     access_type: str
     fs_type: str
+    pool_kind: str = ""
+    mutable_parameters: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -69,6 +76,8 @@ class RemoteSource:
     access_type: str
     fs_type: str
     region_size: int
+    pool_kind: str = ""
+    mutable_parameters: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -159,6 +168,8 @@ def source_headers(info: SourceInfo) -> dict[str, str]:
         ACCESS_TYPE_HEADER: info.access_type,
         FS_TYPE_HEADER: info.fs_type,
         REGION_SIZE_HEADER: str(REGION),
+        POOL_KIND_HEADER: info.pool_kind,
+        MUTABLE_HEADER: json.dumps(dict(info.mutable_parameters), sort_keys=True),
     }
 
 
@@ -177,12 +188,20 @@ def remote_source(headers: Mapping[str, str]) -> RemoteSource:
         raise WireError(f"a size header is not a number: {e}") from None
     if size < 0 or region_size != REGION:
         raise WireError(f"size {size} with regions of {region_size} bytes (this node speaks {REGION})")
+    try:
+        mutable = json.loads(headers.get(MUTABLE_HEADER.lower()) or "{}")
+    except ValueError as e:
+        raise WireError(f"the {MUTABLE_HEADER} header is not JSON: {e}") from None
+    if not isinstance(mutable, dict) or not all(isinstance(v, str) for v in [*mutable, *mutable.values()]):
+        raise WireError(f"the {MUTABLE_HEADER} header is not an object of strings")
     return RemoteSource(
         size=size,
         generation=get(GENERATION_HEADER),
         access_type=get(ACCESS_TYPE_HEADER),
         fs_type=get(FS_TYPE_HEADER),
         region_size=region_size,
+        pool_kind=headers.get(POOL_KIND_HEADER.lower(), ""),
+        mutable_parameters=mutable,
     )
 
 

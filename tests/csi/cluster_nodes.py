@@ -20,7 +20,7 @@ from pathlib import Path
 import yaml
 
 from controller_runtime.client import ApiClient
-from controller_runtime.driver_names import TOPOLOGY_KEY
+from controller_runtime.driver_names import topology_key
 from controller_runtime.resources import NODES, PODS, SECRETS
 from controller_runtime.toolchain import REPO_ROOT
 from localstack.certs import service_account_identity
@@ -31,7 +31,11 @@ from .processes import free_port
 
 NAMESPACE = "kube-system"
 PLUGIN_ACCOUNT = "kubeloop-csi-node"
-AUDIENCE = "transfer.loop.csi.kubeloop.dev"
+# A driver name of these tests' own: the session's API server is shared with other tests, whose
+# Nodes may carry kubeloop's own topology label with no plugin behind it.
+DRIVER = "transfers.csi.kubeloop.dev"
+TOPOLOGY = topology_key(DRIVER)
+AUDIENCE = f"transfer.{DRIVER}"
 SERVER_NAME = AUDIENCE
 PEER_LABELS = {"app.kubernetes.io/name": "kubeloop", "app.kubernetes.io/component": "csi-node"}
 RBAC_NAME = "kubeloop:csi-node-transfers"
@@ -147,7 +151,7 @@ class TransferCluster:
     async def add_node(self, index: int, failpoints: str = "") -> ClusterNode:
         name = f"xfer-{self.suffix}-{index}"
         ip = f"127.0.0.{index + 2}"
-        await self.api.create(NODES, {"metadata": {"name": name, "labels": {TOPOLOGY_KEY: name}}})
+        await self.api.create(NODES, {"metadata": {"name": name, "labels": {TOPOLOGY: name}}})
         ready = {"type": "Ready", "status": "True", "reason": "KubeletReady"}
         await self.api.patch(NODES, name, {"status": {"conditions": [ready]}}, subresource="status")
         pod = await plugin_pod(self.api, f"plugin-{name}", name, ip)
@@ -156,6 +160,7 @@ class TransferCluster:
         token_file = work / "transfer-token"
         token_file.write_text(await token_for(self.api, PLUGIN_ACCOUNT, AUDIENCE, pod))
         extra = [
+            f"--drivername={DRIVER}",
             "--node-local",
             f"--transfer-port={self.port}",
             f"--transfer-address={ip}",

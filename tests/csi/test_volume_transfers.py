@@ -18,7 +18,6 @@ import pytest
 import pytest_asyncio
 
 from controller_runtime.client import ApiClient, ApiError
-from controller_runtime.driver_names import DRIVER_NAME, TOPOLOGY_KEY
 from controller_runtime.resources import (
     PERSISTENT_VOLUME_CLAIMS,
     PERSISTENT_VOLUMES,
@@ -41,9 +40,11 @@ from tests.support.waits import eventually, eventually_async
 
 from .cluster_nodes import (
     AUDIENCE,
+    DRIVER,
     NAMESPACE,
     PLUGIN_ACCOUNT,
     SERVER_NAME,
+    TOPOLOGY,
     ClusterNode,
     TransferCluster,
     chart_rbac,
@@ -174,7 +175,7 @@ async def test_a_pre_provisioned_snapshot_content_gets_the_label_of_the_node_tha
         {
             "metadata": {"name": name},
             "spec": {
-                "driver": DRIVER_NAME,
+                "driver": DRIVER,
                 "deletionPolicy": "Retain",
                 "source": {"snapshotHandle": snap.snapshot_id},
                 "volumeSnapshotRef": {"name": "restored-backup", "namespace": "default"},
@@ -262,8 +263,8 @@ async def make_pv(api: ApiClient, name: str, handle: str, node: str, size: int) 
                 "accessModes": ["ReadWriteOnce"],
                 "volumeMode": "Block",
                 "persistentVolumeReclaimPolicy": "Retain",
-                "csi": {"driver": DRIVER_NAME, "volumeHandle": handle},
-                "nodeAffinity": node_affinity(TOPOLOGY_KEY, node),
+                "csi": {"driver": DRIVER, "volumeHandle": handle},
+                "nodeAffinity": node_affinity(TOPOLOGY, node),
             },
         },
     )
@@ -286,8 +287,8 @@ async def converged(
     async def done() -> list[str]:
         pv = await api.get(PERSISTENT_VOLUMES, pv_name)
         problems = []
-        if affinity_node(pv, TOPOLOGY_KEY) != target.name:  # type: ignore[arg-type]
-            problems.append(f"the PV points at {affinity_node(pv, TOPOLOGY_KEY)}")  # type: ignore[arg-type]
+        if affinity_node(pv, TOPOLOGY) != target.name:  # type: ignore[arg-type]
+            problems.append(f"the PV points at {affinity_node(pv, TOPOLOGY)}")  # type: ignore[arg-type]
         md = pv["metadata"]
         if {TO_LABEL, FROM_LABEL} & (md.get("labels") or {}).keys() or any(
             k.startswith(PREFIX) for k in md.get("annotations") or {}
@@ -461,3 +462,34 @@ async def _gone(api: ApiClient, namespace: str, name: str) -> bool:
 async def _released(node: ClusterNode, handle: str) -> bool:
     doc = json.loads((node.driver.state / "volumes" / f"{handle}.json").read_text())
     return bool(doc["leaving_to"] == "" and doc["move_pv"] == "")
+
+
+async def test_a_plugin_restarted_without_transfers_releases_a_volume_a_move_left_released(
+    cluster: TransferCluster, api: ApiClient
+) -> None:
+    a, b = await start(cluster, 2, {0: AFTER_RELEASE})
+    ca = Client(a.driver.endpoint)
+    try:
+        vol = made_volume(ca, "stranded", 32 * MiB)
+    finally:
+        ca.close()
+    pv_name = f"pv-off-{cluster.suffix}"
+    await make_pv(api, pv_name, vol.volume_id, a.name, 32 * MiB)
+    try:
+        await ask_for_move(api, await api.get(PERSISTENT_VOLUMES, pv_name), b.name)  # type: ignore[arg-type]
+        eventually("a killed after releasing", lambda: a.driver.proc.poll() == -9, 60)  # type: ignore[union-attr]
+        assert record_of(a, vol.volume_id)["leaving_to"] == b.name
+        # Started again with transfers off: nothing would end the move, so the mark goes.
+        a.driver.extra = [
+            x for x in a.driver.extra if not x.startswith(("--transfer-", "--failpoints", "--kubeconfig"))
+        ]
+        a.driver.module = "csi_driver.main"
+        a.driver.start()
+        assert record_of(a, vol.volume_id)["leaving_to"] == ""
+    finally:
+        await api.delete(PERSISTENT_VOLUMES, pv_name)
+
+
+def record_of(node: ClusterNode, volume_id: str) -> dict[str, object]:
+    doc: dict[str, object] = json.loads((node.driver.state / "volumes" / f"{volume_id}.json").read_text())
+    return doc
