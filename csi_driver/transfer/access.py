@@ -109,18 +109,36 @@ class PeerAccess:
         log.info("transfer peers authenticate as", user=user, audience=self.config.audience)
 
     async def _tls_material(self) -> None:
+        """Reads the CA and serving pair from the Secret the chart makes (empty), filling it first
+        when no plugin has: the plugin may update that one Secret and create none, so it cannot
+        make Secrets of other kinds in its namespace (a bootstrap token in kube-system)."""
         name, namespace = self.config.tls_secret, self.config.namespace
-        try:
-            secret = await self.client.get(SECRETS, name, namespace)
-        except ApiError as e:
-            if not e.not_found:
+        while True:
+            try:
+                secret = await self.client.get(SECRETS, name, namespace)
+            except ApiError as e:
+                if e.not_found:
+                    raise RuntimeError(
+                        f"Secret {namespace}/{name} does not exist: the chart makes it (empty) for the "
+                        "first plugin to fill in"
+                    ) from e
                 raise
-            secret = await self._make_secret()
-        data = secret.get("data") or {}
+            data = secret.get("data") or {}
+            if not data:
+                secret["data"] = self._new_material()
+                try:
+                    secret = await self.client.update(SECRETS, secret)
+                    log.info("made the transfer CA and serving pair", secret=name)
+                except ApiError as e:
+                    if not e.conflict:  # another plugin filled it first: use theirs
+                        raise
+                    continue
+                data = secret.get("data") or {}
+            break
         missing = [f for f in TLS_FILES if f not in data]
         if missing:
             raise RuntimeError(
-                f"Secret {namespace}/{name} lacks {', '.join(missing)}; delete it to have it made anew"
+                f"Secret {namespace}/{name} lacks {', '.join(missing)}; empty its data to have it made anew"
             )
         self.config.tls_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.config.tls_dir, 0o700)
@@ -130,31 +148,16 @@ class PeerAccess:
             with os.fdopen(fd, "wb") as out:
                 out.write(base64.b64decode(data[f]))
 
-    async def _make_secret(self) -> dict[str, object]:
-        """The CA and serving pair, made here; the CA's key is dropped once it signed (a new pair
-        means a new Secret, and every plugin reads it at its next start)."""
+    def _new_material(self) -> dict[str, str]:
+        """A CA and a serving pair for the transfers' name, base64 for a Secret; the CA's key is
+        dropped once it signed (a new pair means emptying the Secret, and every plugin reads it at
+        its next start)."""
         with tempfile.TemporaryDirectory() as tmp:
             pki = PKI(Path(tmp), ca_name=f"kubeloop-transfer-{self.config.server_name}")
             ca = pki.ensure_ca()
             serving = pki.ensure_serving("tls", self.config.server_name, [self.config.server_name], ())
-            data = {
-                "ca.crt": ca.cert.read_bytes(),
-                "tls.crt": serving.cert.read_bytes(),
-                "tls.key": serving.key.read_bytes(),
-            }
-        body = {
-            "metadata": {"name": self.config.tls_secret, "namespace": self.config.namespace},
-            "type": "Opaque",
-            "data": {k: base64.b64encode(v).decode() for k, v in data.items()},
-        }
-        try:
-            created = await self.client.create(SECRETS, body, self.config.namespace)
-            log.info("made the transfer CA and serving pair", secret=self.config.tls_secret)
-            return created
-        except ApiError as e:
-            if not e.already_exists:  # another plugin made it first: use theirs
-                raise
-            return await self.client.get(SECRETS, self.config.tls_secret, self.config.namespace)
+            pem = {"ca.crt": ca.cert, "tls.crt": serving.cert, "tls.key": serving.key}
+            return {k: base64.b64encode(v.read_bytes()).decode() for k, v in pem.items()}
 
     # --- authentication -------------------------------------------------------------------------
     def token(self) -> str:

@@ -39,21 +39,23 @@ AUDIENCE = f"transfer.{DRIVER}"
 SERVER_NAME = AUDIENCE
 PEER_LABELS = {"app.kubernetes.io/name": "kubeloop", "app.kubernetes.io/component": "csi-node"}
 RBAC_NAME = "kubeloop:csi-node-transfers"
+TLS_SECRET = "kubeloop-transfer-tls"
 
 
 def chart_rbac() -> str:
-    """The chart's RBAC for the plugin's transfers, as rendered into deploy/node-local/."""
+    """The chart's objects for the plugin's transfers, as rendered into deploy/node-local/: its
+    ServiceAccount, its RBAC and the (empty) TLS Secret."""
     docs = yaml.safe_load_all((REPO_ROOT / "deploy/node-local/kubeloop.yaml").read_text())
     wanted = [
         d
         for d in docs
         if d
         and (
-            d["metadata"]["name"] == RBAC_NAME
+            d["metadata"]["name"] in (RBAC_NAME, TLS_SECRET)
             or (d["kind"] == "ServiceAccount" and d["metadata"]["name"] == PLUGIN_ACCOUNT)
         )
     ]
-    assert len(wanted) == 5, [d["kind"] for d in wanted]
+    assert len(wanted) == 6, [d["kind"] for d in wanted]
     return yaml.safe_dump_all(wanted)
 
 
