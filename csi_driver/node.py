@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import grpc
 
 from controller_runtime.logs import get_logger
-from controller_runtime.mounts import is_mounted, read_mounts
+from controller_runtime.mounts import is_mounted, mounts_at, read_mounts
 from kubeloop_grpc.csi import csi_pb2, csi_pb2_grpc
 
 from . import DRIVER_NAME, TOPOLOGY_KEY
@@ -338,6 +338,14 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
 
     async def _make_filesystem(self, rec: StagingRecord, device: str, backing: str, requested: str) -> str:
         volume_id = rec.volume_id
+        if rec.formatting:
+            # This staging's own mkfs was killed: whatever it left is half-made, even a signature
+            # blkid recognises (mkfs.xfs writes its superblock early), and no data can be on it
+            # (nothing is published before the stage that made it answered). It is made again.
+            fs_type = requested or fs.DEFAULT_FS
+            await fs.mkfs(device, fs_type, overwrite=True)
+            rec.formatting = False  # saved with the staging that follows
+            return fs_type
         sig = await fs.probe(device)
         if sig.fs_type and sig.fs_type not in fs.SUPPORTED:
             # Whoever wrote the data chose this type (a block volume cloned into a filesystem
@@ -486,6 +494,14 @@ class NodeServer(csi_pb2_grpc.NodeServicer):  # type: ignore[misc]
                 if fs_type == "xfs" and not read_only:
                     await fs.grow(device, fs_type, staging)
                 rec.fs_type = fs_type
+                await self.state.put_staging(rec)
+            elif cap.access_type == "mount" and (not rec.fs_type or rec.formatting):
+                # A stage killed after its mount, before its record said so: the mount is the
+                # filesystem made (a half-made one does not mount), so the record learns it now;
+                # otherwise an expansion would find no filesystem, and a later stage would take
+                # the finished filesystem for a half-made one.
+                rec.fs_type = mounts_at(staging)[-1].fs_type
+                rec.formatting = False
                 await self.state.put_staging(rec)
         log.info(
             "staged volume", volume=volume_id, device=device, staging=staging, access_type=cap.access_type

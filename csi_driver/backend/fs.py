@@ -98,13 +98,15 @@ async def probe(device: str) -> Signature:
     return Signature(fs_type=fields.get("TYPE", ""), pt_type=fields.get("PTTYPE", ""))
 
 
-async def mkfs(device: str, fs_type: str) -> None:
+async def mkfs(device: str, fs_type: str, overwrite: bool = False) -> None:
+    """Makes a filesystem on `device`; `overwrite` also over the signature a killed mkfs of the
+    caller's own left (mkfs.xfs refuses to write over one without -f; mkfs.ext* forces anyway)."""
     if fs_type not in SUPPORTED:
         # The last guard before a tool named after the type runs: callers check requests first.
         raise ValueError(f"refusing to run mkfs for unsupported filesystem {fs_type!r}")
     if fs_type == "xfs":
         # -K: do not discard; on a fresh sparse file there is nothing to discard.
-        argv = ["mkfs.xfs", "-q", "-K", device]
+        argv = ["mkfs.xfs", "-q", "-K", *(["-f"] if overwrite else []), device]
     else:
         # Lazy init leaves inode-table and journal zeroing to the kernel after mount, which keeps
         # mkfs of a large sparse volume under a second; no reserved blocks on a data volume.
