@@ -304,11 +304,16 @@ def enable_node_ssh(cluster: Cluster, results: Path) -> dict[str, str]:
     return {"KUBE_SSH_KEY_PATH": str(key), "KUBE_SSH_USER": "root"}
 
 
-def with_existing_class(driver: Path, class_name: str, results: Path) -> Path:
-    """A copy of the driver file, in `results`, whose dynamic specs use the existing StorageClass
-    `class_name` rather than one each spec makes."""
+def node_local_driver(driver: Path, class_name: str, results: Path) -> Path:
+    """A copy of the driver file, in `results`, for node-local mode: its dynamic specs use the
+    existing StorageClass `class_name` rather than one each spec makes, and it claims no volume
+    group snapshots. A group's volumes may be on several nodes (the specs' StatefulSet spreads
+    them), and one node's plugin cuts snapshots of its own pool only; external-snapshotter's
+    distributed snapshotting labels no group snapshot content with a node either, so the specs
+    would wait for a group snapshot no node takes until they time out."""
     definition = yaml.safe_load(driver.read_text())
     definition["StorageClass"] = {"FromExistingClassName": class_name}
+    definition["DriverInfo"]["Capabilities"].pop("groupSnapshot", None)
     derived = results / f"{driver.stem}-{class_name}.yaml"
     derived.write_text(yaml.safe_dump(definition, sort_keys=False))
     return derived
@@ -360,10 +365,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--driver", type=Path, default=DRIVER_FILE, help="the -storage.testdriver file")
     parser.add_argument(
         "--storage-class",
-        help="the dynamic specs use this existing StorageClass (FromExistingClassName) instead of one of "
-        "their own; node-local mode wants its WaitForFirstConsumer class, as csi-driver-host-path's "
-        "distributed test driver does: an Immediate claim is made on an elected node, not the one a "
-        "spec places its pods on",
+        help="node-local mode: the dynamic specs use this existing StorageClass (FromExistingClassName) "
+        "instead of one of their own, its WaitForFirstConsumer class, as csi-driver-host-path's "
+        "distributed test driver does (an Immediate claim is made on an elected node, not the one a "
+        "spec places its pods on), and no volume group snapshot is claimed (a group's volumes may be "
+        "on several nodes)",
     )
     parser.add_argument("--no-load-images", action="store_true", help="run: the images are on the nodes")
     parser.epilog = "Arguments after -- go to e2e.test as they are (-ginkgo.v, -ginkgo.label-filter=...)."
@@ -392,7 +398,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     duration_seconds(options.timeout)  # refuse a bad --timeout before anything runs
     options.results.mkdir(parents=True, exist_ok=True)
     if args.storage_class:
-        options.driver = with_existing_class(options.driver, args.storage_class, options.results)
+        options.driver = node_local_driver(options.driver, args.storage_class, options.results)
     options.junit.unlink(missing_ok=True)
 
     if args.command == "run":
