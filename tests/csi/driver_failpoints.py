@@ -9,31 +9,17 @@ SIGKILLs the process the first time it reaches one of the named steps
 
 from __future__ import annotations
 
-import os
-import signal
 import sys
 from collections.abc import Sequence
 
 from csi_driver.main import main as driver_main
 from csi_driver.transfer.moves import MOVE_STEPS
+from tests.support.failpoint_entry import kill_at, take_failpoints
 
 
 def main(argv: Sequence[str]) -> None:
-    points: set[str] = set()
-    rest = []
-    for arg in argv:
-        if arg.startswith("--failpoints="):
-            points |= set(filter(None, arg.split("=", 1)[1].split(",")))
-        else:
-            rest.append(arg)
-    if unknown := points - set(MOVE_STEPS.points):
-        raise SystemExit(f"unknown failpoints {sorted(unknown)}; known: {', '.join(MOVE_STEPS.points)}")
-
-    def hook(point: str) -> None:
-        if point in points:
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    MOVE_STEPS.install(hook)
+    points, rest = take_failpoints(argv, MOVE_STEPS.points)
+    MOVE_STEPS.install(kill_at(points))
     driver_main(rest)
 
 

@@ -8,14 +8,14 @@ that line. The shipped `kubeloop-external-provisioner` has no way to arm this.
 
 from __future__ import annotations
 
-import os
-import signal
 import sys
 from collections.abc import Sequence
 
 from controller_runtime.logs import get_logger
 from external_provisioner import failpoints
 from external_provisioner.main import main as provisioner_main
+from tests.support.failpoint_entry import kill_at as killing_at
+from tests.support.failpoint_entry import take_failpoints
 
 log = get_logger("external-provisioner")
 
@@ -24,23 +24,13 @@ def kill_at(points: set[str]) -> failpoints.Hook:
     unknown = points - set(failpoints.POINTS)
     if unknown:
         raise SystemExit(f"unknown failpoints {sorted(unknown)}; known: {', '.join(failpoints.POINTS)}")
-
-    def hook(point: str) -> None:
-        if point in points:
-            log.warning("failpoint reached, killing the process", failpoint=point)
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    return hook
+    return killing_at(
+        points, lambda point: log.warning("failpoint reached, killing the process", failpoint=point)
+    )
 
 
 def main(argv: Sequence[str]) -> None:
-    points: set[str] = set()
-    rest = []
-    for arg in argv:
-        if arg.startswith("--failpoints="):
-            points |= set(filter(None, arg.split("=", 1)[1].split(",")))
-        else:
-            rest.append(arg)
+    points, rest = take_failpoints(argv, failpoints.POINTS)
     failpoints.install(kill_at(points))
     provisioner_main(rest)
 
