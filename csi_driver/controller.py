@@ -325,6 +325,24 @@ class ControllerServer(csi_pb2_grpc.ControllerServicer):  # type: ignore[misc]
         except OSError as e:
             log.error("could not roll back; the next start tries again", name=record.name, error=str(e))
 
+    async def sweep_stale_pulls(self) -> None:
+        """Rolls back the half-made restores and clones from a peer that no CO came back for
+        (their claim deleted while the pull was cut, say) once PULL_KEPT_SECONDS have passed: the
+        room they hold is the pool's again. A pull under way is left alone."""
+        for vol in self.state.list_volumes():
+            stale = time.time() - vol.created_at >= PULL_KEPT_SECONDS
+            if (
+                vol.ready
+                or not vol.source_node
+                or vol.incoming_from
+                or not stale
+                or vol.volume_id in self._pulls
+            ):
+                continue
+            async with self.state.locks.hold(vol.volume_id):
+                if (current := self.state.volume(vol.volume_id)) is not None and not current.ready:
+                    await self._roll_back(current)
+
     # --- moves (csi_driver.transfer.moves) -----------------------------------------------------
     async def receive(self, wanted: VolumeRecord) -> VolumeRecord:
         """The record of a volume a move brings in under its own id, made (not ready, taking its

@@ -61,6 +61,8 @@ class PoolSources:
 
 # Between tries to start transfers (the API server unreachable, the TLS Secret not made yet).
 RETRY_SECONDS = (1.0, 2.0, 5.0, 10.0, 30.0)
+# How often half-made pulls nobody came back for are looked for (ControllerServer.sweep_stale_pulls).
+SWEEP_SECONDS = 600.0
 
 
 class Transfers:
@@ -102,6 +104,7 @@ class Transfers:
             self.client, self.peers, self.controller, self.driver, self.config.topology_key
         )
         self._tasks.append(asyncio.create_task(moves.run(), name="volume-moves"))
+        self._tasks.append(asyncio.create_task(self._sweep(), name="stale-pulls"))
         owners = SnapshotOwners(self.client, self.controller.state, self.config.node, self.driver)
         if await owners.available():
             owners.start()
@@ -113,6 +116,11 @@ class Transfers:
         log.info(
             "transfers on", node=self.config.node, port=self.config.port, peers=self.config.peer_selector
         )
+
+    async def _sweep(self) -> None:
+        while True:
+            await asyncio.sleep(SWEEP_SECONDS)
+            await self.controller.sweep_stale_pulls()
 
     async def _authenticate(self, token: str) -> str:
         try:

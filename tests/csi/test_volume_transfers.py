@@ -9,6 +9,7 @@ import os
 import ssl
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -26,6 +27,9 @@ from controller_runtime.resources import (
 )
 from controller_runtime.toolchain import REPO_ROOT
 from controller_runtime.volume_moves import FROM_LABEL, PREFIX, TO_LABEL, affinity_node, node_affinity
+from csi_driver.controller import PULL_KEPT_SECONDS, ControllerConfig, ControllerServer
+from csi_driver.pool_kinds import PoolCapacity
+from csi_driver.state import DriverState, VolumeRecord
 from csi_driver.transfer import client as transfer_client
 from csi_driver.transfer.errors import BadRequest, TransferDenied, TransferError
 from csi_driver.transfer.moves import AFTER_DROP, AFTER_PULL, AFTER_RELEASE, AFTER_SWITCH
@@ -484,3 +488,39 @@ async def test_a_plugin_restarted_without_transfers_releases_a_volume_a_move_lef
 def record_of(node: ClusterNode, volume_id: str) -> dict[str, object]:
     doc: dict[str, object] = json.loads((node.driver.state / "volumes" / f"{volume_id}.json").read_text())
     return doc
+
+
+async def test_a_half_made_pull_no_call_came_back_for_is_swept_once_it_is_old(tmp_path: Path) -> None:
+    state = DriverState(tmp_path / "pool", tmp_path / "state")
+    await state.load()
+    controller = ControllerServer(
+        state,
+        ControllerConfig(
+            max_volume_size=1 << 40,
+            capacity=PoolCapacity(),
+            node_local=True,
+            local_node_id="n",
+            transfers=True,
+        ),
+    )
+    await controller.reconcile()
+    try:
+        for name, age in (("stale", PULL_KEPT_SECONDS + 60), ("recent", 60.0)):
+            await state.put_volume(
+                VolumeRecord(
+                    volume_id=f"vol-{name}", name=name, capacity=MiB, seq=state.next_seq(),
+                    access_type="block", fs_type="", source_kind="snapshot", source_id="snap-x",
+                    source_node="elsewhere", created_at=time.time() - age,
+                )
+            )  # fmt: skip
+            write_part(state.volume_file(f"vol-{name}"))
+        await controller.sweep_stale_pulls()
+        assert state.volume("vol-stale") is None and state.volume("vol-recent") is not None
+        assert sorted(p.name for p in state.volumes_dir.iterdir()) == ["vol-recent.img.part"]
+    finally:
+        state.close()
+
+
+def write_part(volume_file: str) -> None:
+    """What a cut pull leaves beside the volume's file."""
+    Path(volume_file + ".part").write_bytes(b"pulled so far")
