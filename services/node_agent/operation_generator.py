@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
+from pathlib import Path
 
 from controller_runtime import mounts
 from controller_runtime.attach_rules import attach_required
@@ -137,6 +138,10 @@ class OperationGenerator:
                     self.layout.staging_dir(vol.driver, vol.handle) / "vol_data.json",
                     self._vol_data(vol),
                 )
+                # kubelet makes the staging directory itself (csi_attacher's MountDevice; the CSI
+                # spec has the CO ensure it is a directory): kubeloop's driver would make a missing
+                # one, others answer the bind mount's ENOENT.
+                await asyncio.to_thread(Path(staging).mkdir, 0o750, exist_ok=True)
                 self.actual.mark_device_as_uncertain(pv.stage_key)
                 await plugin.conn.node.NodeStageVolume(
                     csi_pb2.NodeStageVolumeRequest(
