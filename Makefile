@@ -11,8 +11,11 @@ PYTEST_ARGS ?=
 
 # exec: the launcher is make's own child, not a shell's (bash execs a lone command anyway; this keeps
 # it so), so the SIGTERM make passes on to its child reaches the launcher, which stops in order.
+# DRIVER=path/to/recipe.yaml: the same stack on the CSI driver a driver-bench recipe describes
+# (docs/driver-bench.md, "Testing your CSI driver with kubeloop") instead of kubeloop's own.
 up: deps binaries $(if $(PROMETHEUS),prometheus-deps)
-	exec $(PY) -m localstack.main up --pools=$(or $(POOLS),shared) --pool-capacity="$(POOL_CAPACITY)" $(if $(PROMETHEUS),--prometheus)
+	exec $(PY) -m localstack.main up --pools=$(or $(POOLS),shared) --pool-capacity="$(POOL_CAPACITY)" $(if $(PROMETHEUS),--prometheus) \
+		$(if $(DRIVER),--driver-recipe="$(DRIVER)")
 
 # Stops the stack of `make up` (the one on $KUBELOOP_HOME) from another terminal, in order, and
 # checks that it left no mount or loop device behind.

@@ -25,6 +25,7 @@ PLACEHOLDERS = {
     "endpoint": "the same socket as unix:///path (what most drivers' --endpoint wants)",
     "node_id": "the node id the node service must report in NodeGetInfo",
     "state_dir": "a directory of the driver's own, kept across restarts within a scenario",
+    "shared_dir": "a directory every service of the driver reaches, on every node: its backend",
     "kubelet_dir": "the directory the bench puts staging and target paths under (kubelet's root)",
     "recipe_dir": "the directory holding the recipe file (for scripts shipped beside it)",
 }
@@ -71,12 +72,15 @@ class Recipe:
     driver_name: str
     # The CSIDriver object's spec (attachRequired, podInfoOnMount, fsGroupPolicy...), and the
     # StorageClass's provisioner parameters, fsType, allowVolumeExpansion, volumeBindingMode and
-    # mountOptions: the campaign reads parameters and fsType; `make up DRIVER=` will read all.
+    # mountOptions: the campaign reads parameters and fsType; `make up DRIVER=` reads all.
     csi_driver: Mapping[str, Any]
     storage_class: Mapping[str, Any]
     snapshot_parameters: Mapping[str, str]
     volume: VolumeShape
     inventory: Inventory | None
+    # Whether the recipe has a snapshot_class: `make up DRIVER=` runs external-snapshotter's
+    # csi-snapshotter only then, since it exits at once on a driver without CREATE_DELETE_SNAPSHOT.
+    snapshots: bool = False
 
     @property
     def services(self) -> tuple[Service, ...]:
@@ -94,6 +98,20 @@ class Recipe:
     def mount_options(self) -> list[str]:
         return [str(o) for o in self.storage_class.get("mountOptions") or []]
 
+    def argv(self, service: Service, filled: Filled) -> list[str]:
+        """The service's command with its placeholders filled in."""
+        values = filled.values()
+        return [fill(a, values) for a in service.command]
+
+    def environment(self, filled: Filled) -> dict[str, str]:
+        """The recipe's env with its placeholders filled in (added to the runner's own)."""
+        values = filled.values()
+        return {k: fill(v, values) for k, v in self.env.items()}
+
+    @property
+    def storage_class_name(self) -> str:
+        return str(self.storage_class.get("name") or self.name)
+
     @property
     def attach_required(self) -> bool:
         # Kubernetes' default when a CSIDriver leaves it out (or there is none): attach.
@@ -109,6 +127,10 @@ class Filled:
     state_dir: Path
     kubelet_dir: Path
     recipe_dir: Path
+    # The bench runs one controller and one node service on one state directory, which is then
+    # their shared backend too; the local stack gives each node's plugin a state directory of its
+    # own and one shared directory to them all (a storage system every node reaches).
+    shared_dir: Path | None = None
     python: str = field(default=sys.executable)
 
     def values(self) -> dict[str, str]:
@@ -118,6 +140,7 @@ class Filled:
             "endpoint": f"unix://{self.socket}",
             "node_id": self.node_id,
             "state_dir": str(self.state_dir),
+            "shared_dir": str(self.shared_dir or self.state_dir),
             "kubelet_dir": str(self.kubelet_dir),
             "recipe_dir": str(self.recipe_dir),
         }
@@ -238,6 +261,7 @@ def parse(doc: object, path: Path) -> Recipe:
         snapshot_parameters={str(k): str(v) for k, v in (snapshot_class.get("parameters") or {}).items()},
         volume=VolumeShape(size, expand_to),
         inventory=inventory,
+        snapshots=doc.get("snapshot_class") is not None,
     )
 
 

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import os
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +20,7 @@ import grpc
 
 from kubeloop_grpc.csi import csi_pb2, csi_pb2_grpc
 
-from .recipe import Filled, Recipe, RecipeError, Service, fill
+from .recipe import Filled, Recipe, RecipeError, Service
 
 NODE_ID = "bench-node"
 LOG_TAIL = 3000
@@ -82,9 +83,9 @@ class ServiceProcess:
         )
 
     async def start(self) -> None:
-        values = self.filled().values()
-        argv = [fill(a, values) for a in self.service.command]
-        env = {**os.environ, **{k: fill(v, values) for k, v in self.recipe.env.items()}}
+        filled = self.filled()
+        argv = self.recipe.argv(self.service, filled)
+        env = {**os.environ, **self.recipe.environment(filled)}
         log = self.layout.log(self.service.role)
         with open(log, "ab") as out:  # noqa: ASYNC230 - a local file, appended once a start
             out.write(f"--- start {self.starts}: {' '.join(argv)}\n".encode())
@@ -109,49 +110,9 @@ class ServiceProcess:
         proc = self.proc
         assert proc is not None
         where = f"recipe {self.recipe.path}: the {self.service.role} service ({self.socket})"
-        timeout = self.recipe.ready_timeout_seconds
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        last = "its socket never appeared"
-        while loop.time() < deadline:
-            if proc.returncode is not None:
-                raise RecipeError(
-                    f"{where} exited with status {proc.returncode} before it was ready; its log ends:\n"
-                    + log_tail(self.layout.log(self.service.role))
-                )
-            if self.socket.exists():
-                answer = await self._probe(where)
-                if answer is None:
-                    return
-                last = answer
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(proc.wait()), 0.05)
-        raise RecipeError(
-            f"{where} never became ready within {timeout:g}s ({last}); its log ends:\n"
-            + log_tail(self.layout.log(self.service.role))
+        await wait_ready(
+            self.recipe, self.socket, where, lambda: proc.returncode, self.layout.log(self.service.role)
         )
-
-    async def _probe(self, where: str) -> str | None:
-        """None when ready; otherwise why not yet. Raises when the socket is not a CSI driver's."""
-        async with grpc.aio.insecure_channel(f"unix://{self.socket}") as channel:
-            identity = csi_pb2_grpc.IdentityStub(channel)
-            try:
-                info = await identity.GetPluginInfo(csi_pb2.GetPluginInfoRequest(), timeout=2)
-                probe = await identity.Probe(csi_pb2.ProbeRequest(), timeout=2)
-            except grpc.aio.AioRpcError as e:
-                if e.code() == grpc.StatusCode.UNIMPLEMENTED:
-                    raise RecipeError(
-                        f"{where} answers, but not as a CSI driver: the Identity service is "
-                        f"unimplemented ({e.details()})"
-                    ) from None
-                return f"{e.code().name}: {e.details()}"
-        if self.recipe.driver_name and info.name != self.recipe.driver_name:
-            raise RecipeError(
-                f"{where} reports the driver name {info.name!r}; the recipe says {self.recipe.driver_name!r}"
-            )
-        if probe.HasField("ready") and not probe.ready.value:
-            return "Probe says not ready"
-        return None
 
     async def kill9(self) -> None:
         """kill -9 of the whole process group, as a node losing power or the OOM killer."""
@@ -176,6 +137,58 @@ class ServiceProcess:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         await proc.wait()
+
+
+ExitCode = Callable[[], int | None]
+
+
+async def wait_ready(recipe: Recipe, socket: Path, where: str, exit_code: ExitCode, log: Path) -> None:
+    """Waits for a service started from `recipe` to be ready on `socket`: GetPluginInfo answers
+    (with the recipe's driver name, when it gives one) and Probe does not say "not ready", within
+    the recipe's ready.timeout_seconds. `exit_code` is the process's, None while it runs; the
+    bench's runner and the local stack (localstack/recipe_stack.py) both wait with it."""
+    timeout = recipe.ready_timeout_seconds
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    last = "its socket never appeared"
+    while loop.time() < deadline:
+        code = exit_code()
+        if code is not None:
+            raise RecipeError(
+                f"{where} exited with status {code} before it was ready; its log ends:\n" + log_tail(log)
+            )
+        if socket.exists():  # noqa: ASYNC240 - one stat of a local socket per poll
+            answer = await _probe(recipe, socket, where)
+            if answer is None:
+                return
+            last = answer
+        await asyncio.sleep(0.05)
+    raise RecipeError(
+        f"{where} never became ready within {timeout:g}s ({last}); its log ends:\n" + log_tail(log)
+    )
+
+
+async def _probe(recipe: Recipe, socket: Path, where: str) -> str | None:
+    """None when ready; otherwise why not yet. Raises when the socket is not a CSI driver's."""
+    async with grpc.aio.insecure_channel(f"unix://{socket}") as channel:
+        identity = csi_pb2_grpc.IdentityStub(channel)
+        try:
+            info = await identity.GetPluginInfo(csi_pb2.GetPluginInfoRequest(), timeout=2)
+            probe = await identity.Probe(csi_pb2.ProbeRequest(), timeout=2)
+        except grpc.aio.AioRpcError as e:
+            if e.code() == grpc.StatusCode.UNIMPLEMENTED:
+                raise RecipeError(
+                    f"{where} answers, but not as a CSI driver: the Identity service is "
+                    f"unimplemented ({e.details()})"
+                ) from None
+            return f"{e.code().name}: {e.details()}"
+    if recipe.driver_name and info.name != recipe.driver_name:
+        raise RecipeError(
+            f"{where} reports the driver name {info.name!r}; the recipe says {recipe.driver_name!r}"
+        )
+    if probe.HasField("ready") and not probe.ready.value:
+        return "Probe says not ready"
+    return None
 
 
 class Driver:

@@ -25,7 +25,8 @@ import asyncio
 import json
 import os
 import sys
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,6 +77,12 @@ class ComponentContext:
 
 ArgvFactory = Callable[[ComponentContext], list[str]]
 EnvFactory = Callable[[ComponentContext], dict[str, str]]
+# Waits until a started instance is ready, raising why not: for a process with no health endpoint
+# to poll (a CSI driver from a recipe answers on its socket only).
+ReadyWait = Callable[[ComponentContext, ManagedProcess], Awaitable[None]]
+# Objects made when the component's manifests are applied (a recipe's CSIDriver and classes, which
+# need the driver's name, known once its plugin answers).
+ObjectsFactory = Callable[[ComponentContext], Awaitable[list[dict[str, Any]]]]
 
 
 @dataclass(frozen=True)
@@ -100,6 +107,10 @@ class Component:
     crds: Callable[[], list[Path]] | None = None
     # Files written into its state directory before it starts (a ConfigMap mounted in a Deployment).
     files: Callable[[ComponentContext], dict[str, str]] | None = None
+    # Readiness other than health_path on its http port, awaited after each instance starts.
+    ready: ReadyWait | None = None
+    # Objects applied with its manifests, made at that time.
+    objects: ObjectsFactory | None = None
 
 
 def node_name_env(c: ComponentContext) -> dict[str, str]:
@@ -461,11 +472,11 @@ def node_home(home: Path, node: str) -> Path:
     return home / "nodes" / node
 
 
-def longest_socket_path(home: Path, nodes: Sequence[str]) -> Path:
+def longest_socket_path(home: Path, nodes: Sequence[str], driver: str = DRIVER_NAME) -> Path:
     """The longest unix socket path the stack will create under `home`: a node's kubelet
-    plugin-registration socket, whose name docs/contracts.md fixes."""
+    plugin-registration socket, `<driver>-reg.sock` (docs/contracts.md)."""
     longest = max(nodes, key=len)
-    return node_home(home, longest) / "kubelet" / "plugins_registry" / "loop.csi.kubeloop.dev-reg.sock"
+    return node_home(home, longest) / "kubelet" / "plugins_registry" / f"{driver}-reg.sock"
 
 
 def instances(components: Sequence[Component], nodes: Sequence[str]) -> list[Instance]:
@@ -588,9 +599,11 @@ class Components:
 
     async def apply_manifests(self, comp: Component) -> None:
         await self.apply_crds(comp)
-        if not comp.manifests:
-            return
         docs = self.manifests(comp)
+        if comp.objects is not None:
+            docs += await comp.objects(self.context(instances([comp], self.nodes)[0]))
+        if not docs:
+            return
         code, out = await self._kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(docs, sort_keys=False))
         if code != 0:
             raise ComponentError(f"applying the manifests of {comp.name} failed:\n{out}")
@@ -620,7 +633,11 @@ class Components:
         self.processes[inst.name] = proc
         await proc.start()
         seconds = 0.0
-        if inst.component.health_path is not None and inst.http_port is not None:
+        if inst.component.ready is not None:
+            began = time.monotonic()
+            await inst.component.ready(ctx, proc)
+            seconds = time.monotonic() - began
+        elif inst.component.health_path is not None and inst.http_port is not None:
             url = f"http://127.0.0.1:{inst.http_port}{inst.component.health_path}"
             seconds = await wait_healthy(proc, url, timeout=self.startup_timeout)
         self.startup_seconds[inst.name] = seconds

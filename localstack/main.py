@@ -27,6 +27,9 @@ from controller_runtime import process
 from controller_runtime.logs import get_logger, log_to_file, setup_logging
 from controller_runtime.toolchain import MissingBinaryError, Toolchain
 from controller_runtime.unix_grpc import MAX_SOCKET_PATH
+from csi_driver import DRIVER_NAME
+from driver_bench.recipe import Recipe, RecipeError
+from driver_bench.recipe import load as load_recipe
 
 from . import console
 from .components import (
@@ -53,11 +56,19 @@ from .proc import (
     check_ports_free,
     tail,
 )
+from .recipe_stack import check_commands, recipe_registry
 
 log = get_logger("stack")
 
 # Errors with a message written for the person at the terminal: print it, no traceback.
-_EXPECTED = (MissingBinaryError, PortInUseError, StackLockedError, UnhealthyError, ComponentError)
+_EXPECTED = (
+    MissingBinaryError,
+    PortInUseError,
+    StackLockedError,
+    UnhealthyError,
+    ComponentError,
+    RecipeError,
+)
 
 # How long `down` waits for the launcher to exit. A stop takes seconds; each process gets up to
 # --stop-timeout (15 s) before SIGKILL, one after the other, so a slow one is still well inside.
@@ -177,6 +188,16 @@ def build_parser() -> argparse.ArgumentParser:
         "filesystem",
     )
     up.add_argument(
+        "--driver-recipe",
+        type=recipe_argument,
+        default=None,
+        metavar="RECIPE",
+        dest="recipe",
+        help="run the stack on the CSI driver a driver-bench recipe describes (`make up DRIVER=...`, "
+        "docs/driver-bench.md) instead of kubeloop's: its controller and node commands replace "
+        f"kubeloop's plugins, its fields make the CSIDriver and StorageClass; {SHARED} pools only",
+    )
+    up.add_argument(
         "--prometheus",
         action="store_true",
         help=f"also run Prometheus on 127.0.0.1:{PROMETHEUS_PORT}, scraping every kubeloop process with "
@@ -215,9 +236,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def recipe_argument(path: str) -> Recipe:
+    """--driver-recipe: the recipe loaded and validated while the arguments are parsed, so a bad one
+    is refused with its file, field and reason before anything starts."""
+    try:
+        return load_recipe(path)
+    except RecipeError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def stack_components(args: argparse.Namespace) -> list[Component]:
-    """The pool mode's registry, and Prometheus scraping every instance of it with --prometheus."""
-    chosen = list(registry(args.pools))
+    """The pool mode's registry (or the recipe driver's), and Prometheus scraping every instance of
+    it with --prometheus."""
+    chosen = list(registry(args.pools) if args.recipe is None else recipe_registry(args.recipe))
     if args.prometheus:
         targets = instances(chosen, node_names(args.nodes))
         scraped = {i.name: i.http_port for i in targets if i.http_port is not None}
@@ -328,11 +359,29 @@ def preflight(args: argparse.Namespace) -> str | None:
         return str(e)
     if args.nodes < 1:
         return "--nodes must be at least 1"
+    recipe: Recipe | None = args.recipe
+    if recipe is not None:
+        # kubeloop's node-local mode and pool sizes are its own driver's (its --node-local, --capacity).
+        if args.pools != SHARED:
+            return (
+                f"--driver-recipe runs the stack with --pools {SHARED} only "
+                "(node-local is a mode of kubeloop's own driver)"
+            )
+        if args.pool_capacity:
+            return (
+                "--pool-capacity sizes kubeloop's own pools; with --driver-recipe the backend is "
+                "the recipe driver's own"
+            )
+        try:
+            check_commands(recipe, args.home.resolve())
+        except RecipeError as e:
+            return str(e)
     try:
         pool_capacity(args)
     except PoolOptionError as e:
         return str(e)
-    socket = longest_socket_path(args.home.resolve(), node_names(args.nodes))
+    driver = recipe.driver_name if recipe is not None and recipe.driver_name else DRIVER_NAME
+    socket = longest_socket_path(args.home.resolve(), node_names(args.nodes), driver)
     if len(str(socket)) > MAX_SOCKET_PATH:
         return (
             f"KUBELOOP_HOME {args.home.resolve()} is too deep: the stack's sockets would be "
@@ -389,7 +438,8 @@ async def _up(args: argparse.Namespace, ctx: process.Context) -> None:
         pools=args.pools,
         pool_capacity=pool_capacity(args),  # checked by preflight
     )
-    _say(f"kubeloop: starting the local stack in {home} ({args.pools} pools)")
+    on = f"the driver of recipe {args.recipe.path}" if args.recipe is not None else f"{args.pools} pools"
+    _say(f"kubeloop: starting the local stack in {home} ({on})")
     try:
         await cp.start()
         await components.start()

@@ -22,7 +22,7 @@ KUBELOOP = REPO / "driver_bench" / "recipes" / "kubeloop.yaml"
 def test_kubeloop_recipe_loads() -> None:
     recipe = load(KUBELOOP)
     assert recipe.driver_name == "loop.csi.kubeloop.dev"
-    assert recipe.node is None and recipe.attach_required
+    assert recipe.node is not None and recipe.attach_required
     assert recipe.fs_type == "xfs" and recipe.inventory is not None
     assert recipe.volume.expand_to_bytes > recipe.volume.size_bytes
 

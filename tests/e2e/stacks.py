@@ -20,6 +20,7 @@ import psutil
 import pytest
 
 from controller_runtime.toolchain import REPO_ROOT, MissingBinaryError, Toolchain
+from localstack.controlplane import Ports
 from localstack.proc import free_ports
 from localstack.testing import free_stack_ports
 from tests.support.waits import eventually
@@ -98,12 +99,9 @@ def to_files(argv: list[str], env: dict[str, str], stdout: Path, stderr: Path) -
         return subprocess.Popen(argv, cwd=REPO_ROOT, env=env, stdout=out, stderr=err)
 
 
-def launch(home: Path, base: Path, *extra: str, spawn: Spawn = to_files) -> RunningStack:
-    """Starts the launcher as `make up` would (plus test ports and no fsync) and waits for ready."""
-    tc = toolchain()
-    ports = free_stack_ports()
-    stdout, stderr = base / "stdout.txt", base / "stderr.txt"
-    argv = [
+def launcher_argv(ports: Ports, *extra: str) -> list[str]:
+    """`make up`'s command on test ports, etcd without fsync."""
+    return [
         sys.executable, "-m", "localstack.main", "up",
         f"--apiserver-port={ports.apiserver}",
         f"--etcd-port={ports.etcd_client}",
@@ -113,7 +111,14 @@ def launch(home: Path, base: Path, *extra: str, spawn: Spawn = to_files) -> Runn
         "--etcd-unsafe-no-fsync",
         *extra,
     ]  # fmt: skip
-    proc = spawn(argv, {**os.environ, "KUBELOOP_HOME": str(home)}, stdout, stderr)
+
+
+def launch(home: Path, base: Path, *extra: str, spawn: Spawn = to_files) -> RunningStack:
+    """Starts the launcher as `make up` would (plus test ports and no fsync) and waits for ready."""
+    tc = toolchain()
+    ports = free_stack_ports()
+    stdout, stderr = base / "stdout.txt", base / "stderr.txt"
+    proc = spawn(launcher_argv(ports, *extra), {**os.environ, "KUBELOOP_HOME": str(home)}, stdout, stderr)
     running = RunningStack(
         proc, home, f"https://127.0.0.1:{ports.apiserver}", stdout, stderr, tc.binary("kubectl"), []
     )

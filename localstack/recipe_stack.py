@@ -1,0 +1,207 @@
+"""`make up DRIVER=recipe.yaml` (issue 48): the shared-pool stack with kubeloop's CSI driver replaced
+by any driver a driver-bench recipe describes (driver_bench/recipe.py, docs/driver-bench.md).
+
+Everything but the driver stays as `make up` runs it: kcm, the scheduler, the pv-controller, the
+attach-detach and expand controllers, kubeloop's external-provisioner, -attacher and -resizer on
+the controller plugin's socket, one node agent per node. What changes:
+
+- `csi-driver-controller` runs the recipe's controller command, and `csi-driver-node-<node>` its
+  node command (the controller's when it has none: one process serving every service), with the
+  placeholders filled per instance: each its own socket, state directory and `{node_id}`, all one
+  `{shared_dir}` (`$KUBELOOP_HOME/driver/`, the backend every node reaches, as the shared pool is);
+- a kubeloop node-driver-registrar beside each node plugin registers it with its node agent (a
+  foreign driver does not serve kubelet's plugin registration itself);
+- a plugin is ready when its socket answers GetPluginInfo and Probe within the recipe's
+  ready.timeout_seconds, as in the bench (driver_bench.runner.wait_ready);
+- the CSIDriver, the StorageClass and (with a snapshot_class) the VolumeSnapshotClass are made from
+  the recipe's fields under the driver's name, in place of kubeloop's deploy/ manifests; RBAC stays.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from pathlib import Path
+from typing import Any
+
+from controller_runtime.csi_client import CSIConnection
+from driver_bench.recipe import Filled, Recipe, RecipeError, Service
+from driver_bench.runner import wait_ready
+
+from .components import (
+    REGISTRY,
+    Component,
+    ComponentContext,
+    controller_socket,
+    node_dir,
+    node_home,
+    node_socket,
+    python_module,
+)
+from .proc import ManagedProcess
+
+# The node id the controller instance's placeholders get: it serves no node, but a driver whose one
+# command serves every service (the recipe has no `node`) may require one.
+CONTROLLER_NODE_ID = "controller"
+# The registrars' --http-endpoint ports, one per node: a block of their own (docs/local-stack.md).
+REGISTRAR_PORT = 18160
+# How long the provisioner's manifests wait for the controller plugin's name when the recipe has none.
+PLUGIN_INFO_TIMEOUT = 30.0
+
+
+def shared_dir(home: Path) -> Path:
+    """`{shared_dir}`: one directory for every instance of the driver, like the shared pool."""
+    return home / "driver"
+
+
+def _filled(recipe: Recipe, home: Path, node: str | None, state_dir: Path, socket: Path) -> Filled:
+    """The placeholders' values for one instance (`node` None: the controller's)."""
+    return Filled(
+        socket=socket,
+        node_id=node or CONTROLLER_NODE_ID,
+        state_dir=state_dir / "state",
+        # A node plugin's staging and target paths are under its node agent's root; the controller
+        # instance gets a directory of its own, which nothing mounts under.
+        kubelet_dir=node_home(home, node) / "kubelet" if node else state_dir / "kubelet",
+        recipe_dir=recipe.path.parent,
+        shared_dir=shared_dir(home),
+    )
+
+
+def _instance_filled(recipe: Recipe, c: ComponentContext, socket: Path) -> Filled:
+    return _filled(recipe, c.home, c.node, c.state_dir, socket)
+
+
+def _plugin(recipe: Recipe, service: Service, name: str, per_node: bool) -> Component:
+    socket = node_socket if per_node else controller_socket
+
+    async def ready(c: ComponentContext, proc: ManagedProcess) -> None:
+        where = f"recipe {recipe.path}: the {service.role} command as {c.name} ({socket(c)})"
+        await wait_ready(recipe, socket(c), where, lambda: proc.returncode, proc.log_path)
+
+    def dirs(c: ComponentContext) -> list[Path]:
+        filled = _instance_filled(recipe, c, socket(c))
+        return [filled.state_dir, filled.kubelet_dir, shared_dir(c.home)]
+
+    return Component(
+        name=name,
+        argv=lambda c: recipe.argv(service, _instance_filled(recipe, c, socket(c))),
+        env=lambda c: recipe.environment(_instance_filled(recipe, c, socket(c))),
+        health_path=None,
+        per_node=per_node,
+        host_dirs=dirs,
+        ready=ready,
+    )
+
+
+def _registrar() -> Component:
+    """kubelet learns of a node plugin through plugins_registry; the node agent does the same."""
+    return Component(
+        name="node-driver-registrar",
+        argv=lambda c: python_module(
+            "node_driver_registrar.main",
+            f"--csi-address={node_socket(c)}",
+            f"--kubelet-registration-path={node_socket(c)}",
+            f"--plugin-registration-path={node_dir(c) / 'kubelet' / 'plugins_registry'}",
+            f"--http-endpoint={c.http_endpoint}",
+        ),
+        http_port=REGISTRAR_PORT,
+        # Live once its registration socket serves the driver's name (it needs no node agent).
+        health_path="/healthz",
+        per_node=True,
+        host_dirs=lambda c: [node_dir(c) / "kubelet" / "plugins_registry"],
+    )
+
+
+async def driver_name(recipe: Recipe, c: ComponentContext) -> str:
+    """The recipe's driver_name (its plugins were checked to report it), else what the controller
+    plugin's GetPluginInfo says."""
+    if recipe.driver_name:
+        return recipe.driver_name
+    csi = CSIConnection.open(f"unix://{controller_socket(c)}", timeout=PLUGIN_INFO_TIMEOUT)
+    try:
+        return await csi.wait_driver_name()
+    finally:
+        await csi.close()
+
+
+def class_objects(recipe: Recipe, driver: str) -> list[dict[str, Any]]:
+    """The CSIDriver and StorageClass of the recipe's fields (docs/driver-bench.md)."""
+    sc = recipe.storage_class
+    parameters = recipe.parameters
+    if recipe.fs_type:  # how external-provisioner learns the fs_type of the volume capability
+        parameters["csi.storage.k8s.io/fstype"] = recipe.fs_type
+    storage_class: dict[str, Any] = {
+        "apiVersion": "storage.k8s.io/v1",
+        "kind": "StorageClass",
+        "metadata": {"name": recipe.storage_class_name},
+        "provisioner": driver,
+        "parameters": parameters,
+        "reclaimPolicy": str(sc.get("reclaimPolicy", "Delete")),
+        "volumeBindingMode": str(sc.get("volumeBindingMode", "Immediate")),
+        "allowVolumeExpansion": bool(sc.get("allowVolumeExpansion", False)),
+    }
+    if recipe.mount_options:
+        storage_class["mountOptions"] = recipe.mount_options
+    csidriver = {
+        "apiVersion": "storage.k8s.io/v1",
+        "kind": "CSIDriver",
+        "metadata": {"name": driver},
+        "spec": dict(recipe.csi_driver),
+    }
+    return [csidriver, storage_class]
+
+
+def snapshot_class(recipe: Recipe, driver: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "snapshot.storage.k8s.io/v1",
+        "kind": "VolumeSnapshotClass",
+        "metadata": {"name": recipe.storage_class_name},
+        "driver": driver,
+        "deletionPolicy": "Delete",
+        "parameters": dict(recipe.snapshot_parameters),
+    }
+
+
+def _rbac_only(comp: Component) -> tuple[str, ...]:
+    """A component's manifests without kubeloop's own driver objects, which the recipe's replace."""
+    return tuple(m for m in comp.manifests if m.startswith("deploy/rbac/"))
+
+
+def recipe_registry(recipe: Recipe) -> tuple[Component, ...]:
+    """The shared registry, in its start order, on the recipe's driver."""
+
+    async def classes(c: ComponentContext) -> list[dict[str, Any]]:
+        return class_objects(recipe, await driver_name(recipe, c))
+
+    async def snapshots(c: ComponentContext) -> list[dict[str, Any]]:
+        return [snapshot_class(recipe, await driver_name(recipe, c))]
+
+    out: list[Component] = []
+    for comp in REGISTRY:
+        if comp.name == "csi-driver-controller":
+            out.append(_plugin(recipe, recipe.controller, comp.name, per_node=False))
+        elif comp.name == "csi-driver-node":
+            out += [_plugin(recipe, recipe.node or recipe.controller, comp.name, per_node=True), _registrar()]
+        elif comp.name == "external-provisioner":
+            out.append(dataclasses.replace(comp, manifests=_rbac_only(comp), objects=classes))
+        elif comp.name in ("snapshot-controller", "csi-snapshotter"):
+            # csi-snapshotter exits at once on a driver that cannot snapshot: only with a snapshot_class.
+            if recipe.snapshots:
+                objects = snapshots if comp.name == "csi-snapshotter" else None
+                out.append(dataclasses.replace(comp, manifests=_rbac_only(comp), objects=objects))
+        else:
+            out.append(comp)
+    return tuple(out)
+
+
+def check_commands(recipe: Recipe, home: Path) -> None:
+    """Refuses, before anything starts, a recipe whose commands cannot be found (the bench's runner
+    says so when it starts one; the stack would start its control plane first)."""
+    for service in recipe.services:
+        # Only the program matters here: {python} or a {recipe_dir} script, never a state path.
+        program = recipe.argv(service, _filled(recipe, home, None, home, home))[0]
+        if shutil.which(program) is None:
+            raise RecipeError(
+                f"recipe {recipe.path}: {service.role}.command: cannot run {program!r}: not found"
+            )
