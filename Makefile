@@ -7,7 +7,7 @@ PYTEST_ARGS ?=
 
 .PHONY: up down test unit integration sanity stress-start bench bench-scaling profile lint deps binaries prometheus-deps system-deps python-deps clean \
 	docker-deps images wheels compose-test conformance kind-deps helm-deps kind-images kind-up kind-down kind-test e2e-deps \
-	e2e-storage e2e-storage-disruptive e2e-csi-mock chaos bench-driver
+	e2e-storage e2e-storage-disruptive e2e-csi-mock chaos bench-driver bench-driver-stack
 
 # exec: the launcher is make's own child, not a shell's (bash execs a lone command anyway; this keeps
 # it so), so the SIGTERM make passes on to its child reaches the launcher, which stops in order.
@@ -68,6 +68,11 @@ BENCH_DRIVER_ARGS ?=
 
 bench-driver: deps
 	$(PY) -m driver_bench.main campaign --recipe $(RECIPE) --out $(BENCH_DRIVER_OUT) $(BENCH_DRIVER_ARGS)
+
+# The same faults through the whole local stack on the recipe's driver, one stack per scenario on
+# make up's fixed ports (so not beside a running `make up`); docs/driver-bench.md, "The stack campaign".
+bench-driver-stack: deps binaries
+	$(PY) -m driver_bench.main stack-campaign --recipe $(RECIPE) --out $(BENCH_DRIVER_OUT)-stack $(BENCH_DRIVER_ARGS)
 
 # Every differential conformance scenario (docs/conformance.md): each run against kcm's storage
 # controllers and the Go sidecars, then against kubeloop, and compared. `make test` runs a subset.

@@ -73,6 +73,12 @@ class Fault:
         return f"{self.kind} {self.method}{nth}"
 
     @property
+    def spec(self) -> str:
+        """The fault as `parse_fault` reads it (the stack's --driver-fault)."""
+        nth = "" if self.occurrence == 1 else f"#{self.occurrence}"
+        return f"{self.kind}:{self.method}{nth}"
+
+    @property
     def slug(self) -> str:
         return f"{self.kind}-{self.method}-{self.occurrence}"
 
@@ -82,6 +88,17 @@ class Fault:
     @staticmethod
     def from_json(doc: dict[str, Any]) -> Fault:
         return Fault(FaultKind(doc["kind"]), str(doc["method"]), int(doc.get("occurrence", 1)))
+
+
+def parse_fault(text: str) -> Fault | None:
+    """`kill-after:CreateVolume` (`#2` after the step: its second call); "" or `none`: no fault."""
+    if text.strip() in ("", "none"):
+        return None
+    kind, sep, step = text.strip().partition(":")
+    step, _, nth = step.partition("#")
+    if not sep or step not in STEPS:
+        raise ValueError(f"fault {text!r}: want KIND:STEP, STEP one of {', '.join(STEPS)}")
+    return Fault(parse_kinds(kind)[0], step, int(nth or 1))
 
 
 def parse_kinds(text: str) -> list[FaultKind]:

@@ -1,9 +1,10 @@
-"""`python -m driver_bench.main campaign --recipe R --out DIR` and `... replay FILE`
-(docs/driver-bench.md).
+"""`python -m driver_bench.main campaign --recipe R --out DIR`, `... stack-campaign --recipe R --out
+DIR` and `... replay FILE` (docs/driver-bench.md).
 
-campaign exits 0 when no scenario found anything, 1 when one did (the report and reproducers say
-what), 2 when the recipe cannot be used. replay exits 1 when the finding reproduces (the driver
-still has the bug), 0 when it does not, 2 when the recipe cannot be used."""
+campaign and stack-campaign exit 0 when no scenario found anything, 1 when one did (the report and
+reproducers say what), 2 when the recipe (for stack-campaign: the stack) cannot be used. replay
+exits 1 when the finding reproduces (the driver still has the bug), 0 when it does not, 2 when the
+recipe cannot be used."""
 
 from __future__ import annotations
 
@@ -14,11 +15,12 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from . import campaign
+from . import campaign, stack_campaign
 from .diagnosis import headline
-from .faults import STEPS, parse_kinds
+from .faults import STEPS, FaultKind, parse_kinds
 from .recipe import RecipeError, load
 from .reproducer import replay
+from .stack_campaign import STACK_KINDS, STACK_STEPS
 
 
 def parser() -> argparse.ArgumentParser:
@@ -34,6 +36,17 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument(
         "--timeout-seconds", type=float, default=0.1, help="the caller's deadline in a timeout fault"
     )
+    s = sub.add_parser(
+        "stack-campaign",
+        help="a claim and two pods under each fault through the whole local stack (make up DRIVER=)",
+    )
+    s.add_argument("--recipe", required=True, help="the driver's recipe (YAML)")
+    s.add_argument("--out", required=True, help="where the report, reproducers and stack logs go")
+    s.add_argument("--faults", default=",".join(k.value for k in STACK_KINDS), help="fault kinds, or all")
+    s.add_argument("--steps", default=",".join(STACK_STEPS), help="the steps to inject at")
+    s.add_argument(
+        "--timeout-seconds", type=float, default=0.1, help="the caller's deadline in a timeout fault"
+    )
     r = sub.add_parser("replay", help="a reproducer against the driver alone")
     r.add_argument("file")
     r.add_argument("--work", default="", help="the replay's directory (default: a new temporary one)")
@@ -45,21 +58,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "campaign":
             return _campaign(args)
+        if args.command == "stack-campaign":
+            return _stack_campaign(args)
         return _replay(args)
     except RecipeError as e:
         print(f"driver_bench: {e}", file=sys.stderr)
         return 2
 
 
-def _campaign(args: argparse.Namespace) -> int:
+def _sweep(args: argparse.Namespace) -> tuple[tuple[FaultKind, ...], tuple[str, ...]]:
+    """--faults and --steps, checked."""
     steps = tuple(s for s in args.steps.split(",") if s)
     unknown = [s for s in steps if s not in STEPS]
     if unknown:
         raise SystemExit(f"driver_bench: unknown steps {unknown} (known: {', '.join(STEPS)})")
     try:
-        kinds = tuple(parse_kinds(args.faults))
+        return tuple(parse_kinds(args.faults)), steps
     except ValueError as e:
         raise SystemExit(f"driver_bench: {e}") from None
+
+
+def _campaign(args: argparse.Namespace) -> int:
+    kinds, steps = _sweep(args)
     options = campaign.Options(
         out=Path(args.out).resolve(),
         concurrency=args.concurrency,
@@ -69,6 +89,21 @@ def _campaign(args: argparse.Namespace) -> int:
         timeout_seconds=args.timeout_seconds,
     )
     outcome = asyncio.run(campaign.run(load(args.recipe), options))
+    print(outcome.report_md.read_text())
+    print(f"report: {outcome.report_md} and {outcome.report_json}")
+    return 1 if outcome.findings else 0
+
+
+def _stack_campaign(args: argparse.Namespace) -> int:
+    kinds, steps = _sweep(args)
+    options = stack_campaign.StackOptions(
+        out=Path(args.out).resolve(), kinds=kinds, steps=steps, timeout_seconds=args.timeout_seconds
+    )
+    try:
+        outcome = asyncio.run(stack_campaign.run(load(args.recipe), options))
+    except stack_campaign.StackError as e:
+        print(f"driver_bench: {e}", file=sys.stderr)
+        return 2
     print(outcome.report_md.read_text())
     print(f"report: {outcome.report_md} and {outcome.report_json}")
     return 1 if outcome.findings else 0

@@ -22,8 +22,14 @@ from controller_runtime.mounts import read_mounts
 from localstack.leftovers import find_leftovers
 
 from . import messages
-from .recipe import Recipe, fill
+from .recipe import Filled, Recipe, fill
 from .runner import Layout, ServiceProcess
+
+# The stack campaign's findings read from Kubernetes objects (driver_bench/stack_campaign.py): a
+# replay against the driver alone has none of those objects, so it cannot judge them.
+KUBERNETES_KINDS = frozenset(
+    {"pod-not-running", "stuck-pod", "stuck-pvc", "stuck-pv", "stuck-volumeattachment"}
+)
 
 
 @dataclass(frozen=True)
@@ -72,12 +78,16 @@ def belief(calls: Iterable[tuple[str, bytes, bytes | None, str]]) -> Objects:
 
 async def inventory(recipe: Recipe, layout: Layout) -> Objects | None:
     """The backend's objects by the recipe's list command; None when the recipe has none."""
+    return await inventory_of(recipe, ServiceProcess(recipe, recipe.controller, layout).filled(), layout.work)
+
+
+async def inventory_of(recipe: Recipe, filled: Filled, cwd: Path) -> Objects | None:
+    """The same with the placeholders of any instance (the local stack's controller plugin's)."""
     if recipe.inventory is None:
         return None
-    values = ServiceProcess(recipe, recipe.controller, layout).filled().values()
-    argv = [fill(a, values) for a in recipe.inventory.command]
+    argv = [fill(a, filled.values()) for a in recipe.inventory.command]
     proc = await asyncio.create_subprocess_exec(
-        *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=layout.work
+        *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=cwd
     )
     try:
         out, err = await asyncio.wait_for(proc.communicate(), recipe.inventory.timeout_seconds)

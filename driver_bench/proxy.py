@@ -51,10 +51,18 @@ class FaultProxy:
     socket lives in the scenario's private (0700) socket directory."""
 
     def __init__(
-        self, driver: Driver, socket: Path, fault: Fault | None, timeout_seconds: float = 0.1
+        self,
+        driver: Driver,
+        socket: Path,
+        fault: Fault | None,
+        timeout_seconds: float = 0.1,
+        on_call: Callable[[Call], None] | None = None,
     ) -> None:
+        """`on_call` is told of each call once it has ended (the local stack's proxies write them
+        down for the stack campaign, which runs in another process)."""
         self.driver, self.socket, self.fault = driver, socket, fault
         self.timeout_seconds = timeout_seconds
+        self.on_call = on_call
         self.calls: list[Call] = []
         self.counts: dict[str, int] = {}  # calls so far per lifecycle step
         self.fired: Call | None = None
@@ -65,6 +73,9 @@ class FaultProxy:
         self._retired: list[grpc.aio.Channel] = []
         self._server: grpc.aio.Server | None = None
         self._t0 = time.monotonic()
+        # The wall clock at _t0: the calls of several proxies (one per stack instance) are put in
+        # one order by it.
+        self.wall_t0 = time.time()
         self._tasks: set[asyncio.Task[None]] = set()
         for event in self._serving.values():
             event.set()
@@ -163,6 +174,8 @@ class FaultProxy:
             raise  # unreachable: abort raises
         finally:
             call.seconds = time.monotonic() - start
+            if self.on_call is not None:
+                self.on_call(call)
 
     async def _inject(self, kind: FaultKind, call: Call) -> bytes:
         role = self.driver.role_of(call.method)

@@ -64,16 +64,23 @@ def log_tail(path: Path) -> str:
 class ServiceProcess:
     """One service of the driver, started from its recipe command; restartable."""
 
-    def __init__(self, recipe: Recipe, service: Service, layout: Layout) -> None:
+    def __init__(
+        self, recipe: Recipe, service: Service, layout: Layout, placeholders: Filled | None = None
+    ) -> None:
+        """`placeholders`: the values its command gets in place of the bench's own (the local
+        stack's, when the fault proxy runs there, driver_bench/stack_plugin.py)."""
         self.recipe, self.service, self.layout = recipe, service, layout
+        self.placeholders = placeholders
         self.proc: asyncio.subprocess.Process | None = None
         self.starts = 0
 
     @property
     def socket(self) -> Path:
-        return self.layout.socket(self.service.role)
+        return self.placeholders.socket if self.placeholders else self.layout.socket(self.service.role)
 
     def filled(self) -> Filled:
+        if self.placeholders is not None:
+            return self.placeholders
         return Filled(
             socket=self.socket,
             node_id=NODE_ID,
@@ -194,12 +201,18 @@ async def _probe(recipe: Recipe, socket: Path, where: str) -> str | None:
 class Driver:
     """The driver's services from one recipe, on one layout."""
 
-    def __init__(self, recipe: Recipe, layout: Layout) -> None:
+    def __init__(
+        self, recipe: Recipe, layout: Layout, services: dict[str, ServiceProcess] | None = None
+    ) -> None:
+        """`services`: the processes to run in place of the recipe's (the local stack runs one
+        service of the recipe per instance, driver_bench/stack_plugin.py)."""
         self.recipe, self.layout = recipe, layout
-        self.services = {s.role: ServiceProcess(recipe, s, layout) for s in recipe.services}
+        self.services = services or {s.role: ServiceProcess(recipe, s, layout) for s in recipe.services}
 
     def role_of(self, method: str) -> str:
         """Which process serves a full gRPC method name (`/csi.v1.Node/NodeStageVolume`)."""
+        if len(self.services) == 1:
+            return next(iter(self.services))
         return "node" if "/csi.v1.Node/" in method and "node" in self.services else "controller"
 
     def socket(self, role: str) -> Path:

@@ -28,6 +28,7 @@ from controller_runtime.logs import get_logger, log_to_file, setup_logging
 from controller_runtime.toolchain import MissingBinaryError, Toolchain
 from controller_runtime.unix_grpc import MAX_SOCKET_PATH
 from csi_driver import DRIVER_NAME
+from driver_bench.faults import parse_fault
 from driver_bench.recipe import Recipe, RecipeError
 from driver_bench.recipe import load as load_recipe
 
@@ -198,6 +199,15 @@ def build_parser() -> argparse.ArgumentParser:
         f"kubeloop's plugins, its fields make the CSIDriver and StorageClass; {SHARED} pools only",
     )
     up.add_argument(
+        "--driver-fault",
+        type=fault_argument,
+        default=None,
+        metavar="KIND:STEP|none",
+        help="with --driver-recipe: put driver-bench's fault proxy in front of each plugin's socket, "
+        "armed with one fault (e.g. kill-after:CreateVolume; none: it only records the calls), the "
+        "stack campaign's setting (docs/driver-bench.md)",
+    )
+    up.add_argument(
         "--prometheus",
         action="store_true",
         help=f"also run Prometheus on 127.0.0.1:{PROMETHEUS_PORT}, scraping every kubeloop process with "
@@ -236,6 +246,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def fault_argument(text: str) -> str:
+    """--driver-fault: checked while the arguments are parsed; the proxies parse it again."""
+    try:
+        parse_fault(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
 def recipe_argument(path: str) -> Recipe:
     """--driver-recipe: the recipe loaded and validated while the arguments are parsed, so a bad one
     is refused with its file, field and reason before anything starts."""
@@ -248,7 +267,9 @@ def recipe_argument(path: str) -> Recipe:
 def stack_components(args: argparse.Namespace) -> list[Component]:
     """The pool mode's registry (or the recipe driver's), and Prometheus scraping every instance of
     it with --prometheus."""
-    chosen = list(registry(args.pools) if args.recipe is None else recipe_registry(args.recipe))
+    chosen = list(
+        registry(args.pools) if args.recipe is None else recipe_registry(args.recipe, args.driver_fault)
+    )
     if args.prometheus:
         targets = instances(chosen, node_names(args.nodes))
         scraped = {i.name: i.http_port for i in targets if i.http_port is not None}
@@ -360,6 +381,8 @@ def preflight(args: argparse.Namespace) -> str | None:
     if args.nodes < 1:
         return "--nodes must be at least 1"
     recipe: Recipe | None = args.recipe
+    if args.driver_fault is not None and recipe is None:
+        return "--driver-fault needs --driver-recipe (the proxy runs in front of a recipe's driver)"
     if recipe is not None:
         # kubeloop's node-local mode and pool sizes are its own driver's (its --node-local, --capacity).
         if args.pools != SHARED:

@@ -14,7 +14,10 @@ the controller plugin's socket, one node agent per node. What changes:
 - a plugin is ready when its socket answers GetPluginInfo and Probe within the recipe's
   ready.timeout_seconds, as in the bench (driver_bench.runner.wait_ready);
 - the CSIDriver, the StorageClass and (with a snapshot_class) the VolumeSnapshotClass are made from
-  the recipe's fields under the driver's name, in place of kubeloop's deploy/ manifests; RBAC stays.
+  the recipe's fields under the driver's name, in place of kubeloop's deploy/ manifests; RBAC stays;
+- with `--driver-fault` each plugin instance is driver_bench.stack_plugin instead: the bench's fault
+  proxy on the socket the stack dials, the recipe's command behind it on `driver.sock`, every call
+  written to the instance's `calls.jsonl` (the stack campaign, driver_bench/stack_campaign.py).
 """
 
 from __future__ import annotations
@@ -68,11 +71,45 @@ def _filled(recipe: Recipe, home: Path, node: str | None, state_dir: Path, socke
     )
 
 
+def controller_filled(recipe: Recipe, home: Path) -> Filled:
+    """The controller instance's placeholders: what the stack campaign runs the recipe's inventory
+    command with, as the bench runs it with its controller's."""
+    state_dir = home / "components" / "csi-driver-controller"
+    return _filled(recipe, home, None, state_dir, state_dir / "csi.sock")
+
+
 def _instance_filled(recipe: Recipe, c: ComponentContext, socket: Path) -> Filled:
     return _filled(recipe, c.home, c.node, c.state_dir, socket)
 
 
-def _plugin(recipe: Recipe, service: Service, name: str, per_node: bool) -> Component:
+def calls_file(state_dir: Path) -> Path:
+    """Where a plugin instance's fault proxy writes the calls it saw (its state directory)."""
+    return state_dir / "calls.jsonl"
+
+
+def _proxied_argv(recipe: Recipe, c: ComponentContext, socket: Path, per_node: bool, fault: str) -> list[str]:
+    """The instance as driver_bench.stack_plugin: the proxy on `socket`, the driver behind it on a
+    socket of its own, with the placeholders the instance would have had."""
+    filled = _instance_filled(recipe, c, c.state_dir / "driver.sock")
+    return python_module(
+        "driver_bench.stack_plugin",
+        f"--recipe={recipe.path}",
+        f"--role={'node' if per_node else 'controller'}",
+        f"--listen={socket}",
+        f"--socket={filled.socket}",
+        f"--node-id={filled.node_id}",
+        f"--state-dir={filled.state_dir}",
+        f"--kubelet-dir={filled.kubelet_dir}",
+        f"--shared-dir={shared_dir(c.home)}",
+        f"--work={c.state_dir}",
+        f"--calls={calls_file(c.state_dir)}",
+        f"--fault={fault}",
+    )
+
+
+def _plugin(recipe: Recipe, service: Service, name: str, per_node: bool, fault: str | None) -> Component:
+    """A plugin instance running the recipe's `service`; behind the fault proxy when `fault` is not
+    None ("none": the proxy only records)."""
     socket = node_socket if per_node else controller_socket
 
     async def ready(c: ComponentContext, proc: ManagedProcess) -> None:
@@ -83,10 +120,19 @@ def _plugin(recipe: Recipe, service: Service, name: str, per_node: bool) -> Comp
         filled = _instance_filled(recipe, c, socket(c))
         return [filled.state_dir, filled.kubelet_dir, shared_dir(c.home)]
 
+    def argv(c: ComponentContext) -> list[str]:
+        if fault is not None:
+            return _proxied_argv(recipe, c, socket(c), per_node, fault)
+        return recipe.argv(service, _instance_filled(recipe, c, socket(c)))
+
+    def env(c: ComponentContext) -> dict[str, str]:
+        # Behind the proxy the recipe's env is the driver's (stack_plugin starts it), not the proxy's.
+        return {} if fault is not None else recipe.environment(_instance_filled(recipe, c, socket(c)))
+
     return Component(
         name=name,
-        argv=lambda c: recipe.argv(service, _instance_filled(recipe, c, socket(c))),
-        env=lambda c: recipe.environment(_instance_filled(recipe, c, socket(c))),
+        argv=argv,
+        env=env,
         health_path=None,
         per_node=per_node,
         host_dirs=dirs,
@@ -168,8 +214,9 @@ def _rbac_only(comp: Component) -> tuple[str, ...]:
     return tuple(m for m in comp.manifests if m.startswith("deploy/rbac/"))
 
 
-def recipe_registry(recipe: Recipe) -> tuple[Component, ...]:
-    """The shared registry, in its start order, on the recipe's driver."""
+def recipe_registry(recipe: Recipe, fault: str | None = None) -> tuple[Component, ...]:
+    """The shared registry, in its start order, on the recipe's driver; with `fault` (KIND:STEP or
+    "none") every plugin behind the bench's fault proxy armed with it."""
 
     async def classes(c: ComponentContext) -> list[dict[str, Any]]:
         return class_objects(recipe, await driver_name(recipe, c))
@@ -180,9 +227,9 @@ def recipe_registry(recipe: Recipe) -> tuple[Component, ...]:
     out: list[Component] = []
     for comp in REGISTRY:
         if comp.name == "csi-driver-controller":
-            out.append(_plugin(recipe, recipe.controller, comp.name, per_node=False))
+            out.append(_plugin(recipe, recipe.controller, comp.name, False, fault))
         elif comp.name == "csi-driver-node":
-            out += [_plugin(recipe, recipe.node or recipe.controller, comp.name, per_node=True), _registrar()]
+            out += [_plugin(recipe, recipe.node or recipe.controller, comp.name, True, fault), _registrar()]
         elif comp.name == "external-provisioner":
             out.append(dataclasses.replace(comp, manifests=_rbac_only(comp), objects=classes))
         elif comp.name in ("snapshot-controller", "csi-snapshotter"):
