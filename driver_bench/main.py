@@ -15,6 +15,8 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from controller_runtime.toolchain import MissingBinaryError
+
 from . import campaign, stack_campaign
 from .diagnosis import headline
 from .faults import STEPS, FaultKind, parse_kinds
@@ -96,12 +98,16 @@ def _campaign(args: argparse.Namespace) -> int:
 
 def _stack_campaign(args: argparse.Namespace) -> int:
     kinds, steps = _sweep(args)
+    unreached = [s for s in steps if s not in stack_campaign.REACHED]
+    if unreached:
+        known = ", ".join(stack_campaign.REACHED)
+        raise SystemExit(f"driver_bench: the stack scenario never calls {unreached} (it calls {known})")
     options = stack_campaign.StackOptions(
         out=Path(args.out).resolve(), kinds=kinds, steps=steps, timeout_seconds=args.timeout_seconds
     )
     try:
         outcome = asyncio.run(stack_campaign.run(load(args.recipe), options))
-    except stack_campaign.StackError as e:
+    except (stack_campaign.StackError, MissingBinaryError) as e:
         print(f"driver_bench: {e}", file=sys.stderr)
         return 2
     print(outcome.report_md.read_text())

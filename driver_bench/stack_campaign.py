@@ -55,6 +55,8 @@ STACK_STEPS = (
     "DeleteVolume",
 )
 STACK_KINDS = (FaultKind.KILL_AFTER, FaultKind.DUPLICATE)
+# Every step the scenario's calls take: a fault on another one (expansion, snapshots) never fires.
+REACHED = (*STACK_STEPS, "ControllerPublishVolume", "ControllerUnpublishVolume")
 READY_LINE = "kubeloop stack is ready"
 NODE = "node-a"  # one node: the pod lands where the node steps' fault is armed
 CLAIM, WRITER, READER = "data", "writer", "reader"
