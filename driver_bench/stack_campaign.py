@@ -25,11 +25,19 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import psutil
 import yaml
 
+from controller_runtime.kinds import (
+    KubeObject,
+    PodStatus,
+    pod_view,
+    pv_view,
+    pvc_view,
+    volume_attachment_view,
+)
 from controller_runtime.mounts import read_mounts
 from controller_runtime.toolchain import REPO_ROOT, Toolchain
 from localstack.leftovers import force_cleanup
@@ -244,8 +252,9 @@ def pod_manifest(name: str) -> dict[str, Any]:
     }
 
 
-def target_path(home: Path, pod: dict[str, Any], pv: str) -> str:
+def target_path(home: Path, obj: dict[str, Any], pv: str) -> str:
     """Where the node agent had the pod's volume published (kubelet's layout)."""
+    pod = pod_view(obj)
     uid = pod["metadata"]["uid"]
     kubelet = home / "nodes" / pod["spec"]["nodeName"] / "kubelet"
     return str(kubelet / "pods" / uid / "volumes" / "kubernetes.io~csi" / pv / "mount")
@@ -295,12 +304,12 @@ class Scenario:
         deadline = time.monotonic() + self.options.pod_timeout
         while True:
             found = await self.stack.objects("pods", "-n", NAMESPACE, f"--field-selector=metadata.name={pod}")
-            if found and found[0]["status"].get("phase") == "Running":
+            if found and pod_view(found[0])["status"].get("phase") == "Running":
                 return found[0]
             if time.monotonic() > deadline:
                 break
             await asyncio.sleep(0.5)
-        status = found[0]["status"] if found else {}
+        status = pod_view(found[0])["status"] if found else PodStatus()
         events = await self.stack.objects("events", "-n", NAMESPACE)
         said = [e.get("message", "") for e in events if e.get("involvedObject", {}).get("name") == pod]
         self.findings.append(
@@ -324,7 +333,7 @@ class Scenario:
 
     async def pv_name(self) -> str:
         claims = await self.stack.objects("pvc", "-n", NAMESPACE)
-        return str(claims[0]["spec"].get("volumeName", "")) if claims else ""
+        return pvc_view(claims[0])["spec"].get("volumeName", "") if claims else ""
 
     async def run(self) -> None:
         await self.apply(claim_manifest(self.recipe), pod_manifest(WRITER))
@@ -360,7 +369,7 @@ class Scenario:
         found = []
 
         def held(o: dict[str, Any]) -> str:
-            meta = o["metadata"]
+            meta = cast("KubeObject", o)["metadata"]
             deleting = "deletionTimestamp" in meta
             return f"{meta['name']} (finalizers {meta.get('finalizers', [])}, deleting: {deleting})"
 
@@ -369,12 +378,12 @@ class Scenario:
         pvs = [
             pv
             for pv in await self.stack.objects("pv")
-            if not driver or pv["spec"].get("csi", {}).get("driver") == driver
+            if not driver or pv_view(pv)["spec"].get("csi", {}).get("driver") == driver
         ]
         vas = [
             va
             for va in await self.stack.objects("volumeattachments")
-            if not driver or va["spec"].get("attacher") == driver
+            if not driver or volume_attachment_view(va)["spec"].get("attacher") == driver
         ]
         for kind, items in (("pod", pods), ("pvc", claims), ("pv", pvs), ("volumeattachment", vas)):
             if items:

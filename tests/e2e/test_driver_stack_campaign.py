@@ -19,10 +19,10 @@ from driver_bench.faults import Fault, FaultKind
 from driver_bench.recipe import load
 from driver_bench.reproducer import replay
 from localstack.testing import free_stack_ports
+from tests.csi.conftest import require_root
 from tests.driver_bench.recipes import BUGGY, buggy_recipe
 
 from .stacks import toolchain
-from .test_driver_recipe import require_root
 
 pytestmark = [pytest.mark.integration, pytest.mark.root]
 
