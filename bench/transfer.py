@@ -35,6 +35,7 @@ from csi_driver.transfer import client, server, wire
 from csi_driver.transfer.errors import TransferDenied
 
 from .common import cpu_seconds, stop_process
+from .datapath import drop_cached
 from .method import Bench, Figure, Pair, add_rounds_arg, alternate, run
 
 MiB = 1 << 20
@@ -120,15 +121,6 @@ def make_source(path: Path, size: int, percent: int, seed: int = 47) -> None:
         for block in chosen:
             os.pwrite(fd, rng.randbytes(MiB), block * MiB)
         os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def drop_cached(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fdatasync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     finally:
         os.close(fd)
 

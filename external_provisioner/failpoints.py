@@ -8,23 +8,23 @@ installs a hook (SIGKILL at the named step) and then runs the normal main.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from controller_runtime.failpoints import Failpoints, Hook
 
 BEFORE_CREATE_VOLUME = "before-create-volume"
 AFTER_CREATE_VOLUME = "after-create-volume"
 AFTER_PV_SAVED = "after-pv-saved"
 POINTS = (BEFORE_CREATE_VOLUME, AFTER_CREATE_VOLUME, AFTER_PV_SAVED)
 
-Hook = Callable[[str], None]
-
-_hooks: list[Hook] = []
-
-
-def install(hook: Hook) -> None:
-    """Adds a hook called with each point reached. Only tests call this."""
-    _hooks.append(hook)
-
-
-def reach(point: str) -> None:
-    for hook in _hooks:
-        hook(point)
+_STEPS = Failpoints(*POINTS)
+# The module's own names, which the provisioner and its test entry module use.
+install = _STEPS.install
+reach = _STEPS.reach
+__all__ = [
+    "AFTER_CREATE_VOLUME",
+    "AFTER_PV_SAVED",
+    "BEFORE_CREATE_VOLUME",
+    "POINTS",
+    "Hook",
+    "install",
+    "reach",
+]
