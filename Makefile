@@ -7,15 +7,16 @@ PYTEST_ARGS ?=
 
 .PHONY: up down test unit integration sanity stress-start bench bench-scaling profile lint deps binaries prometheus-deps system-deps python-deps clean \
 	docker-deps images wheels compose-test conformance kind-deps helm-deps kind-images kind-up kind-down kind-test e2e-deps \
-	e2e-storage e2e-storage-disruptive e2e-csi-mock chaos bench-driver bench-driver-stack
+	e2e-storage e2e-storage-disruptive e2e-csi-mock chaos bench-driver bench-driver-stack go-sidecars
 
 # exec: the launcher is make's own child, not a shell's (bash execs a lone command anyway; this keeps
 # it so), so the SIGTERM make passes on to its child reaches the launcher, which stops in order.
 # DRIVER=path/to/recipe.yaml: the same stack on the CSI driver a driver-bench recipe describes
 # (docs/driver-bench.md, "Testing your CSI driver with kubeloop") instead of kubeloop's own.
-up: deps binaries $(if $(PROMETHEUS),prometheus-deps)
+# SIDECARS=go: upstream's Go csi-provisioner, csi-attacher and csi-resizer in place of kubeloop's.
+up: deps binaries $(if $(PROMETHEUS),prometheus-deps) $(if $(filter go,$(SIDECARS)),go-sidecars)
 	exec $(PY) -m localstack.main up --pools=$(or $(POOLS),shared) --pool-capacity="$(POOL_CAPACITY)" $(if $(PROMETHEUS),--prometheus) \
-		$(if $(DRIVER),--driver-recipe="$(DRIVER)")
+		$(if $(DRIVER),--driver-recipe="$(DRIVER)") $(if $(SIDECARS),--sidecars=$(SIDECARS))
 
 # Stops the stack of `make up` (the one on $KUBELOOP_HOME) from another terminal, in order, and
 # checks that it left no mount or loop device behind.
@@ -71,8 +72,13 @@ bench-driver: deps
 
 # The same faults through the whole local stack on the recipe's driver, one stack per scenario on
 # make up's fixed ports (so not beside a running `make up`); docs/driver-bench.md, "The stack campaign".
-bench-driver-stack: deps binaries
+bench-driver-stack: deps binaries go-sidecars
 	$(PY) -m driver_bench.main stack-campaign --recipe $(RECIPE) --out $(BENCH_DRIVER_OUT)-stack $(BENCH_DRIVER_ARGS)
+
+# Upstream's Go controller sidecars, for SIDECARS=go, the stack campaign's second opinion, the
+# conformance suite and the side-by-side benchmarks.
+go-sidecars:
+	@bash tools/build-binaries.sh external-provisioner external-attacher external-resizer
 
 # Every differential conformance scenario (docs/conformance.md): each run against kcm's storage
 # controllers and the Go sidecars, then against kubeloop, and compared. `make test` runs a subset.

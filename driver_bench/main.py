@@ -49,6 +49,20 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--timeout-seconds", type=float, default=0.1, help="the caller's deadline in a timeout fault"
     )
+    s.add_argument(
+        "--sidecars",
+        choices=stack_campaign.SIDECARS,
+        default="compare",
+        help="whose external-provisioner, -attacher and -resizer make the calls: kubeloop's, upstream's "
+        "Go ones, or compare (default): kubeloop's, and each scenario that finds something again with "
+        "the Go ones, to tell the driver's bugs from kubeloop's sidecars'",
+    )
+    s.add_argument(
+        "--nodes",
+        type=int,
+        default=2,
+        help="simulated nodes; with two or more the claim is read back on another node (default: 2)",
+    )
     r = sub.add_parser("replay", help="a reproducer against the driver alone")
     r.add_argument("file")
     r.add_argument("--work", default="", help="the replay's directory (default: a new temporary one)")
@@ -102,8 +116,15 @@ def _stack_campaign(args: argparse.Namespace) -> int:
     if unreached:
         known = ", ".join(stack_campaign.REACHED)
         raise SystemExit(f"driver_bench: the stack scenario never calls {unreached} (it calls {known})")
+    if args.nodes < 1:
+        raise SystemExit("driver_bench: --nodes must be at least 1")
     options = stack_campaign.StackOptions(
-        out=Path(args.out).resolve(), kinds=kinds, steps=steps, timeout_seconds=args.timeout_seconds
+        out=Path(args.out).resolve(),
+        kinds=kinds,
+        steps=steps,
+        timeout_seconds=args.timeout_seconds,
+        nodes=args.nodes,
+        sidecars=args.sidecars,
     )
     try:
         outcome = asyncio.run(stack_campaign.run(load(args.recipe), options))

@@ -48,7 +48,14 @@ def to_json(
                 "fired": r.fired,
                 "seconds": round(r.seconds, 3),
                 "calls": len(r.calls),
-                "findings": [{**f.to_json(), "headline": headline(r.fault, f)} for f in r.findings],
+                "findings": [
+                    {
+                        **f.to_json(),
+                        "headline": headline(r.fault, f),
+                        **({"bug_of": r.verdicts[f.kind]} if f.kind in r.verdicts else {}),
+                    }
+                    for f in r.findings
+                ],
                 "reproducer": str(r.reproducer) if r.reproducer else None,
             }
             for r in results
@@ -92,7 +99,9 @@ def to_markdown(doc: dict[str, Any]) -> str:
         lines += ["", "## Findings", ""]
         for s in failed:
             for f in s["findings"]:
-                lines.append(f"- {s['name']}: **{f['headline']}** ({f['kind']}): {f['summary']}")
+                # The stack campaign's second opinion (the Go sidecars in kubeloop's place), if any.
+                whose = f" Bug of: {f['bug_of']}." if "bug_of" in f else ""
+                lines.append(f"- {s['name']}: **{f['headline']}** ({f['kind']}): {f['summary']}{whose}")
     lines += ["", "## Time per CSI method (the driver's, through the proxy)", ""]
     lines += ["| method | calls | p50 s | max s |", "|---|---|---|---|"]
     for t in doc["timings"]:

@@ -61,6 +61,7 @@ def write(result: ScenarioResult, recipe_path: Path, path: Path, timeout_seconds
         "fault": result.fault.to_json() if result.fault else None,
         "timeout_seconds": timeout_seconds,
         "work": str(result.work),
+        "also_work": [str(w) for w in result.also_work],
         # A lifecycle that ended early left its volume in use: its end state is judged only if
         # the calls ran to their end, in the campaign and in the replay alike.
         "completed": result.completed,
@@ -100,7 +101,7 @@ class Translation:
     """Recorded ids and paths to the replay's. Replaced wherever they occur in a string, since
     drivers embed them in others (a publish context naming `volumes/<id>.img`, a state path)."""
 
-    old_work: str
+    old_works: list[str]
     new_work: str
     ids: dict[str, str]
 
@@ -108,7 +109,9 @@ class Translation:
         # The longest first, so an id that contains another is replaced whole.
         for old in sorted(self.ids, key=len, reverse=True):
             value = value.replace(old, self.ids[old])
-        return value.replace(self.old_work + "/", self.new_work + "/")
+        for work in self.old_works:
+            value = value.replace(work + "/", self.new_work + "/")
+        return value
 
     def learn(self, recorded: Any, replayed: Any) -> None:
         for old, new in zip(_ids(recorded, []), _ids(replayed, []), strict=False):
@@ -190,7 +193,7 @@ async def replay(path: Path, work: Path) -> Replay:
     t0 = time.monotonic()
     findings: list[Finding] = []
     async with Bench(recipe, work, fault, float(doc["timeout_seconds"])) as bench:
-        tr = Translation(doc["work"], str(bench.layout.work), {})
+        tr = Translation([doc["work"], *doc.get("also_work", [])], str(bench.layout.work), {})
         async with grpc.aio.insecure_channel(bench.proxy.endpoint) as channel:
             sender = _Sender(channel, tr)
             calls: list[dict[str, Any]] = doc["calls"]

@@ -109,7 +109,12 @@ class ScenarioResult:
     fired: bool
     completed: bool  # every lifecycle ran to its end (no call failed for good)
     reproducer: Path | None = None
-    extra: dict[str, str] = field(default_factory=dict)
+    # Other directories whose paths the calls hold (a stack's other nodes): a replay's one driver
+    # plays every node, so they all become its work directory.
+    also_work: list[Path] = field(default_factory=list)
+    # The stack campaign's second opinion: each finding's kind -> who has the bug, from the same
+    # scenario run again with upstream's Go sidecars (stack_campaign.second_opinion).
+    verdicts: dict[str, str] = field(default_factory=dict)
 
 
 async def run_scenario(

@@ -2,9 +2,14 @@
 campaign"): where `campaign` plays the sidecars itself, this one runs `make up DRIVER=recipe` with
 the bench's fault proxy in front of each plugin's socket (`--driver-fault`,
 driver_bench/stack_plugin.py), so the calls are kubeloop's sidecars' and node agent's, retried as
-they retry them, and the oracles are Kubernetes': the pod Running, its data read back by a second
-pod, nothing stuck once the claim is deleted (PVs, VolumeAttachments, finalizers), the backend's
+they retry them, and the oracles are Kubernetes': the pod Running, the claim expanded, the snapshot
+ready, the data read back by a pod on another node and from the restored claim, nothing stuck once
+the claims are deleted (PVs, VolumeAttachments, snapshot contents, finalizers), the backend's
 inventory against what the driver said it created and deleted, no mounts or loop devices left.
+
+A scenario that found something runs again with upstream's Go sidecars in place of kubeloop's
+(`--sidecars=go`): a finding seen again is the driver's; one that goes away is kubeloop's
+sidecars' (the node agent, kubelet's part, is kubeloop's in both).
 
 Each scenario runs a fresh stack on a fresh home: a reset between scenarios would have to undo
 what a fault left (a stuck PV, a volume the backend leaked), which is what is being judged."""
@@ -22,7 +27,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -39,36 +44,47 @@ from controller_runtime.kinds import (
     volume_attachment_view,
 )
 from controller_runtime.mounts import read_mounts
+from controller_runtime.quantity import parse_quantity
 from controller_runtime.toolchain import REPO_ROOT, Toolchain
+from localstack.components import node_names
 from localstack.leftovers import force_cleanup
 from localstack.recipe_stack import controller_filled
 
 from . import oracles, report, reproducer
 from .campaign import Outcome, scenario_name
-from .faults import Fault, FaultKind, step_of
+from .faults import STEPS, Fault, FaultKind, step_of
 from .lifecycle import RETRYABLE, DataAction, run_data_action
 from .oracles import Finding
 from .proxy import Call
 from .recipe import Recipe
 from .scenario import ScenarioResult
 
-# The steps a stack scenario's calls go through once each (no expansion or snapshot yet), and the
-# faults that test them best for their cost: a retry after the work was done, and two at once.
+# The steps a stack scenario's calls go through (expansion and snapshots where the recipe has
+# them), and the faults that test them best for their cost: a retry after the work was done, and
+# two at once.
 STACK_STEPS = (
     "CreateVolume",
     "NodeStageVolume",
     "NodePublishVolume",
+    "ControllerExpandVolume",
+    "NodeExpandVolume",
+    "CreateSnapshot",
+    "CreateVolumeFromSnapshot",
     "NodeUnpublishVolume",
     "NodeUnstageVolume",
+    "DeleteSnapshot",
     "DeleteVolume",
 )
 STACK_KINDS = (FaultKind.KILL_AFTER, FaultKind.DUPLICATE)
-# Every step the scenario's calls take: a fault on another one (expansion, snapshots) never fires.
+# Every step the scenario's calls may take.
 REACHED = (*STACK_STEPS, "ControllerPublishVolume", "ControllerUnpublishVolume")
 READY_LINE = "kubeloop stack is ready"
-NODE = "node-a"  # one node: the pod lands where the node steps' fault is armed
-CLAIM, WRITER, READER = "data", "writer", "reader"
+CLAIM, RESTORED, SNAPSHOT = "data", "restored", "snap"
+WRITER, READER, RESTORE_READER = "writer", "reader", "restore-reader"
 NAMESPACE = "default"
+# --sidecars: kubeloop's only, upstream's Go ones only, or kubeloop's with a second opinion from
+# the Go ones on every scenario that found something.
+SIDECARS = ("kubeloop", "go", "compare")
 
 
 @dataclass(frozen=True)
@@ -84,6 +100,9 @@ class StackOptions:
     # backoffs after a fault are seconds, so a minute means stuck.
     pod_timeout: float = 60.0
     delete_timeout: float = 60.0
+    # The simulated nodes: with two, the claim is read back on the other node (detach, attach).
+    nodes: int = 2
+    sidecars: str = "compare"
 
 
 class StackError(RuntimeError):
@@ -99,17 +118,22 @@ async def run(recipe: Recipe, options: StackOptions, faults: Sequence[Fault | No
     t0 = time.monotonic()
     shutil.rmtree(options.out / "reproducers", ignore_errors=True)
     results = []
+    first = "go" if options.sidecars == "go" else "kubeloop"
     for index, fault in enumerate(plan(options) if faults is None else faults):
         name = scenario_name(index, fault)
-        result = await run_scenario(recipe, options, fault, name)
+        result = await run_scenario(recipe, options, fault, name, first)
         if result.findings:
             result.reproducer = reproducer.write(
                 result, recipe.path, options.out / "reproducers" / f"{name}.json", options.timeout_seconds
             )
+            if options.sidecars == "compare":
+                result.verdicts = await second_opinion(recipe, options, result)
         results.append(result)
     seconds = time.monotonic() - t0
     settings = {
         "through": "the local stack (make up DRIVER=)",
+        "sidecars": options.sidecars,
+        "nodes": options.nodes,
         "timeout_seconds": options.timeout_seconds,
         "faults": ",".join(k.value for k in options.kinds),
     }
@@ -117,11 +141,36 @@ async def run(recipe: Recipe, options: StackOptions, faults: Sequence[Fault | No
     return Outcome(results, j, m, seconds)
 
 
+DRIVER_VERDICT = "driver"  # found with the Go sidecars too
+SIDECAR_VERDICT = "kubeloop's sidecars"  # gone with the Go sidecars in their place
+
+
+def verdicts(ours: Sequence[Finding], theirs: Sequence[Finding] | None, why: str = "") -> dict[str, str]:
+    """Each kind of finding of kubeloop's run -> whose bug it is, given the Go sidecars' run of the
+    same scenario (None: it could not run, `why`)."""
+    if theirs is None:
+        return {f.kind: f"unknown ({why})" for f in ours}
+    seen = {f.kind for f in theirs}
+    return {f.kind: DRIVER_VERDICT if f.kind in seen else SIDECAR_VERDICT for f in ours}
+
+
+async def second_opinion(recipe: Recipe, options: StackOptions, result: ScenarioResult) -> dict[str, str]:
+    """The scenario again with upstream's Go sidecars: whose bug each finding is."""
+    try:
+        again = await run_scenario(recipe, options, result.fault, f"{result.name}-go-sidecars", "go")
+    except StackError as e:
+        return verdicts(result.findings, None, f"the stack with the Go sidecars did not come up: {e}")
+    return verdicts(result.findings, again.findings)
+
+
 class Stack:
     """One `python -m localstack.main up --driver-recipe R --driver-fault F` on its own home."""
 
-    def __init__(self, recipe: Recipe, options: StackOptions, fault: Fault | None, logs: Path) -> None:
+    def __init__(
+        self, recipe: Recipe, options: StackOptions, fault: Fault | None, logs: Path, sidecars: str
+    ) -> None:
         self.recipe, self.options, self.fault, self.logs = recipe, options, fault, logs
+        self.sidecars = sidecars
         # A short home: the node plugins' unix sockets live below it (107 bytes at most).
         self.home = Path(tempfile.mkdtemp(prefix="kls-", dir="/tmp"))
         self.kubectl_path = Toolchain.default().binary("kubectl")
@@ -133,7 +182,8 @@ class Stack:
             sys.executable, "-m", "localstack.main", "up",
             f"--driver-recipe={self.recipe.path}",
             f"--driver-fault={self.fault.spec if self.fault else 'none'}",
-            "--nodes=1",
+            f"--nodes={self.options.nodes}",
+            f"--sidecars={self.sidecars}",
             # Each scenario's etcd is thrown away with its home.
             "--etcd-unsafe-no-fsync",
             *self.options.launcher_args,
@@ -224,30 +274,54 @@ class Stack:
         return calls, t0
 
 
-def claim_manifest(recipe: Recipe) -> dict[str, Any]:
+def claim_manifest(recipe: Recipe, name: str, size: int, snapshot: str = "") -> dict[str, Any]:
+    """A claim of the recipe's class; restored from the VolumeSnapshot `snapshot` when given."""
+    spec: dict[str, Any] = {
+        "accessModes": ["ReadWriteOnce"],
+        "storageClassName": recipe.storage_class_name,
+        "resources": {"requests": {"storage": str(size)}},
+    }
+    if snapshot:
+        spec["dataSource"] = {
+            "apiGroup": "snapshot.storage.k8s.io",
+            "kind": "VolumeSnapshot",
+            "name": snapshot,
+        }
     return {
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
-        "metadata": {"name": CLAIM, "namespace": NAMESPACE},
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": spec,
+    }
+
+
+def snapshot_manifest(recipe: Recipe) -> dict[str, Any]:
+    """A VolumeSnapshot of the claim in the recipe's class (recipe_stack names it as the storage
+    class)."""
+    return {
+        "apiVersion": "snapshot.storage.k8s.io/v1",
+        "kind": "VolumeSnapshot",
+        "metadata": {"name": SNAPSHOT, "namespace": NAMESPACE},
         "spec": {
-            "accessModes": ["ReadWriteOnce"],
-            "storageClassName": recipe.storage_class_name,
-            "resources": {"requests": {"storage": str(recipe.volume.size_bytes)}},
+            "volumeSnapshotClassName": recipe.storage_class_name,
+            "source": {"persistentVolumeClaimName": CLAIM},
         },
     }
 
 
-def pod_manifest(name: str) -> dict[str, Any]:
-    """A pod of the claim. The node agent runs no containers: "the pod writes" is the campaign
-    writing through the pod's volume directory, where the node plugin published the volume."""
+def pod_manifest(name: str, claim: str, node: str) -> dict[str, Any]:
+    """A pod of the claim on `node` (set as the scheduler would: the scenario picks the node, so a
+    reader lands on the other one). The node agent runs no containers: "the pod writes" is the
+    campaign writing through the pod's volume directory, where the node plugin published it."""
     mount = {"name": "d", "mountPath": "/d"}
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name, "namespace": NAMESPACE},
         "spec": {
+            "nodeName": node,
             "containers": [{"name": "app", "image": "busybox", "volumeMounts": [mount]}],
-            "volumes": [{"name": "d", "persistentVolumeClaim": {"claimName": CLAIM}}],
+            "volumes": [{"name": "d", "persistentVolumeClaim": {"claimName": claim}}],
         },
     }
 
@@ -276,6 +350,11 @@ def failed_calls(calls: Sequence[Call]) -> list[Finding]:
         if c.code == "OK" or c.code in retryable:
             continue
         key = (step_of(c.method, c.request), c.code)
+        # Only the lifecycle's steps: a discovery call's error is an answer (a node-only instance
+        # of a plugin that reports CONTROLLER_SERVICE answers ControllerGetCapabilities with
+        # UNIMPLEMENTED, which the sidecars and the node agent read as "no capabilities").
+        if key[0] not in STEPS:
+            continue
         seen[key] += 1
         details.setdefault(key, c.details)
     # "<step> answered <CODE>" is what diagnosis.headline reads.
@@ -331,28 +410,99 @@ class Scenario:
     async def delete(self, *what: str) -> None:
         await self.stack.kubectl("delete", *what, "-n", NAMESPACE, "--wait=false", "--ignore-not-found")
 
-    async def pv_name(self) -> str:
-        claims = await self.stack.objects("pvc", "-n", NAMESPACE)
+    async def pv_name(self, claim: str) -> str:
+        claims = await self.stack.objects("pvc", "-n", NAMESPACE, f"--field-selector=metadata.name={claim}")
         return pvc_view(claims[0])["spec"].get("volumeName", "") if claims else ""
 
+    async def pod(self, name: str, claim: str, node: str) -> tuple[dict[str, Any] | None, str]:
+        """The pod created and Running (None if not), and its claim's PV."""
+        await self.apply(pod_manifest(name, claim, node))
+        return await self.running(name), await self.pv_name(claim)
+
+    async def until(self, what: str, check: Callable[[], Awaitable[str | None]]) -> bool:
+        """Polls `check` (None once done, else what it sees) for pod_timeout; a `what` finding
+        with the last thing seen when it never is."""
+        deadline = time.monotonic() + self.options.pod_timeout
+        while (seen := await check()) is not None:
+            if time.monotonic() > deadline:
+                self.findings.append(Finding(what, f"not within {self.options.pod_timeout:g}s: {seen}"))
+                return False
+            await asyncio.sleep(0.5)
+        return True
+
+    async def expand(self) -> None:
+        """The claim grown to the recipe's expand_to while its pod runs (online: controller, then
+        node expansion), done when its status capacity says so."""
+        size = self.recipe.volume.expand_to_bytes
+        patch = {"spec": {"resources": {"requests": {"storage": str(size)}}}}
+        await self.stack.kubectl(
+            "patch", "pvc", CLAIM, "-n", NAMESPACE, "--type=merge", "-p", json.dumps(patch)
+        )
+
+        async def grown() -> str | None:
+            [claim] = await self.stack.objects(
+                "pvc", "-n", NAMESPACE, f"--field-selector=metadata.name={CLAIM}"
+            )
+            status = pvc_view(claim)["status"]
+            if parse_quantity(status.get("capacity", {}).get("storage", "0")) >= size:
+                return None
+            conditions = [f"{c.get('type')}: {c.get('message', '')}" for c in status.get("conditions", [])]
+            return f"claim {CLAIM} capacity {status.get('capacity', {})}, conditions {conditions}"
+
+        await self.until("expansion-stuck", grown)
+
+    async def snapshot(self) -> bool:
+        """A VolumeSnapshot of the claim, ready to use; then a claim restored from it."""
+        await self.apply(snapshot_manifest(self.recipe))
+
+        async def ready() -> str | None:
+            found = await self.stack.objects(
+                "volumesnapshots", "-n", NAMESPACE, f"--field-selector=metadata.name={SNAPSHOT}"
+            )
+            status = found[0].get("status", {}) if found else {}
+            return None if status.get("readyToUse") else f"VolumeSnapshot {SNAPSHOT} status {status}"
+
+        if not await self.until("snapshot-not-ready", ready):
+            return False
+        size = self.recipe.volume.expand_to_bytes if self.expands else self.recipe.volume.size_bytes
+        await self.apply(claim_manifest(self.recipe, RESTORED, size, SNAPSHOT))
+        return True
+
+    @property
+    def expands(self) -> bool:
+        sc = self.recipe.storage_class
+        return bool(sc.get("allowVolumeExpansion")) and self.recipe.volume.expand_to_bytes > 0
+
     async def run(self) -> None:
-        await self.apply(claim_manifest(self.recipe), pod_manifest(WRITER))
-        writer = await self.running(WRITER)
-        pv = await self.pv_name()
+        nodes = node_names(self.options.nodes)
+        first, last = nodes[0], nodes[-1]
+        await self.apply(claim_manifest(self.recipe, CLAIM, self.recipe.volume.size_bytes))
+        writer, pv = await self.pod(WRITER, CLAIM, first)
+        restored = False
         if writer is not None:
             self.findings += published_twice(self.stack.home)
             self.act("write", target_path(self.stack.home, writer, pv))
+            if self.expands:
+                await self.expand()
+            if self.recipe.snapshots:
+                restored = await self.snapshot()
         await self.delete("pod", WRITER)
         await self.gone("pods", WRITER)
         if writer is not None:
-            # A second pod reads it back: through NodeUnpublish, NodeUnstage and a new publish.
-            await self.apply(pod_manifest(READER))
-            reader = await self.running(READER)
+            # Read back on the other node (NodeUnpublish, NodeUnstage and a detach before it),
+            # and from the restored claim.
+            reader, pv = await self.pod(READER, CLAIM, last)
             if reader is not None:
                 self.act("verify", target_path(self.stack.home, reader, pv))
-            await self.delete("pod", READER)
+            if restored:
+                restore_reader, restored_pv = await self.pod(RESTORE_READER, RESTORED, first)
+                if restore_reader is not None:
+                    self.act("verify", target_path(self.stack.home, restore_reader, restored_pv))
+            await self.delete("pod", READER, RESTORE_READER)
             await self.gone("pods", READER)
-        await self.delete("pvc", CLAIM)
+            await self.gone("pods", RESTORE_READER)
+        await self.delete("volumesnapshot", SNAPSHOT)
+        await self.delete("pvc", CLAIM, RESTORED)
         await self.stuck()
 
     async def gone(self, kind: str, name: str) -> None:
@@ -385,7 +535,19 @@ class Scenario:
             for va in await self.stack.objects("volumeattachments")
             if not driver or volume_attachment_view(va)["spec"].get("attacher") == driver
         ]
-        for kind, items in (("pod", pods), ("pvc", claims), ("pv", pvs), ("volumeattachment", vas)):
+        snapshots: list[dict[str, Any]] = []
+        contents: list[dict[str, Any]] = []
+        if self.recipe.snapshots:
+            snapshots = await self.stack.objects("volumesnapshots", "-n", NAMESPACE)
+            contents = await self.stack.objects("volumesnapshotcontents")
+        for kind, items in (
+            ("pod", pods),
+            ("pvc", claims),
+            ("pv", pvs),
+            ("volumeattachment", vas),
+            ("volumesnapshot", snapshots),
+            ("volumesnapshotcontent", contents),
+        ):
             if items:
                 found.append(
                     Finding(
@@ -407,10 +569,10 @@ class Scenario:
 
 
 async def run_scenario(
-    recipe: Recipe, options: StackOptions, fault: Fault | None, name: str
+    recipe: Recipe, options: StackOptions, fault: Fault | None, name: str, sidecars: str = "kubeloop"
 ) -> ScenarioResult:
     t0 = time.monotonic()
-    stack = Stack(recipe, options, fault, options.out / "scenarios" / name)
+    stack = Stack(recipe, options, fault, options.out / "scenarios" / name, sidecars)
     home = stack.home
     scenario = Scenario(stack, recipe, options, name)
     try:
@@ -438,8 +600,8 @@ async def run_scenario(
     return ScenarioResult(
         name=name,
         fault=fault,
-        # Paths in the calls are under the node's directory: a replay moves them to its own.
-        work=home / "nodes" / NODE,
+        # Paths in the calls are under the nodes' directories: a replay moves them to its own.
+        work=home / "nodes" / node_names(options.nodes)[0],
         findings=oracles.dedupe(findings),
         calls=calls,
         data=data,
@@ -447,4 +609,5 @@ async def run_scenario(
         fired=any(c.fault for c in calls),
         # The Kubernetes objects are judged whatever happened; the replay judges the end state too.
         completed=True,
+        also_work=[home / "nodes" / n for n in node_names(options.nodes)[1:]],
     )

@@ -46,6 +46,7 @@ from .components import (
     registry,
 )
 from .controlplane import ControlPlane, Ports, StackLockedError, default_home, running_stack_pid
+from .go_sidecars import with_go_sidecars
 from .leftovers import find_leftovers
 from .pools import NODE_LOCAL, POOL_MODES, SHARED, PoolCapacity, PoolOptionError, parse_pool_capacity
 from .proc import (
@@ -58,6 +59,9 @@ from .proc import (
     tail,
 )
 from .recipe_stack import check_commands, recipe_registry
+
+# --sidecars: whose external-provisioner, -attacher and -resizer the stack runs.
+SIDECAR_SETS = ("kubeloop", "go")
 
 log = get_logger("stack")
 
@@ -208,6 +212,15 @@ def build_parser() -> argparse.ArgumentParser:
         "stack campaign's setting (docs/driver-bench.md)",
     )
     up.add_argument(
+        "--sidecars",
+        choices=SIDECAR_SETS,
+        default="kubeloop",
+        help="kubeloop: kubeloop's external-provisioner, -attacher and -resizer; go: upstream's Go "
+        "csi-provisioner, csi-attacher and csi-resizer in their place, under the same identities and "
+        "RBAC (`make up SIDECARS=go`; built by tools/build-binaries.sh), e.g. to tell a driver's bug "
+        f"from a sidecar's; {SHARED} pools only (default: kubeloop)",
+    )
+    up.add_argument(
         "--prometheus",
         action="store_true",
         help=f"also run Prometheus on 127.0.0.1:{PROMETHEUS_PORT}, scraping every kubeloop process with "
@@ -270,6 +283,8 @@ def stack_components(args: argparse.Namespace) -> list[Component]:
     chosen = list(
         registry(args.pools) if args.recipe is None else recipe_registry(args.recipe, args.driver_fault)
     )
+    if args.sidecars == "go":
+        chosen = with_go_sidecars(chosen)
     if args.prometheus:
         targets = instances(chosen, node_names(args.nodes))
         scraped = {i.name: i.http_port for i in targets if i.http_port is not None}
@@ -381,6 +396,11 @@ def preflight(args: argparse.Namespace) -> str | None:
     if args.nodes < 1:
         return "--nodes must be at least 1"
     recipe: Recipe | None = args.recipe
+    if args.sidecars == "go" and args.pools != SHARED:
+        # csi-resizer has no node deployment: a node pool's resizer would have no Go counterpart.
+        return (
+            f"--sidecars=go runs with --pools {SHARED} only (upstream's csi-resizer has no node deployment)"
+        )
     if args.driver_fault is not None and recipe is None:
         return "--driver-fault needs --driver-recipe (the proxy runs in front of a recipe's driver)"
     if recipe is not None:
@@ -418,7 +438,7 @@ def preflight(args: argparse.Namespace) -> str | None:
                 **instance_ports(stack_components(args), node_names(args.nodes)),
             }
         )
-    except PortInUseError as e:
+    except (PortInUseError, MissingBinaryError) as e:
         return str(e)
     return None
 
@@ -462,6 +482,7 @@ async def _up(args: argparse.Namespace, ctx: process.Context) -> None:
         pool_capacity=pool_capacity(args),  # checked by preflight
     )
     on = f"the driver of recipe {args.recipe.path}" if args.recipe is not None else f"{args.pools} pools"
+    on += ", upstream's Go sidecars" if args.sidecars == "go" else ""
     _say(f"kubeloop: starting the local stack in {home} ({on})")
     try:
         await cp.start()

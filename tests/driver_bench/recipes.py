@@ -10,6 +10,7 @@ import yaml
 
 HERE = Path(__file__).resolve().parent
 BUGGY = HERE / "buggy.yaml"
+KUBELOOP = HERE.parent.parent / "driver_bench" / "recipes" / "kubeloop.yaml"  # kubeloop's own driver
 
 
 def buggy_recipe(directory: Path, bug: str) -> Path:

@@ -19,7 +19,7 @@ from driver_bench.reproducer import replay
 from localstack.leftovers import find_leftovers
 from tests.csi.conftest import require_root
 
-from .recipes import buggy_recipe, write_recipe
+from .recipes import KUBELOOP, buggy_recipe, write_recipe
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -33,7 +33,7 @@ async def test_kubeloop_runs_the_whole_sweep_clean(tmp_path: Path) -> None:
     # Two lifecycles at once: a kill lands while the other's call is in flight (the sweep found two
     # bugs of the node service that way, tests/csi/test_interrupted_stage.py).
     options = campaign.Options(out=tmp_path / "out", concurrency=2, parallel=2)
-    outcome = await campaign.run(load(REPO / "driver_bench" / "recipes" / "kubeloop.yaml"), options)
+    outcome = await campaign.run(load(KUBELOOP), options)
     findings = {r.name: [str(f) for f in r.findings] for r in outcome.results if r.findings}
     assert not findings, findings
     # The baseline and every fault on every step (the restore's CreateVolume among them) ran and fired.

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from driver_bench import messages, oracles, report
+from driver_bench import messages, oracles, report, stack_campaign
 from driver_bench.faults import STEPS, Fault, FaultKind, parse_kinds, step_of, sweep
-from driver_bench.oracles import Objects
+from driver_bench.oracles import Finding, Objects
 from driver_bench.proxy import Call
 from driver_bench.reproducer import Translation
 from driver_bench.scenario import ScenarioResult
@@ -66,12 +66,23 @@ def test_the_caller_believes_only_answers_it_got() -> None:
 
 
 def test_a_replay_translates_ids_and_the_scenario_directory() -> None:
-    tr = Translation("/old/s01", "/new/r", {})
+    tr = Translation(["/old/s01"], "/new/r", {})
     tr.learn({"volume": {"volume_id": "vol-1"}}, {"volume": {"volume_id": "vol-9"}})
     assert tr("vol-1") == "vol-9"
     assert tr("volumes/vol-1.img") == "volumes/vol-9.img"
     assert tr("/old/s01/kubelet/pods/v0/mount") == "/new/r/kubelet/pods/v0/mount"
     assert tr("/old/s011/x") == "/old/s011/x"
+    # A stack's second node: the replay's one driver plays both.
+    two = Translation(["/h/nodes/node-a", "/h/nodes/node-b"], "/new/r", {})
+    assert two("/h/nodes/node-b/kubelet/x") == two("/h/nodes/node-a/kubelet/x") == "/new/r/kubelet/x"
+
+
+def test_a_finding_seen_again_with_the_go_sidecars_is_the_drivers() -> None:
+    ours = [Finding("leaked-volume", "v1"), Finding("stuck-pv", "pv-1")]
+    verdict = stack_campaign.verdicts(ours, [Finding("leaked-volume", "v7")])
+    assert verdict == {"leaked-volume": "driver", "stuck-pv": "kubeloop's sidecars"}
+    unknown = stack_campaign.verdicts(ours, None, "no stack")
+    assert unknown == {"leaked-volume": "unknown (no stack)", "stuck-pv": "unknown (no stack)"}
 
 
 def test_the_report_times_the_driver_not_the_faults(tmp_path: Path) -> None:

@@ -13,10 +13,9 @@ from driver_bench import main as cli
 from driver_bench.recipe import PLACEHOLDERS, RecipeError, load, parse
 from tests.support.waits import eventually
 
-from .recipes import buggy_recipe, write_recipe
+from .recipes import KUBELOOP, buggy_recipe, write_recipe
 
 REPO = Path(__file__).resolve().parents[2]
-KUBELOOP = REPO / "driver_bench" / "recipes" / "kubeloop.yaml"
 
 
 def test_kubeloop_recipe_loads() -> None:

@@ -1,10 +1,13 @@
 """The stack campaign (issue 48; docs/driver-bench.md, "The stack campaign"): the bench's faults
 injected through its proxy in front of the plugins of `make up DRIVER=`, so kubeloop's sidecars and
 node agent make the calls and retry them, and the verdict is Kubernetes': the pods Running, the data
-read back by a second pod, nothing stuck or leaked after the claim's deletion. On the buggy test
-driver with no bug two scenarios run clean; with `memory-state` on, a kill -9 after CreateVolume
-makes the provisioner's retry create a second volume and leak the first, which the inventory oracle
-finds and whose reproducer `replay` reproduces against the driver alone."""
+read back by a pod on the other node, nothing stuck or leaked after the claim's deletion. On the
+buggy test driver with no bug two scenarios run clean; with `memory-state` on, a kill -9 after
+CreateVolume makes the provisioner's retry create a second volume and leak the first, which the
+inventory oracle finds, the same scenario with upstream's Go sidecars finds again (the driver's
+bug, not kubeloop's sidecars'), and whose reproducer `replay` reproduces against the driver alone.
+kubeloop's own driver runs the whole scenario (expansion, snapshot, restore) clean under faults in
+those steps."""
 
 from __future__ import annotations
 
@@ -15,19 +18,19 @@ from pathlib import Path
 import pytest
 
 from driver_bench import stack_campaign
-from driver_bench.faults import Fault, FaultKind
+from driver_bench.faults import Fault, FaultKind, step_of
 from driver_bench.recipe import load
 from driver_bench.reproducer import replay
 from localstack.testing import free_stack_ports
 from tests.csi.conftest import require_root
-from tests.driver_bench.recipes import BUGGY, buggy_recipe
+from tests.driver_bench.recipes import BUGGY, KUBELOOP, buggy_recipe
 
 from .stacks import toolchain
 
 pytestmark = [pytest.mark.integration, pytest.mark.root]
 
 
-def options(out: Path) -> stack_campaign.StackOptions:
+def options(out: Path, nodes: int = 2) -> stack_campaign.StackOptions:
     toolchain()  # a missing binary fails here, with how to build it
     p = free_stack_ports()
     ports = (
@@ -37,7 +40,7 @@ def options(out: Path) -> stack_campaign.StackOptions:
         f"--kcm-port={p.kube_controller_manager}",
         f"--scheduler-port={p.kube_scheduler}",
     )
-    return stack_campaign.StackOptions(out=out, launcher_args=ports)
+    return stack_campaign.StackOptions(out=out, launcher_args=ports, nodes=nodes)
 
 
 def test_the_correct_driver_runs_clean_under_faults_through_the_stack(tmp_path: Path) -> None:
@@ -65,6 +68,31 @@ def test_a_driver_that_forgets_on_restart_leaks_through_the_stack(tmp_path: Path
     kinds = [f["kind"] for f in scenario["findings"]]
     assert kinds == ["leaked-volume"], report
     assert "work done before the kill was forgotten" in scenario["findings"][0]["headline"], report
+    # The second opinion: the Go sidecars' provisioner, retrying the same way, leaks it too.
+    assert scenario["findings"][0]["bug_of"] == stack_campaign.DRIVER_VERDICT, report
+    rerun = outcome.report_md.parent / "scenarios" / f"{scenario['name']}-go-sidecars" / "stack.stdout"
+    assert "upstream's Go sidecars" in rerun.read_text(), rerun
     # The reproducer holds the stack's calls; against the driver alone they leak the same way.
     replayed = asyncio.run(replay(Path(scenario["reproducer"]), tmp_path / "replay"))
     assert replayed.reproduced, replayed.findings
+
+
+def test_kubeloops_driver_expands_snapshots_and_restores_under_faults_through_the_stack(
+    tmp_path: Path,
+) -> None:
+    require_root()
+    faults = [
+        Fault(FaultKind.KILL_AFTER, "NodeExpandVolume"),
+        Fault(FaultKind.DUPLICATE, "CreateVolumeFromSnapshot"),
+    ]
+    outcome = asyncio.run(stack_campaign.run(load(KUBELOOP), options(tmp_path), faults))
+    report = outcome.report_md.read_text()
+    assert outcome.findings == 0, report
+    for r in outcome.results:
+        assert r.fired, f"{r.name}: the fault never fired\n{report}"
+        # Written on node-a, read back on node-b and from the claim restored from its snapshot.
+        assert [d.kind for d in r.data] == ["write", "verify", "verify"], r.data
+        assert any("/nodes/node-b/" in d.path for d in r.data), r.data
+        steps = {step_of(c.method, c.request) for c in r.calls}
+        wanted = {"ControllerExpandVolume", "NodeExpandVolume", "CreateSnapshot", "CreateVolumeFromSnapshot"}
+        assert wanted | {"DeleteSnapshot", "DeleteVolume"} <= steps, steps
