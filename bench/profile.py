@@ -14,25 +14,34 @@ the hottest functions by own and by inclusive samples; and prints each process's
 (its own and those of the commands it ran: mkfs, mount, losetup) and its hottest functions.
 py-spy samples threads that are running, not those waiting, so percentages are shares of a
 process's busy time. Needs root and py-spy (the bench extra of pyproject.toml).
+
+    python -m bench.profile --provisioning 1000 [--rate 100] [--out .kubeloop/profile]
+
+samples kubeloop's external-provisioner instead, over one unthrottled run of bench.provisioning's
+kubeloop side (fresh control plane, driver and pv-controller; N claims created at once), from the
+first claim's creation to the last one Bound, and reports the same way (provisioner.txt,
+provisioner.top.txt; the other processes of the run are measured, not sampled).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import shutil
 import signal
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from controller_runtime.toolchain import REPO_ROOT
 from localstack.storage_stack import ShortHomeComponents
 
+from . import provisioning
 from .attach import kubeloop_side, one_pass, session
 from .common import percentile
 
@@ -142,9 +151,44 @@ def py_spy() -> str:
     return found
 
 
-async def amain(
-    args: argparse.Namespace, spy: str, out: Path
-) -> tuple[dict[str, tuple[float, float]], float]:
+@contextlib.asynccontextmanager
+async def sampled(
+    spy: str, pids: Mapping[str, int], measured: Mapping[str, int], args: argparse.Namespace
+) -> AsyncIterator[dict[str, tuple[float, float]]]:
+    """py-spy records each of `pids` to <args.out>/<name>.txt while the context is open; the dict
+    it yields is filled on exit with the CPU seconds (own, its commands') each of `measured` (the
+    sampled processes and any others) spent meanwhile."""
+    cpu_before = {name: cpu_with_children(pid) for name, pid in measured.items()}
+    spies = {
+        name: await asyncio.create_subprocess_exec(
+            spy,
+            "record",
+            f"--pid={pid}",
+            f"--rate={args.rate}",
+            "--format=raw",
+            "--nolineno",
+            *(["--native"] if args.native else []),
+            f"--output={args.out / f'{name}.txt'}",
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
+        for name, pid in pids.items()
+    }
+    cpu: dict[str, tuple[float, float]] = {}
+    try:
+        await asyncio.sleep(1)  # py-spy attaches
+        yield cpu
+        for name, pid in measured.items():
+            own, children = cpu_with_children(pid)
+            cpu[name] = (own - cpu_before[name][0], children - cpu_before[name][1])
+    finally:
+        for spy_proc in spies.values():
+            spy_proc.send_signal(signal.SIGINT)
+        for spy_proc in spies.values():
+            await spy_proc.wait()
+
+
+async def amain(args: argparse.Namespace, spy: str) -> tuple[dict[str, tuple[float, float]], float]:
     """Runs the profiled pass; returns each process's CPU seconds over it (own, its commands') and
     the pass's seconds."""
     comps = kubeloop_side(args.qps, args.burst)
@@ -158,35 +202,11 @@ async def amain(
             # Measured, not sampled (not Python): the servers every controller talks to.
             servers = {name: ses.stack.cp.processes[name].pid for name in ("kube-apiserver", "etcd")}
             measured = {**pids, **{n: pid for n, pid in servers.items() if pid is not None}}
-            cpu_before = {name: cpu_with_children(pid) for name, pid in measured.items()}
-            spies = {
-                name: await asyncio.create_subprocess_exec(
-                    spy,
-                    "record",
-                    f"--pid={pid}",
-                    f"--rate={args.rate}",
-                    "--format=raw",
-                    "--nolineno",
-                    *(["--native"] if args.native else []),
-                    f"--output={out / f'{name}.txt'}",
-                    stdout=asyncio.subprocess.DEVNULL,
-                    stderr=asyncio.subprocess.DEVNULL,
-                )
-                for name, pid in pids.items()
-            }
-            await asyncio.sleep(1)  # py-spy attaches
-            print(f"profiling one pass of {args.pods} pods ...", flush=True)
-            started = time.monotonic()
-            t = await one_pass(ses.stack, ses.clock, ses.volumes, "profiled", args.timeout)
-            elapsed = time.monotonic() - started
-            cpu: dict[str, tuple[float, float]] = {}
-            for name, pid in measured.items():
-                own, children = cpu_with_children(pid)
-                cpu[name] = (own - cpu_before[name][0], children - cpu_before[name][1])
-            for spy_proc in spies.values():
-                spy_proc.send_signal(signal.SIGINT)
-            for spy_proc in spies.values():
-                await spy_proc.wait()
+            async with sampled(spy, pids, measured, args) as cpu:
+                print(f"profiling one pass of {args.pods} pods ...", flush=True)
+                started = time.monotonic()
+                t = await one_pass(ses.stack, ses.clock, ses.volumes, "profiled", args.timeout)
+                elapsed = time.monotonic() - started
         finally:
             await group.stop()
     print(
@@ -196,6 +216,30 @@ async def amain(
         f"all {t.detach_total:.2f} s\n"
     )
     return cpu, elapsed
+
+
+async def provisioning_main(
+    args: argparse.Namespace, spy: str
+) -> tuple[dict[str, tuple[float, float]], float]:
+    """One unthrottled run of bench.provisioning's kubeloop side over --provisioning claims, its
+    external-provisioner sampled from the first claim's creation to the last one Bound (the
+    window of its "CPU s while provisioning"); every process of the run is measured."""
+    cpu: dict[str, tuple[float, float]] = {}
+
+    @contextlib.asynccontextmanager
+    async def observe(pids: Mapping[str, int]) -> AsyncIterator[None]:
+        async with sampled(spy, {"provisioner": pids["provisioner"]}, pids, args) as spent:
+            print(f"profiling the provisioner over {args.provisioning} claims ...", flush=True)
+            yield
+        cpu.update(spent)
+
+    run = await provisioning.run_one("unthrottled", "kubeloop", args.provisioning, observe)
+    print(
+        f"\n{run.claims} claims in {run.total_s:.1f} s ({run.claims_per_s:.1f}/s, {run.failed} failed): "
+        f"latency p50 {run.latency_p50_s:.2f} s, p99 {run.latency_p99_s:.2f} s; the provisioner's "
+        f"{cpu['provisioner'][0]:.2f} CPU s is {cpu['provisioner'][0] / run.claims * 1000:.2f} ms per claim\n"
+    )
+    return cpu, run.total_s
 
 
 def report(out: Path, cpu: dict[str, tuple[float, float]], elapsed: float) -> None:
@@ -221,6 +265,13 @@ def report(out: Path, cpu: dict[str, tuple[float, float]], elapsed: float) -> No
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.profile", description=__doc__.split("\n\n")[0])
     parser.add_argument("--pods", type=int, default=20, help="pods in the profiled pass (default: 20)")
+    parser.add_argument(
+        "--provisioning",
+        type=int,
+        metavar="CLAIMS",
+        help="instead of the attach pass: the external-provisioner over one unthrottled run of "
+        "bench.provisioning with this many claims",
+    )
     parser.add_argument("--rate", type=int, default=100, help="py-spy samples per second (default: 100)")
     parser.add_argument(
         "--out", type=Path, default=REPO_ROOT / ".kubeloop" / "profile", help="default: .kubeloop/profile"
@@ -237,7 +288,7 @@ def main() -> None:
     args = parser.parse_args()
     spy = py_spy()
     args.out.mkdir(parents=True, exist_ok=True)
-    report(args.out, *asyncio.run(amain(args, spy, args.out)))
+    report(args.out, *asyncio.run((provisioning_main if args.provisioning else amain)(args, spy)))
 
 
 if __name__ == "__main__":

@@ -32,6 +32,8 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Mapping
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -167,7 +169,13 @@ def claim_figures(n: int, total: float, created: dict[str, float], bound: dict[s
     }
 
 
-async def run_one(scenario: str, side: str, n: int) -> Run:
+# What `run_one` may wrap the measured window in, given the pid of each process it runs (bench.profile
+# samples the provisioner with py-spy there): entered once every process is ready, before the
+# first claim is created, and left once the last one is Bound.
+Observer = Callable[[Mapping[str, int]], AbstractAsyncContextManager[Any]]
+
+
+async def run_one(scenario: str, side: str, n: int, observe: Observer | None = None) -> Run:
     qps, burst = SCENARIOS[scenario]
     logs = REPO_ROOT / "bench" / "results" / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -259,16 +267,18 @@ async def run_one(scenario: str, side: str, n: int) -> Run:
             }
             work = WorkCounts(cp, driver_http)
             await work.start()
-            with CpuUse(lambda: shared) as use:
-                t0 = time.monotonic()
-                await asyncio.gather(*(create(i) for i in range(n)))
-                deadline = t0 + 900
-                while not done.is_set() and time.monotonic() < deadline:
-                    with contextlib.suppress(FileNotFoundError, RuntimeError):
-                        assert prov.pid is not None
-                        peak = max(peak, rss_bytes(prov.pid))
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(done.wait(), 0.5)
+            observed = observe({k: v for k, v in shared.items() if v is not None}) if observe else None
+            async with observed or contextlib.nullcontext():
+                with CpuUse(lambda: shared) as use:
+                    t0 = time.monotonic()
+                    await asyncio.gather(*(create(i) for i in range(n)))
+                    deadline = t0 + 900
+                    while not done.is_set() and time.monotonic() < deadline:
+                        with contextlib.suppress(FileNotFoundError, RuntimeError):
+                            assert prov.pid is not None
+                            peak = max(peak, rss_bytes(prov.pid))
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(done.wait(), 0.5)
             total = (max(bound.values()) if bound else time.monotonic()) - t0
             await work.stop()
             cpu = cpu_seconds(prov.pid)

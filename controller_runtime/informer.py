@@ -35,17 +35,22 @@ def _share_strings(node: Any, local: dict[str, str]) -> None:
     annotation values...) by one shared instance each. Thousands of cached objects then hold
     pointers to one "ReadWriteOnce" instead of thousands of copies. CPython's interned strings are
     freed with their last reference, so this never grows without bound."""
-    if isinstance(node, dict):
+    # Exact type tests: orjson decodes to plain dicts, lists and strs, and `type(v) is dict` costs
+    # a fraction of `isinstance(v, dict | list)` (this walk runs over every watched object: 5 % of
+    # the provisioner's busy samples over 1,000 claims).
+    if type(node) is dict:
         for key, value in node.items():
-            if type(value) is str:
+            kind = type(value)
+            if kind is str:
                 node[key] = local.setdefault(value, value) if key in _UNIQUE_VALUE_KEYS else sys.intern(value)
-            elif isinstance(value, dict | list):
+            elif kind is dict or kind is list:
                 _share_strings(value, local)
-    elif isinstance(node, list):
+    elif type(node) is list:
         for i, value in enumerate(node):
-            if type(value) is str:
+            kind = type(value)
+            if kind is str:
                 node[i] = sys.intern(value)
-            elif isinstance(value, dict | list):
+            elif kind is dict or kind is list:
                 _share_strings(value, local)
 
 

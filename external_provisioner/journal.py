@@ -15,6 +15,12 @@ thread hops and one directory fsync per claim before, 0.37 ms of the provisioner
 A change that needs no fsync (a removal, an unsynced update) and finds no batch pending is carried
 out at once on the caller's thread: under the client's QPS limit claims finish one at a time, and
 a thread hop there cost more than the unlink it carried (0.07 ms against tens of microseconds).
+
+A removed entry's file is not unlinked but renamed to a spare (a temp name, dropped at start like
+any leftover temp file) that the next entry is written into and renamed from: creating a file cost
+0.5-1 ms of system CPU on the development VM's ext4 (its inode allocation), more than all the
+rest of an entry's write, fsync included; rewriting a spare in place and renaming it costs about
+0.15 ms. At most SPARES spares are kept.
 """
 
 from __future__ import annotations
@@ -27,9 +33,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from controller_runtime.files import FileLock, fsync_dir, is_temp_name, write_atomic
+import orjson
+
+from controller_runtime.files import FileLock, fsync_dir, is_temp_name, temp_name, write_atomic
 
 from .request import VolumeSpec
+
+# Removed entries' files kept for the next entries to be written into (module docstring): a burst's
+# claims in flight at once (--worker-threads, 100 by default) put theirs before the first ones are
+# removed, so more spares than that would rarely be used.
+SPARES = 128
 
 
 @dataclass
@@ -82,6 +95,9 @@ class Journal:
         self.lock = FileLock(directory / ".lock")
         self._changes: list[_Change] = []
         self._committing: asyncio.Task[None] | None = None
+        # Only _carry_out touches it, and never twice at once: on the loop's thread when no batch
+        # is pending, else on the one thread that carries the batches out.
+        self._spares: list[str] = []
 
     def load(self) -> list[Entry]:
         """Reads every entry left by an earlier process (leftover temp files are dropped); the
@@ -107,7 +123,9 @@ class Journal:
         """Returns once the entry is on disk: only then may CreateVolume be sent. `durable=False`
         is for updates whose loss is harmless (the volume id: without it, clean-up repeats the
         journalled CreateVolume to learn it), saving an fsync per claim."""
-        data = json.dumps(entry.to_json(), separators=(",", ":")).encode()
+        # orjson writes the dataclasses as to_json() has them (every field, in order, nested ones
+        # as objects), in a tenth of the time of asdict and json.dumps.
+        data = orjson.dumps(entry)
         await self._commit(_Change(self._path(entry.uid), data, durable))
         self.entries[entry.uid] = entry
 
@@ -155,9 +173,8 @@ class Journal:
         for change in batch:
             try:
                 if change.data is None:
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(change.path)
-                else:
+                    self._retire(change.path)
+                elif not self._write_into_spare(change.path, change.data, change.durable):
                     write_atomic(change.path, change.data, durable=change.durable, sync_dir=False)
                 errors.append(None)
             except Exception as exc:
@@ -170,3 +187,39 @@ class Journal:
                 for i in durable:
                     errors[i] = exc
         return errors
+
+    def _retire(self, path: Path) -> None:
+        """Removes an entry's file: renamed to a spare while there is room for one (as atomic as
+        the unlink it stands for: a crash leaves the entry or a temp file), else unlinked."""
+        with contextlib.suppress(FileNotFoundError):
+            if len(self._spares) < SPARES:
+                spare = temp_name(self.directory / "spare")
+                os.rename(path, spare)
+                self._spares.append(spare)
+            else:
+                os.unlink(path)
+
+    def _write_into_spare(self, path: Path, data: bytes, durable: bool) -> bool:
+        """write_atomic's replace, into a spare instead of a new file: written, cut to its length,
+        fsync'd when `durable`, renamed into place. False when no spare is left (the caller creates
+        a file); a spare that fails is unlinked and the next one, or a new file, is tried."""
+        while self._spares:
+            spare = self._spares.pop()
+            try:
+                fd = os.open(spare, os.O_WRONLY | os.O_CLOEXEC)
+                try:
+                    view = memoryview(data)
+                    while view:
+                        view = view[os.write(fd, view) :]
+                    os.ftruncate(fd, len(data))
+                    if durable:
+                        os.fsync(fd)
+                finally:
+                    os.close(fd)
+                os.rename(spare, path)
+            except OSError:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(spare)
+                continue
+            return True
+        return False

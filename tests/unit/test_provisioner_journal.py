@@ -4,6 +4,7 @@ in order, with one directory fsync, and each caller hears only of its own change
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ import pytest
 from controller_runtime import files
 from external_provisioner import journal as journal_module
 from external_provisioner.journal import Entry, Journal
-from external_provisioner.request import VolumeSpec
+from external_provisioner.request import SecretRef, Topology, VolumeSpec
 
 SPEC = VolumeSpec("pvc-u", 1, False, "ext4", [], ["ReadWriteOnce"], {})
 
@@ -133,3 +134,48 @@ async def test_a_lone_removal_skips_the_thread_but_waits_behind_a_batch(
     await asyncio.gather(journal.put(entry("c")), journal.remove("b"))
     assert hops == 2 and batches[-1] == 2
     assert sorted(e.uid for e in Journal(tmp_path / "j").load()) == ["c"]
+
+
+async def test_an_entry_is_written_as_its_to_json(tmp_path: Path) -> None:
+    spec = VolumeSpec(
+        "pvc-u", 1 << 40, False, "ext4", ["ro"], ["ReadWriteOnce"], {"k": "é"},
+        secret=SecretRef("s", "ns"), topology=Topology([{"zone": "a"}], [{"zone": "a"}]),
+        mutable_parameters={"iops": "10"},
+    )  # fmt: skip
+    known = Entry("u1", "ns", "claim", "fast", spec, volume_id="vol-1")
+    journal = Journal(tmp_path / "j")
+    journal.load()
+    await journal.put(known)
+    assert json.loads((tmp_path / "j" / "u1.json").read_bytes()) == known.to_json()
+    assert Journal(tmp_path / "j").load() == [known]
+
+
+async def test_removed_files_are_written_into_again_and_dropped_at_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    journal = Journal(tmp_path / "j")
+    journal.load()
+    await asyncio.gather(*(journal.put(entry(f"u{i}")) for i in range(3)))
+    await asyncio.gather(*(journal.remove(f"u{i}") for i in range(3)))
+    spares = sorted(p.name for p in (tmp_path / "j").iterdir() if files.is_temp_name(p.name))
+    assert len(spares) == 3 and not list((tmp_path / "j").glob("*.json"))
+    inodes = {p.stat().st_ino for p in (tmp_path / "j").iterdir() if files.is_temp_name(p.name)}
+    longer = entry("long")
+    longer.volume_id = "v" * 200
+    await asyncio.gather(journal.put(entry("a")), journal.put(longer), journal.put(entry("b")))
+    # The three entries are the three removed files, rewritten: no file created.
+    assert {p.stat().st_ino for p in (tmp_path / "j").glob("*.json")} == inodes
+    assert sorted(Journal(tmp_path / "j").load(), key=lambda e: e.uid) == [entry("a"), entry("b"), longer]
+    # Shorter content than a spare held is cut to its length (load above parsed every file).
+    monkeypatch.setattr(journal_module, "SPARES", 1)
+    await asyncio.gather(journal.remove("a"), journal.remove("b"))  # room for one spare: one unlinked
+    await asyncio.gather(journal.put(entry("c")), journal.put(entry("d")))  # one spare, one new file
+    assert sorted(Journal(tmp_path / "j").load(), key=lambda e: e.uid) == [entry("c"), entry("d"), longer]
+    # A new process's load drops the spares left by this one, as any temp file; a spare gone
+    # from under its journal is passed over.
+    await journal.remove("c")
+    assert [p for p in (tmp_path / "j").iterdir() if files.is_temp_name(p.name)]
+    assert sorted(Journal(tmp_path / "j").load(), key=lambda e: e.uid) == [entry("d"), longer]
+    assert not [p for p in (tmp_path / "j").iterdir() if files.is_temp_name(p.name)]
+    await journal.put(entry("e"))
+    assert sorted(Journal(tmp_path / "j").load(), key=lambda e: e.uid) == [entry("d"), entry("e"), longer]
