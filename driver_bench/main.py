@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from controller_runtime.toolchain import MissingBinaryError
+from localstack.pools import NODE_LOCAL, POOL_MODES, SHARED
 
 from . import campaign, stack_campaign
 from .diagnosis import headline
@@ -62,6 +63,14 @@ def parser() -> argparse.ArgumentParser:
         type=int,
         default=2,
         help="simulated nodes; with two or more the claim is read back on another node (default: 2)",
+    )
+    s.add_argument(
+        "--pools",
+        choices=POOL_MODES,
+        default=SHARED,
+        help=f"the stack's pool mode (as make up POOLS=): {NODE_LOCAL} runs one instance of the recipe's "
+        "one command per node, each on its own backend, and reads the claim back on its node "
+        f"(default: {SHARED})",
     )
     r = sub.add_parser("replay", help="a reproducer against the driver alone")
     r.add_argument("file")
@@ -125,6 +134,7 @@ def _stack_campaign(args: argparse.Namespace) -> int:
         timeout_seconds=args.timeout_seconds,
         nodes=args.nodes,
         sidecars=args.sidecars,
+        pools=args.pools,
     )
     try:
         outcome = asyncio.run(stack_campaign.run(load(args.recipe), options))

@@ -25,7 +25,8 @@ PLACEHOLDERS = {
     "endpoint": "the same socket as unix:///path (what most drivers' --endpoint wants)",
     "node_id": "the node id the node service must report in NodeGetInfo",
     "state_dir": "a directory of the driver's own, kept across restarts within a scenario",
-    "shared_dir": "a directory every service of the driver reaches, on every node: its backend",
+    "shared_dir": "a directory every service of the driver reaches, on every node: its backend (with "
+    "node-local pools, each node's own)",
     "kubelet_dir": "the directory the bench puts staging and target paths under (kubelet's root)",
     "recipe_dir": "the directory holding the recipe file (for scripts shipped beside it)",
 }

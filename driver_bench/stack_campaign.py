@@ -48,7 +48,8 @@ from controller_runtime.quantity import parse_quantity
 from controller_runtime.toolchain import REPO_ROOT, Toolchain
 from localstack.components import node_names
 from localstack.leftovers import force_cleanup
-from localstack.recipe_stack import controller_filled
+from localstack.pools import SHARED, PoolMode
+from localstack.recipe_stack import inventory_filled
 
 from . import oracles, report, reproducer
 from .campaign import Outcome, scenario_name
@@ -103,6 +104,9 @@ class StackOptions:
     # The simulated nodes: with two, the claim is read back on the other node (detach, attach).
     nodes: int = 2
     sidecars: str = "compare"
+    # The stack's pool mode: node-local runs one instance of the recipe's command per node, each on
+    # its own backend, and the claim is read back on its own node (its volume lives there).
+    pools: PoolMode = SHARED
 
 
 class StackError(RuntimeError):
@@ -184,6 +188,7 @@ class Stack:
             f"--driver-fault={self.fault.spec if self.fault else 'none'}",
             f"--nodes={self.options.nodes}",
             f"--sidecars={self.sidecars}",
+            f"--pools={self.options.pools}",
             # Each scenario's etcd is thrown away with its home.
             "--etcd-unsafe-no-fsync",
             *self.options.launcher_args,
@@ -310,16 +315,17 @@ def snapshot_manifest(recipe: Recipe) -> dict[str, Any]:
 
 
 def pod_manifest(name: str, claim: str, node: str) -> dict[str, Any]:
-    """A pod of the claim on `node` (set as the scheduler would: the scenario picks the node, so a
-    reader lands on the other one). The node agent runs no containers: "the pod writes" is the
-    campaign writing through the pod's volume directory, where the node plugin published it."""
+    """A pod of the claim for `node`, placed there by the scheduler (which also picks a
+    WaitForFirstConsumer claim's node that way): the scenario picks the node, so a reader lands on
+    the other one. The node agent runs no containers: "the pod writes" is the campaign writing
+    through the pod's volume directory, where the node plugin published it."""
     mount = {"name": "d", "mountPath": "/d"}
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name, "namespace": NAMESPACE},
         "spec": {
-            "nodeName": node,
+            "nodeSelector": {"kubernetes.io/hostname": node},
             "containers": [{"name": "app", "image": "busybox", "volumeMounts": [mount]}],
             "volumes": [{"name": "d", "persistentVolumeClaim": {"claimName": claim}}],
         },
@@ -475,7 +481,9 @@ class Scenario:
 
     async def run(self) -> None:
         nodes = node_names(self.options.nodes)
-        first, last = nodes[0], nodes[-1]
+        first = nodes[0]
+        # A shared volume follows its pod to another node; a node-local one is read where it lives.
+        last = nodes[-1] if self.options.pools == SHARED else first
         await self.apply(claim_manifest(self.recipe, CLAIM, self.recipe.volume.size_bytes))
         writer, pv = await self.pod(WRITER, CLAIM, first)
         restored = False
@@ -568,6 +576,22 @@ class Scenario:
         self.findings += left
 
 
+async def inventory(recipe: Recipe, options: StackOptions, home: Path) -> oracles.Objects | None:
+    """What the backend holds: the recipe's inventory command with the controller instance's
+    placeholders, or with node-local pools every node's, put together."""
+    held = None
+    for filled in inventory_filled(recipe, home, options.pools, node_names(options.nodes)):
+        part = await oracles.inventory_of(recipe, filled, home)
+        if part is None:
+            return None
+        held = (
+            part
+            if held is None
+            else oracles.Objects(held.volumes | part.volumes, held.snapshots | part.snapshots)
+        )
+    return held
+
+
 async def run_scenario(
     recipe: Recipe, options: StackOptions, fault: Fault | None, name: str, sidecars: str = "kubeloop"
 ) -> ScenarioResult:
@@ -582,7 +606,7 @@ async def run_scenario(
         findings = [*failed_calls(calls), *scenario.findings]
         # The end state, judged with the stack still up: its stop unmounts whatever is left.
         try:
-            held = await oracles.inventory_of(recipe, controller_filled(recipe, home), home)
+            held = await inventory(recipe, options, home)
         except oracles.InventoryError as e:
             findings.append(Finding("inventory-failed", str(e)))
         else:

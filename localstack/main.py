@@ -58,7 +58,7 @@ from .proc import (
     check_ports_free,
     tail,
 )
-from .recipe_stack import check_commands, recipe_registry
+from .recipe_stack import check_commands, node_local_problem, recipe_registry
 
 # --sidecars: whose external-provisioner, -attacher and -resizer the stack runs.
 SIDECAR_SETS = ("kubeloop", "go")
@@ -200,7 +200,8 @@ def build_parser() -> argparse.ArgumentParser:
         dest="recipe",
         help="run the stack on the CSI driver a driver-bench recipe describes (`make up DRIVER=...`, "
         "docs/driver-bench.md) instead of kubeloop's: its controller and node commands replace "
-        f"kubeloop's plugins, its fields make the CSIDriver and StorageClass; {SHARED} pools only",
+        f"kubeloop's plugins, its fields make the CSIDriver and StorageClass; with --pools {NODE_LOCAL} "
+        "one instance of its one command per node, each on its own backend",
     )
     up.add_argument(
         "--driver-fault",
@@ -281,7 +282,9 @@ def stack_components(args: argparse.Namespace) -> list[Component]:
     """The pool mode's registry (or the recipe driver's), and Prometheus scraping every instance of
     it with --prometheus."""
     chosen = list(
-        registry(args.pools) if args.recipe is None else recipe_registry(args.recipe, args.driver_fault)
+        registry(args.pools)
+        if args.recipe is None
+        else recipe_registry(args.recipe, args.driver_fault, args.pools)
     )
     if args.sidecars == "go":
         chosen = with_go_sidecars(chosen)
@@ -404,12 +407,9 @@ def preflight(args: argparse.Namespace) -> str | None:
     if args.driver_fault is not None and recipe is None:
         return "--driver-fault needs --driver-recipe (the proxy runs in front of a recipe's driver)"
     if recipe is not None:
-        # kubeloop's node-local mode and pool sizes are its own driver's (its --node-local, --capacity).
-        if args.pools != SHARED:
-            return (
-                f"--driver-recipe runs the stack with --pools {SHARED} only "
-                "(node-local is a mode of kubeloop's own driver)"
-            )
+        if args.pools == NODE_LOCAL and (problem := node_local_problem(recipe)) is not None:
+            return problem
+        # Pool sizes are kubeloop's own driver's (its --capacity).
         if args.pool_capacity:
             return (
                 "--pool-capacity sizes kubeloop's own pools; with --driver-recipe the backend is "

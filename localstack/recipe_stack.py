@@ -1,5 +1,6 @@
-"""`make up DRIVER=recipe.yaml` (issue 48): the shared-pool stack with kubeloop's CSI driver replaced
-by any driver a driver-bench recipe describes (driver_bench/recipe.py, docs/driver-bench.md).
+"""`make up DRIVER=recipe.yaml` (issue 48): the stack with kubeloop's CSI driver replaced by any
+driver a driver-bench recipe describes (driver_bench/recipe.py, docs/driver-bench.md), with shared
+pools, or with `POOLS=node-local` for a driver whose every node holds its own volumes (below).
 
 Everything but the driver stays as `make up` runs it: kcm, the scheduler, the pv-controller, the
 attach-detach and expand controllers, kubeloop's external-provisioner, -attacher and -resizer on
@@ -18,6 +19,16 @@ the controller plugin's socket, one node agent per node. What changes:
 - with `--driver-fault` each plugin instance is driver_bench.stack_plugin instead: the bench's fault
   proxy on the socket the stack dials, the recipe's command behind it on `driver.sock`, every call
   written to the instance's `calls.jsonl` (the stack campaign, driver_bench/stack_campaign.py).
+
+With node-local pools the node-local registry is the base (csi-driver-host-path's distributed
+deployment, TopoLVM): no controller instance; on each node one instance of the recipe's command
+serving every service, its `{shared_dir}` the node's own (`$KUBELOOP_HOME/nodes/<node>/driver/`),
+with that node's external-provisioner and -resizer in node deployment and csi-snapshotter taking
+that node's snapshots. The recipe must then have one command (no `node`) and a CSIDriver without
+attach (no attacher runs per node); the node agent learns each node's topology from NodeGetInfo
+and labels the Node with it, as kubelet does, and the provisioner creates each volume on the node
+the scheduler chose (`--strict-topology`). kubeloop's node finalizer is left out: it cleans up its
+own driver's volumes.
 """
 
 from __future__ import annotations
@@ -32,7 +43,6 @@ from driver_bench.recipe import Filled, Recipe, RecipeError, Service
 from driver_bench.runner import wait_ready
 
 from .components import (
-    REGISTRY,
     Component,
     ComponentContext,
     controller_socket,
@@ -40,7 +50,9 @@ from .components import (
     node_home,
     node_socket,
     python_module,
+    registry,
 )
+from .pools import NODE_LOCAL, SHARED, PoolMode
 from .proc import ManagedProcess
 
 # The node id the controller instance's placeholders get: it serves no node, but a driver whose one
@@ -52,13 +64,17 @@ REGISTRAR_PORT = 18160
 PLUGIN_INFO_TIMEOUT = 30.0
 
 
-def shared_dir(home: Path) -> Path:
-    """`{shared_dir}`: one directory for every instance of the driver, like the shared pool."""
-    return home / "driver"
+def shared_dir(home: Path, node: str | None = None) -> Path:
+    """`{shared_dir}`: one directory for every instance of the driver, like the shared pool; with
+    node-local pools (`node` given) the node's own."""
+    return node_home(home, node) / "driver" if node else home / "driver"
 
 
-def _filled(recipe: Recipe, home: Path, node: str | None, state_dir: Path, socket: Path) -> Filled:
-    """The placeholders' values for one instance (`node` None: the controller's)."""
+def _filled(
+    recipe: Recipe, home: Path, node: str | None, state_dir: Path, socket: Path, backend: Path | None = None
+) -> Filled:
+    """The placeholders' values for one instance (`node` None: the controller's); `backend` is its
+    `{shared_dir}`, the shared one by default."""
     return Filled(
         socket=socket,
         node_id=node or CONTROLLER_NODE_ID,
@@ -67,19 +83,33 @@ def _filled(recipe: Recipe, home: Path, node: str | None, state_dir: Path, socke
         # instance gets a directory of its own, which nothing mounts under.
         kubelet_dir=node_home(home, node) / "kubelet" if node else state_dir / "kubelet",
         recipe_dir=recipe.path.parent,
-        shared_dir=shared_dir(home),
+        shared_dir=backend or shared_dir(home),
     )
 
 
-def controller_filled(recipe: Recipe, home: Path) -> Filled:
-    """The controller instance's placeholders: what the stack campaign runs the recipe's inventory
-    command with, as the bench runs it with its controller's."""
+def inventory_filled(recipe: Recipe, home: Path, pools: PoolMode, nodes: list[str]) -> list[Filled]:
+    """The placeholders the stack campaign runs the recipe's inventory command with, as the bench
+    runs it with its controller's: the controller instance's, or with node-local pools each node's
+    instance's (the backend is the union of the nodes')."""
+    if pools == NODE_LOCAL:
+        return [
+            _filled(
+                recipe,
+                home,
+                n,
+                home / "components" / f"csi-driver-node-{n}",
+                home / "unused.sock",
+                shared_dir(home, n),
+            )
+            for n in nodes
+        ]
     state_dir = home / "components" / "csi-driver-controller"
-    return _filled(recipe, home, None, state_dir, state_dir / "csi.sock")
+    return [_filled(recipe, home, None, state_dir, state_dir / "csi.sock")]
 
 
-def _instance_filled(recipe: Recipe, c: ComponentContext, socket: Path) -> Filled:
-    return _filled(recipe, c.home, c.node, c.state_dir, socket)
+def _instance_filled(recipe: Recipe, c: ComponentContext, socket: Path, node_local: bool) -> Filled:
+    backend = shared_dir(c.home, c.node) if node_local else None
+    return _filled(recipe, c.home, c.node, c.state_dir, socket, backend)
 
 
 def calls_file(state_dir: Path) -> Path:
@@ -87,10 +117,12 @@ def calls_file(state_dir: Path) -> Path:
     return state_dir / "calls.jsonl"
 
 
-def _proxied_argv(recipe: Recipe, c: ComponentContext, socket: Path, per_node: bool, fault: str) -> list[str]:
+def _proxied_argv(
+    recipe: Recipe, c: ComponentContext, socket: Path, per_node: bool, fault: str, node_local: bool
+) -> list[str]:
     """The instance as driver_bench.stack_plugin: the proxy on `socket`, the driver behind it on a
     socket of its own, with the placeholders the instance would have had."""
-    filled = _instance_filled(recipe, c, c.state_dir / "driver.sock")
+    filled = _instance_filled(recipe, c, c.state_dir / "driver.sock", node_local)
     return python_module(
         "driver_bench.stack_plugin",
         f"--recipe={recipe.path}",
@@ -100,34 +132,39 @@ def _proxied_argv(recipe: Recipe, c: ComponentContext, socket: Path, per_node: b
         f"--node-id={filled.node_id}",
         f"--state-dir={filled.state_dir}",
         f"--kubelet-dir={filled.kubelet_dir}",
-        f"--shared-dir={shared_dir(c.home)}",
+        f"--shared-dir={filled.shared_dir}",
         f"--work={c.state_dir}",
         f"--calls={calls_file(c.state_dir)}",
         f"--fault={fault}",
     )
 
 
-def _plugin(recipe: Recipe, service: Service, name: str, per_node: bool, fault: str | None) -> Component:
+def _plugin(
+    recipe: Recipe, service: Service, name: str, per_node: bool, fault: str | None, node_local: bool = False
+) -> Component:
     """A plugin instance running the recipe's `service`; behind the fault proxy when `fault` is not
-    None ("none": the proxy only records)."""
+    None ("none": the proxy only records); `node_local`: on its node's own backend."""
     socket = node_socket if per_node else controller_socket
 
     async def ready(c: ComponentContext, proc: ManagedProcess) -> None:
         where = f"recipe {recipe.path}: the {service.role} command as {c.name} ({socket(c)})"
         await wait_ready(recipe, socket(c), where, lambda: proc.returncode, proc.log_path)
 
+    def filled(c: ComponentContext) -> Filled:
+        return _instance_filled(recipe, c, socket(c), node_local)
+
     def dirs(c: ComponentContext) -> list[Path]:
-        filled = _instance_filled(recipe, c, socket(c))
-        return [filled.state_dir, filled.kubelet_dir, shared_dir(c.home)]
+        f = filled(c)
+        return [f.state_dir, f.kubelet_dir, f.shared_dir or shared_dir(c.home)]
 
     def argv(c: ComponentContext) -> list[str]:
         if fault is not None:
-            return _proxied_argv(recipe, c, socket(c), per_node, fault)
-        return recipe.argv(service, _instance_filled(recipe, c, socket(c)))
+            return _proxied_argv(recipe, c, socket(c), per_node, fault, node_local)
+        return recipe.argv(service, filled(c))
 
     def env(c: ComponentContext) -> dict[str, str]:
         # Behind the proxy the recipe's env is the driver's (stack_plugin starts it), not the proxy's.
-        return {} if fault is not None else recipe.environment(_instance_filled(recipe, c, socket(c)))
+        return {} if fault is not None else recipe.environment(filled(c))
 
     return Component(
         name=name,
@@ -159,12 +196,13 @@ def _registrar() -> Component:
     )
 
 
-async def driver_name(recipe: Recipe, c: ComponentContext) -> str:
+async def driver_name(recipe: Recipe, c: ComponentContext, pools: PoolMode = SHARED) -> str:
     """The recipe's driver_name (its plugins were checked to report it), else what the controller
-    plugin's GetPluginInfo says."""
+    plugin's GetPluginInfo says (node-local: the node's plugin)."""
     if recipe.driver_name:
         return recipe.driver_name
-    csi = CSIConnection.open(f"unix://{controller_socket(c)}", timeout=PLUGIN_INFO_TIMEOUT)
+    socket = node_socket(c) if pools == NODE_LOCAL else controller_socket(c)
+    csi = CSIConnection.open(f"unix://{socket}", timeout=PLUGIN_INFO_TIMEOUT)
     try:
         return await csi.wait_driver_name()
     finally:
@@ -214,23 +252,46 @@ def _rbac_only(comp: Component) -> tuple[str, ...]:
     return tuple(m for m in comp.manifests if m.startswith("deploy/rbac/"))
 
 
-def recipe_registry(recipe: Recipe, fault: str | None = None) -> tuple[Component, ...]:
-    """The shared registry, in its start order, on the recipe's driver; with `fault` (KIND:STEP or
-    "none") every plugin behind the bench's fault proxy armed with it."""
+def node_local_problem(recipe: Recipe) -> str | None:
+    """Why the recipe cannot run with node-local pools, or None."""
+    if recipe.node is not None:
+        return (
+            f"recipe {recipe.path}: with --pools {NODE_LOCAL} each node runs one instance serving every "
+            "service, the recipe's controller.command: a recipe with a node.command runs with shared pools"
+        )
+    if recipe.attach_required:
+        return (
+            f"recipe {recipe.path}: csi_driver.attachRequired must be false with --pools {NODE_LOCAL} "
+            "(a node-local volume is never attached: no external-attacher runs per node)"
+        )
+    return None
+
+
+def recipe_registry(
+    recipe: Recipe, fault: str | None = None, pools: PoolMode = SHARED
+) -> tuple[Component, ...]:
+    """The pool mode's registry, in its start order, on the recipe's driver; with `fault` (KIND:STEP
+    or "none") every plugin behind the bench's fault proxy armed with it."""
+    node_local = pools == NODE_LOCAL
 
     async def classes(c: ComponentContext) -> list[dict[str, Any]]:
-        return class_objects(recipe, await driver_name(recipe, c))
+        return class_objects(recipe, await driver_name(recipe, c, pools))
 
     async def snapshots(c: ComponentContext) -> list[dict[str, Any]]:
-        return [snapshot_class(recipe, await driver_name(recipe, c))]
+        return [snapshot_class(recipe, await driver_name(recipe, c, pools))]
 
     out: list[Component] = []
-    for comp in REGISTRY:
+    for comp in registry(pools):
         if comp.name == "csi-driver-controller":
             out.append(_plugin(recipe, recipe.controller, comp.name, False, fault))
         elif comp.name == "csi-driver-node":
-            out += [_plugin(recipe, recipe.node or recipe.controller, comp.name, True, fault), _registrar()]
+            service = recipe.node or recipe.controller
+            out += [_plugin(recipe, service, comp.name, True, fault, node_local), _registrar()]
+        elif comp.name == "node-finalizer":
+            continue  # it deletes the claims of a deleted node's kubeloop volumes: kubeloop's driver's own
         elif comp.name == "external-provisioner":
+            # Node-local: each node's provisioner makes the classes; the first to start wins, the
+            # others apply the same objects again.
             out.append(dataclasses.replace(comp, manifests=_rbac_only(comp), objects=classes))
         elif comp.name in ("snapshot-controller", "csi-snapshotter"):
             # csi-snapshotter exits at once on a driver that cannot snapshot: only with a snapshot_class.

@@ -11,6 +11,7 @@ import yaml
 HERE = Path(__file__).resolve().parent
 BUGGY = HERE / "buggy.yaml"
 KUBELOOP = HERE.parent.parent / "driver_bench" / "recipes" / "kubeloop.yaml"  # kubeloop's own driver
+KUBELOOP_NODE_LOCAL = KUBELOOP.with_name("kubeloop-node-local.yaml")  # the same, each node its own pool
 
 
 def buggy_recipe(directory: Path, bug: str) -> Path:

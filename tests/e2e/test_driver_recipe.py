@@ -146,11 +146,11 @@ def test_a_pod_mounts_its_claim_on_the_recipes_driver(tmp_path: Path) -> None:
             cleanup(stack)
 
 
-def up(home: Path, recipe: Path) -> subprocess.CompletedProcess[str]:
+def up(home: Path, recipe: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     """The launcher on `recipe` to its end (it is meant to fail): its exit status and console."""
     toolchain()  # a missing binary fails here, with how to build it
     env = {**os.environ, "KUBELOOP_HOME": str(home)}
-    argv = launcher_argv(free_stack_ports(), f"--driver-recipe={recipe}")
+    argv = launcher_argv(free_stack_ports(), f"--driver-recipe={recipe}", *extra)
     return subprocess.run(argv, capture_output=True, text=True, env=env, cwd=REPO_ROOT, timeout=180)
 
 
@@ -177,3 +177,26 @@ def test_a_driver_that_never_becomes_ready_stops_the_stack(tmp_path: Path) -> No
         # The control plane it had started is stopped again, the driver's command with it.
         assert "kubeloop: stopped" in done.stdout, done.stdout
         assert stack_processes(home) == [], stack_processes(home)
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        # Two commands: node-local runs one instance per node serving every service.
+        (
+            {"node": {"command": ["{python}", "-m", "x"]}},
+            "a recipe with a node.command runs with shared pools",
+        ),
+        # An attached volume needs an external-attacher, which no node runs.
+        ({}, "csi_driver.attachRequired must be false with --pools node-local"),
+    ],
+)
+def test_a_recipe_node_local_pools_cannot_run_is_refused_saying_why(
+    tmp_path: Path, change: dict[str, Any], says: str
+) -> None:
+    doc = {**yaml.safe_load(BUGGY.read_text()), **change}
+    with short_home() as home:
+        done = up(home, write_recipe(tmp_path / "r.yaml", doc), "--pools=node-local")
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert says in done.stderr, done.stderr
+        assert not (home / "etcd").exists() and stack_processes(home) == []

@@ -21,16 +21,17 @@ from driver_bench import stack_campaign
 from driver_bench.faults import Fault, FaultKind, step_of
 from driver_bench.recipe import load
 from driver_bench.reproducer import replay
+from localstack.pools import NODE_LOCAL, SHARED, PoolMode
 from localstack.testing import free_stack_ports
 from tests.csi.conftest import require_root
-from tests.driver_bench.recipes import BUGGY, KUBELOOP, buggy_recipe
+from tests.driver_bench.recipes import BUGGY, KUBELOOP, KUBELOOP_NODE_LOCAL, buggy_recipe
 
 from .stacks import toolchain
 
 pytestmark = [pytest.mark.integration, pytest.mark.root]
 
 
-def options(out: Path, nodes: int = 2) -> stack_campaign.StackOptions:
+def options(out: Path, nodes: int = 2, pools: PoolMode = SHARED) -> stack_campaign.StackOptions:
     toolchain()  # a missing binary fails here, with how to build it
     p = free_stack_ports()
     ports = (
@@ -40,7 +41,7 @@ def options(out: Path, nodes: int = 2) -> stack_campaign.StackOptions:
         f"--kcm-port={p.kube_controller_manager}",
         f"--scheduler-port={p.kube_scheduler}",
     )
-    return stack_campaign.StackOptions(out=out, launcher_args=ports, nodes=nodes)
+    return stack_campaign.StackOptions(out=out, launcher_args=ports, nodes=nodes, pools=pools)
 
 
 def test_the_correct_driver_runs_clean_under_faults_through_the_stack(tmp_path: Path) -> None:
@@ -96,3 +97,25 @@ def test_kubeloops_driver_expands_snapshots_and_restores_under_faults_through_th
         steps = {step_of(c.method, c.request) for c in r.calls}
         wanted = {"ControllerExpandVolume", "NodeExpandVolume", "CreateSnapshot", "CreateVolumeFromSnapshot"}
         assert wanted | {"DeleteSnapshot", "DeleteVolume"} <= steps, steps
+
+
+def test_node_local_pools_on_a_recipe_keep_each_volume_on_its_node(tmp_path: Path) -> None:
+    """`make up POOLS=node-local DRIVER=`: one instance of the recipe's command per node on the
+    node's own backend, each node's provisioner creating the volumes the scheduler placed there
+    (WaitForFirstConsumer, the topology NodeGetInfo reports), snapshots taken by that node's
+    csi-snapshotter, the restore made in the same pool."""
+    require_root()
+    fault = Fault(FaultKind.KILL_AFTER, "CreateVolume")
+    outcome = asyncio.run(
+        stack_campaign.run(load(KUBELOOP_NODE_LOCAL), options(tmp_path, pools=NODE_LOCAL), [fault])
+    )
+    report = outcome.report_md.read_text()
+    assert outcome.findings == 0, report
+    [r] = outcome.results
+    assert r.fired, report
+    assert [d.kind for d in r.data] == ["write", "verify", "verify"], r.data
+    # Every call reached node-a's plugin (the pods' node), none node-b's: no controller instance.
+    logs = outcome.report_md.parent / "scenarios" / r.name
+    assert "CreateSnapshot" in (logs / "csi-driver-node-node-a-calls.jsonl").read_text()
+    assert "CreateVolume" not in (logs / "csi-driver-node-node-b-calls.jsonl").read_text()
+    assert not (logs / "csi-driver-controller-calls.jsonl").exists()
