@@ -89,9 +89,12 @@ PODS_DEFAULT = 20
 
 # The node pod's processes, in the chart's container order.
 POD = ("driver", "provisioner", "resizer", "registrar", "livenessprobe", "csi-snapshotter")
-# Upstream's node sidecars, built from their release tags (the Go module proxy serves neither).
-REGISTRAR = GoSidecar("node-driver-registrar", "csi-node-driver-registrar", "NODE_DRIVER_REGISTRAR_VERSION")
-LIVENESSPROBE = GoSidecar("livenessprobe", "livenessprobe", "LIVENESSPROBE_VERSION")
+# Upstream's node sidecars, built from their release tags (the Go module proxy serves neither);
+# they talk to no apiserver, so no ServiceAccount.
+REGISTRAR = GoSidecar(
+    "node-driver-registrar", "csi-node-driver-registrar", "NODE_DRIVER_REGISTRAR_VERSION", ""
+)
+LIVENESSPROBE = GoSidecar("livenessprobe", "livenessprobe", "LIVENESSPROBE_VERSION", "")
 GO_SIDECARS = {
     "provisioner": PROVISIONER,
     "resizer": RESIZER,

@@ -23,7 +23,9 @@ from prometheus_client import Histogram
 
 from kubeloop_grpc.csi import csi_pb2, csi_pb2_grpc
 
+from . import csi_common
 from .csi_errors import IN_PROGRESS_CODES
+from .grpc_lite.status import go_name
 from .logs import get_logger
 from .unix_grpc import socket_path
 
@@ -33,10 +35,10 @@ if TYPE_CHECKING:
 log = get_logger("csi")
 
 OPERATIONS = Histogram(
-    "csi_sidecar_operations_seconds",
-    "CSI operation latency by method and gRPC code",
-    ["driver_name", "method_name", "grpc_status_code"],
-    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+    csi_common.OPERATIONS.name,
+    csi_common.OPERATIONS.help,
+    csi_common.OPERATIONS.labels,
+    buckets=csi_common.OPERATIONS.buckets,
 )
 
 
@@ -50,8 +52,7 @@ def error_text(exc: BaseException) -> str:
 
 def go_code(code: grpc.StatusCode) -> str:
     """A gRPC code as Go's codes.Code prints it (`InvalidArgument`, `Canceled`)."""
-    name = "".join(part.capitalize() for part in code.name.split("_"))
-    return {"Ok": "OK", "Cancelled": "Canceled"}.get(name, name)  # Go spells these so
+    return go_name(code.name)
 
 
 def probe_ready(response: csi_pb2.ProbeResponse) -> bool:
@@ -169,13 +170,11 @@ class CSIConnection:
                 if exc.code() not in IN_PROGRESS_CODES:
                     raise
                 return f"{exc.code().name}: {exc.details()}"
-            if not info.name:
-                raise RuntimeError(f"the CSI driver at {self.address} reports an empty name")
-            self.driver_name, self.vendor_version = info.name, info.vendor_version
+            self.driver_name = csi_common.answered(self.address, info.name)
+            self.vendor_version = info.vendor_version
             return None
 
         await self._wait("not answering", answered, None)
-        log.info("CSI driver answered", address=self.address, driver=self.driver_name)
         return self.driver_name
 
     async def _wait(
@@ -183,16 +182,10 @@ class CSIConnection:
     ) -> None:
         """Calls `attempt` until it returns None, backing off from 0.1 s to 2 s and saying every
         10 s why it still waits (what it returned); gives up after `wait` seconds unless None."""
-        deadline = None if wait is None else time.monotonic() + wait
-        delay, last_log = 0.1, 0.0
+        backoff = csi_common.Backoff(self.address, state, wait)
         while (reason := await attempt()) is not None:
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"CSI driver at {self.address} {state} after {wait}s: {reason}")
-            if time.monotonic() - last_log > 10:
-                log.info("still connecting to CSI driver", address=self.address, reason=reason)
-                last_log = time.monotonic()
+            delay = backoff.next_delay(reason)
             await asyncio.sleep(delay)
-            delay = min(delay * 2, 2.0)
 
     async def _read_capabilities(self) -> None:
         info = await self.identity.GetPluginInfo(csi_pb2.GetPluginInfoRequest(), timeout=self.timeout)

@@ -19,13 +19,12 @@ from dataclasses import dataclass
 import grpc
 from grpc import StatusCode
 
+from .csi_common import IN_PROGRESS
 from .secrets import SecretNotSendable
 
 # Codes after which a call may still be running in the driver: gRPC's cancelled, timed out and
 # transport-broken calls, and CSI's "an operation is pending for this volume".
-IN_PROGRESS_CODES = frozenset(
-    {StatusCode.CANCELLED, StatusCode.DEADLINE_EXCEEDED, StatusCode.UNAVAILABLE, StatusCode.ABORTED}
-)
+IN_PROGRESS_CODES = frozenset(StatusCode[name] for name in IN_PROGRESS)
 
 
 class OperationState(enum.Enum):

@@ -26,7 +26,6 @@ time.ParseDuration). `docs/sidecar-flags.md` has every sidecar's table.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import enum
 import json
 import math
@@ -37,11 +36,13 @@ import textwrap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, NoReturn
+from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
-from . import process
 from .logs import get_logger, setup_logging
 from .quantity import parse_quantity
+
+if TYPE_CHECKING:  # imported when run: process brings asyncio, which the threaded sidecars do without
+    from . import process, process_threads
 
 log = get_logger("flags")
 
@@ -999,23 +1000,33 @@ def settle_version(prog: str) -> Settle:
     return settle
 
 
-def main(
-    flags: FlagSet, run: process.Run, argv: Sequence[str] | None = None, *, fast_loop: bool = True
-) -> None:
-    """process.main for a sidecar with a Go command line (process.main takes an argparse parser):
-    parses it, sets up logging, logs the warnings parsing left (ignored flags and arguments, gates
-    set), and serves `run` as process.main does. `fast_loop=False` runs on asyncio's own event loop
-    instead of uvloop: a sidecar that handles a call now and then (node-driver-registrar,
-    livenessprobe) gains nothing from uvloop, which costs 2 MiB of RSS (issue 49)."""
+def _settle(flags: FlagSet, argv: Sequence[str] | None) -> argparse.Namespace:
+    """Parses the command line, sets up logging, logs the warnings parsing left (ignored flags and
+    arguments, gates set)."""
     args = flags.parse_args(argv)
     setup_logging(args.log_format, args.verbosity)
     for line in args.flag_warnings:
         log.warning(line)
-    if not fast_loop:
-        sys.exit(asyncio.run(process._serve(run, args)))
+    return args
+
+
+def main(flags: FlagSet, run: process.Run, argv: Sequence[str] | None = None) -> None:
+    """process.main for a sidecar with a Go command line (process.main takes an argparse parser)."""
+    args = _settle(flags, argv)
     import uvloop
 
+    from . import process
+
     sys.exit(uvloop.run(process._serve(run, args)))
+
+
+def main_threaded(flags: FlagSet, run: process_threads.Run, argv: Sequence[str] | None = None) -> None:
+    """main for a sidecar on threads (controller_runtime.process_threads): node-driver-registrar
+    and livenessprobe, which make a call now and then and import no asyncio (issue 49)."""
+    args = _settle(flags, argv)
+    from . import process_threads
+
+    sys.exit(process_threads.serve(run, args))
 
 
 def markdown(flags: FlagSet) -> str:

@@ -19,13 +19,13 @@ import argparse
 import asyncio
 import contextlib
 import os
-import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from .health import HealthServer
 from .logs import get_logger, setup_logging
+from .stop_signals import STOP_SIGNALS, first_stop
 
 log = get_logger("process")
 
@@ -236,10 +236,6 @@ def add_controller_flags(
     add_logging_flags(parser)
 
 
-# The signals that stop a process in order (see the module's docstring).
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-
-
 @dataclass
 class Context:
     """What the entry helper hands to a component's run coroutine."""
@@ -258,16 +254,8 @@ async def _serve(run: Run, args: argparse.Namespace) -> int:
     assert task is not None
 
     def on_signal(signum: int) -> None:
-        name = signal.Signals(signum).name
-        if ctx.stopping.is_set():
-            if signum == signal.SIGINT:
-                log.warning("second Ctrl-C, exiting now", signal=name)
-                os._exit(1)
-            log.info("already shutting down", signal=name)
-            return
-        log.info("shutting down", signal=name)
-        ctx.stopping.set()
-        main_task.cancel()
+        if first_stop(signum, ctx.stopping):
+            main_task.cancel()
 
     if ctx.health is not None:
         await ctx.health.start()

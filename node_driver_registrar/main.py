@@ -16,14 +16,14 @@ import argparse
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import grpc
-
-from controller_runtime import goflags, process
-from controller_runtime.csi_client import CSIConnection, error_text
+from controller_runtime import goflags, process_threads
+from controller_runtime.csi_lite import CSIClient
+from controller_runtime.grpc_lite.client import Channel
+from controller_runtime.grpc_lite.messages import Empty, PluginInfo
+from controller_runtime.grpc_lite.status import RpcError
 from controller_runtime.logs import get_logger
-from controller_runtime.plugin_registration import RegistrationServer
-from controller_runtime.unix_grpc import UnixServer, stop_unix_server
-from kubeloop_grpc.pluginregistration import api_pb2, api_pb2_grpc
+from controller_runtime.registration_lite import SERVICE, RegistrationServer
+from controller_runtime.unix_sockets import SocketFile
 
 log = get_logger("node-driver-registrar")
 
@@ -111,57 +111,53 @@ class Registrar:
     """The registration socket being served, and the liveness node-driver-registrar reports on it."""
 
     registration: RegistrationServer | None = None
-    server: UnixServer | None = None
+    socket: SocketFile | None = None
 
-    async def check(self, timeout: float) -> str | None:
+    def check(self, timeout: float) -> str | None:
         """Healthy while the socket this process bound is in place and answers GetInfo with the
         driver's name, and kubelet has not refused the plugin."""
-        if self.registration is None or self.server is None:
+        if self.registration is None or self.socket is None:
             return "the registration socket is not served yet (waiting for the CSI driver)"
         if self.registration.refused.is_set():
             return f"kubelet refused the plugin registration: {self.registration.error}"
-        if not self.server.is_ours():
-            return f"the registration socket {self.server.path} does not exist"
-        async with grpc.aio.insecure_channel(f"unix:{self.server.path}") as channel:
+        if not self.socket.is_ours():
+            return f"the registration socket {self.socket.path} does not exist"
+        with Channel(self.socket.path) as channel:
             try:
-                info = await api_pb2_grpc.RegistrationStub(channel).GetInfo(
-                    api_pb2.InfoRequest(), timeout=timeout
-                )
-            except grpc.aio.AioRpcError as exc:
-                return f"the registration socket does not answer GetInfo: {error_text(exc)}"
+                info = PluginInfo.decode(channel.call(f"{SERVICE}GetInfo", Empty().encode(), timeout))
+            except RpcError as exc:
+                return f"the registration socket does not answer GetInfo: {exc}"
         if info.name != self.registration.driver_name:
             return f"the registration socket serves driver {info.name!r}"
         return None
 
 
-async def run(args: argparse.Namespace, ctx: process.Context) -> None:
+def run(args: argparse.Namespace, ctx: process_threads.Context) -> None:
     registrar = Registrar()
     if ctx.health is not None:
         ctx.health.add_liveness_check("registration", lambda: registrar.check(args.timeout))
-    csi = CSIConnection.open(args.csi_address, timeout=args.timeout)
-    try:
-        driver = await csi.wait_driver_name()
-    finally:
-        await csi.close()
+    with CSIClient(args.csi_address, args.timeout) as csi:
+        driver = csi.wait_driver_name(ctx.stopping)
     registrar.registration = RegistrationServer(driver, args.kubelet_registration_path)
-    registrar.server = await registrar.registration.serve(args.plugin_registration_path)
+    registrar.socket = registrar.registration.serve(args.plugin_registration_path)
     log.info(
         "registration socket ready for kubelet",
         driver=driver,
-        socket=registrar.server.path,
+        socket=registrar.socket.path,
         endpoint=args.kubelet_registration_path,
     )
     try:
-        await registrar.registration.wait_refused()
+        registrar.registration.wait_refused()
     finally:
         # Runs on SIGTERM as on a refusal: kubelet's plugin watcher sees the socket go and
         # deregisters the driver.
-        await stop_unix_server(registrar.server, 1.0)
+        registrar.registration.stop(1.0)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    # asyncio's own loop: a call now and then gains nothing from uvloop, which costs 2 MiB (issue 49).
-    goflags.main(build_parser(), run, argv, fast_loop=False)
+    # On threads, without asyncio, grpcio and prometheus_client: a call now and then needs none of
+    # them, and they would hold 25 MiB more than the process needs (issue 49).
+    goflags.main_threaded(build_parser(), run, argv)
 
 
 if __name__ == "__main__":

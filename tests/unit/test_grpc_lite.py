@@ -1,0 +1,247 @@
+"""grpc_lite's messages against the generated stubs byte for byte, its status wording, the metrics
+text against prometheus_client's, and the threaded HTTP endpoint against the asyncio one: what
+node-driver-registrar and livenessprobe serve without grpcio, asyncio and prometheus_client."""
+
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+import sys
+
+import pytest
+from prometheus_client import (
+    CollectorRegistry,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
+
+from controller_runtime import csi_common, health, health_threads
+from controller_runtime.grpc_lite import messages, wire
+from controller_runtime.grpc_lite.status import Code, RpcError, decode_message, encode_message, go_name
+from controller_runtime.metrics_text import Histogram as LiteHistogram
+from controller_runtime.metrics_text import Registry
+from controller_runtime.toolchain import REPO_ROOT
+from kubeloop_grpc.csi import csi_pb2
+from kubeloop_grpc.pluginregistration import api_pb2
+
+# A field of every wire type no message here has: a newer peer's additions, to be skipped.
+UNKNOWN = (
+    wire.tag(99, wire.VARINT)
+    + wire.varint(300)
+    + wire.length_delimited(100, b"new")
+    + wire.tag(101, wire.I32)
+    + b"\x01\x02\x03\x04"
+    + wire.tag(102, wire.I64)
+    + bytes(8)
+)
+
+CASES = [
+    (messages.Empty(), api_pb2.InfoRequest()),
+    (messages.Empty(), csi_pb2.ProbeRequest()),
+    (
+        messages.PluginInfo(
+            "CSIPlugin", "loop.csi.kubeloop.dev", "/var/lib/kubelet/plugins/x/csi.sock", ("1.0.0",)
+        ),
+        api_pb2.PluginInfo(
+            type="CSIPlugin",
+            name="loop.csi.kubeloop.dev",
+            endpoint="/var/lib/kubelet/plugins/x/csi.sock",
+            supported_versions=["1.0.0"],
+        ),
+    ),
+    (
+        messages.PluginInfo("", "ä-driver", "", ("1.0.0", "", "2.0.0")),
+        api_pb2.PluginInfo(name="ä-driver", supported_versions=["1.0.0", "", "2.0.0"]),
+    ),
+    (messages.RegistrationStatus(True, ""), api_pb2.RegistrationStatus(plugin_registered=True)),
+    (
+        messages.RegistrationStatus(False, "unsupported version"),
+        api_pb2.RegistrationStatus(plugin_registered=False, error="unsupported version"),
+    ),
+    (messages.ProbeResponse(None), csi_pb2.ProbeResponse()),
+    (messages.ProbeResponse(True), csi_pb2.ProbeResponse(ready={"value": True})),
+    (messages.ProbeResponse(False), csi_pb2.ProbeResponse(ready={})),
+    (
+        messages.GetPluginInfoResponse("loop.csi.kubeloop.dev", "v0.1.0", {"url": "https://x"}),
+        csi_pb2.GetPluginInfoResponse(
+            name="loop.csi.kubeloop.dev", vendor_version="v0.1.0", manifest={"url": "https://x"}
+        ),
+    ),
+    (
+        messages.GetPluginInfoResponse("d", "", {"": ""}),  # a map entry's empty key and value are written
+        csi_pb2.GetPluginInfoResponse(name="d", manifest={"": ""}),
+    ),
+]
+
+
+@pytest.mark.parametrize(("ours", "stub"), CASES)
+def test_messages_are_written_as_the_generated_stubs_write_them(ours: messages.Empty, stub: object) -> None:
+    assert ours.encode() == stub.SerializeToString()  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(("ours", "stub"), CASES)
+def test_messages_read_what_the_stubs_write_skipping_unknown_fields(
+    ours: messages.Empty, stub: object
+) -> None:
+    data = stub.SerializeToString()  # type: ignore[attr-defined]
+    assert type(ours).decode(data) == ours
+    assert type(ours).decode(UNKNOWN + data + UNKNOWN) == ours
+
+
+def test_a_manifest_of_many_entries_reads_back_through_the_stubs() -> None:
+    manifest = {"url": "https://x", "": "empty key", "empty value": "", "ü": "ß"}
+    ours = messages.GetPluginInfoResponse("d", "1", manifest)
+    stub = csi_pb2.GetPluginInfoResponse()
+    stub.ParseFromString(ours.encode())
+    assert (stub.name, stub.vendor_version, dict(stub.manifest)) == ("d", "1", manifest)
+    theirs = csi_pb2.GetPluginInfoResponse(
+        name="d", vendor_version="1", manifest=manifest
+    ).SerializeToString()
+    assert messages.GetPluginInfoResponse.decode(theirs) == ours
+
+
+def test_probe_readiness_reads_as_csi_client_reads_it() -> None:
+    assert messages.ProbeResponse(None).is_ready() and messages.ProbeResponse(True).is_ready()
+    assert not messages.ProbeResponse(False).is_ready()
+
+
+@pytest.mark.parametrize(
+    "data",
+    [b"\x0a\x05ab", b"\x08", b"\x80" * 11, b"\x0b", b"\x00\x01", b"\x0a\x02\xff\xfe"],
+    ids=["truncated-string", "truncated-varint", "long-varint", "group", "field-0", "bad-utf8"],
+)
+def test_what_is_not_a_message_is_refused(data: bytes) -> None:
+    with pytest.raises(wire.DecodeError):
+        messages.PluginInfo.decode(data)
+
+
+def test_status_is_worded_as_grpc_go_prints_it() -> None:
+    assert [go_name(c.name) for c in (Code.OK, Code.CANCELLED, Code.DEADLINE_EXCEEDED)] == [
+        "OK",
+        "Canceled",
+        "DeadlineExceeded",
+    ]
+    assert (
+        str(RpcError(Code.NOT_FOUND, "no such volume")) == "rpc error: code = NotFound desc = no such volume"
+    )
+    for text in ("plain", "100% sure", "ünïcode ✓", "line\nbreak"):
+        encoded = encode_message(text)
+        assert encoded.isascii() and all(0x20 <= ord(c) < 0x7F for c in encoded)
+        assert decode_message(encoded) == text
+    assert decode_message("b%C3%A4d%25") == "bäd%"
+
+
+def _without_created(text: str) -> str:
+    return re.sub(r"(_created\{[^}]*\}) \S+", r"\1 T", text)
+
+
+def test_the_operations_histogram_reads_as_prometheus_clients() -> None:
+    registry = CollectorRegistry()
+    spec = csi_common.OPERATIONS
+    theirs = Histogram(spec.name, spec.help, spec.labels, buckets=spec.buckets, registry=registry)
+    ours = LiteHistogram(spec)
+    for labels, value in [
+        (("d", "/csi.v1.Identity/Probe", "OK"), 0.004),
+        (("d", "/csi.v1.Identity/Probe", "OK"), 1.0),
+        (("", "/csi.v1.Identity/GetPluginInfo", "UNAVAILABLE"), 0.0123),
+        (('q"\\\n', "/m", "DEADLINE_EXCEEDED"), 400.0),
+    ]:
+        theirs.labels(*labels).observe(value)
+        ours.observe(labels, value)
+    expected = _without_created(generate_latest(registry).decode())
+    assert _without_created(Registry([ours.collect]).exposition().decode()) == expected
+
+
+def test_the_process_families_are_prometheus_clients_default_ones() -> None:
+    def heads(text: str) -> list[str]:
+        return [line for line in text.splitlines() if line.startswith("#")]
+
+    registry = CollectorRegistry()  # what prometheus_client's default registry starts with
+    GCCollector(registry)
+    PlatformCollector(registry)
+    ProcessCollector(registry=registry)
+    ours = Registry().exposition().decode()
+    theirs = generate_latest(registry).decode()
+    assert heads(ours) == heads(theirs)
+    assert [line.split("{")[0].split(" ")[0] for line in ours.splitlines()] == [
+        line.split("{")[0].split(" ")[0] for line in theirs.splitlines()
+    ]
+    samples = dict(line.rsplit(" ", 1) for line in ours.splitlines() if not line.startswith("#"))
+    assert samples[re.search(r"^python_info\{.*$", ours, re.M).group(0).rsplit(" ", 1)[0]] == "1.0"  # type: ignore[union-attr]
+    assert float(samples["process_resident_memory_bytes"]) > 1e6
+    assert float(samples["process_open_fds"]) >= 3
+
+
+REQUESTS = [
+    b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n",
+    b"HEAD /healthz HTTP/1.1\r\nHost: x\r\n\r\n",
+    b"GET /readyz?verbose HTTP/1.1\r\nHost: x\r\n\r\n",
+    b"GET /livez HTTP/1.0\r\n\r\n",
+    b"GET /debug/queues HTTP/1.1\r\nConnection: close\r\n\r\n",
+    b"POST /healthz HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc",
+    b"GET /nope HTTP/1.1\r\n\r\n",
+    b"GET /healthz HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n",
+    b"garbage\r\n\r\n",
+    b"GET /healthz HTTP/1.1\r\nContent-Length: x\r\n\r\n",
+]
+
+
+def _exchange(port: int, request: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(request)
+        sock.shutdown(socket.SHUT_WR)  # the server answers, then sees the end and closes
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    return re.sub(rb"Date: [^\r]*", b"Date: D", answer)
+
+
+async def test_the_threaded_endpoint_answers_as_the_asyncio_one() -> None:
+    reasons = {"csi": "rpc error: code = Unavailable desc = gone"}
+    threaded = health_threads.HealthServer("127.0.0.1:0", registry=Registry([]))
+    threaded.add_liveness_check("csi", lambda: reasons["csi"])
+    asynchronous = health.HealthServer("127.0.0.1:0", registry=CollectorRegistry())
+    asynchronous.add_liveness_check("csi", lambda: reasons["csi"])
+    threaded.start()
+    await asynchronous.start()
+    try:
+        for request in REQUESTS:
+            ours = _exchange(threaded.port, request)
+            loop = __import__("asyncio").get_running_loop()
+            theirs = await loop.run_in_executor(None, _exchange, asynchronous.port, request)
+            assert ours == theirs, request
+        # Keep-alive: two requests on one connection, answered in order.
+        both = _exchange(threaded.port, REQUESTS[0] + REQUESTS[3])
+        assert both.count(b"HTTP/1.1 500") == 2 and both.count(b"[-]csi failed: rpc error") == 2
+        reasons.pop("csi")
+    finally:
+        threaded.stop()
+        await asynchronous.stop()
+
+
+def test_metrics_are_served_with_prometheus_clients_content_type() -> None:
+    server = health_threads.HealthServer("127.0.0.1:0")
+    server.start()
+    try:
+        answer = _exchange(server.port, b"GET /metrics HTTP/1.1\r\n\r\n")
+    finally:
+        server.stop()
+    assert answer.startswith(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=1.0.0; charset=utf-8\r\n")
+    assert b"# TYPE process_resident_memory_bytes gauge" in answer
+
+
+@pytest.mark.parametrize("module", ["node_driver_registrar.main", "livenessprobe.main"])
+def test_the_node_sidecars_import_no_asyncio_grpc_protobuf_or_prometheus_client(module: str) -> None:
+    heavy = ("asyncio", "grpc", "google.protobuf", "prometheus_client", "uvloop", "aiohttp")
+    script = (
+        f"import sys, {module}\n"
+        f"print(' '.join(m for m in sys.modules if any(m == h or m.startswith(h + '.') for h in {heavy!r})))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.split() == [], f"{module} imports {out.stdout}"
