@@ -62,6 +62,7 @@ class RegistrationServer(Registration):
     def __init__(self, driver_name: str, endpoint: str) -> None:
         super().__init__(driver_name, endpoint)
         self.refused = threading.Event()
+        self._wake = threading.Event()  # kubelet refused the plugin, or the process is stopping
         self.server: Server | None = None
 
     def _get_info(self, request: bytes) -> bytes:
@@ -72,6 +73,7 @@ class RegistrationServer(Registration):
         status = RegistrationStatus.decode(request)
         if self.notified(status.plugin_registered, status.error):
             self.refused.set()
+            self._wake.set()
         return Empty().encode()
 
     def serve(self, directory: str) -> SocketFile:
@@ -87,7 +89,13 @@ class RegistrationServer(Registration):
         if self.server is not None:
             self.server.stop(grace)
 
+    def wake(self) -> None:
+        """Ends wait_refused without a refusal: the process is stopping."""
+        self._wake.set()
+
     def wait_refused(self) -> None:
-        """Waits for as long as kubelet accepts the plugin, and raises once it reports failure."""
-        self.refused.wait()
-        raise self.refusal()
+        """Waits for as long as kubelet accepts the plugin and `wake` is not called, and raises once
+        kubelet reports failure."""
+        self._wake.wait()
+        if self.refused.is_set():
+            raise self.refusal()

@@ -34,6 +34,8 @@ def first_stop(signum: int, stopping: Flag) -> bool:
             os._exit(1)
         log.info("already shutting down", signal=name)
         return False
-    log.info("shutting down", signal=name)
+    # Set before the line is written: a handler on threads can be interrupted by the next signal's
+    # (Python runs handlers between any two bytecodes), which must find the shutdown under way.
     stopping.set()
+    log.info("shutting down", signal=name)
     return True

@@ -138,7 +138,10 @@ def run(args: argparse.Namespace, ctx: process_threads.Context) -> None:
         ctx.health.add_liveness_check("registration", lambda: registrar.check(args.timeout))
     with CSIClient(args.csi_address, args.timeout) as csi:
         driver = csi.wait_driver_name(ctx.stopping)
+    if ctx.stopping.is_set():
+        return
     registrar.registration = RegistrationServer(driver, args.kubelet_registration_path)
+    ctx.on_stop(registrar.registration.wake)
     registrar.socket = registrar.registration.serve(args.plugin_registration_path)
     log.info(
         "registration socket ready for kubelet",

@@ -179,13 +179,41 @@ COMPONENT = textwrap.dedent("""
     process.main(parser, run)
 """)
 
+# The same component on threads (controller_runtime.process_threads: node-driver-registrar's and
+# livenessprobe's entry), which must take its signals alike.
+THREADED_COMPONENT = textwrap.dedent("""
+    import argparse, os, sys, time
+    from controller_runtime import process, process_threads
+    from controller_runtime.logs import setup_logging
+
+    def run(args, ctx):
+        print("started", flush=True)
+        try:
+            ctx.stopping.wait()
+        finally:
+            time.sleep(float(os.environ.get("CLEANUP_SECONDS", "0")))
+            print("cleaned up", flush=True)
+
+    parser = argparse.ArgumentParser(prog="demo", description="a demo component")
+    process.add_logging_flags(parser)
+    process.add_http_flags(parser)
+    args = process.parse_args(parser)
+    setup_logging(args.log_format, args.verbosity)
+    sys.exit(process_threads.serve(run, args))
+""")
+COMPONENTS = [pytest.param(COMPONENT, id="asyncio"), pytest.param(THREADED_COMPONENT, id="threads")]
+
 
 async def start_component(
-    tmp_path: Path, *args: str, cleanup_seconds: float = 0, hangup: signal.Handlers = signal.SIG_DFL
+    tmp_path: Path,
+    *args: str,
+    cleanup_seconds: float = 0,
+    hangup: signal.Handlers = signal.SIG_DFL,
+    component: str = COMPONENT,
 ) -> asyncio.subprocess.Process:
     """The demo component, its clean-up taking `cleanup_seconds`, started with SIGHUP at `hangup`."""
     script = tmp_path / "component.py"
-    script.write_text(COMPONENT)
+    script.write_text(component)
     return await asyncio.create_subprocess_exec(
         sys.executable,
         str(script),
@@ -207,10 +235,11 @@ async def start_component(
         pytest.param(signal.SIGHUP, signal.SIG_IGN, id="SIGHUP-started-ignored"),
     ],
 )
+@pytest.mark.parametrize("component", COMPONENTS)
 async def test_a_stop_signal_runs_cleanup_and_exits_zero(
-    tmp_path: Path, stop: signal.Signals, hangup: signal.Handlers
+    tmp_path: Path, stop: signal.Signals, hangup: signal.Handlers, component: str
 ) -> None:
-    proc = await start_component(tmp_path, "--log-format=json", hangup=hangup)
+    proc = await start_component(tmp_path, "--log-format=json", hangup=hangup, component=component)
     assert proc.stdout is not None
     assert await asyncio.wait_for(proc.stdout.readline(), 30) == b"started\n"
     proc.send_signal(stop)
@@ -228,12 +257,13 @@ async def test_a_stop_signal_runs_cleanup_and_exits_zero(
         pytest.param(signal.SIGINT, 1, False, id="SIGINT"),
     ],
 )
+@pytest.mark.parametrize("component", COMPONENTS)
 async def test_a_repeated_signal_waits_for_the_clean_up_but_a_second_ctrl_c_exits_at_once(
-    tmp_path: Path, repeat: signal.Signals, code: int, cleaned_up: bool
+    tmp_path: Path, repeat: signal.Signals, code: int, cleaned_up: bool, component: str
 ) -> None:
     """make passes its SIGTERM on to its child, shells and sudo a hang-up: a repeat must not cut the
     clean-up short. A person pressing Ctrl-C again means it."""
-    proc = await start_component(tmp_path, cleanup_seconds=1.5)
+    proc = await start_component(tmp_path, cleanup_seconds=1.5, component=component)
     assert proc.stdout is not None and proc.stderr is not None
     assert await asyncio.wait_for(proc.stdout.readline(), 30) == b"started\n"
     proc.send_signal(signal.SIGTERM)
