@@ -109,9 +109,11 @@ class Channel:
         except OSError as e:
             sock.close()
             reason = e.strerror or errno.errorcode.get(e.errno or 0, str(e))
+            target = f"unix:{self.path}"  # grpcio's words, which the sidecars' log lines and /healthz carried
             raise RpcError(
                 Code.UNAVAILABLE,
-                f"failed to connect to all addresses; last error: UNAVAILABLE: unix:{self.path}: {reason}",
+                f"failed to connect to all addresses; last error: FAILED_PRECONDITION: {target}: "
+                f"connect failed: addr: {target} error: {reason}",
             ) from None
         conn = framing.connection(client_side=True)
         conn.initiate_connection()

@@ -4,6 +4,7 @@ control window."""
 
 from __future__ import annotations
 
+import logging
 import socket
 import struct
 
@@ -11,6 +12,10 @@ from h2.config import H2Configuration
 from h2.connection import H2Connection
 
 from .status import Code, RpcError
+
+# hpack logs every header it codes at debug level, which -v 4 turns on for the whole process:
+# lines that grpcio, in C, never wrote.
+logging.getLogger("hpack").setLevel(logging.INFO)
 
 # grpcio's and grpc-go's default limit on a received message.
 MAX_MESSAGE = 4 * 1024 * 1024

@@ -325,6 +325,7 @@ def test_no_socket_reads_as_grpcio_words_it(tmp_path: Path) -> None:
     with pytest.raises(RpcError) as raised, Channel(f"unix://{path}") as channel:
         channel.call("/csi.v1.Identity/Probe", b"", 5)
     assert str(raised.value) == (
-        "rpc error: code = Unavailable desc = failed to connect to all addresses; "
-        f"last error: UNAVAILABLE: unix:{path}: No such file or directory"
+        "rpc error: code = Unavailable desc = failed to connect to all addresses; last error: "
+        f"FAILED_PRECONDITION: unix:{path}: connect failed: addr: unix:{path} "
+        "error: No such file or directory"
     )
