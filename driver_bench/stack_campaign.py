@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -49,6 +50,7 @@ from controller_runtime.toolchain import REPO_ROOT, Toolchain
 from localstack.components import node_names
 from localstack.leftovers import force_cleanup
 from localstack.pools import SHARED, PoolMode
+from localstack.proc import die_with_parent
 from localstack.recipe_stack import inventory_filled
 
 from . import oracles, report, reproducer
@@ -197,8 +199,15 @@ class Stack:
         err = (self.logs / "stack.stderr").open("wb")
         with out, err:
             env = {**os.environ, "KUBELOOP_HOME": str(self.home)}
+            # A campaign killed -9 leaves no stack behind holding the ports: its launcher is told
+            # to stop, in order, when the campaign's process goes.
             self.proc = await asyncio.create_subprocess_exec(
-                *argv, cwd=REPO_ROOT, env=env, stdout=out, stderr=err
+                *argv,
+                cwd=REPO_ROOT,
+                env=env,
+                stdout=out,
+                stderr=err,
+                preexec_fn=functools.partial(die_with_parent, signal.SIGTERM),
             )
         deadline = time.monotonic() + self.options.start_timeout
         while READY_LINE not in (self.logs / "stack.stdout").read_text(errors="replace"):

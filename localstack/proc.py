@@ -28,11 +28,13 @@ log = get_logger("stack")
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:
-    """Runs in the child between fork and exec: the kernel SIGKILLs the child if the launcher dies
-    without cleaning up (SIGKILL, crash, a second Ctrl-C), so no orphan keeps a port or etcd's lock."""
+def die_with_parent(sig: int = signal.SIGKILL) -> None:
+    """Runs in the child between fork and exec: the kernel sends the child `sig` if its parent dies
+    without cleaning up (SIGKILL, crash, a second Ctrl-C), so no orphan keeps a port or etcd's lock.
+    The launcher's components get SIGKILL; a launcher started by a test bench gets SIGTERM, which
+    it answers with its ordered stop (unmounting what its node agents mounted)."""
     with contextlib.suppress(Exception):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, sig)
 
 
 ExitCallback = Callable[["ManagedProcess", int], None]
@@ -179,7 +181,7 @@ class ManagedProcess:
                 env=dict(self.env) if self.env is not None else None,
                 cwd=self.cwd,
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
+                preexec_fn=die_with_parent,
             )
         if self._backoff is not None:
             self._backoff.started(self.clock.monotonic())

@@ -13,10 +13,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
+from controller_runtime.mounts import read_mounts
+from controller_runtime.toolchain import REPO_ROOT
 from driver_bench import stack_campaign
 from driver_bench.faults import Fault, FaultKind, step_of
 from driver_bench.recipe import load
@@ -25,6 +30,7 @@ from localstack.pools import NODE_LOCAL, SHARED, PoolMode
 from localstack.testing import free_stack_ports
 from tests.csi.conftest import require_root
 from tests.driver_bench.recipes import BUGGY, KUBELOOP, KUBELOOP_NODE_LOCAL, buggy_recipe
+from tests.support.waits import eventually
 
 from .stacks import toolchain
 
@@ -119,3 +125,39 @@ def test_node_local_pools_on_a_recipe_keep_each_volume_on_its_node(tmp_path: Pat
     assert "CreateSnapshot" in (logs / "csi-driver-node-node-a-calls.jsonl").read_text()
     assert "CreateVolume" not in (logs / "csi-driver-node-node-b-calls.jsonl").read_text()
     assert not (logs / "csi-driver-controller-calls.jsonl").exists()
+
+
+def test_a_campaign_killed_mid_scenario_leaves_no_stack_running(tmp_path: Path) -> None:
+    """kill -9 of the campaign while its stack runs: the launcher, told by the kernel (its parent
+    death signal), stops in order, so the next campaign finds the ports free and nothing mounted."""
+    require_root()
+    toolchain()
+    out = tmp_path / "out"
+    argv = [
+        sys.executable, "-m", "driver_bench.main", "stack-campaign", f"--recipe={BUGGY}", f"--out={out}",
+        "--steps=CreateVolume", "--faults=kill-after", "--sidecars=kubeloop", "--nodes=1",
+    ]  # fmt: skip
+    campaign = subprocess.Popen(argv, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    launchers: list[psutil.Process] = []
+    try:
+        stdout = out / "scenarios" / "s00-baseline" / "stack.stdout"
+
+        def ready() -> str | None:
+            text = stdout.read_text() if stdout.exists() else ""
+            return text if stack_campaign.READY_LINE in text else None
+
+        eventually("the scenario's stack ready", ready, 240, 0.5)
+        launchers += [
+            p
+            for p in psutil.process_iter(["cmdline"])
+            if "localstack.main" in " ".join(p.info["cmdline"] or [])
+        ]
+        assert launchers, "no launcher found"
+    finally:
+        campaign.kill()
+        campaign.wait()
+    _, alive = psutil.wait_procs(launchers, timeout=90)
+    assert not alive, f"launchers still running after the campaign's kill: {alive}"
+    assert "kubeloop: stopped" in stdout.read_text(), stdout.read_text()
+    left = [m.mountpoint for m in read_mounts() if m.mountpoint.startswith("/tmp/kls-")]
+    assert not left, left
