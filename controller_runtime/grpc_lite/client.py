@@ -167,6 +167,9 @@ def _remaining(deadline: float) -> float:
 def _take(conn: H2Connection, stream_id: int, event: h2.events.Event, answer: _Answer) -> None:
     """One HTTP/2 event of the connection, as it bears on the call on `stream_id`."""
     if isinstance(event, h2.events.ConnectionTerminated):
+        # Even a graceful GOAWAY (a server stopping, which would still answer the calls it took)
+        # ends the call: h2 closes the connection on any GOAWAY and refuses the frames after it.
+        # The callers ask again (the registrar's wait) or fail a probe of a driver going away.
         raise RpcError(
             Code.UNAVAILABLE, f"the server closed the connection (GOAWAY, error {event.error_code})"
         )
