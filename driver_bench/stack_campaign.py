@@ -39,9 +39,11 @@ import yaml
 from controller_runtime.kinds import (
     KubeObject,
     PodStatus,
+    VolumeSnapshotStatus,
     pod_view,
     pv_view,
     pvc_view,
+    snapshot_view,
     volume_attachment_view,
 )
 from controller_runtime.mounts import read_mounts
@@ -474,7 +476,9 @@ class Scenario:
             found = await self.stack.objects(
                 "volumesnapshots", "-n", NAMESPACE, f"--field-selector=metadata.name={SNAPSHOT}"
             )
-            status = found[0].get("status", {}) if found else {}
+            if not found:
+                return f"no VolumeSnapshot {SNAPSHOT}"
+            status = snapshot_view(found[0]).get("status", VolumeSnapshotStatus())
             return None if status.get("readyToUse") else f"VolumeSnapshot {SNAPSHOT} status {status}"
 
         if not await self.until("snapshot-not-ready", ready):
