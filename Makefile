@@ -35,7 +35,9 @@ test: deps binaries docker-deps kind-deps e2e-deps helm-deps prometheus-deps
 unit: python-deps helm-deps
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
+# tests/integration/test_grpc_lite_peers.py talks to the e2e suite's Go mock CSI driver (csi-mock).
 integration: deps binaries
+	@bash tools/build-binaries.sh csi-mock
 	$(PY) -m pytest tests/integration $(PYTEST_ARGS)
 
 sanity: deps binaries

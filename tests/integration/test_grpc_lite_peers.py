@@ -30,6 +30,8 @@ from controller_runtime.toolchain import REPO_ROOT
 from kubeloop_grpc.pluginregistration import api_pb2, api_pb2_grpc
 from tests.support.waits import eventually
 
+pytestmark = pytest.mark.integration
+
 GO_CLIENT = REPO_ROOT / "tests" / "support" / "grpc_go_client"
 ENDPOINT = "/var/lib/kubelet/plugins/loop.csi.kubeloop.dev/csi.sock"
 
@@ -37,9 +39,10 @@ ENDPOINT = "/var/lib/kubelet/plugins/loop.csi.kubeloop.dev/csi.sock"
 @pytest.fixture(scope="module")
 def go_client(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """grpc-go's client, built from tests/support/grpc_go_client at the grpc version its go.mod pins."""
-    go = shutil.which("go")
-    if go is None:
-        pytest.skip("no Go toolchain to build grpc-go's client with")
+    go = shutil.which("go") or "/usr/local/go/bin/go"
+    # Never skipped: without grpc-go's client the registration server's interop is untested.
+    if not Path(go).exists():
+        pytest.fail("no Go toolchain to build grpc-go's client with (make deps installs it)")
     out = tmp_path_factory.mktemp("go") / "grpc-go-client"
     subprocess.run([go, "build", "-o", str(out), "."], cwd=GO_CLIENT, check=True, timeout=600)
     return out
@@ -178,7 +181,7 @@ def go_csi_driver(tmp_path: Path) -> Iterator[str]:
     """The e2e suite's mock CSI driver (tools/kind-e2e/csi-mock-driver), a grpc-go server."""
     found = sorted(glob.glob(os.path.expanduser("~/.cache/kubeloop/bin/csi-mock-driver-*/csi-mock-driver")))
     if not found:
-        pytest.skip("the Go CSI mock driver is not built (bash tools/build-binaries.sh csi-mock)")
+        pytest.fail("the Go CSI mock driver is not built: run `bash tools/build-binaries.sh csi-mock`")
     sock = tmp_path / "csi.sock"
     proc = subprocess.Popen(
         [
