@@ -200,26 +200,15 @@ class Journal:
                 os.unlink(path)
 
     def _write_into_spare(self, path: Path, data: bytes, durable: bool) -> bool:
-        """write_atomic's replace, into a spare instead of a new file: written, cut to its length,
-        fsync'd when `durable`, renamed into place. False when no spare is left (the caller creates
-        a file); a spare that fails is unlinked and the next one, or a new file, is tried."""
+        """write_atomic's replace, into a spare instead of a new file. False when no spare is left
+        (the caller creates a file); a spare that fails is unlinked and the next one is tried."""
         while self._spares:
             spare = self._spares.pop()
             try:
-                fd = os.open(spare, os.O_WRONLY | os.O_CLOEXEC)
-                try:
-                    view = memoryview(data)
-                    while view:
-                        view = view[os.write(fd, view) :]
-                    os.ftruncate(fd, len(data))
-                    if durable:
-                        os.fsync(fd)
-                finally:
-                    os.close(fd)
-                os.rename(spare, path)
+                write_atomic(path, data, durable=durable, sync_dir=False, into=spare)
             except OSError:
                 with contextlib.suppress(FileNotFoundError):
-                    os.unlink(spare)
+                    os.unlink(spare)  # when it could not even be opened
                 continue
             return True
         return False
