@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -60,7 +61,7 @@ async def test_a_failed_write_fails_its_own_caller_only(
     journal.load()
     real = files.write_atomic
 
-    def failing(path: Path, data: bytes, **kwargs: bool) -> None:
+    def failing(path: Path, data: bytes, **kwargs: Any) -> None:
         if path.name == "bad.json":
             raise OSError(28, "No space left on device")
         real(path, data, **kwargs)
