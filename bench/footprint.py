@@ -2,6 +2,7 @@
 with the Go kubernetes-csi sidecars doing the same job, and how long each takes to start (issue 49).
 
     python -m bench.footprint [--claims 50] [--pods 20] [--rounds 3] [--scenarios node,attach]
+    python -m bench.footprint --scenarios kind [--claims 20] [--no-build]
 
 `node`: the node DaemonSet pod of the Helm chart's node-local mode, its processes run locally with
 the chart's arguments (deploy/helm/kubeloop/templates/node-local.yaml; paths under a temporary
@@ -36,6 +37,11 @@ unmounted and detached, and their RSS 5 s after it. Needs root.
 
 Rounds alternate kubeloop and Go (bench/method.py). Writes bench/results/footprint.json (`node`)
 and bench/results/footprint_attach.json (`attach`).
+
+`kind` (only when named; bench/footprint_kind.py): the same node pod as kubelet runs it, in the
+cluster of `make kind-up KIND_POOLS=separate`, per container RSS, PSS and the memory cgroup's
+working set, idle and around a load of N claims mounted by pods on one worker (default 20); one
+round, kubeloop only. Writes bench/results/footprint_kind.json.
 """
 
 from __future__ import annotations
@@ -85,6 +91,7 @@ FROM, TO = "16Mi", "32Mi"
 IDLE_SETTLE_S = 10.0  # after the last process is ready, before the idle reading
 AFTER_SETTLE_S = 5.0  # after the load, before the reading after it
 CLAIMS_DEFAULT = 50
+KIND_CLAIMS_DEFAULT = 20
 PODS_DEFAULT = 20
 
 # The node pod's processes, in the chart's container order.
@@ -131,16 +138,20 @@ asyncio.run(main())
 """
 
 
+def smaps_rollup_mib(text: str) -> tuple[float, float]:
+    """RSS and PSS (MiB) from the text of a /proc/PID/smaps_rollup."""
+    fields = {line.split(":")[0]: int(line.split()[1]) for line in text.splitlines()[1:] if ":" in line}
+    return round(fields["Rss"] / 1024, 1), round(fields["Pss"] / 1024, 1)
+
+
 def memory_mib(pid: int | None) -> tuple[float, float]:
     """RSS and PSS of a live process (MiB), from /proc/PID/smaps_rollup; NaN when it is gone."""
     if pid is None:
         return math.nan, math.nan
     try:
-        text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+        return smaps_rollup_mib(Path(f"/proc/{pid}/smaps_rollup").read_text())
     except OSError:
         return math.nan, math.nan
-    fields = {line.split(":")[0]: int(line.split()[1]) for line in text.splitlines()[1:] if ":" in line}
-    return round(fields["Rss"] / 1024, 1), round(fields["Pss"] / 1024, 1)
 
 
 def go_binary(sidecar: GoSidecar) -> Path | None:
@@ -530,7 +541,7 @@ ATTACH_BENCH = method.Bench(
     sides={"kubeloop": "kubeloop", "go": "Go (kcm, csi-attacher)"},
     figures=attach_figures(),
 )
-SCENARIOS = ("node", "attach")
+SCENARIOS = ("node", "attach")  # the default; `kind` (bench.footprint_kind) only when named
 
 
 async def collect_node(args: argparse.Namespace) -> dict[str, list[method.Pair]]:
@@ -558,20 +569,34 @@ async def collect_attach(args: argparse.Namespace) -> dict[str, list[method.Pair
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.footprint", description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--claims", type=int, default=CLAIMS_DEFAULT, help=f"node: claims (default: {CLAIMS_DEFAULT})"
+        "--claims",
+        type=int,
+        help=f"node and kind: claims (default: {CLAIMS_DEFAULT} for node, {KIND_CLAIMS_DEFAULT} for kind)",
     )
     parser.add_argument(
         "--pods", type=int, default=PODS_DEFAULT, help=f"attach: pods (default: {PODS_DEFAULT})"
     )
-    parser.add_argument("--scenarios", default=",".join(SCENARIOS), help="node, attach or both (default)")
+    parser.add_argument(
+        "--scenarios",
+        default=",".join(SCENARIOS),
+        help="node, attach (default: both) or kind (the node pod in kind, node-local mode)",
+    )
+    parser.add_argument("--no-build", action="store_true", help="kind: use the images docker has, build none")
     parser.add_argument("--timeout", type=float, default=300.0, help="per load phase (default: 300s)")
     method.add_rounds_arg(parser, default=3)
     args = parser.parse_args()
     names = args.scenarios.split(",")
+    kind_claims = args.claims or KIND_CLAIMS_DEFAULT
+    args.claims = args.claims or CLAIMS_DEFAULT
     if "node" in names:
         method.run(NODE_BENCH, {"claims": args.claims}, lambda: collect_node(args))
     if "attach" in names:
         method.run(ATTACH_BENCH, {"pods": args.pods}, lambda: collect_attach(args))
+    if "kind" in names:
+        # Imported here: it needs the kind tests' helpers (and pytest), the other scenarios do not.
+        from .footprint_kind import run as run_kind
+
+        run_kind(kind_claims, build=not args.no_build)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
-"""What the kind tests create and read: claims, busybox pods with a claim at /data, and the volume,
-VolumeAttachments, mounts and loop devices behind them. Shared by tests/kind (shared pool) and
-tests/kind_local (node-local pools)."""
+"""What the kind tests create and read: claims, busybox pods with a claim at /data (their manifests
+from localstack/kind_workloads.py), and the volume, VolumeAttachments, mounts and loop devices
+behind them. Shared by tests/kind (shared pool) and tests/kind_local (node-local pools)."""
 
 from __future__ import annotations
 
@@ -9,50 +9,17 @@ from typing import Any
 
 from controller_runtime.toolchain import Toolchain
 from localstack import kind
+from localstack.kind_workloads import SLEEP as SLEEP
+from localstack.kind_workloads import claim as claim
+from localstack.kind_workloads import pod as pod
 from tests.support.waits import eventually
 
 from .conftest import KindCluster
-
-
-def claim(ns: str, name: str, size: str = "64Mi", storage_class: str = "kubeloop") -> str:
-    return f"""
-apiVersion: v1
-kind: PersistentVolumeClaim
-metadata: {{name: {name}, namespace: {ns}}}
-spec:
-  accessModes: [ReadWriteOnce]
-  storageClassName: {storage_class}
-  resources: {{requests: {{storage: {size}}}}}
-"""
-
-
-def pod(ns: str, name: str, claim_name: str, node: str | None, script: str) -> str:
-    """A busybox pod with the claim at /data, on `node` (through the scheduler, by nodeSelector) or,
-    with None, wherever the scheduler places it."""
-    selector = f"nodeSelector: {{kubernetes.io/hostname: {node}}}" if node else ""
-    return f"""
-apiVersion: v1
-kind: Pod
-metadata: {{name: {name}, namespace: {ns}}}
-spec:
-  {selector}
-  terminationGracePeriodSeconds: 1
-  containers:
-    - name: app
-      image: {kind.BUSYBOX_IMAGE}
-      command: [sh, -c, "{script}"]
-      volumeMounts: [{{name: data, mountPath: /data}}]
-  volumes:
-    - name: data
-      persistentVolumeClaim: {{claimName: {claim_name}}}
-"""
-
 
 WRITE = (
     "dd if=/dev/urandom of=/data/blob bs=1M count=4 2>/dev/null"
     " && sha256sum /data/blob > /data/blob.sha && sync && sleep 3600"
 )
-SLEEP = "sleep 3600"
 # Exits (the pod never becomes Ready) unless WRITE's blob checks out.
 CHECK = "cd /data && sha256sum -c blob.sha && sleep 3600"
 
