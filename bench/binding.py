@@ -123,8 +123,7 @@ async def create_all(api: ApiClient, n: int) -> None:
 
 async def write_count(api: ApiClient) -> int:
     """Writes the apiserver has served to PVs, PVCs and events, from its own metrics."""
-    text = await api.session.get(api.server + "/metrics", headers=api._auth())
-    body = await text.text()
+    body = await api.get_text("/metrics")
     total = 0
     for line in body.splitlines():
         if not line.startswith("apiserver_request_total{"):

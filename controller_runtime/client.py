@@ -1,9 +1,10 @@
 """A small asyncio client for the Kubernetes API that returns plain dicts.
 
 Configuration (server, CA, client certificate or token) comes from a kubeconfig or the in-cluster
-service account (controller_runtime.kubeconfig); requests go straight through aiohttp and are
-decoded once with orjson. Every request, watches included, first takes a token from the client-side
-limiter, as client-go does with --kube-api-qps/--kube-api-burst.
+service account (controller_runtime.kubeconfig); requests go over HTTP/1.1 on kept connections
+(controller_runtime.http_client) and are decoded once with orjson. Every request, watches
+included, first takes a token from the client-side limiter, as client-go does with
+--kube-api-qps/--kube-api-burst.
 """
 
 from __future__ import annotations
@@ -17,14 +18,13 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
 
-import aiohttp
 import orjson
-from prometheus_client import Counter, Histogram
-from yarl import URL
 
 from . import kubeconfig
+from .http_client import Answer, ConnectionPool, Streamed
 from .kubeconfig import ClientConfig
 from .logs import get_logger
+from .metrics import Counter, Histogram
 from .ratelimit import TokenBucket
 from .resources import Obj, Resource, name_of, namespace_of
 
@@ -46,7 +46,8 @@ RATE_LIMITER_WAIT = Histogram(
 )
 
 # Connections that requests (not watches) share. HTTP/1.1 carries one request at a time per
-# connection, and aiohttp opens a new one for every request that finds none idle: a burst of 100
+# connection, and a client that opens a new one for every request that finds none idle (aiohttp's
+# did, uncapped) turns a burst of 100
 # workers meant 100 TLS handshakes, each costing client and apiserver CPU (40 concurrent GETs on a
 # fresh client: 0.56 s and 0.15 CPU s uncapped, 0.31 s and 0.06 CPU s over 8 connections; 200:
 # 3.6 s and 0.87 CPU s against 1.5 s and 0.19 CPU s). client-go multiplexes every request over one
@@ -194,9 +195,9 @@ class WatchExpiredError(Exception):
     """The watch's resourceVersion is older than what etcd still has (410 Gone): re-list."""
 
 
-def _ssl_context(cfg: ClientConfig) -> ssl.SSLContext | bool:
+def _ssl_context(cfg: ClientConfig) -> ssl.SSLContext | None:
     if not str(cfg.host).startswith("https"):
-        return False
+        return None
     ctx = ssl.create_default_context(cafile=cfg.ssl_ca_cert or None)
     if not cfg.verify_ssl:
         ctx.check_hostname = False
@@ -215,14 +216,13 @@ class ApiClient:
         self._ssl = _ssl_context(cfg)
         self._limiter = TokenBucket(qps, burst)
         self._user_agent = user_agent
-        self._session: aiohttp.ClientSession | None = None
-        self._watch_session: aiohttp.ClientSession | None = None
+        self._pool: ConnectionPool | None = None
+        self._watch_pool: ConnectionPool | None = None
         self._host_label = self.server.split("://", 1)[-1]
-        # The hot path of every request, prepared once: metric children by verb and status, the
-        # timeout objects, and the Authorization header when nothing can rotate it.
+        # The hot path of every request, prepared once: metric children by verb and status, and
+        # the Authorization header when nothing can rotate it.
         self._latency: dict[str, Any] = {}
         self._requests: dict[tuple[int, str], Any] = {}
-        self._timeouts: dict[float, aiohttp.ClientTimeout] = {}
         self._static_auth: dict[str, str] | None = None
         self._writes_stopped: str | None = None
 
@@ -264,20 +264,12 @@ class ApiClient:
             self._static_auth = dict(headers)
         return headers
 
-    def _url(self, path: str, params: dict[str, Any] | None) -> URL:
-        """The request URL, built without yarl re-parsing and re-quoting it: paths are made of
-        names the apiserver validated (DNS labels and subdomains), and the query is encoded here."""
+    @staticmethod
+    def _target(path: str, params: dict[str, Any] | None) -> str:
+        """The request target: paths are made of names the apiserver validated (DNS labels and
+        subdomains; _check_names refuses the rest), and the query is encoded here."""
         query = _clean(params)
-        url = self.server + path
-        if query:
-            url += "?" + urlencode(query)
-        return URL(url, encoded=True)
-
-    def _timeout(self, seconds: float) -> aiohttp.ClientTimeout:
-        timeout = self._timeouts.get(seconds)
-        if timeout is None:
-            timeout = self._timeouts[seconds] = aiohttp.ClientTimeout(total=seconds)
-        return timeout
+        return f"{path}?{urlencode(query)}" if query else path
 
     def _observe(self, method: str, status: int, seconds: float) -> None:
         latency = self._latency.get(method)
@@ -291,47 +283,45 @@ class ApiClient:
             )
         counter.inc()
 
-    def _new_session(self, connections: int) -> aiohttp.ClientSession:
-        # Idle connections are kept 90 s, as client-go's transport keeps them (aiohttp: 15 s): a
-        # controller working in bursts would otherwise pay a TLS handshake per request of each
-        # burst, a profiled cost of the external-attacher.
-        # No cookie jar, as client-go has none: the apiserver sets no cookies, and aiohttp's jar
-        # filtered its (empty) cookies for every request (0.7 % of the provisioner's busy samples).
-        return aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(ssl=self._ssl, limit=connections, keepalive_timeout=90),
+    def _new_pool(self, connections: int) -> ConnectionPool:
+        # Idle connections are kept 90 s, as client-go's transport keeps them: a controller working
+        # in bursts would otherwise pay a TLS handshake per request of each burst, a profiled cost
+        # of the external-attacher. No Accept-Encoding on watches: the apiserver compresses only
+        # whole answers, and a large list is worth it; requests ask for gzip as Go's transport does.
+        return ConnectionPool(
+            self.server,
+            self._ssl,
+            limit=connections,
             headers={"User-Agent": self._user_agent, "Accept": "application/json"},
-            cookie_jar=aiohttp.DummyCookieJar(),
         )
 
     @property
-    def session(self) -> aiohttp.ClientSession:
-        """The session of requests: at most REQUEST_CONNECTIONS connections, kept and reused."""
-        if self._session is None or self._session.closed:
-            self._session = self._new_session(REQUEST_CONNECTIONS)
-        return self._session
+    def pool(self) -> ConnectionPool:
+        """The connections of requests: at most REQUEST_CONNECTIONS, kept and reused."""
+        if self._pool is None:
+            self._pool = self._new_pool(REQUEST_CONNECTIONS)
+        return self._pool
 
     @property
-    def watch_session(self) -> aiohttp.ClientSession:
-        """The session of watches, uncapped: every informer holds a connection for as long as its
-        watch lasts, and none may wait for another to end."""
-        if self._watch_session is None or self._watch_session.closed:
-            self._watch_session = self._new_session(0)
-        return self._watch_session
+    def watch_pool(self) -> ConnectionPool:
+        """The connections of watches, uncapped: every informer holds a connection for as long as
+        its watch lasts, and none may wait for another to end."""
+        if self._watch_pool is None:
+            self._watch_pool = self._new_pool(0)
+        return self._watch_pool
 
     async def warm(self) -> None:
-        """Opens the request session's connections before the first burst needs them."""
-
-        async def one() -> None:
-            async with self.session.get(self._url("/version", None)) as resp:
-                await resp.read()
-
-        await asyncio.gather(*(one() for _ in range(REQUEST_CONNECTIONS)), return_exceptions=True)
+        """Opens the request connections before the first burst needs them."""
+        await asyncio.gather(
+            *(self.pool.request("GET", "/version", timeout=60.0) for _ in range(REQUEST_CONNECTIONS)),
+            return_exceptions=True,
+        )
 
     async def close(self) -> None:
-        for session in (self._session, self._watch_session):
-            if session is not None:
-                await session.close()
-        self._session = self._watch_session = None
+        for pool in (self._pool, self._watch_pool):
+            if pool is not None:
+                await pool.close()
+        self._pool = self._watch_pool = None
 
     @property
     def throttled(self) -> bool:
@@ -359,19 +349,21 @@ class ApiClient:
         await self._throttle(method)
         data = orjson.dumps(body) if body is not None else None
         headers = self._auth()
+        headers["Accept-Encoding"] = "gzip"
         if data is not None:
             headers["Content-Type"] = content_type
+        request_target = self._target(path, params)
         for attempt in range(MAX_RETRIES + 1):
             # Checked with no await between it and the send (after the limiter's and a retry's waits).
             if self._writes_stopped is not None and method != "GET":
                 raise WritesStoppedError(f"{method} {path}: not sent: {self._writes_stopped}")
             start = time.perf_counter()
-            async with self.session.request(
-                method, self._url(path, params), data=data, headers=headers, timeout=self._timeout(timeout)
-            ) as resp:
-                raw = await resp.read()
+            resp = await self.pool.request(
+                method, request_target, headers=headers, body=data, timeout=timeout
+            )
+            raw = resp.body
             self._observe(method, resp.status, time.perf_counter() - start)
-            wait = retry_after(resp.status, resp.headers.get("Retry-After"))
+            wait = retry_after(resp.status, resp.headers.get("retry-after"))
             if wait is None or attempt == MAX_RETRIES:
                 break
             log.info("the apiserver asked to retry later", method=method, path=path, status=resp.status,
@@ -394,10 +386,8 @@ class ApiClient:
     async def get_text(self, path: str, timeout: float = 10.0) -> str:
         """GET a non-JSON path (`/metrics`, a node's proxied `/metrics`); ApiError on a non-2xx."""
         await self._throttle("GET")
-        async with self.session.get(
-            self._url(path, None), headers=self._auth(), timeout=self._timeout(timeout)
-        ) as resp:
-            text = await resp.text()
+        resp = await self.pool.request("GET", path, headers=self._auth(), timeout=timeout)
+        text = _text(resp)
         if resp.status >= 300:
             raise ApiError(
                 resp.status, unstructured_status(resp.status, "GET", text[:2048], None), "GET", path
@@ -511,13 +501,14 @@ class ApiClient:
             **params,
         }
         # The server ends the watch after timeoutSeconds; the read timeout only catches a dead peer.
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=15, sock_read=timeout_seconds + 30)
-        url = self._url(res.path(namespace), query)
+        target = self._target(res.path(namespace), query)
         attempt = 0
         while True:
-            async with self.watch_session.get(url, headers=self._auth(), timeout=timeout) as resp:
+            async with self.watch_pool.stream(
+                "GET", target, headers=self._auth(), connect_timeout=15, read_timeout=timeout_seconds + 30
+            ) as resp:
                 REQUESTS.labels(str(resp.status), "WATCH", self._host_label).inc()
-                wait = retry_after(resp.status, resp.headers.get("Retry-After"))
+                wait = retry_after(resp.status, resp.headers.get("retry-after"))
                 if wait is None or attempt == MAX_RETRIES:
                     async for event in _watch_events(resp, res.path(namespace)):
                         yield event
@@ -528,7 +519,14 @@ class ApiClient:
             await asyncio.sleep(wait)
 
 
-async def _watch_events(resp: aiohttp.ClientResponse, path: str) -> AsyncIterator[tuple[str, Obj]]:
+def _text(answer: Answer) -> str:
+    try:
+        return answer.body.decode(answer.charset, errors="replace")
+    except LookupError:  # a charset Python does not know
+        return answer.body.decode("utf-8", errors="replace")
+
+
+async def _watch_events(resp: Streamed, path: str) -> AsyncIterator[tuple[str, Obj]]:
     """The (type, object) pairs of a watch response; 410 Gone, as the status or as an ERROR event,
     raises WatchExpiredError."""
     if resp.status >= 300:
@@ -540,7 +538,7 @@ async def _watch_events(resp: aiohttp.ClientResponse, path: str) -> AsyncIterato
     # Events arrive as JSON lines; a chunk may hold many of them or part of one. Split each
     # chunk once: cutting one line at a time off a large buffer copies the rest every time.
     tail = b""
-    async for chunk in resp.content.iter_any():
+    async for chunk in resp.pieces():
         if tail:
             chunk = tail + chunk
         lines = chunk.split(b"\n")

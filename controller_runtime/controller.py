@@ -18,14 +18,13 @@ from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from prometheus_client import Counter
-
 from .client import ApiClient, WritesStoppedError
 from .clock import SYSTEM_CLOCK, Clock
 from .debug import FAILURES
 from .events import EventRecorder
 from .informer import SharedInformerFactory
 from .logs import get_logger
+from .metrics import Counter
 from .workqueue import ShutDown, WorkQueue
 
 log = get_logger("controller")

@@ -48,12 +48,11 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import Gauge
-
 from .client import ApiClient
 from .events import EventRecorder
 from .informer import SharedInformer, SharedInformerFactory
 from .logs import get_logger
+from .metrics import Gauge
 from .resources import (
     EVENTS,
     NODES,

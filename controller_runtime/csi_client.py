@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
-from prometheus_client import Histogram
 
 from kubeloop_grpc.csi import csi_pb2, csi_pb2_grpc
 
@@ -34,13 +33,6 @@ if TYPE_CHECKING:
 
 StubT = TypeVar("StubT")
 log = get_logger("csi")
-
-OPERATIONS = Histogram(
-    csi_common.OPERATIONS.name,
-    csi_common.OPERATIONS.help,
-    csi_common.OPERATIONS.labels,
-    buckets=csi_common.OPERATIONS.buckets,
-)
 
 
 def error_text(exc: BaseException) -> str:
@@ -78,7 +70,9 @@ class _Metrics(grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[misc]
             code = exc.code()
             raise
         finally:
-            OPERATIONS.labels(self._driver_name(), method, code.name).observe(time.perf_counter() - start)
+            csi_common.OPERATIONS.labels(self._driver_name(), method, code.name).observe(
+                time.perf_counter() - start
+            )
 
 
 @dataclass
@@ -236,8 +230,9 @@ class SidecarOptions:
 
 def __getattr__(name: str) -> Any:
     # SidecarController lives in controller_runtime.sidecar_controller and is imported from here
-    # only when asked for: its base, the informer controller, brings the API client (aiohttp,
-    # yaml) into processes that never talk to an apiserver (node-driver-registrar, livenessprobe).
+    # only when asked for: its base, the informer controller, brings the API client (its
+    # transport, yaml) into processes that never talk to an apiserver (node-driver-registrar,
+    # livenessprobe).
     if name == "SidecarController":
         from .sidecar_controller import SidecarController
 

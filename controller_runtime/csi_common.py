@@ -8,16 +8,16 @@ import time
 from dataclasses import dataclass, field
 
 from .logs import get_logger
-from .metrics_text import HistogramSpec
+from .metrics import Histogram
 
 log = get_logger("csi")
 
 # The upstream sidecars' metric: each CSI call's latency and gRPC code.
-OPERATIONS = HistogramSpec(
+OPERATIONS = Histogram(
     "csi_sidecar_operations_seconds",
     "CSI operation latency by method and gRPC code",
     ("driver_name", "method_name", "grpc_status_code"),
-    (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
 )
 
 # The names of the codes after which a call may still be running in the driver: gRPC's cancelled,

@@ -15,10 +15,6 @@ from .grpc_lite.client import Channel
 from .grpc_lite.messages import Empty, GetPluginInfoResponse, ProbeResponse
 from .grpc_lite.status import Code, RpcError
 from .grpc_lite.wire import DecodeError
-from .metrics_text import REGISTRY, Histogram
-
-OPERATIONS = Histogram(csi_common.OPERATIONS)
-REGISTRY.register(OPERATIONS.collect)
 
 GET_PLUGIN_INFO = "/csi.v1.Identity/GetPluginInfo"
 PROBE = "/csi.v1.Identity/Probe"
@@ -62,7 +58,9 @@ class CSIClient:
             code = e.code
             raise
         finally:
-            OPERATIONS.observe((self.driver_name, method, code.name), time.perf_counter() - start)
+            csi_common.OPERATIONS.labels(self.driver_name, method, code.name).observe(
+                time.perf_counter() - start
+            )
 
     def probe(self) -> ProbeResponse:
         return self._call(PROBE, ProbeResponse.decode)

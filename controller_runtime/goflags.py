@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 from .logs import get_logger, setup_logging
 from .quantity import parse_quantity
+from .version import VERSION
 
 if TYPE_CHECKING:  # imported when run: process brings asyncio, which the threaded sidecars do without
     from . import process, process_threads
@@ -980,13 +981,7 @@ def settle_logging(args: argparse.Namespace) -> None:
 
 
 def version_text(prog: str) -> str:
-    import importlib.metadata  # only for --version: it costs every sidecar 1 MiB at start
-
-    try:
-        version = importlib.metadata.version("kubeloop")
-    except importlib.metadata.PackageNotFoundError:
-        version = "unknown"
-    return f"{prog} {version}"
+    return f"{prog} {VERSION}"
 
 
 def settle_version(prog: str) -> Settle:

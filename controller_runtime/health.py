@@ -18,8 +18,6 @@ import inspect
 from collections.abc import Awaitable, Callable
 from http import HTTPStatus
 
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
-
 from .http_wire import (
     IDLE_S,
     PATHS,
@@ -35,6 +33,7 @@ from .http_wire import (
     report,
 )
 from .logs import get_logger
+from .metrics import CONTENT_TYPE, REGISTRY, Registry
 
 __all__ = ["Check", "HealthServer", "Refresh", "parse_endpoint"]
 
@@ -46,11 +45,11 @@ a sidecar's liveness is a call to its driver."""
 
 Refresh = Callable[[], Awaitable[None]]
 """Awaited before every /metrics answer: a collector whose values come from disk reads them there,
-off the event loop (`collect`, which `generate_latest` calls on it, cannot await)."""
+off the event loop (`collect`, which the registry calls on it, cannot await)."""
 
 
 class HealthServer(Checks[Check]):
-    def __init__(self, endpoint: str, registry: CollectorRegistry = REGISTRY) -> None:
+    def __init__(self, endpoint: str, registry: Registry = REGISTRY) -> None:
         super().__init__(endpoint)
         self._registry = registry
         self._refreshes: list[Refresh] = []
@@ -89,7 +88,7 @@ class HealthServer(Checks[Check]):
                 await refresh()
             except Exception:  # its collector serves what it had; the other metrics are served
                 log.exception("refreshing metrics failed")
-        return Reply(200, generate_latest(self._registry), CONTENT_TYPE_LATEST)
+        return Reply(200, self._registry.exposition(), CONTENT_TYPE)
 
     async def _healthz(self) -> Reply:
         return await self._report(self._liveness, 500)

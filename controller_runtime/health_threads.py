@@ -1,7 +1,7 @@
 """The HTTP endpoint of controller_runtime.health on threads, for node-driver-registrar and
 livenessprobe, which import no asyncio and no prometheus_client (issue 49): the same paths,
 answers and wording (controller_runtime.http_wire holds what both serve), checks that are plain
-functions, and /metrics written by controller_runtime.metrics_text."""
+functions, and /metrics written by controller_runtime.metrics."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from http import HTTPStatus
 
 from . import http_wire as wire
 from .logs import get_logger
-from .metrics_text import CONTENT_TYPE, REGISTRY, Registry
+from .metrics import CONTENT_TYPE, REGISTRY, Registry
 from .socket_threads import ThreadedListener
 
 log = get_logger("health")

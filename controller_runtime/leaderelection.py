@@ -17,12 +17,10 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
-from prometheus_client import Gauge
-
 from .client import ApiClient, ApiError
 from .clock import SYSTEM_CLOCK, Clock, micro_time
 from .logs import get_logger
+from .metrics import Gauge
 from .resources import LEASES, Obj, object_key
 
 log = get_logger("leaderelection")
@@ -178,7 +176,7 @@ class LeaderElector:
         try:
             await self.client.update(LEASES, lease)
             log.info("released lease", lease=self._key)
-        except (ApiError, aiohttp.ClientError, OSError, TimeoutError) as exc:
+        except (ApiError, OSError) as exc:
             # Best effort: the Lease expires by itself. An unreachable apiserver must not replace
             # the error the elector is stopping for.
             log.warning("could not release lease", error=str(exc))

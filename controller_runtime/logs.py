@@ -118,7 +118,7 @@ def setup_logging(log_format: str = "text", verbosity: int = 0) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(logging.DEBUG if verbosity >= 4 else logging.INFO)
-    # Library chatter (aiohttp access logs, asyncio debug, grpc's line per call and channel) stays
-    # out unless asked for: it would drown the -v=4 messages.
-    for noisy in ("aiohttp.access", "asyncio", "grpc"):
+    # Library chatter (asyncio debug, grpc's line per call and channel) stays out unless asked
+    # for: it would drown the -v=4 messages.
+    for noisy in ("asyncio", "grpc"):
         logging.getLogger(noisy).setLevel(logging.WARNING if verbosity < 6 else logging.DEBUG)

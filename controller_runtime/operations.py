@@ -32,10 +32,9 @@ from collections.abc import AsyncIterator, Callable, Collection, Coroutine, Hash
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from prometheus_client import Gauge
-
 from .clock import SYSTEM_CLOCK, PassiveClock
 from .logs import Logger, get_logger
+from .metrics import Gauge
 
 K = TypeVar("K", bound=Hashable)
 

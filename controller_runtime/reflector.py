@@ -15,12 +15,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
-from prometheus_client import Counter
-
 from .client import ApiClient, ApiError, WatchExpiredError
+from .http_client import Disconnected
 from .logs import get_logger
 from .memory import release_free_memory
+from .metrics import Counter
 from .resources import Obj, Resource, resource_version
 
 log = get_logger("reflector")
@@ -41,7 +40,7 @@ def next_step(error: BaseException | None) -> Step:
         return Step.RESUME
     if isinstance(error, WatchExpiredError) or (isinstance(error, ApiError) and error.gone):
         return Step.RELIST
-    if isinstance(error, aiohttp.ServerDisconnectedError | aiohttp.ClientPayloadError | asyncio.TimeoutError):
+    if isinstance(error, Disconnected | TimeoutError):
         return Step.RESUME  # the connection dropped; the resourceVersion is still good
     return Step.BACKOFF
 

@@ -21,9 +21,8 @@ from collections import deque
 from collections.abc import Hashable
 from typing import Generic, Protocol, TypeVar
 
-from prometheus_client import Counter, Gauge, Histogram
-
 from .clock import SYSTEM_CLOCK, Clock, Timer
+from .metrics import Counter, Gauge, Histogram
 from .ratelimit import TokenBucket
 
 K = TypeVar("K", bound=Hashable)

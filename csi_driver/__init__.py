@@ -4,7 +4,6 @@ attached as Linux loop devices on the node that stages them."""
 from __future__ import annotations
 
 import os
-from importlib import metadata
 
 # The driver forks tools (mkfs, blkid, e2fsck, resize2fs). gRPC's fork handlers are
 # meant for processes that keep using gRPC in the child; ours exec at once, and with the handlers
@@ -15,10 +14,3 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 # The names live in the shared layer, for the processes that deploy or register the driver.
 from controller_runtime.driver_names import DRIVER_NAME as DRIVER_NAME
 from controller_runtime.driver_names import TOPOLOGY_KEY as TOPOLOGY_KEY
-
-
-def driver_version() -> str:
-    try:
-        return metadata.version("kubeloop")
-    except metadata.PackageNotFoundError:  # running from a checkout that was never installed
-        return "0.0.0-dev"

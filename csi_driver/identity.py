@@ -7,9 +7,10 @@ import asyncio
 import grpc
 from google.protobuf.wrappers_pb2 import BoolValue
 
+from controller_runtime.version import VERSION
 from kubeloop_grpc.csi import csi_pb2, csi_pb2_grpc
 
-from . import DRIVER_NAME, driver_version
+from . import DRIVER_NAME
 from .errors import failed_precondition
 from .state import DriverState
 
@@ -26,7 +27,7 @@ class IdentityServer(csi_pb2_grpc.IdentityServicer):  # type: ignore[misc]
     async def GetPluginInfo(
         self, req: csi_pb2.GetPluginInfoRequest, _: grpc.aio.ServicerContext
     ) -> csi_pb2.GetPluginInfoResponse:
-        return csi_pb2.GetPluginInfoResponse(name=self.name, vendor_version=driver_version())
+        return csi_pb2.GetPluginInfoResponse(name=self.name, vendor_version=VERSION)
 
     async def GetPluginCapabilities(
         self, req: csi_pb2.GetPluginCapabilitiesRequest, _: grpc.aio.ServicerContext

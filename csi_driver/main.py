@@ -19,17 +19,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import grpc
-from prometheus_client import REGISTRY
 
 from controller_runtime import process
 from controller_runtime.driver_names import topology_key
 from controller_runtime.health import HealthServer
 from controller_runtime.logs import get_logger
+from controller_runtime.metrics import REGISTRY
 from controller_runtime.plugin_registration import RegistrationServer
 from controller_runtime.unix_grpc import socket_path, start_unix_server, stop_unix_server
+from controller_runtime.version import VERSION
 from kubeloop_grpc.csi import csi_pb2_grpc
 
-from . import DRIVER_NAME, driver_version
+from . import DRIVER_NAME
 from .controller import ControllerConfig, ControllerServer
 from .freeze import FreezeWatcher
 from .group_controller import GroupControllerServer
@@ -414,7 +415,7 @@ async def _serve(
         log.info(
             "CSI driver ready",
             driver=args.drivername,
-            version=driver_version(),
+            version=VERSION,
             mode=args.mode,
             node_local=args.node_local,
             node=args.node_id if node_mode else "",

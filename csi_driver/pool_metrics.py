@@ -35,10 +35,8 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.registry import Collector
-
 from controller_runtime.logs import get_logger
+from controller_runtime.metrics import GaugeMetricFamily
 
 from .errors import CsiError
 from .pool_kinds import PoolCapacity
@@ -127,7 +125,7 @@ def measure(pool_dir: str, capacity: PoolCapacity, holders: list[Holder]) -> Poo
     return PoolUsage(kinds, fs_size, fs_free)
 
 
-class PoolMetrics(Collector):
+class PoolMetrics:
     """The gauges of the pool whose controller side this process holds."""
 
     def __init__(
@@ -190,9 +188,6 @@ class PoolMetrics(Collector):
         if running is None or (running.done() and self.clock() - self._measured_at >= self.max_age):
             running = self._measuring = asyncio.ensure_future(self._refresh())
         await asyncio.shield(running)
-
-    def describe(self) -> Iterator[GaugeMetricFamily]:
-        yield from self._families()
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         yield from self._families(self.usage)

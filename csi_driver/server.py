@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
-from prometheus_client import Histogram
 
 from controller_runtime.logs import get_logger
+from controller_runtime.metrics import Histogram
 
 from . import DRIVER_NAME
 from .backend.files import UnsafePoolFile

@@ -15,7 +15,6 @@ import json
 from dataclasses import dataclass
 
 import grpc
-from prometheus_client import Gauge
 
 from controller_runtime.client import ApiClient, ApiError
 from controller_runtime.csi_client import CSIConnection
@@ -23,6 +22,7 @@ from controller_runtime.events import EventRecorder
 from controller_runtime.informer import EventHandler, SharedInformer
 from controller_runtime.kinds import StorageClass, as_obj, csi_node_view, node_view, storage_class_view
 from controller_runtime.logs import get_logger
+from controller_runtime.metrics import Gauge
 from controller_runtime.quantity import format_quantity
 from controller_runtime.resources import CSI_STORAGE_CAPACITIES, Obj
 from kubeloop_grpc.csi import csi_pb2

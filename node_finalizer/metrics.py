@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter
+from controller_runtime.metrics import Counter
 
 NODES_FINALIZED = Counter(
     "kubeloop_node_finalizer_nodes_finalized_total",

@@ -9,10 +9,7 @@ import datetime as dt
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from prometheus_client import REGISTRY
-from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
-
+from controller_runtime.metrics import REGISTRY, Family, GaugeMetricFamily
 from controller_runtime.volumes import CSI_PLUGIN_NAME
 
 Counts = Callable[[], tuple[int, int]]  # (desired, actual)
@@ -23,7 +20,7 @@ FORCED_DETACHES = "attach_detach_controller_attachdetach_controller_forced_detac
 
 
 @dataclass(eq=False)  # registered in a dict: hashed by identity
-class _Collector(Collector):
+class _Collector:
     sources: list[Counts] = field(default_factory=list)
     deletions: list[Deletions] = field(default_factory=list)
     # reason ("timeout" or "out-of-service") -> count
@@ -32,7 +29,7 @@ class _Collector(Collector):
     def record_forced_detach(self, reason: str) -> None:
         self.forced_detaches[reason] = self.forced_detaches.get(reason, 0) + 1
 
-    def collect(self) -> Iterator[Metric]:
+    def collect(self) -> Iterator[Family]:
         total = GaugeMetricFamily(
             "attachdetach_controller_total_volumes",
             "Number of volumes in A/D Controller",
@@ -46,12 +43,11 @@ class _Collector(Collector):
         total.add_metric([CSI_PLUGIN_NAME, "actual_state_of_world"], actual)
         yield total
         # kcm registers this counter with subsystem attach_detach_controller in front of its name and
-        # without a _total suffix; prometheus_client would add one to any counter, so it goes out
-        # untyped under kcm's full name.
+        # without a _total suffix: a Family as it is (CounterMetricFamily would add one).
         help_text = "Number of times the A/D Controller performed a forced detach"
-        forced = Metric(FORCED_DETACHES, help_text, "unknown")
+        forced = Family(FORCED_DETACHES, help_text, "counter")
         for reason, count in sorted(self.forced_detaches.items()):
-            forced.add_sample(FORCED_DETACHES, {"reason": reason}, float(count))
+            forced.samples.append((FORCED_DETACHES, {"reason": reason}, float(count)))
         yield forced
         stamps = [stamp for source in self.deletions for stamp in source()]
         now = dt.datetime.now(dt.UTC)

@@ -7,12 +7,11 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-from prometheus_client import REGISTRY
-
 from controller_runtime import process
 from controller_runtime.client import ApiClient
 from controller_runtime.events import EventRecorder
 from controller_runtime.logs import get_logger
+from controller_runtime.metrics import REGISTRY
 
 from .agent import NodeAgent, Options
 

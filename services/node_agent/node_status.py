@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import os
 
-import aiohttp
-
 from controller_runtime.client import ApiClient, ApiError
 from controller_runtime.clock import SYSTEM_CLOCK, Clock, micro_time, now_rfc3339
 from controller_runtime.logs import get_logger
@@ -89,7 +87,7 @@ class NodeStatus:
             try:
                 await self._register()
                 return
-            except (ApiError, aiohttp.ClientError, OSError, TimeoutError) as exc:
+            except (ApiError, OSError) as exc:
                 log.warning(
                     "unable to register node with the API server",
                     node=self.node_name,

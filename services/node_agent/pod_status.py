@@ -13,8 +13,6 @@ from collections.abc import Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-
 from controller_runtime.client import ApiClient, ApiError
 from controller_runtime.clock import now_rfc3339
 from controller_runtime.informer import SharedInformer
@@ -30,7 +28,8 @@ from .volume_manager import VolumeManager
 log = get_logger("node-agent")
 
 # A request that never reached the apiserver (restarting, unreachable): nothing was written.
-TRANSPORT_ERRORS = (aiohttp.ClientError, OSError, TimeoutError)
+# (The API client's transport errors are ConnectionErrors, and TimeoutError an OSError too.)
+TRANSPORT_ERRORS = (OSError,)
 
 
 class PodStatus:

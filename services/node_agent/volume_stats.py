@@ -16,10 +16,8 @@ import asyncio
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
-from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.registry import Collector
-
 from controller_runtime.logs import get_logger
+from controller_runtime.metrics import GaugeMetricFamily
 from kubeloop_grpc.csi import csi_pb2, csi_pb2_grpc
 
 log = get_logger("node-agent")
@@ -80,7 +78,7 @@ def stats_of(resp: csi_pb2.NodeGetVolumeStatsResponse) -> VolumeStats:
     return VolumeStats(**figures, abnormal=abnormal)
 
 
-class VolumeStatsCollector(Collector):
+class VolumeStatsCollector:
     """The last answers, per claim, as kubelet's gauges; replaced whole by each collection round."""
 
     def __init__(self) -> None:

@@ -6,10 +6,10 @@ of kube-controller-manager 1.36 shows them:
   volume_operation_total_errors, by plugin_name and operation_name;
 - retroactive_storageclass_total and retroactive_storageclass_errors_total.
 
-One collector produces all of them because prometheus_client's own Counter and Histogram cannot
-print them as client_golang does: a counter family always gets `_total` appended to its name
-(kcm's volume_operation_total_errors has no such suffix), every child adds a `_created` series kcm
-does not have, and bucket bounds print as "1.0" where Go prints "1".
+One collector produces all of them because the Counter and Histogram of controller_runtime.metrics
+print as prometheus_client's do, not as client_golang does: a counter's name gets `_total` (kcm's
+volume_operation_total_errors has no such suffix), every child adds a `_created` series kcm does not
+have, and bucket bounds print as "1.0" where Go prints "1".
 """
 
 from __future__ import annotations
@@ -19,17 +19,15 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
-from prometheus_client import REGISTRY
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    Metric,
-)
-from prometheus_client.registry import Collector
-
 from controller_runtime import storage
 from controller_runtime.clock import SYSTEM_CLOCK, PassiveClock
+from controller_runtime.metrics import (
+    REGISTRY,
+    CounterMetricFamily,
+    Family,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+)
 from controller_runtime.resources import Obj
 from controller_runtime.storage import volume_class
 
@@ -108,18 +106,7 @@ class _Histogram:
         self.total += value
 
 
-class _CounterType(str):
-    """The type of a counter family printed verbatim. prometheus_client's text exposition appends
-    `_total` to the name of every family whose type equals "counter"; this one prints as "counter"
-    but never compares equal to it, so volume_operation_total_errors keeps kcm's name."""
-
-    def __eq__(self, other: object) -> bool:
-        return False
-
-    __hash__ = str.__hash__
-
-
-class BinderMetrics(Collector):
+class BinderMetrics:
     """The registered collector. Each running controller adds its caches as a source (tests run
     several controllers in one process, one after another); the operation and retroactive-class
     figures are process-wide, as kcm's are."""
@@ -142,7 +129,7 @@ class BinderMetrics(Collector):
         if not success:
             self.retroactive_errors += 1
 
-    def collect(self) -> Iterator[Metric]:
+    def collect(self) -> Iterator[Family]:
         yield from self._counts()
         if self.seconds:
             seconds = HistogramMetricFamily(
@@ -159,14 +146,11 @@ class BinderMetrics(Collector):
                 seconds.add_metric(list(labels), cumulative, h.total)
             yield seconds
         if self.errors:
-            errors = Metric(
-                "volume_operation_total_errors", ALPHA + "Total volume operation errors", "counter"
-            )
-            errors.type = _CounterType("counter")
+            # A Family as it is: kcm's counter has no `_total` (CounterMetricFamily would add one).
+            name = "volume_operation_total_errors"
+            errors = Family(name, ALPHA + "Total volume operation errors", "counter")
             for (plugin, operation), n in sorted(self.errors.items()):
-                errors.add_sample(
-                    "volume_operation_total_errors", {"plugin_name": plugin, "operation_name": operation}, n
-                )
+                errors.samples.append((name, {"plugin_name": plugin, "operation_name": operation}, n))
             yield errors
         yield CounterMetricFamily(
             "retroactive_storageclass_total",
@@ -179,7 +163,7 @@ class BinderMetrics(Collector):
             value=self.retroactive_errors,
         )
 
-    def _counts(self) -> Iterator[Metric]:
+    def _counts(self) -> Iterator[Family]:
         total_pv = GaugeMetricFamily(
             "pv_collector_total_pv_count",
             ALPHA + "Gauge measuring total number of persistent volumes",

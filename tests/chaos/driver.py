@@ -28,8 +28,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-import aiohttp
-
 from controller_runtime.client import ApiClient, ApiError
 from controller_runtime.resources import (
     EVENTS,
@@ -248,7 +246,7 @@ def chaos_stack(cp: ControlPlane, api: ApiClient, replicas: int = 1) -> StorageS
 
 # -- helpers --------------------------------------------------------------------------------------
 
-_TRANSIENT = (aiohttp.ClientError, OSError, asyncio.TimeoutError)
+_TRANSIENT = (OSError,)  # the API client's transport errors and timeouts are OSErrors
 
 
 class _Unavailable(Exception):

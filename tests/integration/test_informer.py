@@ -232,7 +232,7 @@ async def test_informer_relists_after_410_gone(api: ApiClient, control_plane: An
     out, _ = await compact.communicate()
     assert compact.returncode == 0, out.decode()
     await control_plane.restart_apiserver()
-    lists_before = LISTS.labels("persistentvolumes")._value.get()
+    lists_before = LISTS.labels("persistentvolumes").value
     with pytest.raises(WatchExpiredError):
         async for _ in api.watch(PERSISTENT_VOLUMES, resource_version=stale_rv, timeout_seconds=5):
             pass
@@ -242,7 +242,7 @@ async def test_informer_relists_after_410_gone(api: ApiClient, control_plane: An
             return cached_names(informer, label) == await fresh_names(api, label)
 
         await eventually_async("the cache relisted", relisted, 20)
-        assert LISTS.labels("persistentvolumes")._value.get() > lists_before, "expected a re-list"
+        assert LISTS.labels("persistentvolumes").value > lists_before, "expected a re-list"
         assert informer.reflector.last_resource_version != stale_rv
         assert cached_names(informer, label) == await fresh_names(api, label)
         assert set(cached_names(informer, label)) == {f"gone-{label}-{i}" for i in (1, 2, 3)}

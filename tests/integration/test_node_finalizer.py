@@ -22,12 +22,12 @@ from typing import Any
 import aiohttp
 import pytest
 import pytest_asyncio
-from prometheus_client import REGISTRY
 
 from controller_runtime.client import ApiClient, ApiError
 from controller_runtime.controller import ControllerContext
 from controller_runtime.events import EventRecorder
 from controller_runtime.informer import SharedInformerFactory
+from controller_runtime.metrics import REGISTRY
 from controller_runtime.resources import (
     CSI_DRIVERS,
     EVENTS,

@@ -247,14 +247,14 @@ async def test_watch_410_gone_relists(api: ApiClient, proxy: FaultProxy, namespa
         await churn(api, namespace, "before")
         await converged(api, informer, namespace)
         await until_watching(proxy)
-        lists = LISTS.labels("configmaps")._value.get()
+        lists = LISTS.labels("configmaps").value
         proxy.gone = 1
         proxy.kick("close")
         # Changes the informer can only learn of by listing again.
         await churn(api, namespace, "after")
         await converged(api, informer, namespace)
         assert proxy.hits["gone"] == 1
-        assert LISTS.labels("configmaps")._value.get() > lists, "a 410 must be answered by a re-list"
+        assert LISTS.labels("configmaps").value > lists, "a 410 must be answered by a re-list"
 
 
 async def test_bookmark_moves_the_resume_point(api: ApiClient, proxy: FaultProxy, namespace: str) -> None:

@@ -6,9 +6,9 @@ compose, and count the data the pod wrote."""
 from __future__ import annotations
 
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from controller_runtime.metrics import Registry
 from services.node_agent.volume_stats import ClaimRef, VolumeStats, VolumeStatsCollector
 from tests.support.waits import eventually
 
@@ -44,11 +44,11 @@ def test_the_real_kubelets_volume_metrics_are_the_node_agents(
         return found if used and used[0] >= 4 << 20 else None
 
     real = eventually("kubelet to report the 4 MiB the pod wrote", kubelets, 90, 2)
-    registry = CollectorRegistry()
+    registry = Registry([])
     collector = VolumeStatsCollector()
     collector.replace({ClaimRef(ns, "data"): VolumeStats(1, 1, 1, 1, 1, 1, abnormal=False)})
     registry.register(collector)
-    ours = families(generate_latest(registry).decode())
+    ours = families(registry.exposition().decode())
     # Every family kubelet served is ours, alike in help, type and labels; kubelet serves the health
     # gauge only with its CSIVolumeHealth feature gate on.
     assert set(real) <= set(ours) and len(real) >= 6, sorted(real)

@@ -551,12 +551,12 @@ async def test_the_guard_stops_writes_and_says_so_once() -> None:
     informer.on_replace([admit(pv(PV_CREATED, PV_BOUND_BY_KCM, claim_ref=CLAIM_REF))], "1")
     informer.on_event("ADDED", admit(named(pv(PV_CREATED, phase="Pending"), "pv2")))
     assert guard.sighting is None and not guard.tripped.is_set() and guard.reason is None
-    assert ACTIVE.labels(BINDER.controller)._value.get() == 0
+    assert ACTIVE.labels(BINDER.controller).value == 0
     # kcm's binder makes it Available.
     informer.on_event("MODIFIED", admit(named(pv(PV_CREATED, PV_PHASE_BY_KCM), "pv2")))
     assert guard.tripped.is_set() and guard.sighting is not None
     assert guard.sighting.subject == "PersistentVolume pv2"
-    assert ACTIVE.labels(BINDER.controller)._value.get() == 1
+    assert ACTIVE.labels(BINDER.controller).value == 1
     assert guard.reason == (
         "standing down: kube-controller-manager's persistentvolume-binder-controller is active (turn it "
         "off with --controllers=*,-persistentvolume-binder-controller, then restart kubeloop-pv-controller)"

@@ -1,32 +1,21 @@
-"""grpc_lite's messages against the generated stubs byte for byte, its status wording, the metrics
-text against prometheus_client's, and the threaded HTTP endpoint against the asyncio one: what
-node-driver-registrar and livenessprobe serve without grpcio, asyncio and prometheus_client."""
+"""grpc_lite's messages against the generated stubs byte for byte, its status wording, and the
+threaded HTTP endpoint against the asyncio one: what node-driver-registrar and livenessprobe serve
+without grpcio, asyncio and prometheus_client (their metrics: tests/unit/test_metrics.py)."""
 
 from __future__ import annotations
 
 import re
 import socket
-import subprocess
-import sys
 
 import pytest
-from prometheus_client import (
-    CollectorRegistry,
-    GCCollector,
-    Histogram,
-    PlatformCollector,
-    ProcessCollector,
-    generate_latest,
-)
 
-from controller_runtime import csi_common, health, health_threads
+from controller_runtime import health, health_threads
 from controller_runtime.grpc_lite import messages, wire
 from controller_runtime.grpc_lite.status import Code, RpcError, decode_message, encode_message, go_name
-from controller_runtime.metrics_text import Histogram as LiteHistogram
-from controller_runtime.metrics_text import Registry
-from controller_runtime.toolchain import REPO_ROOT
+from controller_runtime.metrics import Registry
 from kubeloop_grpc.csi import csi_pb2
 from kubeloop_grpc.pluginregistration import api_pb2
+from tests.support.imports import imported_packages
 
 # A field of every wire type no message here has: a newer peer's additions, to be skipped.
 UNKNOWN = (
@@ -135,47 +124,6 @@ def test_status_is_worded_as_grpc_go_prints_it() -> None:
     assert decode_message("b%C3%A4d%25") == "bäd%"
 
 
-def _without_created(text: str) -> str:
-    return re.sub(r"(_created\{[^}]*\}) \S+", r"\1 T", text)
-
-
-def test_the_operations_histogram_reads_as_prometheus_clients() -> None:
-    registry = CollectorRegistry()
-    spec = csi_common.OPERATIONS
-    theirs = Histogram(spec.name, spec.help, spec.labels, buckets=spec.buckets, registry=registry)
-    ours = LiteHistogram(spec)
-    for labels, value in [
-        (("d", "/csi.v1.Identity/Probe", "OK"), 0.004),
-        (("d", "/csi.v1.Identity/Probe", "OK"), 1.0),
-        (("", "/csi.v1.Identity/GetPluginInfo", "UNAVAILABLE"), 0.0123),
-        (('q"\\\n', "/m", "DEADLINE_EXCEEDED"), 400.0),
-    ]:
-        theirs.labels(*labels).observe(value)
-        ours.observe(labels, value)
-    expected = _without_created(generate_latest(registry).decode())
-    assert _without_created(Registry([ours.collect]).exposition().decode()) == expected
-
-
-def test_the_process_families_are_prometheus_clients_default_ones() -> None:
-    def heads(text: str) -> list[str]:
-        return [line for line in text.splitlines() if line.startswith("#")]
-
-    registry = CollectorRegistry()  # what prometheus_client's default registry starts with
-    GCCollector(registry)
-    PlatformCollector(registry)
-    ProcessCollector(registry=registry)
-    ours = Registry().exposition().decode()
-    theirs = generate_latest(registry).decode()
-    assert heads(ours) == heads(theirs)
-    assert [line.split("{")[0].split(" ")[0] for line in ours.splitlines()] == [
-        line.split("{")[0].split(" ")[0] for line in theirs.splitlines()
-    ]
-    samples = dict(line.rsplit(" ", 1) for line in ours.splitlines() if not line.startswith("#"))
-    assert samples[re.search(r"^python_info\{.*$", ours, re.M).group(0).rsplit(" ", 1)[0]] == "1.0"  # type: ignore[union-attr]
-    assert float(samples["process_resident_memory_bytes"]) > 1e6
-    assert float(samples["process_open_fds"]) >= 3
-
-
 REQUESTS = [
     b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n",
     b"HEAD /healthz HTTP/1.1\r\nHost: x\r\n\r\n",
@@ -204,7 +152,7 @@ async def test_the_threaded_endpoint_answers_as_the_asyncio_one() -> None:
     reasons = {"csi": "rpc error: code = Unavailable desc = gone"}
     threaded = health_threads.HealthServer("127.0.0.1:0", registry=Registry([]))
     threaded.add_liveness_check("csi", lambda: reasons["csi"])
-    asynchronous = health.HealthServer("127.0.0.1:0", registry=CollectorRegistry())
+    asynchronous = health.HealthServer("127.0.0.1:0", registry=Registry([]))
     asynchronous.add_liveness_check("csi", lambda: reasons["csi"])
     threaded.start()
     await asynchronous.start()
@@ -236,12 +184,7 @@ def test_metrics_are_served_with_prometheus_clients_content_type() -> None:
 
 @pytest.mark.parametrize("module", ["node_driver_registrar.main", "livenessprobe.main"])
 def test_the_node_sidecars_import_no_asyncio_grpc_protobuf_or_prometheus_client(module: str) -> None:
-    heavy = ("asyncio", "grpc", "google.protobuf", "prometheus_client", "uvloop", "aiohttp")
-    script = (
-        f"import sys, {module}\n"
-        f"print(' '.join(m for m in sys.modules if any(m == h or m.startswith(h + '.') for h in {heavy!r})))"
+    found = imported_packages(
+        module, ("asyncio", "grpc", "google.protobuf", "prometheus_client", "uvloop", "aiohttp")
     )
-    out = subprocess.run(
-        [sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True, check=True
-    )
-    assert out.stdout.split() == [], f"{module} imports {out.stdout}"
+    assert found == [], f"{module} imports {found}"

@@ -12,15 +12,15 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from prometheus_client import CollectorRegistry, Counter
 
 from controller_runtime.health import HealthServer
+from controller_runtime.metrics import Counter, Registry
 from controller_runtime.toolchain import REPO_ROOT
 from localstack.proc import free_ports
 
 
 async def test_metrics_healthz_and_readyz() -> None:
-    registry = CollectorRegistry()
+    registry = Registry([])
     Counter("kubeloop_test_total", "a test counter", registry=registry).inc(3)
     server = HealthServer("127.0.0.1:0", registry=registry)
     ready = {"reason": "caches not synced"}
@@ -45,7 +45,7 @@ async def test_metrics_healthz_and_readyz() -> None:
 
 
 async def test_liveness_checks_may_be_coroutines_and_fail_with_500() -> None:
-    server = HealthServer("127.0.0.1:0", registry=CollectorRegistry())
+    server = HealthServer("127.0.0.1:0", registry=Registry([]))
     answer: dict[str, str | None] = {"reason": "driver not ready"}
 
     async def probe() -> str | None:
@@ -88,7 +88,7 @@ async def _exchange(port: int, data: bytes) -> bytes:
 async def test_the_endpoint_speaks_http_as_its_clients_expect() -> None:
     """The endpoint's own HTTP/1.1 server (issue 49, in place of aiohttp's): keep-alive, HEAD, the
     errors worded as aiohttp's, a request it cannot read refused with 400."""
-    server = HealthServer("127.0.0.1:0", registry=CollectorRegistry())
+    server = HealthServer("127.0.0.1:0", registry=Registry([]))
     await server.start()
     try:
         async with aiohttp.ClientSession() as http:
@@ -138,7 +138,7 @@ async def test_an_empty_host_serves_every_interface() -> None:
     (the local stack) stays on IPv4 loopback."""
     (port,) = free_ports(1)
     hosts = ["127.0.0.1", "[::1]"] if _ipv6_loopback() else ["127.0.0.1"]
-    everywhere = HealthServer(f":{port}", registry=CollectorRegistry())
+    everywhere = HealthServer(f":{port}", registry=Registry([]))
     await everywhere.start()
     try:
         async with aiohttp.ClientSession() as http:
@@ -149,7 +149,7 @@ async def test_an_empty_host_serves_every_interface() -> None:
         await everywhere.stop()
     if len(hosts) < 2:
         return
-    loopback = HealthServer(f"127.0.0.1:{port}", registry=CollectorRegistry())
+    loopback = HealthServer(f"127.0.0.1:{port}", registry=Registry([]))
     await loopback.start()
     try:
         async with aiohttp.ClientSession() as http:

@@ -10,12 +10,12 @@ import asyncio
 import copy
 import datetime
 
-import aiohttp
 import pytest
 
 from controller_runtime.client import ApiError
 from controller_runtime.clock import micro_time
 from controller_runtime.clock_testing import FakeClock
+from controller_runtime.http_client import CannotConnect
 from controller_runtime.leaderelection import LeaderElectionConfig, LeaderElector, LeadershipLost
 from controller_runtime.resources import Obj, Resource
 
@@ -31,7 +31,7 @@ class FlakyLeases:
 
     def _check(self) -> None:
         if self.down:
-            raise aiohttp.ClientConnectionError("Cannot connect to host 127.0.0.1")
+            raise CannotConnect("cannot connect to 127.0.0.1:6443")
 
     async def get(self, _res: Resource, name: str, _namespace: str | None = None) -> Obj:
         self._check()

@@ -9,9 +9,8 @@ import asyncio
 from pathlib import Path
 from typing import Any, cast
 
-import aiohttp
-
 from controller_runtime.client import ApiClient
+from controller_runtime.http_client import CannotConnect
 from controller_runtime.informer import SharedInformer
 from controller_runtime.resources import Obj
 from services.node_agent.decide import PodVolume
@@ -29,7 +28,7 @@ class Unreachable:
     def _call(self, verb: str, name: str) -> Obj:
         if self.down > 0:
             self.down -= 1
-            raise aiohttp.ClientConnectionError("Cannot connect to host 127.0.0.1")
+            raise CannotConnect("cannot connect to 127.0.0.1:6443")
         self.calls.append((verb, name))
         return {}
 

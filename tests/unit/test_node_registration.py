@@ -6,9 +6,8 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-import aiohttp
-
 from controller_runtime.client import ApiClient, ApiError
+from controller_runtime.http_client import CannotConnect
 from controller_runtime.resources import Obj
 from services.node_agent.node_status import NodeStatus
 
@@ -33,7 +32,7 @@ class Flaky:
 async def test_registration_is_retried_until_the_apiserver_answers() -> None:
     client = Flaky(
         [
-            aiohttp.ClientConnectionError("Cannot connect to host 127.0.0.1"),
+            CannotConnect("cannot connect to 127.0.0.1:6443"),
             ApiError(403, {"reason": "Forbidden"}),
             ApiError(503, {"reason": "ServiceUnavailable"}),
         ]

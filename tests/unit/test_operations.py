@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
-from prometheus_client import REGISTRY
-
 from controller_runtime.clock_testing import FakeClock
+from controller_runtime.metrics import REGISTRY
 from controller_runtime.operations import Backoff, OperationExecutor, RetryLater
 
 

@@ -10,10 +10,10 @@ import os
 from pathlib import Path
 
 import aiohttp
-from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from controller_runtime.health import HealthServer
+from controller_runtime.metrics import Counter, Registry
 from csi_driver.budget import Reservation
 from csi_driver.pool_kinds import PoolCapacity
 from csi_driver.pool_metrics import Holder, KindUsage, PoolMetrics, PoolUsage, measure
@@ -91,8 +91,8 @@ async def loaded(tmp_path: Path) -> DriverState:
     return state
 
 
-def samples(registry: CollectorRegistry) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    text = generate_latest(registry).decode()
+def samples(registry: Registry) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    text = registry.exposition().decode()
     return {
         (s.name, tuple(sorted(s.labels.items()))): s.value
         for family in text_string_to_metric_families(text)
@@ -111,7 +111,7 @@ async def test_the_collector_counts_records_and_every_reservation(tmp_path: Path
         state.budget.reserve(Reservation("csi-e", 16 * MiB, "slow", "node-b"))
         sparse(Path(state.ephemeral_file("csi-e")), 16 * MiB, MiB)
         metrics = PoolMetrics(state, PoolCapacity(kinds={"fast": 256 * MiB, "slow": 32 * MiB}), "node-a")
-        registry = CollectorRegistry()
+        registry = Registry([])
         registry.register(metrics)
         assert samples(registry) == {}  # nothing before the first measurement
         await metrics.refresh()
@@ -169,7 +169,7 @@ async def test_a_pool_that_cannot_be_measured_has_no_series(tmp_path: Path) -> N
     state = await loaded(tmp_path)
     try:
         metrics = PoolMetrics(state, PoolCapacity(total=GiB), "node-a", max_age=0)
-        registry = CollectorRegistry()
+        registry = Registry([])
         registry.register(metrics)
         await metrics.refresh()
         assert samples(registry)
@@ -181,7 +181,7 @@ async def test_a_pool_that_cannot_be_measured_has_no_series(tmp_path: Path) -> N
 
 
 async def test_the_endpoint_awaits_its_refreshes_before_it_collects() -> None:
-    registry = CollectorRegistry()
+    registry = Registry([])
     scraped = Counter("kubeloop_test_refreshes", "refreshes before the scrape", registry=registry)
     server = HealthServer("127.0.0.1:0", registry=registry)
 

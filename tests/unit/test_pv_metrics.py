@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from prometheus_client import CollectorRegistry, generate_latest
-
+from controller_runtime.metrics import Registry
 from controller_runtime.resources import Obj
 from services.pv_controller.metrics import BinderMetrics
 
@@ -43,9 +42,9 @@ CLAIMS = [
 
 
 def scrape(metrics: BinderMetrics) -> list[str]:
-    registry = CollectorRegistry()
+    registry = Registry([])
     registry.register(metrics)
-    return generate_latest(registry).decode().splitlines()
+    return registry.exposition().decode().splitlines()
 
 
 def test_counts_have_kcm_names_labels_and_help() -> None:

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import aiohttp
-
 from controller_runtime.client import ApiError, WatchExpiredError
+from controller_runtime.http_client import CannotConnect, Disconnected
 from controller_runtime.reflector import Backoff, Step, next_step
 
 
@@ -18,7 +17,7 @@ def test_gone_relists() -> None:
 
 
 def test_dropped_connection_resumes_from_last_version() -> None:
-    assert next_step(aiohttp.ServerDisconnectedError()) is Step.RESUME
+    assert next_step(Disconnected("the server closed the connection before answering")) is Step.RESUME
     assert next_step(TimeoutError()) is Step.RESUME
 
 
@@ -26,6 +25,7 @@ def test_other_errors_back_off() -> None:
     assert next_step(ApiError(500, None)) is Step.BACKOFF
     assert next_step(ApiError(403, {"reason": "Forbidden"})) is Step.BACKOFF
     assert next_step(OSError("connection refused")) is Step.BACKOFF
+    assert next_step(CannotConnect("cannot connect to 127.0.0.1:6443")) is Step.BACKOFF
 
 
 def test_backoff_doubles_to_cap_and_resets() -> None:

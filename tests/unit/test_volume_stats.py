@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, generate_latest
-
+from controller_runtime.metrics import Registry
 from kubeloop_grpc.csi import csi_pb2
 from services.node_agent.volume_stats import ClaimRef, VolumeStats, VolumeStatsCollector, stats_of
 
@@ -28,9 +27,9 @@ def test_a_condition_becomes_the_health_gauge_and_no_condition_no_series() -> No
     )
     collector = VolumeStatsCollector()
     collector.replace({ClaimRef("ns", "sick"): stats_of(sick), ClaimRef("ns", "quiet"): VolumeStats()})
-    registry = CollectorRegistry()
+    registry = Registry([])
     registry.register(collector)
-    text = generate_latest(registry).decode()
+    text = registry.exposition().decode()
     health = [
         line for line in text.splitlines() if line.startswith("kubelet_volume_stats_health_status_abnormal{")
     ]

@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from prometheus_client import REGISTRY
 
 from controller_runtime.clock_testing import FakeClock
+from controller_runtime.metrics import REGISTRY
 from controller_runtime.workqueue import (
     BucketRateLimiter,
     ItemExponentialRateLimiter,
