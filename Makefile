@@ -119,7 +119,7 @@ profile: deps binaries
 lint: python-deps
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy controller_runtime services csi_driver external_provisioner external_attacher external_resizer node_driver_registrar livenessprobe node_finalizer snapshot_metadata_setup kubectl_kubeloop localstack tests bench driver_bench
+	$(VENV)/bin/mypy controller_runtime services csi_driver external_provisioner external_attacher external_resizer node_plugin node_driver_registrar livenessprobe node_finalizer snapshot_metadata_setup kubectl_kubeloop localstack tests bench driver_bench
 
 deps: system-deps python-deps
 

@@ -314,11 +314,12 @@ class NodePod:
         return out
 
 
-def node_local_cluster(build: bool) -> kind.Cluster:
+def node_local_cluster(build: bool, embed_sidecars: bool) -> kind.Cluster:
     """The cluster of `make kind-up KIND_POOLS=separate`, brought up by localstack.kind; one up with
-    separate pools is reused as it is (kubeloop's or the cluster's storage controllers)."""
+    separate pools is reused as it is (kubeloop's or the cluster's storage controllers), its release
+    upgraded to `embed_sidecars` (the chart's node.embedSidecars)."""
     kind.run(["bash", "tools/docker-env.sh", "start"], timeout=180)
-    cluster = kind.Cluster(pools="separate")
+    cluster = kind.Cluster(pools="separate", embed_sidecars=embed_sidecars)
     made = cluster.created_layout() if cluster.exists() else None
     if made is not None and made.startswith("separate/"):
         cluster.storage_controllers = made.split("/", 1)[1]
@@ -365,15 +366,16 @@ def table(result: dict[str, Any]) -> None:
             rec = phases[phase][name]
             rows.append([name, phase, *(f"{rec[k]:.1f}" if k in rec else "" for k in FIELDS)])
     print_table(
-        f"footprint_kind: the node pod on {result['node']}, {result['params']['claims']} claims "
+        f"footprint_kind: the node pod on {result['node']}, {result['params']['claims']} claims, "
+        f"node.embedSidecars={str(result['params']['embed_sidecars']).lower()} "
         f"(one round; MiB)",
         ["container", "phase", *(LABELS[k] for k in FIELDS)],
         rows,
     )
 
 
-def run(claims: int, build: bool) -> Path:
-    cluster = node_local_cluster(build)
+def run(claims: int, build: bool, embed_sidecars: bool = False) -> Path:
+    cluster = node_local_cluster(build, embed_sidecars)
     node = kind.worker_names(cluster.name, kind.SEPARATE_WORKERS)[0]
     node_pod = NodePod(cluster, node)
     node_pod.restart()
@@ -385,7 +387,7 @@ def run(claims: int, build: bool) -> Path:
     phases["after"] = node_pod.reading()
     result = {
         "title": "the node-local DaemonSet pod in kind: per container RSS, PSS, cgroup working set",
-        "params": {"claims": claims, "claim_size": CLAIM_SIZE},
+        "params": {"claims": claims, "claim_size": CLAIM_SIZE, "embed_sidecars": embed_sidecars},
         "rounds": 1,
         "cluster": cluster.layout,
         "node": node,
@@ -400,6 +402,6 @@ def run(claims: int, build: bool) -> Path:
         "phases": phases,
     }
     table(result)
-    path = write_results("footprint_kind", result)
+    path = write_results("footprint_kind_embedded" if embed_sidecars else "footprint_kind", result)
     print(f"\nresults: {path}\ncluster {cluster.name} left running: make kind-down", flush=True)
     return path

@@ -134,9 +134,13 @@ def parse_kubeconfig(path: str, context: str | None = None) -> Config:
 
 async def load(path: str | None) -> ClientConfig:
     """The configuration of the kubeconfig at `path`, or of the in-cluster service account when
-    `path` is empty."""
+    `path` is empty. A directory at `path` is a service account's (its `token` and `ca.crt`, as a
+    token Secret mounts them), used in-cluster: how the components kubeloop-node-plugin runs in
+    one process each keep their own identity."""
     if not path:
         return in_cluster()
+    if Path(path).is_dir():  # noqa: ASYNC240 (a stat of a local file, at start-up)
+        return in_cluster(Path(path))
     try:
         return parse_kubeconfig(path)
     except NeedsFullLoaderError:

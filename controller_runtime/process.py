@@ -248,34 +248,53 @@ Run = Callable[[argparse.Namespace, Context], Awaitable[None]]
 
 
 async def _serve(run: Run, args: argparse.Namespace) -> int:
+    return await serve_together([(run, args)], getattr(args, "http_endpoint", "") or "")
+
+
+async def serve_together(parts: Sequence[tuple[Run, argparse.Namespace]], http_endpoint: str) -> int:
+    """Runs each `run(args, ctx)` of `parts` until a stop signal (exit 0) or until one of them
+    returns or fails (exit 0 when every one has returned, else 1; the others are cancelled). One
+    HTTP endpoint serves them all: one process has one set of metrics, and its /healthz and
+    /readyz hold every part's checks (kubeloop-node-plugin runs three components this way)."""
     loop = asyncio.get_running_loop()
-    ctx = Context(health=HealthServer(args.http_endpoint) if getattr(args, "http_endpoint", "") else None)
-    task = asyncio.current_task()
-    assert task is not None
+    health = HealthServer(http_endpoint) if http_endpoint else None
+    stopping = asyncio.Event()
+    tasks: list[asyncio.Future[None]] = []
 
     def on_signal(signum: int) -> None:
-        if first_stop(signum, ctx.stopping):
-            main_task.cancel()
+        if first_stop(signum, stopping):
+            for task in tasks:
+                task.cancel()
 
-    if ctx.health is not None:
-        await ctx.health.start()
-    main_task = asyncio.ensure_future(run(args, ctx))
+    if health is not None:
+        await health.start()
+    tasks.extend(asyncio.ensure_future(run(args, Context(health, stopping))) for run, args in parts)
     for sig in STOP_SIGNALS:
         loop.add_signal_handler(sig, on_signal, sig)
     try:
-        await main_task
-        return 0
-    except asyncio.CancelledError:
-        return 0 if ctx.stopping.is_set() else 1
-    except Exception:
-        log.exception("fatal error")
-        return 1
+        pending: set[asyncio.Future[None]] = set(tasks)
+        failed = False
+        while pending and not failed:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                if task.cancelled():
+                    failed = failed or not stopping.is_set()
+                    continue
+                try:
+                    task.result()
+                except Exception:
+                    log.exception("fatal error")
+                    failed = True
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        return 1 if failed else 0
     finally:
         for sig in STOP_SIGNALS:
             loop.remove_signal_handler(sig)
-        if ctx.health is not None:
+        if health is not None:
             with contextlib.suppress(Exception):
-                await ctx.health.stop()
+                await health.stop()
 
 
 def main(parser: argparse.ArgumentParser, run: Run, argv: Sequence[str] | None = None) -> None:

@@ -174,6 +174,9 @@ class Cluster:
     kubeconfig: Path = DEFAULT_KUBECONFIG
     pools: str = "shared"
     storage_controllers: str = "kubeloop"
+    # With separate pools: the chart's node.embedSidecars (the provisioner and resizer in the
+    # plugin's process). A release upgrade, not a new cluster: it is not part of the layout.
+    embed_sidecars: bool = False
 
     def __post_init__(self) -> None:
         if self.pools not in POOLS:
@@ -308,6 +311,7 @@ class Cluster:
         values = [f"kubeletDir={self.kubelet_dir}"]
         if self.separate:
             values += ["mode=node-local", f"capacity={SEPARATE_CAPACITY}"]
+            values.append(f"node.embedSidecars={str(self.embed_sidecars).lower()}")
         if self.storage_controllers == "kubeloop":
             values.append("storageControllers=kubeloop")
         return [flag for value in values for flag in ("--set", value)]

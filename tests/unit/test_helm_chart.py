@@ -10,6 +10,7 @@ the Prometheus Operator's objects), and a bad value fails with a message naming 
 
 from __future__ import annotations
 
+import re
 import shutil
 from functools import cache
 from pathlib import Path
@@ -142,6 +143,45 @@ def env_names(container: dict[str, Any]) -> dict[str, str]:
     return {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in container.get("env", [])}
 
 
+def test_node_local_with_embedded_sidecars_runs_them_in_the_plugins_process() -> None:
+    """node.embedSidecars: the external-provisioner and external-resizer leave their containers for
+    the plugin's (kubeloop-node-plugin), with the same flags each, its own token and the plugin's
+    one metrics port; the rest of the pod and release as without it."""
+    from node_plugin.main import parse
+
+    separate, embedded = rendered("node-local"), rendered("node-local", "node.embedSidecars=true")
+    found = containers(embedded, "DaemonSet", "kubeloop-csi-node")
+    assert set(found) == {"kubeloop-plugin", "csi-snapshotter", "node-driver-registrar", "liveness-probe"}
+    plugin = found["kubeloop-plugin"]
+    assert plugin["command"] == ["kubeloop-node-plugin"]
+    env = {e["name"]: "x" for e in plugin["env"]}
+    assert {"KUBE_NODE_NAME", "NODE_NAME", "POD_NAME", "NAMESPACE"} <= set(env)
+    _, parts = parse([expand_env(a, env) for a in plugin["args"]])
+    assert len(parts) == 3
+    apart = containers(separate, "DaemonSet", "kubeloop-csi-node")
+    sections = "\n".join(plugin["args"]).split("\n--\n")
+    for name, container, kept in (
+        ("csi-driver", apart["kubeloop-plugin"], {"--http-endpoint=:8080", "--v=2"}),
+        ("external-provisioner", apart["csi-provisioner"], {"--http-endpoint=:8081", "--v=2"}),
+        ("external-resizer", apart["csi-resizer"], {"--http-endpoint=:8083", "--v=2"}),
+    ):
+        section = next(s.split("\n") for s in sections if s.startswith(name + "\n"))[1:]
+        own = [a for a in section if not a.startswith("--kubeconfig=")]
+        assert own == [a for a in container["args"] if a not in kept], name
+    mounts = {m["name"]: m["mountPath"] for m in plugin["volumeMounts"]}
+    assert mounts["provisioner-token"] == "/var/run/secrets/kubeloop/external-provisioner"
+    assert mounts["resizer-token"] == "/var/run/secrets/kubeloop/external-resizer"
+    assert "--kubeconfig=/var/run/secrets/kubeloop/external-provisioner" in plugin["args"]
+    assert "--kubeconfig=/var/run/secrets/kubeloop/external-resizer" in plugin["args"]
+    assert {p["name"] for p in plugin["ports"]} == {p["name"] for p in apart["kubeloop-plugin"]["ports"]}
+    others = {k for k in embedded if k[0] != "DaemonSet"}
+    assert others == {k for k in separate if k[0] != "DaemonSet"}
+
+
+def expand_env(arg: str, env: dict[str, str]) -> str:
+    return re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), arg)
+
+
 def test_node_local_daemonset_holds_the_driver_and_the_per_node_sidecars() -> None:
     objs = rendered("node-local")
     found = containers(objs, "DaemonSet", "kubeloop-csi-node")
@@ -257,6 +297,10 @@ ONE_KIND = [
         (["mode=node-local", "poolKinds.fast=lots"], "poolKinds.fast must be a size such as 100Gi"),
         (["mode=node-local", "poolKinds.-x=1Gi"], 'poolKinds: kind "-x" must be 1-63 letters'),
         (["mode=node-local", "capacity=1Gi", "poolKinds.fast=1Gi"], "capacity and poolKinds do not mix"),
+        (
+            ["mode=shared", "node.embedSidecars=true"],
+            "node.embedSidecars (the provisioner and resizer in the plugin's process) applies to mode",
+        ),
         (
             ["mode=shared", "capacityPerNode.node-a=1Gi"],
             "capacityPerNode (pool sizes by node) applies to mode node-local only",

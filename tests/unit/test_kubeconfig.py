@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from controller_runtime import kubeconfig
-from controller_runtime.kubeconfig import NeedsFullLoaderError, in_cluster, parse_kubeconfig
+from controller_runtime.kubeconfig import NeedsFullLoaderError, in_cluster, load, parse_kubeconfig
 
 
 def _write(path: Path, user: dict[str, Any], cluster: dict[str, Any] | None = None) -> Path:
@@ -131,3 +131,14 @@ def test_in_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST")
     with pytest.raises(RuntimeError, match="not in a cluster"):
         in_cluster(tmp_path)
+
+
+async def test_a_kubeconfig_that_is_a_directory_is_a_service_accounts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """kubeloop-node-plugin gives each component its own token Secret's directory as --kubeconfig."""
+    (tmp_path / "token").write_text("resizer-token\n")
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    cfg = await load(str(tmp_path))
+    assert cfg.host == "https://10.96.0.1:443" and cfg.api_key == {"BearerToken": "resizer-token"}

@@ -6,6 +6,9 @@
   each subpackage of `services/`) imports only itself, `controller_runtime`, `kubeloop_grpc`, the
   standard library and third-party libraries: never another process package, `localstack`, `tests`
   or `bench`. The packages are found in the tree, so a new one is checked the day it appears.
+- A composing package (`node_plugin`: several components in one process) imports only the `main`
+  modules of process packages (a component's flags and its run), `controller_runtime` and
+  `kubeloop_grpc`; no process package imports it.
 - `controller_runtime` imports none of the process packages, `localstack`, `tests` or `bench`.
 - `bench`, `driver_bench` and `localstack` never import `tests`.
 
@@ -29,8 +32,10 @@ GENERATED = "kubeloop_grpc"
 ON_TOP = frozenset({"localstack", "tests", "bench", "driver_bench"})
 # A folder of process packages rather than one: each of its subpackages is a process package.
 CONTAINERS = frozenset({"services"})
+# Packages that run several process packages' components in one process, through their `main`.
+COMPOSERS = frozenset({"node_plugin"})
 # What stands above the shared layer besides the process packages.
-ABOVE_SHARED = CONTAINERS | ON_TOP
+ABOVE_SHARED = CONTAINERS | ON_TOP | COMPOSERS
 SKIPPED_DIRS = {".git", ".venv", ".kubeloop", GENERATED, "build", "dist", "__pycache__", "node_modules"}
 
 
@@ -44,7 +49,7 @@ def process_packages(root: Path) -> tuple[str, ...]:
     rules by directory, so a package is checked the day it appears, with no list to update."""
     out: list[str] = []
     for top in _packages(root):
-        if top in (SHARED, GENERATED) or top in ON_TOP:
+        if top in (SHARED, GENERATED) or top in ON_TOP or top in COMPOSERS:
             continue
         if top in CONTAINERS:
             out += [f"{top}.{sub}" for sub in _packages(root / top)]
@@ -73,10 +78,15 @@ class Layers:
         top = module.split(".")[0]
         return top if top in self.first_party else None
 
-    def forbidden(self, importer: str, target: str) -> str | None:
-        """Why the layer `importer` may not import the layer `target`, or None when it may."""
+    def forbidden(self, importer: str, target: str, module: str) -> str | None:
+        """Why the layer `importer` may not import `module` of the layer `target`, or None when it
+        may."""
         if target == importer:
             return None
+        if importer in COMPOSERS:
+            if target in (SHARED, GENERATED) or (target in self.processes and module == f"{target}.main"):
+                return None
+            return f"a composing package imports only process packages' main, {SHARED} and {GENERATED}"
         if importer in self.processes:
             if target in (SHARED, GENERATED):
                 return None
@@ -138,7 +148,7 @@ def check_source(layers: Layers, rel: Path, source: str) -> list[Violation]:
         if target is None or (line, target) in seen:
             continue
         seen.add((line, target))
-        reason = layers.forbidden(importer, target)
+        reason = layers.forbidden(importer, target, target_module)
         if reason is not None:
             out.append(Violation(str(rel), line, target_module, f"{importer} -> {target}: {reason}"))
     return out
@@ -259,3 +269,17 @@ def test_shared_layer_and_harnesses() -> None:
     assert (
         check("tests/unit/x.py", "from services.pv_controller import names\nfrom bench import common") == []
     )
+
+
+def test_a_composing_package_imports_components_through_their_main_alone() -> None:
+    """node_plugin runs the driver, provisioner and resizer in one process: their flags and run,
+    nothing of their insides; and no component may lean on it."""
+    ok = "from csi_driver import main as driver\nfrom external_provisioner import main\nimport grpc\n"
+    assert check("node_plugin/main.py", ok + "from controller_runtime import process\n") == []
+    assert check("node_plugin/main.py", "from csi_driver.backend import mounts") == [
+        "node_plugin/main.py:1: imports csi_driver.backend.mounts: node_plugin -> csi_driver: a composing "
+        "package imports only process packages' main, controller_runtime and kubeloop_grpc"
+    ]
+    assert len(check("node_plugin/main.py", "from localstack import proc")) == 1
+    assert len(check("csi_driver/main.py", "from node_plugin.main import parse")) == 1
+    assert len(check("controller_runtime/process.py", "import node_plugin")) == 1
