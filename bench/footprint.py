@@ -583,9 +583,10 @@ def main() -> None:
     )
     parser.add_argument("--no-build", action="store_true", help="kind: use the images docker has, build none")
     parser.add_argument(
-        "--embed-sidecars",
+        "--separate-sidecars",
         action="store_true",
-        help="kind: the chart's node.embedSidecars (the provisioner and resizer in the plugin's process)",
+        help="kind: node.embedSidecars=false (the provisioner and resizer in containers of their own; "
+        "default: in the plugin's process, the chart's default)",
     )
     parser.add_argument("--timeout", type=float, default=300.0, help="per load phase (default: 300s)")
     method.add_rounds_arg(parser, default=3)
@@ -601,7 +602,7 @@ def main() -> None:
         # Imported here: it needs the kind tests' helpers (and pytest), the other scenarios do not.
         from .footprint_kind import run as run_kind
 
-        run_kind(kind_claims, build=not args.no_build, embed_sidecars=args.embed_sidecars)
+        run_kind(kind_claims, build=not args.no_build, embed_sidecars=not args.separate_sidecars)
 
 
 if __name__ == "__main__":

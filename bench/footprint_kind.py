@@ -374,7 +374,7 @@ def table(result: dict[str, Any]) -> None:
     )
 
 
-def run(claims: int, build: bool, embed_sidecars: bool = False) -> Path:
+def run(claims: int, build: bool, embed_sidecars: bool = True) -> Path:
     cluster = node_local_cluster(build, embed_sidecars)
     node = kind.worker_names(cluster.name, kind.SEPARATE_WORKERS)[0]
     node_pod = NodePod(cluster, node)
@@ -402,6 +402,6 @@ def run(claims: int, build: bool, embed_sidecars: bool = False) -> Path:
         "phases": phases,
     }
     table(result)
-    path = write_results("footprint_kind_embedded" if embed_sidecars else "footprint_kind", result)
+    path = write_results("footprint_kind" if embed_sidecars else "footprint_kind_separate", result)
     print(f"\nresults: {path}\ncluster {cluster.name} left running: make kind-down", flush=True)
     return path

@@ -175,8 +175,9 @@ class Cluster:
     pools: str = "shared"
     storage_controllers: str = "kubeloop"
     # With separate pools: the chart's node.embedSidecars (the provisioner and resizer in the
-    # plugin's process). A release upgrade, not a new cluster: it is not part of the layout.
-    embed_sidecars: bool = False
+    # plugin's process; the chart's default). A release upgrade, not a new cluster: it is not part
+    # of the layout.
+    embed_sidecars: bool = True
 
     def __post_init__(self) -> None:
         if self.pools not in POOLS:

@@ -78,6 +78,17 @@ def kill_in(node: str, command: str) -> None:
     assert killed, f"no {command} process in {node}"
 
 
+def process_of(kc: KindCluster, component: str) -> str:
+    """What to kill for a node's `component` (kubeloop-external-provisioner, kubeloop-csi-driver):
+    its own process, or the plugin's that runs it with the chart's node.embedSidecars (the
+    default), where the provisioner's death is the driver's too."""
+    containers = kc.kubectl(
+        "get", "daemonset", "-n", "kube-system", "kubeloop-csi-node",
+        "-o", "jsonpath={.spec.template.spec.containers[*].name}",
+    ).split()  # fmt: skip
+    return component if "csi-provisioner" in containers else "kubeloop-node-plugin"
+
+
 def delete_all(kc: KindCluster, ns: str, names: list[str]) -> None:
     kc.kubectl("delete", "-n", ns, "pvc", *names, "--wait=true", "--timeout=180s", timeout=210)
 
@@ -109,8 +120,8 @@ def test_a_burst_survives_a_killed_provisioner_and_plugin(local_cluster: KindClu
     kc.apply("---".join(claim(ns, n, size="32Mi", storage_class=IMMEDIATE) for n in names))
     # Mid-burst: one node's provisioner and another node's plugin die with SIGKILL.
     eventually("the first volumes made", lambda: any(pool_files(kc).values()), 120, 0.5)
-    kill_in(first, "kubeloop-external-provisioner")
-    kill_in(second, "kubeloop-csi-driver")
+    kill_in(first, process_of(kc, "kubeloop-external-provisioner"))
+    kill_in(second, process_of(kc, "kubeloop-csi-driver"))
     pvs = bound_volumes(kc, ns, names)
     assert_each_made_once(kc, pvs)
     handles = {pv["spec"]["csi"]["volumeHandle"] for pv in pvs.values()}

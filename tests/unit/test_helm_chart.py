@@ -144,12 +144,12 @@ def env_names(container: dict[str, Any]) -> dict[str, str]:
 
 
 def test_node_local_with_embedded_sidecars_runs_them_in_the_plugins_process() -> None:
-    """node.embedSidecars: the external-provisioner and external-resizer leave their containers for
-    the plugin's (kubeloop-node-plugin), with the same flags each, its own token and the plugin's
-    one metrics port; the rest of the pod and release as without it."""
+    """node.embedSidecars (the default): the external-provisioner and external-resizer leave their
+    containers for the plugin's (kubeloop-node-plugin), with the same flags each, its own token and
+    the plugin's one metrics port; the rest of the pod and release as without it."""
     from node_plugin.main import parse
 
-    separate, embedded = rendered("node-local"), rendered("node-local", "node.embedSidecars=true")
+    separate, embedded = rendered("node-local", "node.embedSidecars=false"), rendered("node-local")
     found = containers(embedded, "DaemonSet", "kubeloop-csi-node")
     assert set(found) == {"kubeloop-plugin", "csi-snapshotter", "node-driver-registrar", "liveness-probe"}
     plugin = found["kubeloop-plugin"]
@@ -178,12 +178,21 @@ def test_node_local_with_embedded_sidecars_runs_them_in_the_plugins_process() ->
     assert others == {k for k in separate if k[0] != "DaemonSet"}
 
 
+def driver_args(plugin: dict[str, Any]) -> list[str]:
+    """The driver's own arguments in the plugin container, embedding the sidecars or not."""
+    args: list[str] = plugin["args"]
+    if plugin["command"] != ["kubeloop-node-plugin"]:
+        return args
+    start = args.index("csi-driver") + 1
+    return args[start : args.index("--", start)]
+
+
 def expand_env(arg: str, env: dict[str, str]) -> str:
     return re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), arg)
 
 
 def test_node_local_daemonset_holds_the_driver_and_the_per_node_sidecars() -> None:
-    objs = rendered("node-local")
+    objs = rendered("node-local", "node.embedSidecars=false")
     found = containers(objs, "DaemonSet", "kubeloop-csi-node")
     assert set(found) == {
         "kubeloop-plugin", "csi-provisioner", "csi-resizer", "csi-snapshotter", "node-driver-registrar",
@@ -297,10 +306,6 @@ ONE_KIND = [
         (["mode=node-local", "poolKinds.fast=lots"], "poolKinds.fast must be a size such as 100Gi"),
         (["mode=node-local", "poolKinds.-x=1Gi"], 'poolKinds: kind "-x" must be 1-63 letters'),
         (["mode=node-local", "capacity=1Gi", "poolKinds.fast=1Gi"], "capacity and poolKinds do not mix"),
-        (
-            ["mode=shared", "node.embedSidecars=true"],
-            "node.embedSidecars (the provisioner and resizer in the plugin's process) applies to mode",
-        ),
         (
             ["mode=shared", "capacityPerNode.node-a=1Gi"],
             "capacityPerNode (pool sizes by node) applies to mode node-local only",
@@ -563,7 +568,7 @@ def test_every_value_pool_kinds_per_node_sizes_and_classes(
     else:
         plugin = containers(objs, "DaemonSet", "kubeloop-csi-node")["kubeloop-plugin"]
         path = "/etc/kubeloop/capacity/capacity-per-node.json"
-        assert [a for a in plugin["args"] if a.startswith("--capacity")] == [
+        assert [a for a in driver_args(plugin) if a.startswith("--capacity")] == [
             *kinds,
             f"--capacity-per-node={path}",
         ]
