@@ -38,6 +38,9 @@ from .provisioner_harness import IDENTITY, Harness, create_topology_node, kubect
 pytestmark = pytest.mark.integration
 
 SERVICE_ACCOUNTS = Resource("", "v1", "serviceaccounts", "ServiceAccount", True)
+CLUSTER_ROLE_BINDINGS = Resource(
+    "rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding", False
+)
 
 
 class Plugin:
@@ -120,17 +123,35 @@ class Plugin:
         return self.log.read_text(errors="replace")[-4000:] if self.log.exists() else ""
 
 
-async def service_account_dir(cp: ControlPlane, api: ApiClient, name: str, into: Path) -> Path:
-    """kube-system/`name`'s token and the cluster's CA in a directory, as a token Secret mounts them."""
+async def service_account_dir(
+    cp: ControlPlane, api: ApiClient, namespace: str, name: str, into: Path
+) -> Path:
+    """A new ServiceAccount `namespace`/`name`: its token and the cluster's CA in a directory, as a
+    token Secret mounts them."""
+    await api.create(SERVICE_ACCOUNTS, {"metadata": {"name": name}}, namespace)
     token = (
         await api.request(
             "POST",
-            SERVICE_ACCOUNTS.path("kube-system", name, "token"),
+            SERVICE_ACCOUNTS.path(namespace, name, "token"),
             body={"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {}},
         )
     )["status"]["token"]
     write_service_account_dir(into, token, cp.ca_file)
     return into
+
+
+async def bind(api: ApiClient, namespace: str, account: str, cluster_role: str) -> str:
+    """`namespace`/`account` given `cluster_role`; the binding's name, to delete it."""
+    name = f"{namespace}-{account}-{cluster_role.replace(':', '-')}"
+    await api.create(
+        CLUSTER_ROLE_BINDINGS,
+        {
+            "metadata": {"name": name},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": cluster_role},
+            "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}],
+        },
+    )
+    return name
 
 
 def write_service_account_dir(into: Path, token: str, ca: Path) -> None:
@@ -149,7 +170,7 @@ async def one_node(cp: ControlPlane, api: ApiClient, namespace: str) -> AsyncIte
     h = Harness(cp, api, namespace)
     plugin = Plugin(h, f"{namespace}-n")
     try:
-        for rbac in ("external-provisioner", "external-resizer"):
+        for rbac in ("external-provisioner", "external-resizer", "node-deployment"):
             await kubectl(cp, "apply", "-f", str(REPO_ROOT / f"deploy/rbac/{rbac}.yaml"))
         await create_topology_node(api, plugin.node)
         await h.start_pv_controller()
@@ -166,71 +187,80 @@ async def test_one_process_provisions_and_expands_with_each_components_identity(
     control_plane: ControlPlane, api: ApiClient, namespace: str
 ) -> None:
     async with one_node(control_plane, api, namespace) as (h, plugin):
-        tokens = await service_account_dir(
-            control_plane, api, "kubeloop-external-resizer", h.root / "resizer-token"
-        )
-        await plugin.start(tokens, in_cluster_env(control_plane))
-        # The resizer may not read its Node yet (node-local mode's RBAC is not applied): the one
-        # /readyz holds its check beside the driver's and the provisioner's, which pass.
-        await plugin.wait_readyz(
-            "/readyz failing on the resizer's informers alone",
-            503,
-            "[-]informers failed: caches not synced\n",
-        )
-        await kubectl(control_plane, "apply", "-f", str(REPO_ROOT / "deploy/rbac/node-deployment.yaml"))
-        await plugin.wait_readyz("the plugin ready", 200, "ok")
-
-        cls = await h.create_class(
-            "wffc", volumeBindingMode="WaitForFirstConsumer", allowVolumeExpansion=True
-        )
-        await h.create_pvc("data", "16Mi", cls, annotations={storage.ANN_SELECTED_NODE: plugin.node})
-        pv = (await h.bound("data", timeout=30))["data"]
-        handle = pv["spec"]["csi"]["volumeHandle"]
-        assert (plugin.root / "pool" / "volumes" / f"{handle}.img").exists()
-
-        await api.patch(
-            PERSISTENT_VOLUME_CLAIMS,
-            "data",
-            {"spec": {"resources": {"requests": {"storage": "32Mi"}}}},
-            namespace,
-        )
-
-        async def expanded() -> list[str]:
-            current = await h.pv(pv["metadata"]["name"])
-            size = current["spec"]["capacity"]["storage"] if current else None
-            return [] if size == "32Mi" else [f"PV capacity {size}"]
-
-        await eventually_async(
-            "the PV expanded by the process's resizer",
-            expanded,
-            30,
-            0.2,
-            satisfied=no_problems,
-            context=plugin.log_tail,
-        )
-
-        status, metrics = await plugin.get("/metrics")
-        assert status == 200
-        types = [line for line in metrics.splitlines() if line.startswith("# TYPE ")]
-        assert len(types) == len(set(types)), "a family served twice"
-
-        def calls(family: str, method: str) -> float:
-            prefix = f"{family}_count{{"
-            return sum(
-                float(line.rsplit(" ", 1)[1])
-                for line in metrics.splitlines()
-                if line.startswith(prefix) and f'method_name="{method}"' in line
+        # The resizer's own account, here one of the test's: bound to the external-resizer's role
+        # but not yet to node-local mode's right to read its Node.
+        tokens = await service_account_dir(control_plane, api, namespace, "resizer", h.root / "resizer-token")
+        bindings = [await bind(api, namespace, "resizer", "kubeloop:external-resizer")]
+        try:
+            await plugin.start(tokens, in_cluster_env(control_plane))
+            # The one /readyz holds the resizer's check, failing, beside the driver's and the
+            # provisioner's, which pass.
+            await plugin.wait_readyz(
+                "/readyz failing on the resizer's informers alone",
+                503,
+                "[-]informers failed: caches not synced\n",
             )
+            bindings.append(await bind(api, namespace, "resizer", "kubeloop:node-deployment:nodes"))
+            await plugin.wait_readyz("the plugin ready", 200, "ok")
+            await provision_and_expand(api, namespace, h, plugin)
+        finally:
+            for binding in bindings:
+                with contextlib.suppress(ApiError):
+                    await api.delete(CLUSTER_ROLE_BINDINGS, binding)
 
-        sidecars = "csi_sidecar_operations_seconds"
-        assert calls(sidecars, "/csi.v1.Controller/CreateVolume") == 1
-        assert calls(sidecars, "/csi.v1.Controller/ControllerExpandVolume") == 1
-        assert calls("csi_operations_seconds", "CreateVolume") == 1  # the driver's own, by short name
 
-        assert plugin.proc is not None
-        plugin.proc.send_signal(signal.SIGTERM)
-        assert await asyncio.wait_for(plugin.proc.wait(), 30) == 0, plugin.log_tail()
-        assert not plugin.socket.exists(), "the driver's socket outlived the process"
+async def provision_and_expand(api: ApiClient, namespace: str, h: Harness, plugin: Plugin) -> None:
+    """A claim selected for the plugin's node provisioned, bound and expanded; the metrics of the
+    one endpoint; SIGTERM."""
+    cls = await h.create_class("wffc", volumeBindingMode="WaitForFirstConsumer", allowVolumeExpansion=True)
+    await h.create_pvc("data", "16Mi", cls, annotations={storage.ANN_SELECTED_NODE: plugin.node})
+    pv = (await h.bound("data", timeout=30))["data"]
+    handle = pv["spec"]["csi"]["volumeHandle"]
+    assert (plugin.root / "pool" / "volumes" / f"{handle}.img").exists()
+
+    await api.patch(
+        PERSISTENT_VOLUME_CLAIMS,
+        "data",
+        {"spec": {"resources": {"requests": {"storage": "32Mi"}}}},
+        namespace,
+    )
+
+    async def expanded() -> list[str]:
+        current = await h.pv(pv["metadata"]["name"])
+        size = current["spec"]["capacity"]["storage"] if current else None
+        return [] if size == "32Mi" else [f"PV capacity {size}"]
+
+    await eventually_async(
+        "the PV expanded by the process's resizer",
+        expanded,
+        30,
+        0.2,
+        satisfied=no_problems,
+        context=plugin.log_tail,
+    )
+
+    status, metrics = await plugin.get("/metrics")
+    assert status == 200
+    types = [line for line in metrics.splitlines() if line.startswith("# TYPE ")]
+    assert len(types) == len(set(types)), "a family served twice"
+
+    def calls(family: str, method: str) -> float:
+        prefix = f"{family}_count{{"
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in metrics.splitlines()
+            if line.startswith(prefix) and f'method_name="{method}"' in line
+        )
+
+    sidecars = "csi_sidecar_operations_seconds"
+    assert calls(sidecars, "/csi.v1.Controller/CreateVolume") == 1
+    assert calls(sidecars, "/csi.v1.Controller/ControllerExpandVolume") == 1
+    assert calls("csi_operations_seconds", "CreateVolume") == 1  # the driver's own, by short name
+
+    assert plugin.proc is not None
+    plugin.proc.send_signal(signal.SIGTERM)
+    assert await asyncio.wait_for(plugin.proc.wait(), 30) == 0, plugin.log_tail()
+    assert not plugin.socket.exists(), "the driver's socket outlived the process"
 
 
 async def test_a_component_that_cannot_start_takes_the_process_down(
