@@ -9,7 +9,12 @@ from . import kind
 SLEEP = "sleep 3600"
 
 
-def claim(ns: str, name: str, size: str = "64Mi", storage_class: str = "kubeloop") -> str:
+def claim(
+    ns: str, name: str, size: str = "64Mi", storage_class: str = "kubeloop", data_source: str = ""
+) -> str:
+    """A claim; `data_source`, a flow mapping such as `{kind: PersistentVolumeClaim, name: src}`,
+    makes it a restore or a clone."""
+    source = f"dataSource: {data_source}" if data_source else ""
     return f"""
 apiVersion: v1
 kind: PersistentVolumeClaim
@@ -17,6 +22,7 @@ metadata: {{name: {name}, namespace: {ns}}}
 spec:
   accessModes: [ReadWriteOnce]
   storageClassName: {storage_class}
+  {source}
   resources: {{requests: {{storage: {size}}}}}
 """
 

@@ -164,16 +164,7 @@ def test_scheduler_places_pods_by_each_nodes_free_capacity(
 
 def restore(ns: str, name: str, kind_: str, source: str, size: str = "64Mi") -> str:
     group = "apiGroup: snapshot.storage.k8s.io, " if kind_ == "VolumeSnapshot" else ""
-    return f"""
-apiVersion: v1
-kind: PersistentVolumeClaim
-metadata: {{name: {name}, namespace: {ns}}}
-spec:
-  accessModes: [ReadWriteOnce]
-  storageClassName: {WFFC}
-  dataSource: {{{group}kind: {kind_}, name: {source}}}
-  resources: {{requests: {{storage: {size}}}}}
-"""
+    return claim(ns, name, size, WFFC, data_source=f"{{{group}kind: {kind_}, name: {source}}}")
 
 
 def test_a_restore_and_a_clone_are_made_on_the_nodes_the_scheduler_puts_their_pods_on(

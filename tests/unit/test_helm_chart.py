@@ -10,7 +10,6 @@ the Prometheus Operator's objects), and a bad value fails with a message naming 
 
 from __future__ import annotations
 
-import re
 import shutil
 from functools import cache
 from pathlib import Path
@@ -20,6 +19,7 @@ import pytest
 import yaml
 
 from controller_runtime.toolchain import REPO_ROOT
+from tests.support.container_args import expand
 from tests.support.helm import CHART, KUBELOOP, NAMESPACE, Key, helm_template, objects, run, tool
 
 DEPLOY = REPO_ROOT / "deploy"
@@ -156,7 +156,7 @@ def test_node_local_with_embedded_sidecars_runs_them_in_the_plugins_process() ->
     assert plugin["command"] == ["kubeloop-node-plugin"]
     env = {e["name"]: "x" for e in plugin["env"]}
     assert {"KUBE_NODE_NAME", "NODE_NAME", "POD_NAME", "NAMESPACE"} <= set(env)
-    _, parts = parse([expand_env(a, env) for a in plugin["args"]])
+    _, parts = parse([expand(a, env) for a in plugin["args"]])
     assert len(parts) == 3
     apart = containers(separate, "DaemonSet", "kubeloop-csi-node")
     sections = "\n".join(plugin["args"]).split("\n--\n")
@@ -185,10 +185,6 @@ def driver_args(plugin: dict[str, Any]) -> list[str]:
         return args
     start = args.index("csi-driver") + 1
     return args[start : args.index("--", start)]
-
-
-def expand_env(arg: str, env: dict[str, str]) -> str:
-    return re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), arg)
 
 
 def test_node_local_daemonset_holds_the_driver_and_the_per_node_sidecars() -> None:

@@ -4,7 +4,6 @@ kustomization.yaml lists every manifest; the kind cluster asks for the etcd imag
 
 from __future__ import annotations
 
-import re
 import subprocess
 import sys
 import tomllib
@@ -19,6 +18,7 @@ from controller_runtime.toolchain import REPO_ROOT
 from localstack import kind
 from localstack.compose import KUBELOOP_IMAGE, images
 from localstack.kind import SNAPSHOT_METADATA_IMAGE, SNAPSHOTTER_IMAGE
+from tests.support.container_args import expand
 
 DEPLOY = REPO_ROOT / "deploy"
 
@@ -90,9 +90,7 @@ def test_every_container_runs_a_kubeloop_script_with_flags_it_accepts(
         from node_plugin.main import parse
 
         env = {e["name"]: "x" for e in container.get("env", [])}
-        args = [
-            re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), a) for a in container["args"]
-        ]
+        args = [expand(a, env) for a in container["args"]]
         _, parts = parse(args)
         assert len(parts) == 3, name
         return

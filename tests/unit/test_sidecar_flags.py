@@ -26,6 +26,7 @@ from external_provisioner import main as provisioner
 from external_resizer import main as resizer
 from livenessprobe import main as livenessprobe
 from node_driver_registrar import main as registrar
+from tests.support.container_args import expand
 from tests.upstream_flags import (
     MODULES,
     PINS,
@@ -587,11 +588,6 @@ def kubernetes_module() -> Path:
         return go_module_dir("k8s.io/kubernetes", read_versions()["KUBERNETES_VERSION"])
     except MissingUpstream as exc:
         pytest.fail(str(exc))
-
-
-def expand(arg: str, env: dict[str, str]) -> str:
-    """kubelet's $(VAR) expansion of a container's args from its env."""
-    return re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), arg)
 
 
 def e2e_sidecar_command_lines() -> list[tuple[str, str, list[str]]]:
