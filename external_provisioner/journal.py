@@ -2,32 +2,37 @@
 PersistentVolume records yet.
 
 Upstream's sidecar keeps this only in memory, so a restart between CreateVolume and saving the PV
-forgets the volume and, if the claim is deleted meanwhile, leaks it. kubeloop writes an entry
-(fsync'd, renamed into place) *before* CreateVolume and removes it only once the PV is saved or
-the volume is known not to exist; at start every entry is finished or cleaned up. The journal lives
-on local disk next to the driver's own state (the pool is local to the machine too), so it costs no
-API request on the provisioning path.
+forgets the volume and, if the claim is deleted meanwhile, leaks it. kubeloop journals an entry
+durably *before* CreateVolume and removes it only once the PV is saved or the volume is known not
+to exist; at start every entry is finished or cleaned up. The journal lives on local disk next to
+the driver's own state (the pool is local to the machine too), so it costs no API request on the
+provisioning path.
 
-Writes that arrive together are committed together (group commit): each caller's change joins a
-batch that one thread carries out, in order, with one directory fsync for every durable write in
-it, and each caller returns once its own change is on disk. A burst of 1,000 claims took two
-thread hops and one directory fsync per claim before, 0.37 ms of the provisioner's CPU per claim.
-A change that needs no fsync (a removal, an unsynced update) and finds no batch pending is carried
-out at once on the caller's thread: under the client's QPS limit claims finish one at a time, and
-a thread hop there cost more than the unlink it carried (0.07 ms against tens of microseconds).
+The journal is one append-only log, `journal.log`: a JSON line per change, `{"put": entry}` or
+`{"remove": uid}`, read in order at start. An entry is durable once the log is fsync'd after its
+line. Writes that arrive together are committed together (group commit): each caller's line joins
+a batch that one thread appends with one write and, when any of them must be durable, one fsync;
+each caller returns once its batch is done. A file per entry (the journal's earlier form) cost a
+file fsync, a rename and a directory fsync per claim and, on the development VM's ext4, 0.5-1 ms
+of system CPU to create each file; a log line costs a share of one write and one fsync (issue 49,
+docs/benchmarks.md). A removal (or an unsynced update) that finds no batch pending is appended at
+once on the caller's thread: under the client's QPS limit claims finish one at a time, and a
+thread hop there cost more than the write it carried.
 
-A removed entry's file is not unlinked but renamed to a spare (a temp name, dropped at start like
-any leftover temp file) that the next entry is written into and renamed from: creating a file cost
-0.5-1 ms of system CPU on the development VM's ext4 (its inode allocation), more than all the
-rest of an entry's write, fsync included; rewriting a spare in place and renaming it costs about
-0.15 ms. At most SPARES spares are kept.
+What a crash can leave, and how a load reads it: every line up to the last fsync is on disk; lines
+after it may be missing, cut, or (after a power loss) garbage. No entry acknowledged as durable lies
+after them, because its fsync made everything before it durable too. So a load reads lines up to
+the first one that is not a whole JSON record and drops the rest: what it drops was either never
+acknowledged (a put whose CreateVolume was never sent) or harmless to lose (a removal or an unsynced
+update: the entry is re-checked). A load then writes the live entries to a fresh log (fsync'd,
+renamed into place): the torn tail is gone before anything is appended after it. The same rewrite,
+on the committing thread, keeps the log short (COMPACT_AT).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,14 +40,18 @@ from typing import Any
 
 import orjson
 
-from controller_runtime.files import FileLock, fsync_dir, is_temp_name, temp_name, write_atomic
+from controller_runtime.files import FileLock, fsync_dir, is_temp_name, write_atomic
+from controller_runtime.logs import get_logger
 
 from .request import VolumeSpec
 
-# Removed entries' files kept for the next entries to be written into (module docstring): a burst's
-# claims in flight at once (--worker-threads, 100 by default) put theirs before the first ones are
-# removed, so more spares than that would rarely be used.
-SPARES = 128
+log = get_logger("external-provisioner")
+
+LOG_NAME = "journal.log"
+# The log is rewritten with only its live entries once it is past this size and at least half of
+# it is dead lines: a burst of 1,000 claims appends about 0.7 MiB, so a busy provisioner rewrites a
+# few dozen entries every thousand or so claims, and an idle one keeps at most this much.
+COMPACT_AT = 1 << 20
 
 
 @dataclass
@@ -76,12 +85,70 @@ class Entry:
         )
 
 
+def read(directory: Path) -> dict[str, Entry]:
+    """The entries journalled in `directory`, by claim UID, read without changing anything there
+    (what a load starts from; tests and tools read a journal this way too)."""
+    entries: dict[str, Entry] = {}
+    # The journal's earlier form, a file per entry, read first: a provisioner upgraded with entries
+    # in flight finishes them, and its first load folds them into the log.
+    for path in sorted(directory.glob("*.json")):
+        entry = Entry.from_json(orjson.loads(path.read_bytes()))
+        entries[entry.uid] = entry
+    try:
+        data = (directory / LOG_NAME).read_bytes()
+    except FileNotFoundError:
+        return entries
+    records, end = _records(data)
+    for record in records:
+        if "put" in record:
+            entry = Entry.from_json(record["put"])
+            entries[entry.uid] = entry
+        else:
+            entries.pop(record["remove"], None)
+    if end < len(data):
+        dropped = len(data) - end
+        log.warning("dropped the journal's unsynced tail", path=str(directory / LOG_NAME), bytes=dropped)
+    return entries
+
+
+def _records(data: bytes) -> tuple[list[dict[str, Any]], int]:
+    """A log's whole records, up to the first line that is cut or is not a record (the module
+    docstring says why nothing after it counts), and the offset where they end."""
+    records: list[dict[str, Any]] = []
+    start = 0
+    while (newline := data.find(b"\n", start)) >= 0:
+        try:
+            record = orjson.loads(data[start:newline])
+        except orjson.JSONDecodeError:
+            break
+        if not isinstance(record, dict) or not (
+            isinstance(record.get("put"), dict) or isinstance(record.get("remove"), str)
+        ):
+            break
+        records.append(record)
+        start = newline + 1
+    return records, start
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _put_line(entry: Entry) -> bytes:
+    # orjson writes the dataclasses as to_json() has them (every field, in order, nested ones as
+    # objects), in a tenth of the time of asdict and json.dumps.
+    return orjson.dumps({"put": entry}, option=orjson.OPT_APPEND_NEWLINE)
+
+
 @dataclass
 class _Change:
-    """One file to write (`data`) or remove (`data` None), and the caller waiting for it."""
+    """One line to append, and the caller waiting for it."""
 
-    path: Path
-    data: bytes | None
+    uid: str
+    line: bytes
+    is_put: bool
     durable: bool
     done: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
@@ -91,59 +158,74 @@ class Journal:
         self.directory = directory
         self.entries: dict[str, Entry] = {}
         # One provisioner writes a journal: a second one on the same directory (a restart whose
-        # predecessor still exits) waits for it rather than sweep its half-written entries.
+        # predecessor still exits) waits for it rather than append beside it.
         self.lock = FileLock(directory / ".lock")
         self._changes: list[_Change] = []
         self._committing: asyncio.Task[None] | None = None
-        # Only _carry_out touches it, and never twice at once: on the loop's thread when no batch
-        # is pending, else on the one thread that carries the batches out.
-        self._spares: list[str] = []
+        # Only _append and _write_fresh touch these, and never twice at once: on the loop's thread
+        # when no batch is pending, else on the one thread that carries the batches out.
+        self._fd: int | None = None  # the log, opened for appending
+        self._size = 0  # its length
+        self._live: dict[str, bytes] = {}  # each entry's line as last appended: what a rewrite keeps
+        self._live_size = 0
+        # A write or fsync failed, so the log's end is in doubt (a cut line would hide every line
+        # after it from a load): the next batch writes a fresh log first.
+        self._rewrite = False
 
     def load(self) -> list[Entry]:
-        """Reads every entry left by an earlier process (leftover temp files are dropped); the
-        caller holds `lock`."""
+        """Reads every entry left by an earlier process and starts a fresh log holding them
+        (leftover temp files are dropped); the caller holds `lock`."""
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         for path in self.directory.iterdir():
             if is_temp_name(path.name):
                 path.unlink(missing_ok=True)
-            elif path.suffix == ".json":
-                entry = Entry.from_json(json.loads(path.read_bytes()))
-                self.entries[entry.uid] = entry
+        self.entries = read(self.directory)
+        self._live = {uid: _put_line(entry) for uid, entry in self.entries.items()}
+        self._write_fresh()
+        earlier = list(self.directory.glob("*.json"))
+        for path in earlier:  # folded into the log, which is durable now
+            path.unlink()
+        if earlier:
+            fsync_dir(self.directory)
         return list(self.entries.values())
+
+    async def close(self) -> None:
+        """Waits for the batch under way, then closes the log."""
+        if self._committing is not None:
+            with contextlib.suppress(Exception):
+                await self._committing
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
     def get(self, uid: str) -> Entry | None:
         return self.entries.get(uid)
 
-    def _path(self, uid: str) -> Path:
-        if not uid or "/" in uid or uid.startswith("."):
-            raise ValueError(f"not a claim UID: {uid!r}")
-        return self.directory / f"{uid}.json"
-
     async def put(self, entry: Entry, durable: bool = True) -> None:
         """Returns once the entry is on disk: only then may CreateVolume be sent. `durable=False`
         is for updates whose loss is harmless (the volume id: without it, clean-up repeats the
-        journalled CreateVolume to learn it), saving an fsync per claim."""
-        # orjson writes the dataclasses as to_json() has them (every field, in order, nested ones
-        # as objects), in a tenth of the time of asdict and json.dumps.
-        data = orjson.dumps(entry)
-        await self._commit(_Change(self._path(entry.uid), data, durable))
+        journalled CreateVolume to learn it), saving an fsync."""
+        if not entry.uid:
+            raise ValueError("a journal entry needs its claim's UID")
+        await self._commit(_Change(entry.uid, _put_line(entry), True, durable))
         self.entries[entry.uid] = entry
 
     async def remove(self, uid: str) -> None:
         """No fsync: an entry that survives a crash is only re-checked and removed again."""
         if self.entries.pop(uid, None) is not None:
-            await self._commit(_Change(self._path(uid), None, durable=False))
+            line = orjson.dumps({"remove": uid}, option=orjson.OPT_APPEND_NEWLINE)
+            await self._commit(_Change(uid, line, False, durable=False))
 
     def _idle(self) -> bool:
         """No batch is being carried out and none waits to be."""
         return not self._changes and (self._committing is None or self._committing.done())
 
     async def _commit(self, change: _Change) -> None:
-        if not change.durable and self._idle():
-            # Nothing to wait for and nothing to order behind: an unlink or an unsynced write
-            # takes tens of microseconds, less than the two thread hops of a batch (claims that
-            # come one at a time, as under the client's QPS limit, would each pay them).
-            error = self._carry_out([change])[0]
+        if not change.durable and self._idle() and not self._rewrite:
+            # Nothing to wait for and nothing to order behind: appending a line takes a few
+            # microseconds, far less than the two thread hops of a batch (claims that come one at a
+            # time, as under the client's QPS limit, would each pay them).
+            error = self._append([change])[0]
             if error is not None:
                 raise error
             return
@@ -167,48 +249,52 @@ class Journal:
                     change.done.set_exception(error)
 
     def _carry_out(self, batch: list[_Change]) -> list[Exception | None]:
-        """In a thread: the batch's changes in order, then one directory fsync that makes every
-        durable write's rename durable. A change that fails fails its caller only."""
-        errors: list[Exception | None] = []
-        for change in batch:
+        """In a thread: the batch appended, then the log rewritten if it has grown long."""
+        errors = self._append(batch)
+        if self._size > COMPACT_AT and 2 * self._live_size < self._size:
             try:
-                if change.data is None:
-                    self._retire(change.path)
-                elif not self._write_into_spare(change.path, change.data, change.durable):
-                    write_atomic(change.path, change.data, durable=change.durable, sync_dir=False)
-                errors.append(None)
-            except Exception as exc:
-                errors.append(exc)
-        durable = [i for i, c in enumerate(batch) if c.durable and errors[i] is None]
-        if durable:
-            try:
-                fsync_dir(self.directory)
-            except OSError as exc:
-                for i in durable:
-                    errors[i] = exc
+                self._write_fresh()
+            except OSError as exc:  # the batch is on disk all the same; the next one tries again
+                log.warning("could not rewrite the journal", error=str(exc))
         return errors
 
-    def _retire(self, path: Path) -> None:
-        """Removes an entry's file: renamed to a spare while there is room for one (as atomic as
-        the unlink it stands for: a crash leaves the entry or a temp file), else unlinked."""
-        with contextlib.suppress(FileNotFoundError):
-            if len(self._spares) < SPARES:
-                spare = temp_name(self.directory / "spare")
-                os.rename(path, spare)
-                self._spares.append(spare)
+    def _append(self, batch: list[_Change]) -> list[Exception | None]:
+        """The batch's lines in one write, and one fsync if any of them must be durable. A failure
+        fails the whole batch (its lines share the write)."""
+        data = b"".join(change.line for change in batch)
+        try:
+            if self._rewrite or self._fd is None:
+                self._write_fresh()
+            assert self._fd is not None
+            _write_all(self._fd, data)
+            if any(change.durable for change in batch):
+                os.fsync(self._fd)
+        except OSError as exc:
+            self._rewrite = True
+            for change in batch:
+                if not change.is_put:  # the caller gave the entry up: a rewrite need not keep it
+                    self._forget(change.uid)
+            return [exc] * len(batch)
+        self._size += len(data)
+        for change in batch:
+            if change.is_put:
+                self._live_size += len(change.line) - len(self._live.get(change.uid, b""))
+                self._live[change.uid] = change.line
             else:
-                os.unlink(path)
+                self._forget(change.uid)
+        return [None] * len(batch)
 
-    def _write_into_spare(self, path: Path, data: bytes, durable: bool) -> bool:
-        """write_atomic's replace, into a spare instead of a new file. False when no spare is left
-        (the caller creates a file); a spare that fails is unlinked and the next one is tried."""
-        while self._spares:
-            spare = self._spares.pop()
-            try:
-                write_atomic(path, data, durable=durable, sync_dir=False, into=spare)
-            except OSError:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(spare)  # when it could not even be opened
-                continue
-            return True
-        return False
+    def _forget(self, uid: str) -> None:
+        self._live_size -= len(self._live.pop(uid, b""))
+
+    def _write_fresh(self) -> None:
+        """A log of the live entries alone, durably in place of the old one; appends go to it."""
+        path = self.directory / LOG_NAME
+        data = b"".join(self._live.values())
+        self._rewrite = True  # until the new log is in place and open
+        write_atomic(path, data)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+        if self._fd is not None:
+            os.close(self._fd)
+        self._fd, self._size, self._live_size = fd, len(data), len(data)
+        self._rewrite = False

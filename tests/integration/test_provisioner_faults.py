@@ -5,7 +5,6 @@ volume leaked, none lost."""
 from __future__ import annotations
 
 import asyncio
-import json
 import signal
 
 import pytest
@@ -13,7 +12,7 @@ import pytest
 from controller_runtime import storage
 from controller_runtime.client import ApiClient
 from controller_runtime.resources import CSI_NODES, NODES, PERSISTENT_VOLUME_CLAIMS
-from external_provisioner import failpoints
+from external_provisioner import failpoints, journal
 from localstack.controlplane import ControlPlane
 from tests.support.waits import eventually_async, no_problems
 
@@ -45,10 +44,8 @@ async def test_sigkill_at_each_step_then_claim_deleted_leaks_nothing(
         if point == failpoints.AFTER_CREATE_VOLUME:
             # The volume id is journalled only once saving the PV needs a retry: the restarted
             # provisioner learns it by repeating the journalled CreateVolume.
-            journalled = [
-                json.loads(p.read_text()) for p in (h.root / "provisioner" / "provisioning").glob("*.json")
-            ]
-            assert journalled and not any(e["volume_id"] for e in journalled)
+            journalled = journal.read(h.root / "provisioner" / "provisioning")
+            assert journalled and not any(e.volume_id for e in journalled.values())
         await api.delete(PERSISTENT_VOLUME_CLAIMS, "doomed", namespace)
         await h.start_provisioner()
         await h.bound("kept")
@@ -60,8 +57,7 @@ async def test_sigkill_at_each_step_then_claim_deleted_leaks_nothing(
         await eventually_async("doomed gone", doomed_gone, 30, satisfied=no_problems, context=h.log_tail)
         await h.assert_files_equal_pvs()
         assert len(h.backing_files()) == 1
-        journal = h.root / "provisioner" / "provisioning"
-        assert not list(journal.glob("*.json")), "intent journal not emptied"
+        assert not journal.read(h.root / "provisioner" / "provisioning"), "intent journal not emptied"
 
 
 async def test_driver_unavailable_then_back(
