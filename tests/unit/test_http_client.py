@@ -275,6 +275,53 @@ async def test_a_stream_yields_pieces_as_they_come_and_an_unfinished_one_is_disc
                 pass
 
 
+async def test_a_streams_chunks_are_the_same_however_the_bytes_arrive() -> None:
+    """Chunks are cut out of what each read returns: a burst in one segment, a few bytes or one
+    byte per segment, a chunk larger than a read, extensions and trailers all give the same
+    pieces, and the connection is kept; framing that is not HTTP's is Disconnected."""
+    small = [b"one\n", b"", b"two\n"]
+    big = [b"one\n", b"x" * 200_000, b"two\n"]
+
+    def chunked(pieces: list[bytes], end: bytes = b"0\r\n\r\n") -> bytes:
+        return b"".join(b"%x;ext=1\r\n%s\r\n" % (len(p), p) for p in pieces if p) + end
+
+    trailers = b"0\r\nX-Trailer: a\r\n\r\n"
+    for data, step, expected in (
+        (chunked(big), None, big),
+        (chunked(big, trailers), 7_001, big),
+        (chunked(small, trailers), 1, [p for p in small if p]),
+    ):
+        async with raw_server(_chunked_answer(data, step)) as (url, _):
+            pool = pool_of(url, limit=0)
+            async with pool.stream("GET", "/w", connect_timeout=5, read_timeout=5) as streamed:
+                assert [p async for p in streamed.pieces()] == expected, step
+            assert streamed.complete and pool._idle  # the connection is kept for the next request
+
+    for framing in (b"4\r\none\nXX0\r\n\r\n", b"-4\r\none\n\r\n0\r\n\r\n", b"4" * 70_000):
+        async with raw_server(_chunked_answer(framing, None)) as (url, _):
+            pool = pool_of(url, limit=0)
+            with pytest.raises(Disconnected):
+                async with pool.stream("GET", "/w", connect_timeout=5, read_timeout=5) as streamed:
+                    async for _piece in streamed.pieces():
+                        pass
+            assert not pool._idle
+
+
+def _chunked_answer(body: bytes, step: int | None) -> Handler:
+    """A server answering with a chunked body, `step` bytes per write (all at once for None),
+    then waiting for the client to go."""
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for i in range(0, len(body), step or len(body)):
+            writer.write(body[i : i + (step or len(body))])
+            await writer.drain()
+        await reader.read()
+
+    return handler
+
+
 async def test_tls_with_the_servers_ca_and_a_server_that_is_not_tls(tmp_path: Path) -> None:
     """TLS to a real HTTP server (aiohttp's), verifying its certificate against the CA a
     kubeconfig would name; a plain-HTTP peer answers the handshake with garbage: CannotConnect."""
