@@ -46,27 +46,18 @@ def write_atomic(
     durable: bool = True,
     mode: int = 0o600,
     sync_dir: bool = True,
-    into: str | None = None,
 ) -> None:
     """Replaces `path` with `data`: a crash leaves the old content or the new, never a torn file.
 
     The file is created with `mode` (never briefly more open). `durable=False` skips the fsyncs,
     for content whose loss on power failure is harmless. `sync_dir=False` leaves the directory's
     fsync (which makes the rename durable) to a caller that writes several files in it and syncs
-    it once for all of them. `into`: an existing file of the caller's in the same directory, under
-    a temp name, to write the data into and rename instead of creating a new file (creating one is
-    the dearest part of a small write on ext4: 0.5-1 ms of system CPU on the development VM); it is
-    unlinked if the write fails after it was opened.
+    it once for all of them.
     """
-    if into is None:
-        tmp = temp_name(path)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
-    else:
-        tmp, fd = into, os.open(into, os.O_WRONLY | os.O_CLOEXEC)
+    tmp = temp_name(path)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
     try:
         try:
-            if into is not None:
-                os.ftruncate(fd, len(data))  # to the new length, then overwritten from the start
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view) :]

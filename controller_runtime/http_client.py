@@ -177,9 +177,9 @@ class ConnectionPool:
     ) -> _Head:
         writer = conn.writer
         try:
-            writer.write(self._head(method, target, headers, body))
-            if body:
-                writer.write(body)
+            # One write: over TLS each write is a record and a send of its own.
+            head = self._head(method, target, headers, body)
+            writer.write(head + body if body else head)
             await writer.drain()
         except (ConnectionError, ssl.SSLError) as e:
             raise _ClosedBeforeAnswer(f"the connection closed before the request was sent: {e}") from None

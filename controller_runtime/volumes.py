@@ -176,15 +176,23 @@ def csi_access_mode(mode: str, single_node_multi_writer: bool) -> int | None:
     """A Kubernetes access mode as CSI's, None for one CSI has no name for. A driver with
     SINGLE_NODE_MULTI_WRITER gets the precise modes: ReadWriteOnce lets several pods of one node
     write, ReadWriteOncePod only one."""
-    Mode = csi_pb2.VolumeCapability.AccessMode.Mode
-    table = {
-        RWO: Mode.SINGLE_NODE_MULTI_WRITER if single_node_multi_writer else Mode.SINGLE_NODE_WRITER,
-        RWOP: Mode.SINGLE_NODE_SINGLE_WRITER if single_node_multi_writer else Mode.SINGLE_NODE_WRITER,
-        ROX: Mode.MULTI_NODE_READER_ONLY,
-        RWX: Mode.MULTI_NODE_MULTI_WRITER,
-    }
-    found = table.get(mode)
-    return None if found is None else int(found)
+    return (_CSI_MODES_MULTI_WRITER if single_node_multi_writer else _CSI_MODES).get(mode)
+
+
+_Mode = csi_pb2.VolumeCapability.AccessMode.Mode
+# Built once: each name read from a protobuf enum wrapper is a Python-level __getattr__, and
+# CreateVolume and every node call map a mode.
+_CSI_MODES: dict[str, int] = {
+    RWO: _Mode.SINGLE_NODE_WRITER,
+    RWOP: _Mode.SINGLE_NODE_WRITER,
+    ROX: _Mode.MULTI_NODE_READER_ONLY,
+    RWX: _Mode.MULTI_NODE_MULTI_WRITER,
+}
+_CSI_MODES_MULTI_WRITER: dict[str, int] = {
+    **_CSI_MODES,
+    RWO: _Mode.SINGLE_NODE_MULTI_WRITER,
+    RWOP: _Mode.SINGLE_NODE_SINGLE_WRITER,
+}
 
 
 def capability(

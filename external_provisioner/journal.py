@@ -168,9 +168,11 @@ class Journal:
         self._size = 0  # its length
         self._live: dict[str, bytes] = {}  # each entry's line as last appended: what a rewrite keeps
         self._live_size = 0
+        self._earlier: list[Path] = []  # files of the journal's earlier form, until the log holds them
         # A write or fsync failed, so the log's end is in doubt (a cut line would hide every line
-        # after it from a load): the next batch writes a fresh log first.
-        self._rewrite = False
+        # after it from a load), or none could be written at start: the next batch writes a fresh
+        # log first.
+        self._rewrite = True
 
     def load(self) -> list[Entry]:
         """Reads every entry left by an earlier process and starts a fresh log holding them
@@ -181,12 +183,13 @@ class Journal:
                 path.unlink(missing_ok=True)
         self.entries = read(self.directory)
         self._live = {uid: _put_line(entry) for uid, entry in self.entries.items()}
-        self._write_fresh()
-        earlier = list(self.directory.glob("*.json"))
-        for path in earlier:  # folded into the log, which is durable now
-            path.unlink()
-        if earlier:
-            fsync_dir(self.directory)
+        self._earlier = list(self.directory.glob("*.json"))
+        try:
+            self._write_fresh()
+        except OSError as exc:
+            # A full or read-only disk must not keep the provisioner from starting: its deletions
+            # (which free space) never touch the journal. The next write tries again first.
+            log.warning("could not rewrite the journal; every write will try again first", error=str(exc))
         return list(self.entries.values())
 
     async def close(self) -> None:
@@ -298,3 +301,8 @@ class Journal:
             os.close(self._fd)
         self._fd, self._size, self._live_size = fd, len(data), len(data)
         self._rewrite = False
+        if self._earlier:  # the earlier form's files, folded into the log, which is durable now
+            for earlier in self._earlier:
+                earlier.unlink(missing_ok=True)
+            fsync_dir(self.directory)
+            self._earlier = []

@@ -224,3 +224,29 @@ async def test_the_log_is_rewritten_once_mostly_dead(tmp_path: Path, monkeypatch
     await journal.put(entry("after"))
     await journal.close()
     assert uids(tmp_path / "j") == ["after", "kept"]
+
+
+async def test_a_full_disk_at_start_does_not_stop_the_load_and_the_first_write_rewrites(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    directory = tmp_path / "j"
+    directory.mkdir()
+    (directory / "old.json").write_bytes(json.dumps(entry("old").to_json()).encode())
+    real = journal_module.write_atomic
+
+    def full(path: Path, data: bytes) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(journal_module, "write_atomic", full)
+    journal = Journal(directory)
+    assert journal.load() == [entry("old")]  # the provisioner starts, and its deletions can free room
+    with pytest.raises(OSError, match="No space left"):
+        await journal.put(entry("new"))
+    with pytest.raises(OSError, match="No space left"):
+        await journal.remove("old")  # not even a removal appends to a log that was not rewritten
+    assert (directory / "old.json").exists() and not (directory / LOG_NAME).exists()
+    monkeypatch.setattr(journal_module, "write_atomic", real)
+    await journal.put(entry("new"))
+    assert [p.name for p in directory.iterdir()] == [LOG_NAME]  # the earlier form's file folded in
+    assert uids(directory) == ["new"]
+    await journal.close()

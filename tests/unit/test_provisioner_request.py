@@ -25,7 +25,7 @@ from controller_runtime.kinds import (
 )
 from controller_runtime.quantity import format_quantity
 from external_provisioner import names
-from external_provisioner.journal import Entry, Journal
+from external_provisioner.journal import LOG_NAME, Entry, Journal
 from external_provisioner.request import (
     CreatedVolume,
     ProvisionError,
@@ -327,13 +327,13 @@ def test_quantities_and_error_texts() -> None:
     assert error_text(Err()) == "rpc error: code = ResourceExhausted desc = pool full"
 
 
-async def test_journal_survives_a_new_process_and_refuses_bad_names(tmp_path: Path) -> None:
+async def test_journal_survives_a_new_process_and_refuses_an_entry_without_a_uid(tmp_path: Path) -> None:
     spec = VolumeSpec("pvc-u", 1, False, "ext4", [], ["ReadWriteOnce"], {})
     journal = Journal(tmp_path / "j")
     journal.load()
     await journal.put(Entry("u", "ns", "data", "fast", spec))
-    half = Path(temp_name(tmp_path / "j" / "u.json"))
-    await asyncio.to_thread(half.write_text, "{")  # an interrupted write
+    half = Path(temp_name(tmp_path / "j" / LOG_NAME))
+    await asyncio.to_thread(half.write_text, "{")  # a rewrite interrupted
     entry = journal.get("u")
     assert entry is not None
     entry.volume_id = "vol-1"
@@ -344,4 +344,4 @@ async def test_journal_survives_a_new_process_and_refuses_bad_names(tmp_path: Pa
     await again.remove("u")
     assert Journal(tmp_path / "j").load() == []
     with pytest.raises(ValueError):
-        await again.put(Entry("../x", "ns", "d", "", spec))
+        await again.put(Entry("", "ns", "d", "", spec))
