@@ -91,8 +91,11 @@ class DeletionController(SidecarController):
         )
 
     def _volume_changed(self, obj: Obj) -> None:
+        # Only a PV the sync would act on: every provisioned PV changes a few times on its way to
+        # Bound (its create, the binder's status), and a sync of each was a queue round trip and
+        # a view for nothing. The sync decides again from the cache.
         pv = pv_view(obj)
-        if self._mine(pv):
+        if self._mine(pv) and (decide.finalizers_after(pv) is not None or decide.should_delete(pv)):
             self.queue.add(pv["metadata"]["name"])
 
     def _attachment_deleted(self, obj: Obj) -> None:
