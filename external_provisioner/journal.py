@@ -32,8 +32,9 @@ on the committing thread, keeps the log short (COMPACT_AT).
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import errno
 import os
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -162,8 +163,10 @@ class Journal:
         self.lock = FileLock(directory / ".lock")
         self._changes: list[_Change] = []
         self._committing: asyncio.Task[None] | None = None
-        # Only _append and _write_fresh touch these, and never twice at once: on the loop's thread
-        # when no batch is pending, else on the one thread that carries the batches out.
+        # Only _append and _write_fresh touch these, under _io: on the loop's thread when no batch
+        # is pending, else on the one thread that carries the batches out; close() waits for it.
+        self._io = threading.Lock()
+        self._closed = False
         self._fd: int | None = None  # the log, opened for appending
         self._size = 0  # its length
         self._live: dict[str, bytes] = {}  # each entry's line as last appended: what a rewrite keeps
@@ -192,14 +195,14 @@ class Journal:
             log.warning("could not rewrite the journal; every write will try again first", error=str(exc))
         return list(self.entries.values())
 
-    async def close(self) -> None:
-        """Waits for the batch under way, then closes the log."""
-        if self._committing is not None:
-            with contextlib.suppress(Exception):
-                await self._committing
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+    def close(self) -> None:
+        """Closes the log once the batch being written, if any, is done (a cancelled caller
+        leaves its batch's thread running); every later write fails."""
+        with self._io:
+            self._closed = True
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
 
     def get(self, uid: str) -> Entry | None:
         return self.entries.get(uid)
@@ -254,17 +257,24 @@ class Journal:
     def _carry_out(self, batch: list[_Change]) -> list[Exception | None]:
         """In a thread: the batch appended, then the log rewritten if it has grown long."""
         errors = self._append(batch)
-        if self._size > COMPACT_AT and 2 * self._live_size < self._size:
-            try:
-                self._write_fresh()
-            except OSError as exc:  # the batch is on disk all the same; the next one tries again
-                log.warning("could not rewrite the journal", error=str(exc))
+        with self._io:
+            if not self._closed and self._size > COMPACT_AT and 2 * self._live_size < self._size:
+                try:
+                    self._write_fresh()
+                except OSError as exc:  # the batch is on disk all the same; the next one tries again
+                    log.warning("could not rewrite the journal", error=str(exc))
         return errors
 
     def _append(self, batch: list[_Change]) -> list[Exception | None]:
         """The batch's lines in one write, and one fsync if any of them must be durable. A failure
         fails the whole batch (its lines share the write)."""
         data = b"".join(change.line for change in batch)
+        with self._io:
+            return self._append_locked(batch, data)
+
+    def _append_locked(self, batch: list[_Change], data: bytes) -> list[Exception | None]:
+        if self._closed:
+            return [OSError(errno.EBADF, "the journal is closed")] * len(batch)
         try:
             if self._rewrite or self._fd is None:
                 self._write_fresh()

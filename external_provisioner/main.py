@@ -382,7 +382,7 @@ async def run_controllers(
         finally:
             await provisioning.factory.stop()
     finally:
-        await journal.close()
+        journal.close()
         journal.lock.release()
 
 

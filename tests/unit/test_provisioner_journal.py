@@ -59,7 +59,7 @@ async def test_a_burst_of_puts_shares_one_fsync(tmp_path: Path, log_syncs: list[
     # A later write starts a batch of its own: one fsync for each of the three batches.
     await journal.put(entry("next"))
     assert len(log_syncs) == 3
-    await journal.close()
+    journal.close()
 
 
 async def test_a_failed_write_fails_its_batch_and_leaves_no_cut_line_before_the_next(
@@ -83,7 +83,7 @@ async def test_a_failed_write_fails_its_batch_and_leaves_no_cut_line_before_the_
     await journal.put(entry("d"))
     await journal.remove("a")
     assert uids(tmp_path / "j") == ["d"]
-    await journal.close()
+    journal.close()
 
 
 async def test_a_failed_fsync_fails_the_batch_and_the_log_is_rewritten_without_it(
@@ -107,7 +107,7 @@ async def test_a_failed_fsync_fails_the_batch_and_the_log_is_rewritten_without_i
     monkeypatch.setattr(os, "fsync", real)
     await journal.put(entry("f"))
     assert uids(tmp_path / "j") == ["f"]  # the failed batch's lines are not in the fresh log
-    await journal.close()
+    journal.close()
 
 
 async def test_a_cancelled_caller_leaves_its_change_to_the_batch(tmp_path: Path) -> None:
@@ -120,7 +120,7 @@ async def test_a_cancelled_caller_leaves_its_change_to_the_batch(tmp_path: Path)
         await put
     await journal.put(entry("after"))  # committed after the cancelled caller's batch
     assert uids(tmp_path / "j") == ["after", "c"]
-    await journal.close()
+    journal.close()
 
 
 async def test_a_lone_removal_skips_the_thread_but_waits_behind_a_batch(
@@ -153,7 +153,7 @@ async def test_a_lone_removal_skips_the_thread_but_waits_behind_a_batch(
     await asyncio.gather(journal.put(entry("c")), journal.remove("b"))
     assert hops == 2 and batches[-1] == 2
     assert uids(tmp_path / "j") == ["c"]
-    await journal.close()
+    journal.close()
 
 
 async def test_an_entry_is_written_as_its_to_json(tmp_path: Path) -> None:
@@ -166,7 +166,7 @@ async def test_an_entry_is_written_as_its_to_json(tmp_path: Path) -> None:
     journal = Journal(tmp_path / "j")
     journal.load()
     await journal.put(known)
-    await journal.close()
+    journal.close()
     lines = (tmp_path / "j" / LOG_NAME).read_bytes().splitlines()
     assert [json.loads(line) for line in lines] == [{"put": known.to_json()}]
     assert Journal(tmp_path / "j").load() == [known]
@@ -177,7 +177,7 @@ async def test_a_torn_tail_is_dropped_at_load_and_never_appended_after(tmp_path:
     journal.load()
     await asyncio.gather(journal.put(entry("a")), journal.put(entry("b")))
     await journal.remove("a")
-    await journal.close()
+    journal.close()
     log = tmp_path / "j" / LOG_NAME
     whole = log.read_bytes()
     # What a power cut can leave after the last fsync: a cut line, zeroes, then lines (never
@@ -190,7 +190,7 @@ async def test_a_torn_tail_is_dropped_at_load_and_never_appended_after(tmp_path:
     assert log.read_bytes() == whole.splitlines(keepends=True)[1]  # a fresh log: b's line alone
     await restarted.put(entry("c"))
     assert uids(tmp_path / "j") == ["b", "c"]
-    await restarted.close()
+    restarted.close()
 
 
 async def test_the_earlier_file_per_entry_form_is_folded_into_the_log(tmp_path: Path) -> None:
@@ -206,7 +206,7 @@ async def test_the_earlier_file_per_entry_form_is_folded_into_the_log(tmp_path: 
     assert [p.name for p in directory.iterdir()] == [LOG_NAME]  # the files and the temp file gone
     await journal.remove("other")
     assert read(directory) == {"old": known}
-    await journal.close()
+    journal.close()
 
 
 async def test_the_log_is_rewritten_once_mostly_dead(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -222,7 +222,7 @@ async def test_the_log_is_rewritten_once_mostly_dead(tmp_path: Path, monkeypatch
     assert log.stat().st_size < 4096 + 2 * len(journal_module._put_line(entry("u99")))
     assert uids(tmp_path / "j") == ["kept"]
     await journal.put(entry("after"))
-    await journal.close()
+    journal.close()
     assert uids(tmp_path / "j") == ["after", "kept"]
 
 
@@ -249,4 +249,16 @@ async def test_a_full_disk_at_start_does_not_stop_the_load_and_the_first_write_r
     await journal.put(entry("new"))
     assert [p.name for p in directory.iterdir()] == [LOG_NAME]  # the earlier form's file folded in
     assert uids(directory) == ["new"]
-    await journal.close()
+    journal.close()
+
+
+async def test_a_closed_journal_refuses_writes_and_leaves_its_log(tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "j")
+    journal.load()
+    await journal.put(entry("a"))
+    journal.close()
+    before = (tmp_path / "j" / LOG_NAME).read_bytes()
+    for write in (journal.put(entry("b")), journal.remove("a")):
+        with pytest.raises(OSError, match="closed"):
+            await write
+    assert (tmp_path / "j" / LOG_NAME).read_bytes() == before
