@@ -232,7 +232,7 @@ async def test_a_full_disk_at_start_does_not_stop_the_load_and_the_first_write_r
     directory = tmp_path / "j"
     directory.mkdir()
     (directory / "old.json").write_bytes(json.dumps(entry("old").to_json()).encode())
-    real = journal_module.write_atomic
+    real = files.write_atomic  # what the journal calls
 
     def full(path: Path, data: bytes) -> None:
         raise OSError(28, "No space left on device")
