@@ -29,6 +29,13 @@ def fsync_dir(path: str | Path) -> None:
         os.close(fd)
 
 
+def write_all(fd: int, data: bytes) -> None:
+    """Writes all of `data`: os.write may take less than it is given."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
 def temp_name(target: str | Path) -> str:
     """A hidden sibling of `target` that no other process (or thread) will pick."""
     head, tail = os.path.split(os.fspath(target))
@@ -58,9 +65,7 @@ def write_atomic(
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
     try:
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
+            write_all(fd, data)
             if durable:
                 os.fsync(fd)
         finally:

@@ -298,32 +298,9 @@ class Streamed:
         Ends when the body is complete; Disconnected when the connection ends before that."""
         reader, timeout, head = self._reader, self._read_timeout, self._head
         try:
-            if head.headers.get("transfer-encoding", "").lower().endswith("chunked"):
-                # Chunks are cut out of what each read returns rather than read one by one: a
-                # burst of watch events arrives in one read, and each read costs an await and a
-                # timer (8 us of the 12 a watch event cost in a burst, measured).
-                buf, pos = b"", 0
-                while True:
-                    eol = buf.find(b"\r\n", pos)
-                    if eol >= 0:
-                        size = _chunk_size_of(buf[pos:eol])
-                        if size == 0:
-                            await _skip_trailers_after(reader, buf[eol + 2 :], timeout)
-                            break
-                        end = eol + 2 + size
-                        if len(buf) >= end + 2:
-                            if buf[end : end + 2] != b"\r\n":
-                                raise _ClosedBeforeAnswer("a chunk not followed by CRLF")
-                            pos = end + 2
-                            yield buf[eol + 2 : end]
-                            continue
-                    elif len(buf) - pos > _MAX_LINE:
-                        raise _ClosedBeforeAnswer("a chunk-size line that does not end")
-                    async with asyncio.timeout(timeout):
-                        more = await reader.read(max(1 << 16, end + 2 - len(buf)) if eol >= 0 else 1 << 16)
-                    if not more:
-                        raise _ClosedBeforeAnswer("the connection closed inside the body")
-                    buf, pos = buf[pos:] + more, 0
+            if _chunked(head):
+                async for piece in _chunks(reader, timeout):
+                    yield piece
             elif (length := _content_length(head)) is not None:
                 while length > 0:
                     async with asyncio.timeout(timeout):
@@ -405,6 +382,43 @@ def _content_length(head: _Head) -> int | None:
 _MAX_LINE = 1 << 16
 
 
+def _chunked(head: _Head) -> bool:
+    return head.headers.get("transfer-encoding", "").lower().endswith("chunked")
+
+
+async def _chunks(reader: asyncio.StreamReader, timeout: float | None) -> AsyncIterator[bytes]:
+    """The chunks of a chunked body, each read within `timeout` of the one before (None: the
+    caller bounds the whole). They are cut out of what each read returns rather than read one by
+    one: a burst of watch events arrives in one read, and each read costs an await and a timer (8
+    us of the 12 a watch event cost in a burst, measured)."""
+    buf, pos = bytearray(), 0
+    while True:
+        eol = buf.find(b"\r\n", pos)
+        wanted = 1 << 16
+        if eol >= 0:
+            size = _chunk_size_of(bytes(buf[pos:eol]))
+            if size == 0:
+                await _skip_trailers_after(reader, bytes(buf[eol + 2 :]), timeout)
+                return
+            end = eol + 2 + size
+            if len(buf) >= end + 2:
+                if buf[end : end + 2] != b"\r\n":
+                    raise _ClosedBeforeAnswer("a chunk not followed by CRLF")
+                pos = end + 2
+                yield bytes(buf[eol + 2 : end])
+                continue
+            wanted = max(wanted, end + 2 - len(buf))
+        elif len(buf) - pos > _MAX_LINE:
+            raise _ClosedBeforeAnswer("a chunk-size line that does not end")
+        async with asyncio.timeout(timeout):
+            more = await reader.read(wanted)
+        if not more:
+            raise _ClosedBeforeAnswer("the connection closed inside the body")
+        del buf[:pos]  # what was consumed; the bytearray grows in place, never copied whole
+        buf += more
+        pos = 0
+
+
 def _chunk_size_of(line: bytes) -> int:
     size = int(line.partition(b";")[0].strip(), 16)  # ValueError for what is not hex
     if size < 0:
@@ -412,11 +426,7 @@ def _chunk_size_of(line: bytes) -> int:
     return size
 
 
-async def _chunk_size(reader: asyncio.StreamReader) -> int:
-    return _chunk_size_of(await reader.readuntil(b"\r\n"))
-
-
-async def _skip_trailers_after(reader: asyncio.StreamReader, rest: bytes, timeout: float) -> None:
+async def _skip_trailers_after(reader: asyncio.StreamReader, rest: bytes, timeout: float | None) -> None:
     """Reads to the end of a chunked body whose last chunk is read: the trailer lines, if any, and
     the empty line. `rest` is what was read after the last chunk's size line."""
     while not (rest.startswith(b"\r\n") or b"\r\n\r\n" in rest):
@@ -429,18 +439,9 @@ async def _skip_trailers_after(reader: asyncio.StreamReader, rest: bytes, timeou
         rest += more
 
 
-async def _skip_trailers(reader: asyncio.StreamReader) -> None:
-    while await reader.readuntil(b"\r\n") != b"\r\n":
-        pass
-
-
 async def _read_body(reader: asyncio.StreamReader, head: _Head) -> bytes:
-    if head.headers.get("transfer-encoding", "").lower().endswith("chunked"):
-        parts = []
-        while size := await _chunk_size(reader):
-            parts.append((await reader.readexactly(size + 2))[:-2])
-        await _skip_trailers(reader)
-        return b"".join(parts)
+    if _chunked(head):
+        return b"".join([piece async for piece in _chunks(reader, None)])
     length = _content_length(head)
     if length is not None:
         return await reader.readexactly(length) if length else b""

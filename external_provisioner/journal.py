@@ -41,7 +41,7 @@ from typing import Any
 
 import orjson
 
-from controller_runtime.files import FileLock, fsync_dir, is_temp_name, write_atomic
+from controller_runtime.files import FileLock, fsync_dir, is_temp_name, write_all, write_atomic
 from controller_runtime.logs import get_logger
 
 from .request import VolumeSpec
@@ -129,12 +129,6 @@ def _records(data: bytes) -> tuple[list[dict[str, Any]], int]:
         records.append(record)
         start = newline + 1
     return records, start
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
 
 
 def _put_line(entry: Entry) -> bytes:
@@ -270,32 +264,29 @@ class Journal:
         fails the whole batch (its lines share the write)."""
         data = b"".join(change.line for change in batch)
         with self._io:
-            return self._append_locked(batch, data)
-
-    def _append_locked(self, batch: list[_Change], data: bytes) -> list[Exception | None]:
-        if self._closed:
-            return [OSError(errno.EBADF, "the journal is closed")] * len(batch)
-        try:
-            if self._rewrite or self._fd is None:
-                self._write_fresh()
-            assert self._fd is not None
-            _write_all(self._fd, data)
-            if any(change.durable for change in batch):
-                os.fsync(self._fd)
-        except OSError as exc:
-            self._rewrite = True
+            if self._closed:
+                return [OSError(errno.EBADF, "the journal is closed")] * len(batch)
+            try:
+                if self._rewrite:
+                    self._write_fresh()
+                assert self._fd is not None  # a fresh log is open once _rewrite is False
+                write_all(self._fd, data)
+                if any(change.durable for change in batch):
+                    os.fsync(self._fd)
+            except OSError as exc:
+                self._rewrite = True
+                for change in batch:
+                    if not change.is_put:  # the caller gave the entry up: a rewrite need not keep it
+                        self._forget(change.uid)
+                return [exc] * len(batch)
+            self._size += len(data)
             for change in batch:
-                if not change.is_put:  # the caller gave the entry up: a rewrite need not keep it
+                if change.is_put:
+                    self._live_size += len(change.line) - len(self._live.get(change.uid, b""))
+                    self._live[change.uid] = change.line
+                else:
                     self._forget(change.uid)
-            return [exc] * len(batch)
-        self._size += len(data)
-        for change in batch:
-            if change.is_put:
-                self._live_size += len(change.line) - len(self._live.get(change.uid, b""))
-                self._live[change.uid] = change.line
-            else:
-                self._forget(change.uid)
-        return [None] * len(batch)
+            return [None] * len(batch)
 
     def _forget(self, uid: str) -> None:
         self._live_size -= len(self._live.pop(uid, b""))

@@ -68,17 +68,17 @@ async def test_a_failed_write_fails_its_batch_and_leaves_no_cut_line_before_the_
     journal = Journal(tmp_path / "j")
     journal.load()
     await journal.put(entry("a"))
-    real = journal_module._write_all
+    real = files.write_all
 
     def half_then_full(fd: int, data: bytes) -> None:
         real(fd, data[: len(data) // 2])  # a cut line in the log, as a full disk leaves it
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(journal_module, "_write_all", half_then_full)
+    monkeypatch.setattr(journal_module, "write_all", half_then_full)
     results = await asyncio.gather(journal.put(entry("b")), journal.put(entry("c")), return_exceptions=True)
     assert all(isinstance(r, OSError) and "No space left" in str(r) for r in results)
     assert set(journal.entries) == {"a"}  # what is not on disk is not journalled
-    monkeypatch.setattr(journal_module, "_write_all", real)
+    monkeypatch.setattr(journal_module, "write_all", real)
     # The next batch starts a fresh log: a load reading up to the cut line would miss "d".
     await journal.put(entry("d"))
     await journal.remove("a")
