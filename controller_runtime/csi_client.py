@@ -24,6 +24,7 @@ from kubeloop_grpc.csi import csi_pb2, csi_pb2_grpc
 
 from . import csi_common
 from .csi_errors import IN_PROGRESS_CODES
+from .grpc_lite.aio import Channel
 from .grpc_lite.status import go_name
 from .logs import get_logger
 from .unix_grpc import socket_path
@@ -53,24 +54,33 @@ def probe_ready(response: csi_pb2.ProbeResponse) -> bool:
     return not response.HasField("ready") or bool(response.ready.value)
 
 
-class _Metrics(grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[misc]
-    def __init__(self, driver_name: Callable[[], str]) -> None:
-        self._driver_name = driver_name
+class _Metered:
+    """One RPC of a stub, with its latency and gRPC code observed in csi_sidecar_operations_seconds
+    (labels as upstream's: driver, `/csi.v1.Controller/CreateVolume`, `OK`). A wrapper, not a
+    grpc.aio interceptor: an intercepted call is a second call object and a second task, about 30
+    us of client CPU per call (a CreateVolume cost the provisioner 270 us with it, 240 without,
+    measured with 50 calls in flight)."""
 
-    async def intercept_unary_unary(self, continuation: Any, client_call_details: Any, request: Any) -> Any:
-        method = client_call_details.method
-        method = method.decode() if isinstance(method, bytes) else method
+    __slots__ = ("_call", "_conn", "_method")
+
+    def __init__(self, call: Callable[..., Awaitable[Any]], method: str, conn: CSIConnection) -> None:
+        self._call = call
+        self._method = method
+        self._conn = conn
+
+    async def __call__(self, request: Any, **kwargs: Any) -> Any:
         start = time.perf_counter()
         code = grpc.StatusCode.OK
         try:
-            call = await continuation(client_call_details, request)
-            await call
-            return call
+            return await self._call(request, **kwargs)
         except grpc.aio.AioRpcError as exc:
             code = exc.code()
             raise
+        except asyncio.CancelledError:
+            code = grpc.StatusCode.CANCELLED  # Go's context.Canceled
+            raise
         finally:
-            csi_common.OPERATIONS.labels(self._driver_name(), method, code.name).observe(
+            csi_common.OPERATIONS.labels(self._conn.driver_name, self._method, code.name).observe(
                 time.perf_counter() - start
             )
 
@@ -79,7 +89,7 @@ class _Metrics(grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[misc]
 class CSIConnection:
     address: str
     timeout: float
-    channel: grpc.aio.Channel
+    channel: Channel
     driver_name: str = ""
     vendor_version: str = ""
     plugin_capabilities: set[int] = field(default_factory=set)
@@ -99,6 +109,9 @@ class CSIConnection:
         stub: StubT | None = self._stubs.get(kind)
         if stub is None:
             stub = self._stubs[kind] = kind(self.channel)  # type: ignore[call-arg]
+            service = csi_pb2.DESCRIPTOR.services_by_name[kind.__name__.removesuffix("Stub")].full_name
+            for name, call in vars(stub).items():
+                setattr(stub, name, _Metered(call, f"/{service}/{name}", self))
         return stub
 
     @property
@@ -125,17 +138,11 @@ class CSIConnection:
         call, so the socket need not exist yet. (Call it from a coroutine: grpc.aio binds the
         channel to the running loop.)"""
         path = socket_path(address)
-        conn: CSIConnection | None = None
-        conn = cls(
+        return cls(
             address=path,
             timeout=timeout,
-            channel=grpc.aio.insecure_channel(
-                f"unix:{path}",  # the unix: scheme takes relative and absolute paths
-                interceptors=[_Metrics(lambda: conn.driver_name if conn else "")],
-                options=[("grpc.enable_retries", 0)],
-            ),
+            channel=Channel(path),
         )
-        return conn
 
     @classmethod
     async def connect(cls, address: str, timeout: float = 10.0, wait: float | None = None) -> CSIConnection:

@@ -6,5 +6,9 @@ HTTP/2 library `h2` on blocking sockets and threads holds about 6 over the bare 
 here is only what those two exchange: `wire` (the protocol-buffers wire format), `messages` (their
 eight messages), `status` (gRPC codes and errors worded as grpcio's), `framing` (the gRPC message
 frame and the HTTP/2 settings both ends use), `client` (one unary call with a deadline) and
-`server` (kubelet's plugin-registration socket). The CSI driver and the controllers keep grpcio.
+`server` (kubelet's plugin-registration socket).
+
+`aio` is the asyncio counterpart of `client` for the processes that run on the event loop: the
+sidecars' CSI connection (controller_runtime.csi_client) calls drivers through it, many calls at once
+on one connection, with grpcio's error class and wording. The CSI driver keeps grpcio's server.
 """

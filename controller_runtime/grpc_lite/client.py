@@ -21,19 +21,7 @@ from h2.connection import H2Connection
 
 from ..unix_sockets import socket_path
 from . import framing
-from .status import Code, RpcError, decode_message, parse_status
-
-USER_AGENT = "kubeloop-grpc-lite/1"
-
-# HTTP statuses a gRPC client maps to a code when the answer is not gRPC at all (gRPC's
-# http-grpc-status-mapping.md); any other is UNKNOWN.
-_HTTP_CODES = {
-    400: Code.INTERNAL,
-    401: Code.UNAUTHENTICATED,
-    403: Code.PERMISSION_DENIED,
-    404: Code.UNIMPLEMENTED,
-}
-_HTTP_CODES.update(dict.fromkeys((429, 502, 503, 504), Code.UNAVAILABLE))
+from .status import Code, RpcError
 
 
 @dataclass
@@ -46,18 +34,7 @@ class _Answer:
     ended: bool = False
 
     def result(self) -> bytes:
-        status = self.headers.get(":status", "")
-        if status != "200":
-            code = _HTTP_CODES.get(int(status) if status.isdigit() else 0, Code.UNKNOWN)
-            raise RpcError(code, f"Received http2 header with status: {status or 'none'}")
-        # A trailers-only answer (an error, usually) carries grpc-status in its headers.
-        trailers = self.trailers or self.headers
-        if "grpc-status" not in trailers:
-            raise RpcError(Code.UNKNOWN, "the server's answer carries no grpc-status")
-        code = parse_status(trailers["grpc-status"])
-        if code is not Code.OK:
-            raise RpcError(code, decode_message(trailers.get("grpc-message", "")))
-        return framing.unframe(bytes(self.body))
+        return framing.answered(self.headers, self.trailers, bytes(self.body))
 
 
 class Channel:
@@ -132,8 +109,8 @@ class Channel:
                 (":authority", "localhost"),  # what grpcio sends for a unix: target
                 ("content-type", framing.CONTENT_TYPE),
                 ("te", "trailers"),
-                ("grpc-timeout", f"{max(1, int(_remaining(deadline) * 1000))}m"),
-                ("user-agent", USER_AGENT),
+                ("grpc-timeout", framing.timeout_header(_remaining(deadline))),
+                ("user-agent", framing.USER_AGENT),
             ],
         )
         framing.send_message(conn, stream_id, request, end_stream=True)
@@ -187,8 +164,10 @@ def _take(conn: H2Connection, stream_id: int, event: h2.events.Event, answer: _A
     elif isinstance(event, h2.events.StreamEnded):
         answer.ended = True
     elif isinstance(event, h2.events.StreamReset):
-        code = {8: Code.CANCELLED, 7: Code.UNAVAILABLE}.get(int(event.error_code), Code.INTERNAL)
-        raise RpcError(code, f"Received RST_STREAM with error code {int(event.error_code)}")
+        raise RpcError(
+            framing.reset_code(int(event.error_code)),
+            f"Received RST_STREAM with error code {int(event.error_code)}",
+        )
 
 
 def _headers(headers: object) -> dict[str, str]:

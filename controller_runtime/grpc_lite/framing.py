@@ -1,17 +1,20 @@
-"""What both ends of a unary call share: the gRPC length-prefixed message (gRPC's
-PROTOCOL-HTTP2.md), the size limit, and writing a message within HTTP/2's frame size and flow
-control window."""
+"""What both ends of a unary call share, and both clients (`client`, `aio`): the gRPC
+length-prefixed message (gRPC's PROTOCOL-HTTP2.md), the size limit, what an answer's status and
+trailers say, and writing a message within HTTP/2's frame size and flow control window (with h2,
+imported only by the blocking ends that use it)."""
 
 from __future__ import annotations
 
 import logging
 import socket
 import struct
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
-from h2.config import H2Configuration
-from h2.connection import H2Connection
+from .status import Code, RpcError, decode_message, parse_status
 
-from .status import Code, RpcError
+if TYPE_CHECKING:
+    from h2.connection import H2Connection
 
 # hpack logs every header it codes at debug level, which -v 4 turns on for the whole process:
 # lines that grpcio, in C, never wrote.
@@ -20,12 +23,57 @@ logging.getLogger("hpack").setLevel(logging.INFO)
 # grpcio's and grpc-go's default limit on a received message.
 MAX_MESSAGE = 4 * 1024 * 1024
 CONTENT_TYPE = "application/grpc"
+USER_AGENT = "kubeloop-grpc-lite/1"
 _PREFIX = struct.Struct(">BI")  # compressed flag, length
+
+# HTTP statuses a gRPC client maps to a code when the answer is not gRPC at all (gRPC's
+# http-grpc-status-mapping.md); any other is UNKNOWN.
+_HTTP_CODES = {
+    400: Code.INTERNAL,
+    401: Code.UNAUTHENTICATED,
+    403: Code.PERMISSION_DENIED,
+    404: Code.UNIMPLEMENTED,
+}
+_HTTP_CODES.update(dict.fromkeys((429, 502, 503, 504), Code.UNAVAILABLE))
 
 
 def connection(client_side: bool) -> H2Connection:
     """An HTTP/2 connection as gRPC peers expect it: str headers, inbound headers validated."""
+    from h2.config import H2Configuration
+    from h2.connection import H2Connection
+
     return H2Connection(H2Configuration(client_side=client_side, header_encoding="utf-8"))
+
+
+def answered(headers: Mapping[str, str], trailers: Mapping[str, str], body: bytes) -> bytes:
+    """The message of a unary call's whole answer, or the RpcError its HTTP status, grpc-status
+    or framing says."""
+    status = headers.get(":status", "")
+    if status != "200":
+        code = _HTTP_CODES.get(int(status) if status.isdigit() else 0, Code.UNKNOWN)
+        raise RpcError(code, f"Received http2 header with status: {status or 'none'}")
+    # A trailers-only answer (an error, usually) carries grpc-status in its headers.
+    trailers = trailers or headers
+    if "grpc-status" not in trailers:
+        raise RpcError(Code.UNKNOWN, "the server's answer carries no grpc-status")
+    code = parse_status(trailers["grpc-status"])
+    if code is not Code.OK:
+        raise RpcError(code, decode_message(trailers.get("grpc-message", "")))
+    return unframe(body)
+
+
+def reset_code(error_code: int) -> Code:
+    """The code of a call its peer reset (RST_STREAM), as grpcio maps HTTP/2's error codes."""
+    return {8: Code.CANCELLED, 7: Code.UNAVAILABLE}.get(error_code, Code.INTERNAL)
+
+
+def timeout_header(seconds: float) -> str:
+    """grpc-timeout: at most 8 digits, in the finest unit that fits (milliseconds up to a day)."""
+    for unit, per_second in (("m", 1000), ("S", 1), ("M", 1 / 60), ("H", 1 / 3600)):
+        value = max(1, int(seconds * per_second))
+        if value < 100_000_000:
+            return f"{value}{unit}"
+    return "99999999H"
 
 
 def frame(message: bytes) -> bytes:

@@ -6,6 +6,7 @@ against kubeloop's own driver is tests/csi/test_node_sidecars.py."""
 
 from __future__ import annotations
 
+import asyncio
 import glob
 import os
 import shutil
@@ -20,13 +21,16 @@ from pathlib import Path
 import grpc
 import pytest
 
+from controller_runtime.csi_client import CSIConnection
 from controller_runtime.csi_lite import CSIClient
+from controller_runtime.grpc_lite.aio import Channel as AioChannel
 from controller_runtime.grpc_lite.client import Channel
 from controller_runtime.grpc_lite.framing import MAX_MESSAGE
 from controller_runtime.grpc_lite.messages import Empty, PluginInfo, RegistrationStatus
 from controller_runtime.grpc_lite.status import Code, RpcError
 from controller_runtime.registration_lite import SERVICE, RegistrationServer
 from controller_runtime.toolchain import REPO_ROOT
+from kubeloop_grpc.csi import csi_pb2
 from kubeloop_grpc.pluginregistration import api_pb2, api_pb2_grpc
 from tests.support.waits import eventually
 
@@ -332,3 +336,151 @@ def test_no_socket_reads_as_grpcio_words_it(tmp_path: Path) -> None:
         f"FAILED_PRECONDITION: unix:{path}: connect failed: addr: unix:{path} "
         "error: No such file or directory"
     )
+
+
+# The asyncio channel (grpc_lite.aio), which the sidecars' CSI connection calls drivers through.
+
+
+async def test_the_aio_channel_against_a_grpc_go_driver(go_csi_driver: str) -> None:
+    """grpc-go codes its answers' headers with Huffman strings and a dynamic table: many calls in
+    flight at once on one connection, then a volume created and deleted."""
+    conn = await CSIConnection.connect(go_csi_driver, timeout=5, wait=20)
+    try:
+        assert conn.driver_name == "mock.csi.example"
+        infos = await asyncio.gather(
+            *(conn.identity.GetPluginInfo(csi_pb2.GetPluginInfoRequest(), timeout=5) for _ in range(200))
+        )
+        assert {i.name for i in infos} == {"mock.csi.example"}
+        created = await conn.controller.CreateVolume(
+            csi_pb2.CreateVolumeRequest(
+                name="aio-1",
+                capacity_range=csi_pb2.CapacityRange(required_bytes=1 << 20),
+                volume_capabilities=[
+                    csi_pb2.VolumeCapability(
+                        mount=csi_pb2.VolumeCapability.MountVolume(),
+                        access_mode=csi_pb2.VolumeCapability.AccessMode(mode=1),
+                    )
+                ],
+            ),
+            timeout=5,
+        )
+        assert created.volume.volume_id
+        with pytest.raises(grpc.aio.AioRpcError) as raised:
+            await conn.controller.CreateVolume(csi_pb2.CreateVolumeRequest(), timeout=5)
+        assert raised.value.code() is grpc.StatusCode.INVALID_ARGUMENT and raised.value.details()
+        await conn.controller.DeleteVolume(
+            csi_pb2.DeleteVolumeRequest(volume_id=created.volume.volume_id), timeout=5
+        )
+    finally:
+        await conn.close()
+
+
+async def test_the_aio_channel_reads_grpcios_statuses_limits_deadlines_and_cancels(tmp_path: Path) -> None:
+    release = threading.Event()
+
+    def fails(_req: bytes, ctx: grpc.ServicerContext) -> bytes:
+        ctx.abort(grpc.StatusCode.FAILED_PRECONDITION, "volume 100% busy: ümlaut\nsecond line")
+        raise AssertionError
+
+    def hangs(_req: bytes, _ctx: grpc.ServicerContext) -> bytes:
+        release.wait(10)
+        return b""
+
+    path = str(tmp_path / "s.sock")
+    server = _grpcio_server(
+        path,
+        {
+            "Fails": fails,
+            "Huge": lambda _r, _c: b"\x0a" + bytes(MAX_MESSAGE + 10),
+            "Big": lambda _r, _c: b"\x0a" + bytes(3 << 20),  # under the limit, over any default window
+            "Echo": lambda r, _c: r,
+            "Hangs": hangs,
+        },
+    )
+    channel = AioChannel(path)
+    try:
+        with pytest.raises(grpc.aio.AioRpcError) as raised:
+            await channel.call("/csi.v1.Identity/Fails", b"", 5)
+        assert (raised.value.code(), raised.value.details()) == (
+            grpc.StatusCode.FAILED_PRECONDITION,
+            "volume 100% busy: ümlaut\nsecond line",
+        )
+        with pytest.raises(grpc.aio.AioRpcError) as raised:
+            await channel.call("/csi.v1.Identity/Huge", b"", 10)
+        assert (raised.value.code(), raised.value.details()) == (
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            f"Received message larger than max ({MAX_MESSAGE + 11} vs. {MAX_MESSAGE})",
+        )
+        assert len(await channel.call("/csi.v1.Identity/Big", b"", 10)) == (3 << 20) + 1
+        # A request larger than HTTP/2's first window waits for the server's WINDOW_UPDATEs.
+        request = bytes(range(256)) * 1024
+        answers = await asyncio.gather(
+            *(channel.call("/csi.v1.Identity/Echo", request, 10) for _ in range(4))
+        )
+        assert answers == [request] * 4
+        started = time.monotonic()
+        with pytest.raises(grpc.aio.AioRpcError) as raised:
+            await channel.call("/csi.v1.Identity/Hangs", b"", 0.3)
+        assert (raised.value.code(), raised.value.details()) == (
+            grpc.StatusCode.DEADLINE_EXCEEDED,
+            "Deadline Exceeded",
+        )
+        assert time.monotonic() - started < 2
+        hung = asyncio.ensure_future(channel.call("/csi.v1.Identity/Hangs", b"", 10))
+        await asyncio.sleep(0.1)
+        hung.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await hung
+        release.set()
+        with pytest.raises(grpc.aio.AioRpcError) as raised:
+            await channel.call("/csi.v1.Identity/Nope", b"", 5)
+        assert raised.value.code() is grpc.StatusCode.UNIMPLEMENTED
+        assert await channel.call("/csi.v1.Identity/Echo", b"same connection", 5) == b"same connection"
+    finally:
+        release.set()
+        await channel.close()
+        server.stop(None)
+
+
+async def test_the_aio_channel_against_hostile_and_absent_servers(tmp_path: Path) -> None:
+    absent = tmp_path / "absent.sock"
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await AioChannel(f"unix://{absent}").call("/csi.v1.Identity/Probe", b"", 5)
+    assert (raised.value.code(), raised.value.details()) == (
+        grpc.StatusCode.UNAVAILABLE,
+        f"failed to connect to all addresses; last error: FAILED_PRECONDITION: unix:{absent}: "
+        f"connect failed: addr: unix:{absent} error: No such file or directory",
+    )
+    done = threading.Event()
+    mute = str(tmp_path / "mute.sock")
+    thread = _raw_server(mute, lambda conn: done.wait(10))
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await AioChannel(mute).call("/csi.v1.Identity/Probe", b"", 0.3)
+    assert raised.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+    done.set()
+    thread.join(5)
+
+    def cut(conn: socket.socket) -> None:
+        conn.recv(65536)
+        conn.sendall(b"\x00\x00\x12\x04\x00\x00\x00")  # the first bytes of a SETTINGS frame
+
+    for behave, details in (
+        (cut, "Socket closed"),
+        (lambda conn: conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n" * 20), None),
+    ):
+        path = str(tmp_path / "hostile.sock")
+        thread = _raw_server(path, behave)
+        channel = AioChannel(path)
+        with pytest.raises(grpc.aio.AioRpcError) as raised:
+            await channel.call("/csi.v1.Identity/Probe", b"", 5)
+        assert raised.value.code() is grpc.StatusCode.UNAVAILABLE
+        assert details is None or raised.value.details().startswith(details)
+        thread.join(5)
+        os.unlink(path)
+        # The broken connection is not reused: the next call connects anew, to a real server.
+        server = _grpcio_server(path, {"Probe": lambda _r, _c: b""})
+        try:
+            assert await channel.call("/csi.v1.Identity/Probe", b"", 5) == b""
+        finally:
+            await channel.close()
+            server.stop(None)
