@@ -45,6 +45,7 @@ _SETTINGS_INITIAL_WINDOW_SIZE, _SETTINGS_MAX_FRAME_SIZE = 0x4, 0x5
 _WINDOW = framing.MAX_MESSAGE + 1024
 _CONNECTION_WINDOW = 4 * _WINDOW
 _DEFAULT_WINDOW = 65_535
+_MAX_FRAME = 16_384  # the largest frame either end sends unless its peer's SETTINGS allow more
 _STATUS_CODES = {c.value[0]: c for c in grpc.StatusCode}
 # Header blocks remembered at most (answers with error messages differ from one call to the next).
 _REMEMBERED_BLOCKS = 64
@@ -172,7 +173,7 @@ class _Connection(asyncio.Protocol):
         self._block_end = False
         self._send_window = _DEFAULT_WINDOW  # the connection's
         self._initial_window = _DEFAULT_WINDOW  # each new stream's, from the peer's SETTINGS
-        self._max_frame = 16_384
+        self._max_frame = _MAX_FRAME  # the peer's, from its SETTINGS
         self._unacked = 0  # DATA received since the last connection WINDOW_UPDATE
 
     # -- asyncio.Protocol ---------------------------------------------------------------------------
@@ -193,13 +194,18 @@ class _Connection(asyncio.Protocol):
         self._fail_all(_error(Code.UNAVAILABLE, reason))
 
     def data_received(self, data: bytes) -> None:
+        if self._lost:
+            return  # broken: what follows is not read
         buf = self._buf
         buf += data
         pos = 0
         try:
             while len(buf) - pos >= 9:
                 hi, lo, kind, flags, stream = _FRAME.unpack_from(buf, pos)
-                end = pos + 9 + (hi << 16 | lo)
+                length = hi << 16 | lo
+                if length > _MAX_FRAME:  # what this end's SETTINGS allow (HTTP/2's default)
+                    raise ValueError(f"a frame of {length} bytes, over {_MAX_FRAME}")
+                end = pos + 9 + length
                 if len(buf) < end:
                     break
                 self._frame(kind, flags, stream & 0x7FFFFFFF, bytes(buf[pos + 9 : end]))
@@ -279,6 +285,7 @@ class _Connection(asyncio.Protocol):
 
     def _broken(self, reason: str) -> None:
         self._accepting = False
+        self._lost = True
         self._fail_all(_error(Code.UNAVAILABLE, reason))
         if self.transport is not None:
             self.transport.abort()

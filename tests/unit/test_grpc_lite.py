@@ -8,9 +8,10 @@ import re
 import socket
 
 import pytest
+from hpack import Encoder
 
 from controller_runtime import health, health_threads
-from controller_runtime.grpc_lite import messages, wire
+from controller_runtime.grpc_lite import aio, framing, messages, wire
 from controller_runtime.grpc_lite.status import Code, RpcError, decode_message, encode_message, go_name
 from controller_runtime.metrics import Registry
 from kubeloop_grpc.csi import csi_pb2
@@ -188,3 +189,27 @@ def test_the_node_sidecars_import_no_asyncio_grpc_protobuf_or_prometheus_client(
         module, ("asyncio", "grpc", "google.protobuf", "prometheus_client", "uvloop", "aiohttp")
     )
     assert found == [], f"{module} imports {found}"
+
+
+def test_grpc_timeout_stays_within_eight_digits_in_the_finest_unit() -> None:
+    assert framing.timeout_header(0.0001) == "1m"
+    assert framing.timeout_header(10) == "10000m"
+    assert framing.timeout_header(86_400) == "86400000m"
+    assert framing.timeout_header(200_000) == "200000S"
+    assert framing.timeout_header(1e12) == "99999999H"
+
+
+def test_header_blocks_that_change_the_decoders_table_are_told_apart() -> None:
+    """What grpcio sends first (literals with incremental indexing) changes the table; what it sends
+    once they are in it (indexed fields, a literal without indexing) does not; a size update does."""
+    encoder = Encoder()
+    first = encoder.encode([(":status", "200"), ("content-type", "application/grpc")])
+    again = encoder.encode([(":status", "200"), ("content-type", "application/grpc")])
+    unindexed = b"\xbe" + b"\x00\x0cgrpc-message\x00"  # indexed entry, then a literal not indexed
+    huffman_never = encoder.encode([("grpc-message", "x" * 300)], huffman=True)
+    assert aio._changes_table(first)
+    assert not aio._changes_table(again)
+    assert not aio._changes_table(unindexed)
+    assert aio._changes_table(huffman_never)  # a new name and value: indexed by hpack's encoder
+    assert aio._changes_table(b"\x3f\xe1\x1f")  # a dynamic table size update (4096)
+    assert not aio._changes_table(b"\x10\x04name\x7f\x81\x01" + b"v" * 256)  # never indexed, long value
