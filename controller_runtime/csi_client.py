@@ -135,8 +135,7 @@ class CSIConnection:
     @classmethod
     def open(cls, address: str, timeout: float = 10.0) -> CSIConnection:
         """A connection that has not talked to the driver yet: the channel connects on its first
-        call, so the socket need not exist yet. (Call it from a coroutine: grpc.aio binds the
-        channel to the running loop.)"""
+        call, so the socket need not exist yet."""
         path = socket_path(address)
         return cls(
             address=path,

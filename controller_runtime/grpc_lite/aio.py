@@ -94,25 +94,26 @@ _AFTER_PATH = (
 )
 
 
-def _after_int(block: bytes, i: int, prefix_bits: int) -> int:
-    """Where the HPACK integer starting at `block[i]` with an N-bit prefix ends."""
-    if block[i] & ((1 << prefix_bits) - 1) != (1 << prefix_bits) - 1:
-        return i + 1
+def _read_int(block: bytes, i: int, prefix_bits: int) -> tuple[int, int]:
+    """The HPACK integer at `block[i]` with an N-bit prefix (RFC 7541, 5.1), and where it ends."""
+    top = (1 << prefix_bits) - 1
+    value = block[i] & top
     i += 1
-    while block[i] & 0x80:
+    if value < top:
+        return value, i
+    shift = 0
+    while True:
+        byte = block[i]
         i += 1
-    return i + 1
+        value += (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            return value, i
 
 
 def _after_string(block: bytes, i: int) -> int:
-    end = _after_int(block, i, 7)
-    length = block[i] & 0x7F
-    if length == 0x7F:
-        length, shift = 0x7F, 0
-        for b in block[i + 1 : end]:
-            length += (b & 0x7F) << shift
-            shift += 7
-    return end + length
+    length, i = _read_int(block, i, 7)  # the top bit is the Huffman flag, not the length's
+    return i + length
 
 
 def _changes_table(block: bytes) -> bool:
@@ -123,12 +124,12 @@ def _changes_table(block: bytes) -> bool:
     while i < len(block):
         first = block[i]
         if first & 0x80:
-            i = _after_int(block, i, 7)
+            _, i = _read_int(block, i, 7)
         elif (first & 0xE0) in (0x40, 0x60, 0x20):
             return True
         else:
             literal_name = first & 0x0F == 0
-            i = _after_int(block, i, 4)
+            _, i = _read_int(block, i, 4)
             if literal_name:
                 i = _after_string(block, i)
             i = _after_string(block, i)
